@@ -1,0 +1,42 @@
+# Two commands matter on a fresh clone: `make serve` (the main job) and
+# `make test` (the tests; .ci/run calls it). Each sets up what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.deps-stamp
+RECIPE ?= gemma4-moe-dflash
+PYTEST_ARGS ?=
+
+.PHONY: venv test serve dry-run patch-check lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make test: unit + integration tests (starts dockerd when run as root and none answers)
+test: venv
+	bash tests/engines.sh
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## make serve: serve the gemma4-moe-dflash recipe; without a compatible GPU it prints
+## the preflight verdict and the plan, and exits non-zero with the reason.
+serve: venv
+	$(BIN)/launcher serve --recipe $(RECIPE) $(ARGS)
+
+dry-run: venv
+	$(BIN)/launcher serve --recipe $(RECIPE) --dry-run $(ARGS)
+
+## make patch-check: every series against its released vLLM (wheel and sdist layouts)
+patch-check: venv
+	$(BIN)/launcher patch check --against vllm==0.21.0
+	$(BIN)/launcher patch check --against vllm==0.33.0
+
+bench: venv
+	$(BIN)/python -m pytest -q -s tests/bench
+
+clean:
+	rm -rf $(VENV) dist .pytest_cache

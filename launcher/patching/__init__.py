@@ -1,0 +1,1 @@
+"""The patch series and the pure-Python engine that applies it."""

@@ -1,0 +1,44 @@
+"""Where the launcher finds its data and keeps its caches.
+
+recipes/, patches/ and build/targets.yaml sit at the repository's top level.
+A non-editable install carries copies under ``launcher/_data/`` (see
+pyproject.toml); an editable install or a plain checkout reads the originals.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def data_path(*parts: str) -> Path:
+    """Path of a shipped data file or folder (recipes, patches, build/targets.yaml)."""
+    packaged = _PACKAGE.joinpath("_data", *parts)
+    if packaged.exists():
+        return packaged
+    return _PACKAGE.parent.joinpath(*parts)
+
+
+def recipes_dir() -> Path:
+    return data_path("recipes")
+
+
+def patches_dir() -> Path:
+    return data_path("patches")
+
+
+def cache_dir() -> Path:
+    """Downloads (PyPI releases, extracted trees) live outside any clone so runs reuse them."""
+    root = os.environ.get("VLLM_SM12X_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "vllm-sm12x"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    """The documented models folder: $MODELS_DIR, else ~/models."""
+    return Path(os.environ.get("MODELS_DIR") or Path.home() / "models").expanduser()
