@@ -1,0 +1,1 @@
+"""ModelOpt NVFP4 quantization of Hugging Face checkpoints (``launcher quantize``)."""

@@ -1,0 +1,5 @@
+"""``launcher quantize`` (filled in by the quantization work)."""
+
+
+def register(app) -> None:
+    pass
