@@ -1,5 +1,167 @@
-"""Top-level commands: serve, doctor, recipes, version (filled in by the launcher work)."""
+"""Top-level commands: serve, doctor, recipes, version."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from launcher import __version__
+from launcher.errors import LauncherError
+
+recipes_app = typer.Typer(no_args_is_help=True, help="List, show, validate recipes; export their JSON Schema.")
 
 
-def register(app) -> None:
-    pass
+def _context():
+    from launcher import hardware, versions
+    from launcher.plan import Context
+
+    return Context(
+        host=hardware.probe(),
+        environ=dict(os.environ),
+        installed_vllm=versions.installed("vllm"),
+        installed_transformers=versions.installed("transformers"),
+    )
+
+
+def serve(
+    ctx: typer.Context,
+    recipe: Annotated[str, typer.Option("--recipe", "-r", help="Recipe name (launcher recipes list) or a YAML file.")],
+    model: Annotated[Optional[str], typer.Option(help="Target model folder (default: $MODELS_DIR/<recipe target>).")] = None,
+    drafter: Annotated[Optional[str], typer.Option(help="Drafter folder (default: $MODELS_DIR/<recipe drafter>).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Hardware profile: rtx5090 | dgx-spark (default: detected).")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind (or publish on, with docker).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to serve on.")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="Require this API key (never printed).")] = None,
+    runtime: Annotated[str, typer.Option(help="native (vllm serve here) or docker.")] = "native",
+    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the recipe's first).")] = None,
+    image: Annotated[Optional[str], typer.Option(help="Docker image (docker runtime).")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="KEY=VALUE: an env var (UPPER_CASE) or a recipe field (dotted.path); beats recipe and environment.")] = [],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and preflight; start nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
+    force: Annotated[bool, typer.Option(help="Start even if preflight blocks.")] = False,
+    wait: Annotated[bool, typer.Option(help="Native: wait for /health, send one chat request, print the endpoint.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 1800.0,
+) -> None:
+    """Serve a recipe. Extra vLLM arguments go after `--`."""
+    from launcher import plan as plans
+
+    if runtime not in ("native", "docker"):
+        raise LauncherError(f"unknown runtime {runtime!r}", hint="use native or docker")
+    req = plans.Request(
+        recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
+        runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
+    )
+    plan = plans.resolve(req, _context())
+    if dry_run:
+        _print_plan(plan, as_json)
+        raise typer.Exit(1 if plan.blocking else 0)
+    if plan.blocking and not force:
+        typer.echo(plans.format_plan(plan))
+        first = plan.blocking[0]
+        raise LauncherError(
+            f"preflight blocks the start: {first.message}" + (f" (+{len(plan.blocking) - 1} more)" if len(plan.blocking) > 1 else ""),
+            hint=first.hint or "see the preflight above; --force starts anyway",
+        )
+    for warning in plan.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if runtime == "docker":
+        from launcher.runtime import docker as docker_runtime
+
+        raise typer.Exit(docker_runtime.run(plan, wait_timeout=timeout))
+    from launcher.runtime import native
+
+    raise typer.Exit(native.run(plan, wait=wait, timeout=timeout))
+
+
+def _print_plan(plan, as_json: bool) -> None:
+    from launcher import plan as plans
+
+    if as_json:
+        data = plans.to_dict(plan)
+        if plan.runtime == "docker":
+            data["container"] = _container_spec(plan)
+        typer.echo(json.dumps(data, indent=2))
+        return
+    typer.echo(plans.format_plan(plan))
+    if plan.runtime == "docker":
+        spec = _container_spec(plan)
+        if spec is not None:
+            from launcher.runtime import docker as docker_runtime
+
+            typer.echo("container")
+            typer.echo(docker_runtime.format_container_spec(spec))
+
+
+def _container_spec(plan):
+    try:
+        from launcher.runtime import docker as docker_runtime
+    except ImportError:
+        return None
+    return docker_runtime.container_spec(plan)
+
+
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
+    recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Check one recipe (default: all).")] = None,
+    model: Annotated[Optional[Path], typer.Option(help="Inspect a checkpoint folder.")] = None,
+) -> None:
+    """Report GPU, driver, versions, WSL/Windows, patch status, docker, and which recipes fit."""
+    from launcher import doctor as doc
+
+    report = doc.collect(recipe=recipe, model=model)
+    typer.echo(json.dumps(report, indent=2) if as_json else doc.format_report(report))
+
+
+def version() -> None:
+    """Print the launcher version."""
+    typer.echo(f"launcher {__version__}")
+
+
+@recipes_app.command("list")
+def recipes_list() -> None:
+    """List the shipped recipes."""
+    from launcher import recipe as recipes
+
+    for name, path in recipes.available().items():
+        rec = recipes.load_file(path)
+        typer.echo(f"{name:22} {rec.description}")
+
+
+@recipes_app.command("show")
+def recipes_show(name: str) -> None:
+    """Print a recipe as validated (defaults filled in)."""
+    import yaml
+
+    from launcher import recipe as recipes
+
+    typer.echo(yaml.safe_dump(recipes.load(name).model_dump(mode="json"), sort_keys=False).rstrip())
+
+
+@recipes_app.command("schema")
+def recipes_schema() -> None:
+    """Print the recipe JSON Schema."""
+    from launcher import recipe as recipes
+
+    typer.echo(recipes.schema_json())
+
+
+@recipes_app.command("validate")
+def recipes_validate(files: list[Path]) -> None:
+    """Validate recipe files; errors name file, line and field."""
+    from launcher import recipe as recipes
+
+    for path in files:
+        rec = recipes.load_file(path)
+        typer.echo(f"{path}: ok ({rec.name})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(serve)
+    app.command()(doctor)
+    app.command()(version)
+    app.add_typer(recipes_app, name="recipes")
+

@@ -6,10 +6,20 @@ Plan --> native runtime | docker runtime | --dry-run (print)
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import recipe as recipes
+from launcher import vllm_compat
+from launcher.errors import LauncherError
+from launcher.hardware import HostInfo
+from launcher.paths import models_dir
 from launcher.preflight import Reason
+from launcher.profiles import DEFAULT_PROFILE, PROFILES, profile_for_capability
 
 
 @dataclass
@@ -51,3 +61,313 @@ class Plan:
     @property
     def blocking(self) -> list[Reason]:
         return [r for r in self.reasons if r.blocking]
+
+
+# --- resolution --------------------------------------------------------------
+
+
+_ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+# Variables from the shell that the plan carries (into a container too) even
+# when the recipe does not set them: everything vLLM reads, and HF auth.
+_INHERITED = re.compile(r"^(VLLM_|HF_TOKEN$|HUGGING_FACE_HUB_TOKEN$)")
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass
+class Request:
+    """What the user asked for on the command line."""
+
+    recipe: str
+    model: str | None = None
+    drafter: str | None = None
+    profile: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    runtime: str = "native"
+    vllm_version: str | None = None
+    image: str | None = None
+    sets: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    """What the machine says; injected by tests, probed for real otherwise."""
+
+    host: HostInfo
+    environ: Mapping[str, str]
+    installed_vllm: str | None
+    installed_transformers: str | None
+
+
+def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``--set`` items → (env vars, recipe fields). An upper-case KEY is an env
+    var; a dotted lower-case path is a recipe field."""
+    env: dict[str, str] = {}
+    fields: dict[str, str] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise LauncherError(f"--set {item!r}: expected KEY=VALUE")
+        (env if _ENV_KEY.match(key) else fields)[key] = value
+    return env, fields
+
+
+def resolve(req: Request, ctx: Context) -> Plan:
+    env_sets, field_sets = split_sets(req.sets)
+    rec = recipes.load(req.recipe)
+    for dotted, value in field_sets.items():
+        rec = recipes.set_field(rec, dotted, value)
+
+    reasons: list[Reason] = []
+    warnings: list[str] = []
+    profile, profile_source = _choose_profile(req, rec, ctx.host, reasons)
+    rec = _sets_beat_profile(rec, profile, field_sets)
+    version, version_source = _choose_version(req, rec, ctx, reasons)
+
+    override = rec.profiles.get(profile)
+    env, sources = _recipe_env(rec, override, ctx.host.wsl, version, warnings)
+    env_unset = _merge_environment(env, sources, ctx.environ, version, warnings)
+    _apply_env_sets(env, sources, env_unset, env_sets, version)
+
+    model = Path(req.model).expanduser() if req.model else models_dir() / rec.target.name
+    drafter = None
+    if rec.drafter:
+        drafter = Path(req.drafter).expanduser() if req.drafter else models_dir() / rec.drafter.name
+    argv = _argv(rec, override, version, model, drafter, req, warnings)
+
+    plan = Plan(
+        recipe=rec.name,
+        profile=profile,
+        profile_source=profile_source,
+        vllm_version=str(version),
+        vllm_version_source=version_source,
+        runtime=req.runtime,
+        model=model,
+        drafter=drafter,
+        host=req.host,
+        port=req.port,
+        env=env,
+        env_sources=sources,
+        env_unset=env_unset,
+        argv=argv,
+        api_key=req.api_key,
+        image=(req.image or default_image(str(version), profile)) if req.runtime == "docker" else req.image,
+        warnings=warnings,
+        reasons=reasons,
+    )
+    _safety(plan, rec, ctx)
+    from launcher import checks
+
+    checks.run_all(plan, rec, ctx)
+    return plan
+
+
+def default_image(version: str, profile: str) -> str:
+    sm = PROFILES[profile].sm.replace("_", "")
+    arch = PROFILES[profile].platform.split("/")[1]
+    return f"vllm-sm12x:{version}-{sm}-{arch}"
+
+
+def _sets_beat_profile(rec, profile: str, field_sets: dict[str, str]):
+    """A ``--set serve.X`` must win over the profile's own ``serve.X``."""
+    override = rec.profiles[profile].serve.model_dump()
+    for dotted, value in field_sets.items():
+        head, _, key = dotted.partition(".")
+        if head == "serve" and key in override:
+            rec = recipes.set_field(rec, f"profiles.{profile}.serve.{key}", value)
+    return rec
+
+
+def _choose_profile(req: Request, rec, host: HostInfo, reasons: list[Reason]) -> tuple[str, str]:
+    if req.profile:
+        if req.profile not in PROFILES:
+            raise LauncherError(f"unknown profile {req.profile!r}", hint=f"known: {', '.join(PROFILES)}")
+        if req.profile not in rec.profiles:
+            raise LauncherError(f"recipe {rec.name} has no profile {req.profile!r}", hint=f"it has: {', '.join(rec.profiles)}")
+        return req.profile, "--profile"
+    gpu = host.gpu
+    detected = profile_for_capability(gpu.capability) if gpu else None
+    if detected and detected.name in rec.profiles:
+        return detected.name, f"detected ({gpu.name}, {gpu.sm})"
+    default = rec.default_profile if rec.default_profile in rec.profiles else DEFAULT_PROFILE
+    if gpu is None:
+        return default, "default (no GPU detected)"
+    return default, f"default (detected {gpu.name}, {gpu.sm}, matches no profile of this recipe)"
+
+
+def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason]):
+    if req.vllm_version:
+        return vllm_compat.parse_version(req.vllm_version), "--vllm-version"
+    if req.runtime == "native" and ctx.installed_vllm:
+        return vllm_compat.parse_version(ctx.installed_vllm), "installed"
+    return vllm_compat.parse_version(rec.vllm_versions[0]), "recipe default"
+
+
+def _recipe_env(rec, override, wsl: bool, version, warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    rendered = vllm_compat.render_intent(rec.intent, version)
+    warnings.extend(rendered.notes)
+    layers = [("recipe", rec.env), ("recipe", rendered.env)]
+    if override:
+        layers.append(("recipe profile", override.env))
+    if wsl:
+        layers.append(("recipe wsl", rec.wsl.env))
+    env: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for source, values in layers:
+        for key, value in values.items():
+            if not vllm_compat.env_read_by(key, version):
+                continue  # e.g. the WSL pin-memory switch before 0.24.0
+            env[key] = str(value)
+            sources[key] = source
+    return env, sources
+
+
+def _merge_environment(env, sources, environ: Mapping[str, str], version, warnings: list[str]) -> list[str]:
+    unset: list[str] = []
+    for key in sorted(environ):
+        value = environ[key]
+        replacement = vllm_compat.stale_replacement(key, version)
+        if replacement:
+            unset.append(key)
+            warnings.append(
+                f"dropped {key} from your environment: vLLM {version} no longer reads it; use {replacement}"
+            )
+            continue
+        if key in env or _INHERITED.match(key):
+            env[key] = value
+            sources[key] = "environment"
+    return unset
+
+
+def _apply_env_sets(env, sources, env_unset: list[str], env_sets: dict[str, str], version) -> None:
+    for key, value in env_sets.items():
+        replacement = vllm_compat.stale_replacement(key, version)
+        if replacement:
+            raise LauncherError(f"--set {key}: vLLM {version} no longer reads {key}", hint=f"use {replacement}")
+        env[key] = value
+        sources[key] = "--set"
+        if key in env_unset:
+            env_unset.remove(key)
+
+
+def _argv(rec, override, version, model: Path, drafter: Path | None, req: Request, warnings: list[str]) -> list[str]:
+    serve = rec.serve.model_dump()
+    if override:
+        serve.update({k: v for k, v in override.serve.model_dump().items() if v is not None})
+    argv = ["vllm", "serve", str(model)]
+    if rec.target.served_names:
+        argv += ["--served-model-name", *rec.target.served_names]
+    argv += ["--host", req.host, "--port", str(req.port)]
+    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
+        if serve[key] is not None:
+            argv += [f"--{key.replace('_', '-')}", _num(serve[key])]
+    for key in ("enable_chunked_prefill", "enable_prefix_caching", "trust_remote_code", "enable_auto_tool_choice", "enforce_eager"):
+        if serve[key]:
+            argv.append(f"--{key.replace('_', '-')}")
+    if serve["tool_call_parser"]:
+        argv += ["--tool-call-parser", serve["tool_call_parser"]]
+    argv += vllm_compat.render_intent(rec.intent, version).args
+    if rec.drafter and drafter is not None:
+        argv += ["--speculative-config", json.dumps(_spec_config(rec.drafter, drafter), separators=(",", ":"))]
+    argv += serve["extra_args"] + list(req.extra_args)
+    return argv
+
+
+def _spec_config(d, drafter: Path) -> dict:
+    config = {"method": d.method, "model": str(drafter), "num_speculative_tokens": d.num_speculative_tokens}
+    if d.attention_backend:
+        config["attention_backend"] = d.attention_backend
+    return config
+
+
+def _num(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _safety(plan: Plan, rec, ctx: Context) -> None:
+    if plan.host not in LOOPBACK and not plan.api_key and not plan.env.get("VLLM_API_KEY"):
+        plan.reasons.append(
+            Reason("environment", f"serving on {plan.host} (beyond loopback) without an API key", blocking=False,
+                   hint="pass --api-key or bind --host 127.0.0.1")
+        )
+    if rec.serve.trust_remote_code:
+        plan.warnings.append("this recipe turns on --trust-remote-code: the model folder may run its own Python code")
+
+
+# --- printing ----------------------------------------------------------------
+
+
+def to_dict(plan: Plan) -> dict:
+    from launcher import redact
+
+    return {
+        "recipe": plan.recipe,
+        "profile": plan.profile,
+        "profile_source": plan.profile_source,
+        "vllm_version": plan.vllm_version,
+        "vllm_version_source": plan.vllm_version_source,
+        "runtime": plan.runtime,
+        "image": plan.image,
+        "model": str(plan.model),
+        "drafter": str(plan.drafter) if plan.drafter else None,
+        "env": redact.env(plan.env),
+        "env_sources": plan.env_sources,
+        "env_unset": plan.env_unset,
+        "argv": redact.argv(plan.argv),
+        "api_key": "***" if plan.api_key else None,
+        "patches": [{"id": p.id, "applied": p.applied, "detail": p.detail} for p in plan.patches],
+        "warnings": plan.warnings,
+        "reasons": [{"area": r.area, "message": r.message, "blocking": r.blocking, "hint": r.hint} for r in plan.reasons],
+        "verdict": "blocked" if plan.blocking else "ready",
+    }
+
+
+def format_plan(plan: Plan) -> str:
+    from launcher import redact
+
+    lines = [
+        f"recipe        {plan.recipe}",
+        f"profile       {plan.profile}  [{plan.profile_source}]",
+        f"vLLM          {plan.vllm_version}  [{plan.vllm_version_source}]",
+        f"runtime       {plan.runtime}" + (f"  image {plan.image}" if plan.image else ""),
+        f"model         {plan.model}",
+    ]
+    if plan.drafter:
+        lines.append(f"drafter       {plan.drafter}")
+    lines.append(f"endpoint      http://{plan.host}:{plan.port}/v1" + ("  (API key set)" if plan.api_key else ""))
+    lines.append("environment")
+    shown = redact.env(plan.env)
+    for key in sorted(shown):
+        lines.append(f"  {key}={shown[key]}    # {plan.env_sources.get(key, '')}")
+    for key in plan.env_unset:
+        lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
+    lines.append("command")
+    lines.append("  " + " \\\n    ".join(_shell_groups(redact.argv(plan.argv))))
+    if plan.patches:
+        lines.append("patches")
+        for p in plan.patches:
+            state = {True: "applied", False: "NOT applied", None: "unknown"}[p.applied]
+            lines.append(f"  {p.id}: {state}" + (f" ({p.detail})" if p.detail else ""))
+    for w in plan.warnings:
+        lines.append(f"warning: {w}")
+    lines.append("preflight")
+    if not plan.reasons:
+        lines.append("  ok")
+    for r in plan.reasons:
+        lines.append("  " + r.line())
+    verdict = f"BLOCKED ({len(plan.blocking)} blocking reason(s) above)" if plan.blocking else "ready"
+    lines.append(f"verdict       {verdict}")
+    return "\n".join(lines)
+
+
+def _shell_groups(argv: list[str]) -> list[str]:
+    """One line per flag with its values, for a readable command."""
+    groups = [argv[:3]]
+    for arg in argv[3:]:
+        if arg.startswith("--"):
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return [" ".join(shlex.quote(a) for a in g) for g in groups]

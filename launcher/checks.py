@@ -1,0 +1,140 @@
+"""Preflight checks of a resolved Plan: hardware, installed vLLM, patches,
+checkpoint and drafter. Each appends ``Reason``s; none raises, so a dry run
+always prints the whole plan with every reason at once."""
+
+from __future__ import annotations
+
+from launcher.plan import Context, PatchState, Plan
+from launcher.preflight import Reason
+from launcher.profiles import PROFILES
+from launcher.vllm_compat import parse_version
+
+DRIVER_HINT = "install the NVIDIA driver (570 or newer for Blackwell) so that nvidia-smi works"
+
+
+def run_all(plan: Plan, rec, ctx: Context) -> None:
+    hardware(plan, rec, ctx)
+    vllm(plan, rec, ctx)
+    patches(plan, rec, ctx)
+    checkpoint(plan, rec, ctx)
+
+
+def hardware(plan: Plan, rec, ctx: Context) -> None:
+    # The docker runtime needs the host's GPU all the same: no runtime exemption.
+    gpu = ctx.host.gpu
+    profile = PROFILES[plan.profile]
+    if gpu is None:
+        why = ctx.host.nvml_error or "NVML found no GPU"
+        plan.reasons.append(Reason("hardware", f"no NVIDIA GPU detected: {why}", hint=DRIVER_HINT))
+        return
+    fitting = [PROFILES[p] for p in rec.profiles]
+    if gpu.capability not in {p.capability for p in fitting}:
+        wanted = ", ".join(f"{p.sm} ({p.name})" for p in fitting)
+        plan.reasons.append(
+            Reason("hardware", f"{gpu.name} is {gpu.sm}; recipe {rec.name} is built for {wanted}",
+                   hint="use a matching GPU, or --force to try anyway")
+        )
+    if gpu.memory_gib < rec.min_gpu_memory_gib:
+        plan.reasons.append(
+            Reason("hardware", f"{gpu.name} has {gpu.memory_gib:g} GiB; recipe {rec.name} needs {rec.min_gpu_memory_gib:g} GiB")
+        )
+    if gpu.capability != profile.capability:
+        plan.reasons.append(
+            Reason("hardware", f"profile {profile.name} is for {profile.sm} but the GPU is {gpu.sm}", blocking=False)
+        )
+
+
+def vllm(plan: Plan, rec, ctx: Context) -> None:
+    version = parse_version(plan.vllm_version)
+    if str(version) not in {str(parse_version(v)) for v in rec.vllm_versions}:
+        plan.reasons.append(
+            Reason("vllm", f"recipe {rec.name} supports vLLM {', '.join(rec.vllm_versions)}, not {version}")
+        )
+    if plan.runtime != "native":
+        return  # the image carries its own vLLM and transformers
+    if not ctx.installed_vllm:
+        plan.reasons.append(
+            Reason("vllm", "vLLM is not installed in this Python environment",
+                   hint="install a vLLM wheel built for sm_12x (launcher build wheels), or use --runtime docker")
+        )
+    elif parse_version(ctx.installed_vllm) != version:
+        plan.reasons.append(
+            Reason("vllm", f"installed vLLM is {ctx.installed_vllm}, the plan is for {version}",
+                   hint="drop --vllm-version or install that version")
+        )
+    tf = ctx.installed_transformers
+    if version.release[:2] == (0, 21) and tf and parse_version(tf) >= parse_version("5.15"):
+        plan.reasons.append(
+            Reason("vllm", f"transformers {tf} drops Gemma 4's global_head_dim, which vLLM 0.21.x reads",
+                   hint="pip install 'transformers==5.13.1' 'tokenizers==0.22.2'")
+        )
+
+
+def patches(plan: Plan, rec, ctx: Context) -> None:
+    if not rec.patches:
+        return
+    try:
+        from launcher.patching import series as series_mod
+        ser = series_mod.series_for(plan.vllm_version)
+        known = {p.id for p in ser.patches} | {p.id for p in getattr(ser, "build_patches", [])}
+    except Exception as exc:  # a missing series is a finding, not a crash
+        plan.reasons.append(Reason("patches", f"no patch series for vLLM {plan.vllm_version}: {exc}"))
+        return
+    states = _installed_states(plan, ctx)
+    for pid in rec.patches:
+        if pid not in known:
+            plan.patches.append(PatchState(pid, False, f"missing from the {ser.version} series"))
+            plan.reasons.append(Reason("patches", f"patch {pid} is not in the vLLM {ser.version} series"))
+            continue
+        if plan.runtime == "docker":
+            plan.patches.append(PatchState(pid, None, "applied in the image (its build fails otherwise)"))
+            continue
+        state = states.get(pid)
+        applied = None if state is None else state == "applied"
+        plan.patches.append(PatchState(pid, applied, "" if state else "vLLM not installed here"))
+        if applied is False:
+            plan.reasons.append(
+                Reason("patches", f"required patch {pid} is {state} in the installed vLLM",
+                       hint="launcher patch apply")
+            )
+
+
+def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
+    if plan.runtime != "native" or not ctx.installed_vllm:
+        return {}
+    if parse_version(ctx.installed_vllm) != parse_version(plan.vllm_version):
+        return {}
+    try:
+        from launcher.patching import engine
+
+        status = engine.status(None)
+    except Exception as exc:
+        plan.warnings.append(f"could not read the patch status of the installed vLLM: {exc}")
+        return {}
+    return {p.id: p.state for p in status.patches}
+
+
+def checkpoint(plan: Plan, rec, ctx: Context) -> None:
+    if not plan.model.is_dir():
+        plan.reasons.append(
+            Reason("checkpoint", f"model directory {plan.model} does not exist",
+                   hint=f"put {rec.target.name} there (from {rec.target.source}), set MODELS_DIR, or pass --model")
+        )
+    if plan.drafter is not None and not plan.drafter.is_dir():
+        plan.reasons.append(
+            Reason("drafter", f"drafter directory {plan.drafter} does not exist",
+                   hint=f"download {rec.drafter.source} there, or pass --drafter")
+        )
+    try:
+        from launcher import checkpoint as ckpt
+    except ImportError:
+        return
+    info = None
+    if plan.model.is_dir():
+        info, found = ckpt.inspect_target(plan.model, expected_format=rec.target.format, vllm_version=plan.vllm_version)
+        plan.reasons.extend(found)
+    if plan.drafter is not None and plan.drafter.is_dir():
+        plan.reasons.extend(ckpt.inspect_drafter(plan.drafter, target=info))
+    warn = ckpt.quantization_flag_warning(plan.argv, info) if info is not None else None
+    if warn:
+        plan.reasons.append(warn)

@@ -1,0 +1,52 @@
+"""Hardware profiles: the consumer Blackwell machines the recipes are tuned for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine class. Recipes override serve settings per profile because a
+    32 GB card and a 128 GB unified-memory Spark want different context
+    lengths, batch sizes and memory fractions for the same model."""
+
+    name: str
+    description: str
+    capability: tuple[int, int]
+    memory_gib: float
+    unified_memory: bool
+    platform: str  # docker platform of the matching image
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+PROFILES: dict[str, HardwareProfile] = {
+    "rtx5090": HardwareProfile(
+        name="rtx5090",
+        description="GeForce RTX 5090, 32 GB GDDR7",
+        capability=(12, 0),
+        memory_gib=32.0,
+        unified_memory=False,
+        platform="linux/amd64",
+    ),
+    "dgx-spark": HardwareProfile(
+        name="dgx-spark",
+        description="DGX Spark GB10, 128 GB unified memory, arm64",
+        capability=(12, 1),
+        memory_gib=128.0,
+        unified_memory=True,
+        platform="linux/arm64",
+    ),
+}
+
+DEFAULT_PROFILE = "rtx5090"
+
+
+def profile_for_capability(capability: tuple[int, int]) -> HardwareProfile | None:
+    for profile in PROFILES.values():
+        if profile.capability == capability:
+            return profile
+    return None

@@ -1,0 +1,258 @@
+"""Recipes: one YAML file per served setup, validated at the edge.
+
+A recipe states intent (which model, which drafter, which kernels) rather
+than env vars, because the env vars and flags that express that intent
+changed between vLLM releases (see ``launcher.vllm_compat``). Errors name the
+file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from launcher.errors import LauncherError
+from launcher.paths import recipes_dir
+from launcher.profiles import PROFILES
+
+ModelFormat = Literal["modelopt-nvfp4", "compressed-tensors", "bf16"]
+MoeBackend = Literal[
+    "auto", "cutlass", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl", "marlin", "triton", "emulation"
+]
+GemmBackend = Literal["auto", "cutlass", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cudnn", "marlin", "emulation"]
+AttentionBackend = Literal["flash_attn", "triton_attn", "flex_attention", "flashinfer"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(_Strict):
+    """The target model: a folder under the models dir, and where it comes from.
+
+    ``name`` is the folder under ``$MODELS_DIR`` (``--model`` overrides the
+    whole path); ``source`` documents the Hugging Face repo it is made from.
+    """
+
+    name: str
+    source: str | None = None
+    format: ModelFormat = "bf16"
+    served_names: list[str] = Field(default_factory=list)
+
+
+class Drafter(_Strict):
+    """A speculative drafter. DFlash proposes ``num_speculative_tokens`` per
+    step; ``attention_backend`` is the drafter's own backend: on sm_12x the
+    target is locked to TRITON_ATTN, the drafter can run FLASH_ATTN."""
+
+    name: str
+    source: str | None = None
+    method: Literal["dflash", "eagle3", "mtp"] = "dflash"
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=64)]
+    attention_backend: AttentionBackend | None = None
+
+
+class Intent(_Strict):
+    """Kernel choices as intent; rendered as env vars on 0.21.x, flags from 0.24."""
+
+    moe_fp4_backend: MoeBackend = "auto"
+    nvfp4_gemm_backend: GemmBackend = "auto"
+    force_fp8_marlin: bool | None = None
+    sampler: Literal["auto", "flashinfer", "pytorch"] = "auto"
+    allow_long_max_model_len: bool = False
+
+
+class ServeArgs(_Strict):
+    """vLLM engine/server arguments the recipe sets (None: vLLM's default)."""
+
+    max_model_len: Annotated[int, Field(ge=256)] | None = None
+    max_num_seqs: Annotated[int, Field(ge=1)] | None = None
+    max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    enable_chunked_prefill: bool = False
+    enable_prefix_caching: bool = False
+    trust_remote_code: bool = False
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    enforce_eager: bool = False
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class ServeOverride(_Strict):
+    """The serve settings a hardware profile may change."""
+
+    max_model_len: Annotated[int, Field(ge=256)] | None = None
+    max_num_seqs: Annotated[int, Field(ge=1)] | None = None
+    max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+
+
+class Override(_Strict):
+    serve: ServeOverride = Field(default_factory=ServeOverride)
+    env: dict[str, str] = Field(default_factory=dict)
+    note: str | None = None
+
+
+class Recipe(_Strict):
+    """One served setup."""
+
+    name: str
+    description: str
+    target: ModelRef
+    drafter: Drafter | None = None
+    intent: Intent = Field(default_factory=Intent)
+    env: dict[str, str] = Field(default_factory=dict)
+    serve: ServeArgs = Field(default_factory=ServeArgs)
+    vllm_versions: list[str] = Field(min_length=1)
+    patches: list[str] = Field(default_factory=list)
+    min_gpu_memory_gib: Annotated[float, Field(gt=0)]
+    default_profile: str = "rtx5090"
+    profiles: dict[str, Override] = Field(min_length=1)
+    wsl: Override = Field(default_factory=Override)
+
+    @field_validator("profiles")
+    @classmethod
+    def _known_profiles(cls, value: dict[str, Override]) -> dict[str, Override]:
+        unknown = sorted(set(value) - set(PROFILES))
+        if unknown:
+            raise ValueError(f"unknown hardware profile(s) {unknown}; known: {sorted(PROFILES)}")
+        return value
+
+    @field_validator("vllm_versions")
+    @classmethod
+    def _versions(cls, value: list[str]) -> list[str]:
+        from launcher.vllm_compat import parse_version
+
+        for v in value:
+            parse_version(v)
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key.replace("_", "").isalnum() or not key.isupper():
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _default_profile_listed(self) -> "Recipe":
+        if self.default_profile not in self.profiles:
+            raise ValueError(f"default_profile {self.default_profile!r} is not among profiles {sorted(self.profiles)}")
+        return self
+
+
+def schema_json() -> str:
+    return json.dumps(Recipe.model_json_schema(), indent=2)
+
+
+# --- loading -----------------------------------------------------------------
+
+
+def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map each key path in a YAML document to its 1-based line."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            sub = path + (key.value,)
+            out[sub] = key.start_mark.line + 1
+            _line_index(value, sub, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, path + (i,), out)
+    return out
+
+
+def _line_for(lines: dict[tuple, int], loc: tuple) -> int:
+    while loc and loc not in lines:
+        loc = loc[:-1]
+    return lines.get(loc, 1)
+
+
+def parse_recipe(text: str, source: str) -> Recipe:
+    """Validate a recipe's YAML text; ``source`` names the file in errors."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise LauncherError(f"{where}: YAML error: {problem}") from None
+    if not isinstance(data, dict):
+        raise LauncherError(f"{source}:1: a recipe must be a YAML mapping")
+    lines = _line_index(node)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        raise LauncherError(f"{source}:{_line_for(lines, loc)}: field {field}: {msg}{more}") from None
+
+
+def load_file(path: Path) -> Recipe:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise LauncherError(f"cannot read recipe {path}: {exc.strerror}") from None
+    return parse_recipe(text, str(path))
+
+
+def available() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(recipes_dir().glob("*.yaml"))}
+
+
+def load(name: str) -> Recipe:
+    """A shipped recipe by name, or a recipe file by path."""
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return load_file(candidate)
+    recipes = available()
+    if name not in recipes:
+        close = difflib.get_close_matches(name, list(recipes), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else f"available: {', '.join(recipes)}"
+        raise LauncherError(f"unknown recipe {name!r}", hint=hint)
+    recipe = load_file(recipes[name])
+    if recipe.name != name:
+        raise LauncherError(f"{recipes[name]}:1: field name: {recipe.name!r} does not match the file name {name!r}")
+    return recipe
+
+
+def set_field(recipe: Recipe, dotted: str, raw: str) -> Recipe:
+    """Return a copy of ``recipe`` with ``dotted`` (e.g. serve.max_model_len) set
+    from a ``--set`` value (parsed as YAML, so 0.9, true and [a, b] work)."""
+    data: dict[str, Any] = recipe.model_dump()
+    parts = dotted.split(".")
+    cursor: Any = data
+    for part in parts[:-1]:
+        if not isinstance(cursor, dict) or part not in cursor or cursor[part] is None and part != parts[-2]:
+            raise LauncherError(f"--set {dotted}: no recipe field {part!r}")
+        if cursor[part] is None:
+            cursor[part] = {}
+        cursor = cursor[part]
+    if not isinstance(cursor, dict) or (parts[-1] not in cursor and not _is_mapping_field(parts)):
+        raise LauncherError(f"--set {dotted}: no recipe field {dotted!r}")
+    try:
+        cursor[parts[-1]] = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        cursor[parts[-1]] = raw
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise LauncherError(f"--set {dotted}={raw}: field {field}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
+def _is_mapping_field(parts: list[str]) -> bool:
+    # env.* and profiles.<p>.env.* take new keys
+    return len(parts) >= 2 and parts[-2] == "env"
