@@ -1,5 +1,110 @@
-"""``launcher patch ...`` (filled in by the patch engine work)."""
+"""``launcher patch apply|revert|status|check``: the patch engine from the command line.
+
+Every command works on ``--target DIR`` (site-packages, a vLLM source tree,
+or the vllm folder) or, without it, on the vLLM installed in this Python.
+``--json`` prints the same result for scripts. Errors are LauncherErrors:
+one line, non-zero exit, nothing changed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+from launcher.patching import engine
+
 app = typer.Typer(no_args_is_help=True)
+
+TargetOpt = typer.Option(None, "--target", help="site-packages, a vLLM source tree, or the vllm folder (default: the installed vLLM)")
+JsonOpt = typer.Option(False, "--json", help="print the result as JSON")
+
+
+def _echo_json(data) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _print_report(report: engine.Report) -> None:
+    typer.echo(f"vLLM {report.version} ({report.tree.layout}) at {report.tree.root}")
+    if report.series_version:
+        typer.echo(f"series {report.series_version} ({(report.series_hash or '')[:12]})")
+    _table(["PATCH", "RESULT", "DETAIL"], [[r.id, r.outcome, r.detail] for r in report.results])
+    typer.echo(report.message)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    if not rows:
+        return
+    # The last column (details, hunks) runs free; the others line up.
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        cells = [str(c).ljust(w) for c, w in zip(row, widths)] + [str(row[-1])]
+        typer.echo("  ".join(cells).rstrip())
+
+
+@app.command("apply")
+def apply_cmd(
+    target: Optional[Path] = TargetOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="check every hunk and say what would change; write nothing"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Apply the series for the tree's vLLM version (all patches or none)."""
+    report = engine.apply(target, dry_run=dry_run)
+    _echo_json(report.to_dict()) if as_json else _print_report(report)
+
+
+@app.command("revert")
+def revert_cmd(target: Optional[Path] = TargetOpt, as_json: bool = JsonOpt) -> None:
+    """Undo the patches the launcher applied (from the stamp) and remove the stamp."""
+    report = engine.revert(target)
+    _echo_json(report.to_dict()) if as_json else _print_report(report)
+
+
+@app.command("status")
+def status_cmd(target: Optional[Path] = TargetOpt, as_json: bool = JsonOpt) -> None:
+    """Show, per patch, whether it is applied, not applied, in conflict or modified since."""
+    st = engine.status(target)
+    if as_json:
+        _echo_json(st.to_dict())
+        return
+    typer.echo(f"vLLM {st.version} ({st.tree.layout}) at {st.tree.root}")
+    stamp = "none" if st.stamp is None else f"{st.stamp.get('applied_at', '?')}"
+    typer.echo(f"series {st.series_version} ({st.series_hash[:12]}), stamp: {stamp}")
+    _table(["PATCH", "KIND", "STATE", "DETAIL"], [[p.id, p.kind, p.state, p.detail] for p in st.patches])
+    for note in st.notes:
+        typer.echo(f"note: {note}")
+    if not st.patches:
+        typer.echo("the series is empty")
+
+
+@app.command("check")
+def check_cmd(
+    target: Optional[Path] = TargetOpt,
+    against: Optional[str] = typer.Option(
+        None, "--against", help="vllm==X: check the series against X's wheel and sdist from PyPI (cached)"
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Read-only drift check: per patch and layout, applies / already upstream / conflicts.
+
+    Exits 1 when any patch conflicts.
+    """
+    if against and target:
+        raise typer.BadParameter("give --target or --against, not both")
+    rows = engine.check_against(against) if against else engine.check_tree(target)
+    if as_json:
+        _echo_json([r.to_dict() for r in rows])
+    else:
+        version = rows[0].version if rows else (against or "")
+        typer.echo(f"patch check: vLLM {version}" + (f" ({against}, wheel and sdist from PyPI)" if against else ""))
+        layout_name = {"site-packages": "wheel", "source": "sdist"} if against else {}
+        _table(
+            ["PATCH", "LAYOUT", "RESULT", "DETAIL"],
+            [[r.patch_id, layout_name.get(r.layout, r.layout), r.result, r.detail] for r in rows],
+        )
+        counts = {k: sum(1 for r in rows if r.result == k) for k in {r.result for r in rows}}
+        typer.echo(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "the series is empty")
+    if any(r.result == "conflicts" for r in rows):
+        raise typer.Exit(1)

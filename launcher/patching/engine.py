@@ -1,0 +1,584 @@
+"""Apply, revert, inspect and check the patch series on a vLLM tree.
+
+Everything is decided in memory before a byte is written. For a series
+``P1..Pn`` and the current files, the engine first peels: from ``Pn`` down to
+``P1`` it reverse-applies every patch that reverse-applies cleanly (those are
+present: applied earlier, by hand, or already upstream). On that base every
+patch must then apply forwards in order; the ones peeled are "already
+applied", the others are applied now. A patch that fits neither way is a
+conflict, and the error names the file and the hunk. Peeling in reverse
+order is what keeps later patches that touch the same lines from hiding
+earlier ones.
+
+Only when every patch of the series fits are files written, through a
+:class:`~launcher.patching.transaction.Transaction` (all or nothing); then
+the stamp (:mod:`launcher.patching.stamp`) records what was done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.patching import stamp as stamps
+from launcher.patching.diff import FilePatch, HunkMismatch, apply_file, parse
+from launcher.patching.series import Patch, Series, public_version, series_for
+from launcher.patching.transaction import Transaction, remove_empty_dirs
+from launcher.patching.tree import SITE_PACKAGES, SOURCE, Tree, detect_version, find_tree
+
+__all__ = [
+    "CheckRow",
+    "PatchResult",
+    "PatchStatus",
+    "Report",
+    "SeriesStatus",
+    "Tree",
+    "apply",
+    "check_against",
+    "check_tree",
+    "detect_version",
+    "find_tree",
+    "revert",
+    "status",
+]
+
+PathArg = Path | str | None
+
+
+# ----------------------------------------------------------------- results
+
+
+@dataclass
+class PatchStatus:
+    """State of one patch in a tree: applied, not-applied, conflict or modified."""
+
+    id: str
+    name: str
+    state: str
+    detail: str = ""
+    kind: str = "runtime"
+    files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "kind": self.kind, "state": self.state,
+                "detail": self.detail, "files": self.files}
+
+
+@dataclass
+class SeriesStatus:
+    """What ``launcher patch status`` and ``launcher doctor`` show about a tree."""
+
+    tree: Tree
+    version: str
+    series_version: str
+    series_hash: str
+    patches: list[PatchStatus]
+    stamp: dict | None
+    notes: list[str] = field(default_factory=list)
+
+    def state_of(self, patch_id: str) -> str | None:
+        return next((p.state for p in self.patches if p.id == patch_id), None)
+
+    @property
+    def applied_ids(self) -> set[str]:
+        return {p.id for p in self.patches if p.state == "applied"}
+
+    @property
+    def fully_applied(self) -> bool:
+        return all(p.state == "applied" for p in self.patches)
+
+    def to_dict(self) -> dict:
+        stamp = None
+        if self.stamp is not None:
+            stamp = {k: v for k, v in self.stamp.items() if k != "patches"}
+            stamp["patches"] = [
+                {k: v for k, v in p.items() if k != "diff"} for p in self.stamp.get("patches", [])
+            ]
+        return {
+            "tree": str(self.tree.root),
+            "layout": self.tree.layout,
+            "version": self.version,
+            "series_version": self.series_version,
+            "series_hash": self.series_hash,
+            "patches": [p.to_dict() for p in self.patches],
+            "stamp": stamp,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class PatchResult:
+    id: str
+    name: str
+    outcome: str  # applied, already applied, would apply, reverted, not applied
+    detail: str = ""
+    files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "outcome": self.outcome, "detail": self.detail,
+                "files": self.files}
+
+
+@dataclass
+class Report:
+    """What ``apply`` or ``revert`` did (or, with dry_run, would do)."""
+
+    action: str
+    tree: Tree
+    version: str
+    series_version: str | None
+    series_hash: str | None
+    results: list[PatchResult]
+    written: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    stamp_path: str | None = None
+    message: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.written or self.removed)
+
+    def to_dict(self) -> dict:
+        return {
+            "action": self.action,
+            "tree": str(self.tree.root),
+            "layout": self.tree.layout,
+            "version": self.version,
+            "series_version": self.series_version,
+            "series_hash": self.series_hash,
+            "results": [r.to_dict() for r in self.results],
+            "written": self.written,
+            "removed": self.removed,
+            "stamp": self.stamp_path,
+            "message": self.message,
+        }
+
+
+@dataclass
+class CheckRow:
+    """One patch against one layout: applies, already upstream, or conflicts (with the hunk)."""
+
+    patch_id: str
+    patch_name: str
+    layout: str
+    result: str
+    detail: str = ""
+    version: str = ""
+
+    def to_dict(self) -> dict:
+        return {"patch": self.patch_id, "name": self.patch_name, "layout": self.layout,
+                "result": self.result, "detail": self.detail, "version": self.version}
+
+
+# --------------------------------------------------------- the analysis core
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A patch as the analysis sees it: from the series, or from a stamp entry."""
+
+    id: str
+    name: str
+    sha256: str
+    kind: str
+    diff: str
+    files: tuple[FilePatch, ...]
+
+    @classmethod
+    def of(cls, patch: Patch) -> _Item:
+        return cls(patch.id, patch.name, patch.sha256, patch.kind, patch.diff_text, patch.files)
+
+    @classmethod
+    def from_stamp(cls, entry: stamps.StampEntry) -> _Item:
+        prefix = "vllm/" if entry.kind == "runtime" else None
+        return cls(entry.id, entry.file, entry.sha256, entry.kind, entry.diff,
+                   parse(entry.diff, entry.file, allowed_prefix=prefix))
+
+    @property
+    def paths(self) -> list[str]:
+        return [fp.path for fp in self.files]
+
+
+@dataclass
+class _Verdict:
+    item: _Item
+    state: str  # present, absent, conflict
+    detail: str = ""
+    offset: int = 0
+
+
+Contents = dict[str, "bytes | None"]
+
+
+def _run(work: Contents, item: _Item, reverse: bool = False) -> tuple[Contents, int]:
+    """Apply ``item`` to ``work`` in memory; the changed files and the total hunk offset."""
+    changed: Contents = {}
+    offset = 0
+    for fp in item.files:
+        result = apply_file(work[fp.path], fp.reversed() if reverse else fp)
+        changed[fp.path] = result.content
+        offset += sum(abs(o) for o in result.offsets)
+    return changed, offset
+
+
+def _fits(work: Contents, item: _Item, reverse: bool = False) -> tuple[Contents, int] | None:
+    try:
+        return _run(work, item, reverse)
+    except HunkMismatch:
+        return None
+
+
+def _analyse(original: Contents, items: list[_Item], stamped: set[str]) -> tuple[list[_Verdict], Contents]:
+    """Classify every item (see the module docstring); return the verdicts and the fully patched files."""
+    work = dict(original)
+    peeled: set[str] = set()
+    for item in reversed(items):
+        back = _fits(work, item, reverse=True)
+        if back is None:
+            continue
+        forward = _fits(work, item)
+        # Both directions fit only for patches whose lines recur nearby; the
+        # stamp, then the placement nearer the hunk headers, decides.
+        if forward is not None and item.id not in stamped and forward[1] <= back[1]:
+            continue
+        work.update(back[0])
+        peeled.add(item.id)
+    verdicts = []
+    for item in items:
+        try:
+            changed, offset = _run(work, item)
+        except HunkMismatch:
+            verdicts.append(_Verdict(item, "conflict", _diagnose(work, item)))
+            continue
+        work.update(changed)
+        verdicts.append(_Verdict(item, "present" if item.id in peeled else "absent", "", offset))
+    return verdicts, work
+
+
+def _diagnose(work: Contents, item: _Item) -> str:
+    """Name the first hunk that fits neither forwards nor backwards, or say the patch is half there."""
+    forward_hunks, backward_hunks = [], []
+    for fp in item.files:
+        for hunk in fp.hunks:
+            single = FilePatch(fp.path, fp.kind, (hunk,), fp.old_mode, fp.new_mode)
+            try:
+                apply_file(work[fp.path], single)
+                forward_hunks.append(f"{fp.path} {hunk.label()}")
+                continue
+            except HunkMismatch as exc:
+                failure = exc
+            try:
+                apply_file(work[fp.path], single.reversed())
+                backward_hunks.append(f"{fp.path} {hunk.label()}")
+            except HunkMismatch:
+                return str(failure)
+    if forward_hunks and backward_hunks:
+        return f"partly applied: {', '.join(backward_hunks)} present, {', '.join(forward_hunks)} missing"
+    return "the hunks fit one by one but not together (overlapping changes)"
+
+
+def _load(tree: Tree, items: list[_Item]) -> Contents:
+    contents: Contents = {}
+    for item in items:
+        for path in item.paths:
+            if path in contents:
+                continue
+            file = tree.path(path)
+            if file.is_dir():
+                raise LauncherError(f"{file} is a folder, but patch {item.name} treats it as a file")
+            try:
+                contents[path] = file.read_bytes() if file.exists() else None
+            except OSError as exc:
+                raise LauncherError(f"cannot read {file}: {exc}") from exc
+    return contents
+
+
+def _conflict_error(tree: Tree, verdicts: list[_Verdict], doing: str, hint: str) -> LauncherError:
+    bad = [v for v in verdicts if v.state == "conflict"]
+    lines = "; ".join(f"{v.item.name}: {v.detail}" for v in bad)
+    return LauncherError(
+        f"cannot {doing} {tree.root} ({len(bad)} patch(es) do not fit), nothing was changed: {lines}",
+        hint=hint,
+    )
+
+
+# ---------------------------------------------------------------- the API
+
+
+def _series_context(target: PathArg, patches_root: PathArg) -> tuple[Tree, str, Series]:
+    tree = find_tree(target)
+    version = detect_version(tree)
+    return tree, version, series_for(version, patches_root)
+
+
+def _ours(stamp: dict | None) -> dict[str, stamps.StampEntry]:
+    """Stamp entries the launcher applied itself (revert undoes those only)."""
+    return {e.id: e for e in stamps.stamp_entries(stamp) if e.origin == "applied"}
+
+
+def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathArg = None) -> Report:
+    """Apply the series for the tree's vLLM version: all patches or none."""
+    tree, version, series = _series_context(target, patches_root)
+    stamp = stamps.read_stamp(tree)
+    patches = series.for_layout(tree.layout)
+    ours = _ours(stamp)
+    _refuse_foreign(tree, stamp, patches)
+    items = [_Item.of(p) for p in patches]
+    original = _load(tree, items)
+    verdicts, final = _analyse(original, items, stamped=set(ours))
+    if any(v.state == "conflict" for v in verdicts):
+        raise _conflict_error(
+            tree, verdicts, "patch",
+            f"a patched file differs from vLLM {version} as released: reinstall it "
+            f"(pip install --force-reinstall --no-deps vllm=={public_version(version)}) or undo the local edit",
+        )
+    new = [v for v in verdicts if v.state == "absent"]
+    results = [
+        PatchResult(v.item.id, v.item.name,
+                    ("would apply" if dry_run else "applied") if v.state == "absent" else "already applied",
+                    _apply_detail(v, ours), v.item.paths)
+        for v in verdicts
+    ]
+    touched = {path for v in new for path in v.item.paths}
+    changes = {path: final[path] for path in sorted(touched) if final[path] != original[path]}
+    report = Report("dry-run" if dry_run else "apply", tree, version, series.version, series.hash, results)
+    if dry_run:
+        report.message = f"{len(new)} patch(es) would be applied; nothing written (dry run)"
+        return report
+
+    entries = [
+        stamps.StampEntry(
+            id=v.item.id, file=v.item.name, sha256=v.item.sha256, kind=v.item.kind,
+            origin="applied" if v.state == "absent" or v.item.id in ours else "present",
+            files=v.item.paths, diff=v.item.diff,
+        )
+        for v in verdicts
+    ]
+    created = [d for d in (stamp or {}).get("created_dirs", [])]
+    modes = {fp.path: fp.new_mode for v in new for fp in v.item.files if fp.kind == "add"}
+    stamp_path = tree.path(stamps.STAMP_REL)
+    with _writing(tree) as tx:
+        for path, data in changes.items():
+            if data is None:
+                tx.remove(tree.path(path))
+            else:
+                tx.write(tree.path(path), data, modes.get(path))
+        created += [d.relative_to(tree.root).as_posix() for d in tx.created_dirs]
+        new_stamp = stamps.build_stamp(
+            vllm_version=version, series_version=series.version, series_hash=series.hash,
+            layout=tree.layout, entries=entries, created_dirs=created,
+        )
+        if changes or not stamps.same_content(stamp, new_stamp):
+            tx.write(stamp_path, stamps.encode(new_stamp), 0o644)
+            report.stamp_path = str(stamp_path)
+    report.written = [p for p, d in changes.items() if d is not None]
+    report.removed = [p for p, d in changes.items() if d is None]
+    report.message = (
+        f"applied {len(new)} patch(es), {len(verdicts) - len(new)} already applied"
+        if new else f"nothing to do: all {len(verdicts)} patch(es) already applied"
+    )
+    return report
+
+
+def _apply_detail(v: _Verdict, ours: dict[str, stamps.StampEntry]) -> str:
+    if v.state == "present":
+        return "recorded in the stamp" if v.item.id in ours else "already in the tree (upstream, or applied by hand)"
+    return f"hunks found {v.offset} line(s) away from their headers" if v.offset else ""
+
+
+def _refuse_foreign(tree: Tree, stamp: dict | None, patches: list[Patch]) -> None:
+    """A stamp from another series (changed or removed patches) must be reverted first."""
+    current = {(p.id, p.sha256) for p in patches}
+    stale = [e.file for e in _ours(stamp).values() if (e.id, e.sha256) not in current]
+    if stale:
+        raise LauncherError(
+            f"{tree.root} carries patches that differ from the current series: {', '.join(stale)}",
+            hint=f"run `launcher patch revert --target {tree.root}` first, then apply again",
+        )
+
+
+class _writing:
+    """A Transaction whose failure becomes one LauncherError saying everything was restored."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
+        self.tx = Transaction()
+
+    def __enter__(self) -> Transaction:
+        return self.tx
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            return False
+        self.tx.rollback()
+        if self.tx.unrestored:
+            raise LauncherError(
+                f"writing {self.tree.root} failed ({exc}) and these files could not be restored: "
+                + "; ".join(self.tx.unrestored),
+                hint="reinstall vLLM to get pristine files back",
+            ) from exc
+        if isinstance(exc, OSError):
+            raise LauncherError(
+                f"writing {self.tree.root} failed ({exc}); every file was restored as it was",
+                hint="check permissions (site-packages may need the same user that installed vLLM)",
+            ) from exc
+        return False
+
+
+def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
+    """Undo what the stamp says the launcher applied, newest first; remove the stamp.
+
+    Uses the diffs stored in the stamp, so it works even if the series on
+    disk changed since. Patches found present (upstream or applied by hand)
+    stay.
+    """
+    del patches_root  # the stamp carries the diffs; kept for a uniform signature
+    tree = find_tree(target)
+    version = detect_version(tree)
+    stamp = stamps.read_stamp(tree)
+    if stamp is None:
+        return Report("revert", tree, version, None, None, [],
+                      message="no stamp in this tree: the launcher applied nothing here, nothing to revert")
+    ours = [_Item.from_stamp(e) for e in _ours(stamp).values()]
+    original = _load(tree, ours)
+    work = dict(original)
+    results: list[PatchResult] = []
+    conflicts: list[_Verdict] = []
+    for item in reversed(ours):
+        back = _fits(work, item, reverse=True)
+        if back is not None:
+            work.update(back[0])
+            results.append(PatchResult(item.id, item.name, "reverted", "", item.paths))
+        elif _fits(work, item) is not None:
+            results.append(PatchResult(item.id, item.name, "not applied",
+                                       "its files are as released (vLLM reinstalled?)", item.paths))
+        else:
+            conflicts.append(_Verdict(item, "conflict", _diagnose_reverse(work, item)))
+    if conflicts:
+        raise _conflict_error(
+            tree, conflicts, "revert",
+            f"a patched file was edited after apply: undo the edit, or reinstall vLLM "
+            f"(pip install --force-reinstall --no-deps vllm=={public_version(version)}) and delete {stamps.STAMP_REL}",
+        )
+    results.reverse()
+    changes = {p: work[p] for p in sorted(work) if work[p] != original[p]}
+    report = Report("revert", tree, version, stamp.get("series_version"), stamp.get("series_hash"), results)
+    with _writing(tree) as tx:
+        for path, data in changes.items():
+            if data is None:
+                tx.remove(tree.path(path))
+            else:
+                mode = next((fp.old_mode for i in ours for fp in i.files
+                             if fp.path == path and fp.kind == "delete"), None)
+                tx.write(tree.path(path), data, mode)
+        tx.remove(tree.path(stamps.STAMP_REL))
+    remove_empty_dirs([tree.path(d) for d in stamp.get("created_dirs", [])])
+    report.written = [p for p, d in changes.items() if d is not None]
+    report.removed = [p for p, d in changes.items() if d is None] + [stamps.STAMP_REL]
+    reverted = sum(1 for r in results if r.outcome == "reverted")
+    report.message = f"reverted {reverted} patch(es); stamp removed"
+    return report
+
+
+def _diagnose_reverse(work: Contents, item: _Item) -> str:
+    reversed_item = _Item(item.id, item.name, item.sha256, item.kind, item.diff,
+                          tuple(fp.reversed() for fp in item.files))
+    return _diagnose(work, reversed_item)
+
+
+def status(target: PathArg = None, *, patches_root: PathArg = None) -> SeriesStatus:
+    """Per patch of the tree's series: applied, not-applied, conflict, or modified (stamped but edited)."""
+    tree, version, series = _series_context(target, patches_root)
+    stamp = stamps.read_stamp(tree)
+    ours = _ours(stamp)
+    patches = series.for_layout(tree.layout)
+    items = [_Item.of(p) for p in patches]
+    verdicts, _ = _analyse(_load(tree, items), items, stamped=set(ours))
+    out = []
+    for v in verdicts:
+        in_stamp = v.item.id in ours and ours[v.item.id].sha256 == v.item.sha256
+        if v.state == "present":
+            state, detail = "applied", ("recorded in the stamp" if in_stamp
+                                        else "present without a stamp entry (upstream, or applied by hand)")
+        elif v.state == "absent":
+            state, detail = "not-applied", ("the stamp lists it, but its files are as released"
+                                            if in_stamp else "applies cleanly")
+        else:
+            state, detail = ("modified" if in_stamp else "conflict"), v.detail
+        out.append(PatchStatus(v.item.id, v.item.name, state, detail, v.item.kind, v.item.paths))
+    return SeriesStatus(tree, version, series.version, series.hash, out, stamp,
+                        _stamp_notes(stamp, series, patches, version))
+
+
+def _stamp_notes(stamp: dict | None, series: Series, patches: list[Patch], version: str) -> list[str]:
+    if stamp is None:
+        return []
+    notes = []
+    if stamp.get("series_hash") != series.hash:
+        notes.append("the stamp was written by another revision of the series; revert and apply again")
+    if stamp.get("vllm_version") and stamp.get("vllm_version") != version:
+        notes.append(f"the stamp was written for vLLM {stamp.get('vllm_version')}, the tree is {version}")
+    current = {p.id for p in patches}
+    extra = [e.id for e in _ours(stamp).values() if e.id not in current]
+    if extra:
+        notes.append(f"the stamp lists patches no longer in the series: {', '.join(extra)}")
+    return notes
+
+
+def check_tree(target: PathArg = None, *, patches_root: PathArg = None) -> list[CheckRow]:
+    """Read-only: how each patch of the series fits the tree as it is now."""
+    tree, version, series = _series_context(target, patches_root)
+    stamp = stamps.read_stamp(tree)
+    return _check_rows(tree, version, series, set(_ours(stamp)), upstream_word="already applied")
+
+
+def check_against(spec: str, *, patches_root: PathArg = None) -> list[CheckRow]:
+    """``vllm==X``: the series for X against X's wheel (site-packages) and sdist (source) from PyPI.
+
+    The released trees are unpacked once into the cache and only read: the
+    analysis runs in memory, so the pristine copies are never touched.
+    """
+    from launcher import pypi
+
+    version = _parse_spec(spec)
+    series = series_for(version, patches_root)
+    rows: list[CheckRow] = []
+    for layout in (SITE_PACKAGES, SOURCE):
+        root = pypi.unpacked("vllm", version, layout)
+        tree = Tree(root, layout)
+        found = detect_version(tree)
+        if public_version(found) != public_version(version):
+            raise LauncherError(f"the {layout} tree of vllm=={version} in the cache says {found}",
+                                hint=f"delete {root} so it is unpacked again")
+        rows += _check_rows(tree, found, series, set(), upstream_word="already upstream")
+    return rows
+
+
+def _parse_spec(spec: str) -> str:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    text = spec.strip()
+    if text and text[0].isdigit():
+        text = f"vllm=={text}"
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        raise LauncherError(f"--against {spec!r} is not a requirement like vllm==0.21.0") from exc
+    pins = [s for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
+    if req.name.lower() != "vllm" or len(pins) != 1 or len(req.specifier) != 1:
+        raise LauncherError(f"--against {spec!r} must pin one vLLM release, like vllm==0.21.0")
+    return pins[0].version
+
+
+def _check_rows(tree: Tree, version: str, series: Series, stamped: set[str], upstream_word: str) -> list[CheckRow]:
+    items = [_Item.of(p) for p in series.for_layout(tree.layout)]
+    verdicts, _ = _analyse(_load(tree, items), items, stamped)
+    words = {"absent": "applies", "present": upstream_word, "conflict": "conflicts"}
+    rows = []
+    for v in verdicts:
+        detail = v.detail
+        if v.state == "absent" and v.offset:
+            detail = f"hunks {v.offset} line(s) away from their headers"
+        rows.append(CheckRow(v.item.id, v.item.name, tree.layout, words[v.state], detail, version))
+    return rows
