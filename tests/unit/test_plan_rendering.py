@@ -1,0 +1,106 @@
+"""The full plan of the user recipe, per vLLM version, against hand-written
+expectations (FACTS.md: the user setup of vLLM issue #43858)."""
+
+from __future__ import annotations
+
+import json
+
+from launcher.plan import Request, resolve
+from tests.unit.conftest import RTX5090, make_ctx
+
+USER_ENV_0_21 = {
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "TORCH_MATMUL_PRECISION": "high",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "VLLM_USE_FLASHINFER_MOE_FP4": "0",
+    "VLLM_TEST_FORCE_FP8_MARLIN": "0",
+    "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass",
+    "VLLM_USE_FLASHINFER_SAMPLER": "1",
+}
+
+
+def _common_args(models):
+    return [
+        "vllm", "serve", str(models / "gemma-4-26B-A4B-it-NVFP4"),
+        "--served-model-name", "gemma4", "gemma4-fast", "gemma4-deep",
+        "--host", "127.0.0.1", "--port", "8000",
+        "--max-model-len", "131072",
+        "--max-num-seqs", "22",
+        "--max-num-batched-tokens", "32768",
+        "--gpu-memory-utilization", "0.8",
+        "--enable-chunked-prefill", "--enable-prefix-caching", "--trust-remote-code",
+        "--enable-auto-tool-choice", "--tool-call-parser", "gemma4",
+    ]
+
+
+def _spec(models):
+    return ["--speculative-config", json.dumps(
+        {"method": "dflash", "model": str(models / "gemma-4-26B-A4B-it-DFlash"),
+         "num_speculative_tokens": 15, "attention_backend": "flash_attn"}, separators=(",", ":"))]
+
+
+def test_user_setup_on_0_21_0(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
+    assert plan.env == USER_ENV_0_21
+    assert plan.argv == _common_args(models) + _spec(models)
+    assert plan.profile == "rtx5090" and plan.profile_source.startswith("detected")
+    assert plan.env_unset == []
+
+
+def test_user_setup_on_0_33_0_uses_flags_not_removed_vars(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0"), make_ctx(RTX5090))
+    assert plan.env == {
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "TORCH_MATMUL_PRECISION": "high",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "VLLM_USE_FLASHINFER_SAMPLER": "1",
+    }
+    assert plan.argv == _common_args(models) + [
+        "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models)
+
+
+def test_spark_profile_detected_from_sm_121(models):
+    from tests.unit.conftest import GB10
+
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(GB10))
+    assert plan.profile == "dgx-spark"
+    args = plan.argv
+    assert args[args.index("--max-model-len") + 1] == "262144"
+    assert args[args.index("--gpu-memory-utilization") + 1] == "0.7"
+    assert args[args.index("--max-num-seqs") + 1] == "48"
+
+
+def test_no_gpu_uses_default_profile_and_says_so(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(None))
+    assert plan.profile == "rtx5090"
+    assert plan.profile_source == "default (no GPU detected)"
+    assert any(r.area == "hardware" and r.blocking and "no NVIDIA GPU" in r.message for r in plan.reasons)
+
+
+def test_wsl_override_only_where_read(models):
+    on_033 = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0"), make_ctx(RTX5090, wsl=True))
+    assert on_033.env["VLLM_WSL2_ENABLE_PIN_MEMORY"] == "1"
+    assert on_033.env_sources["VLLM_WSL2_ENABLE_PIN_MEMORY"] == "recipe wsl"
+    on_021 = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090, wsl=True))
+    assert "VLLM_WSL2_ENABLE_PIN_MEMORY" not in on_021.env  # 0.21.0 does not read it
+    not_wsl = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0"), make_ctx(RTX5090))
+    assert "VLLM_WSL2_ENABLE_PIN_MEMORY" not in not_wsl.env
+
+
+def test_recipe_without_drafter_has_no_speculative_config(models):
+    plan = resolve(Request("gemma4-moe", vllm_version="0.21.0"), make_ctx(RTX5090))
+    assert "--speculative-config" not in plan.argv
+    assert plan.drafter is None
+
+
+def test_model_and_drafter_overrides(tmp_path, models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0", model=str(tmp_path / "t"),
+                           drafter=str(tmp_path / "d")), make_ctx(RTX5090))
+    assert plan.argv[2] == str(tmp_path / "t")
+    spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
+    assert spec["model"] == str(tmp_path / "d")
+
+
+def test_docker_runtime_gets_an_image_tag_naming_version_arch_and_platform(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0", runtime="docker"), make_ctx(None))
+    assert plan.image == "vllm-sm12x:0.33.0-sm120-amd64"

@@ -1,0 +1,79 @@
+"""Preflight reasons (hardware, vLLM, transformers, checkpoint) and safety."""
+
+from __future__ import annotations
+
+from launcher import plan as plans
+from launcher.plan import Request, resolve
+from tests.unit.conftest import GB10, H100, RTX5090, make_ctx
+
+
+def _blocking(plan, area):
+    return [r.message for r in plan.reasons if r.blocking and r.area == area]
+
+
+def test_wrong_arch_blocks(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(H100))
+    assert any("sm_90" in m for m in _blocking(plan, "hardware"))
+    assert plan.profile_source.startswith("default (detected NVIDIA H100")
+
+
+def test_too_little_memory_blocks(models):
+    small = RTX5090.__class__(0, "NVIDIA GeForce RTX 5080", (12, 0), 15.5)
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(small))
+    assert any("needs 30 GiB" in m for m in _blocking(plan, "hardware"))
+
+
+def test_spark_fits_hardware(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(GB10))
+    assert _blocking(plan, "hardware") == []
+
+
+def test_vllm_missing_blocks_native_but_not_docker(models):
+    native = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090))
+    assert any("not installed" in m for m in _blocking(native, "vllm"))
+    docker = resolve(Request("gemma4-moe-dflash", runtime="docker"), make_ctx(RTX5090))
+    assert _blocking(docker, "vllm") == []
+
+
+def test_installed_vllm_sets_the_version(models):
+    plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.21.0+cu132", transformers="5.13.1"))
+    assert plan.vllm_version == "0.21.0" and plan.vllm_version_source == "installed"
+    assert _blocking(plan, "vllm") == []
+
+
+def test_unsupported_vllm_version_blocks(models):
+    plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.19.1", transformers="5.13.1"))
+    assert any("supports vLLM 0.21.0, 0.33.0, not 0.19.1" in m for m in _blocking(plan, "vllm"))
+
+
+def test_transformers_too_new_for_0_21(models):
+    plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.21.0", transformers="5.17.0"))
+    assert any("global_head_dim" in m for m in _blocking(plan, "vllm"))
+    ok = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.33.0", transformers="5.17.0"))
+    assert not any("global_head_dim" in m for m in _blocking(ok, "vllm"))
+
+
+def test_missing_model_dir_is_a_reason_not_an_abort(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
+    assert any(str(models / "gemma-4-26B-A4B-it-NVFP4") in m for m in _blocking(plan, "checkpoint"))
+    assert any("DFlash" in m for m in _blocking(plan, "drafter"))
+    assert "vllm serve" in plans.format_plan(plan).replace("\\\n", "")
+
+
+def test_public_bind_without_key_warns(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0", host="0.0.0.0"), make_ctx(RTX5090))
+    warn = [r for r in plan.reasons if r.area == "environment"]
+    assert warn and not warn[0].blocking and "without an API key" in warn[0].message
+    keyed = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0", host="0.0.0.0", api_key="sk-abc123"),
+                    make_ctx(RTX5090))
+    assert not [r for r in keyed.reasons if r.area == "environment"]
+
+
+def test_default_bind_is_loopback(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
+    assert plan.argv[plan.argv.index("--host") + 1] == "127.0.0.1"
+
+
+def test_trust_remote_code_warning(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
+    assert any("trust-remote-code" in w for w in plan.warnings)

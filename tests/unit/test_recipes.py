@@ -1,0 +1,91 @@
+"""Recipe schema, shipped recipes, and errors that name file, line and field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher import recipe as recipes
+from launcher.errors import LauncherError
+
+SHIPPED = ["gemma4-moe-dflash", "gemma4-moe", "gemma4-31b-dflash", "gemma4-e4b"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_recipes_validate(name):
+    rec = recipes.load(name)
+    assert rec.name == name
+    assert set(rec.profiles) == {"rtx5090", "dgx-spark"}
+    assert rec.default_profile == "rtx5090"
+
+
+def test_user_recipe_states_the_user_setup():
+    rec = recipes.load("gemma4-moe-dflash")
+    assert rec.target.format == "modelopt-nvfp4"
+    assert rec.drafter.method == "dflash"
+    assert rec.drafter.num_speculative_tokens == 15
+    assert rec.drafter.attention_backend == "flash_attn"
+    assert rec.drafter.source == "z-lab/gemma-4-26B-A4B-it-DFlash"
+    assert "--quantization" not in " ".join(rec.serve.extra_args)
+
+
+def test_schema_export_is_json_schema():
+    schema = json.loads(recipes.schema_json())
+    assert schema["type"] == "object"
+    assert {"target", "drafter", "intent", "serve", "profiles", "vllm_versions", "patches"} <= set(schema["properties"])
+
+
+GOOD = """name: x
+description: d
+target: {name: m}
+vllm_versions: ["0.21.0"]
+min_gpu_memory_gib: 8
+profiles:
+  rtx5090: {}
+"""
+
+
+def test_minimal_recipe_parses():
+    assert recipes.parse_recipe(GOOD, "x.yaml").name == "x"
+
+
+def test_yaml_error_names_file_and_line():
+    text = GOOD + "serve:\n  max_model_len: [1, 2\n"
+    with pytest.raises(LauncherError) as err:
+        recipes.parse_recipe(text, "bad.yaml")
+    assert err.value.message.startswith("bad.yaml:")
+    assert "YAML error" in err.value.message
+    line = int(err.value.message.split(":")[1])
+    assert line >= 9
+
+
+def test_schema_error_names_line_and_field_path():
+    text = GOOD + "serve:\n  max_num_seqs: 2\n  gpu_memory_utilization: 1.5\n"
+    with pytest.raises(LauncherError) as err:
+        recipes.parse_recipe(text, "r.yaml")
+    assert err.value.message.startswith("r.yaml:10: field serve.gpu_memory_utilization:")
+
+
+def test_unknown_field_is_an_error_with_its_line():
+    text = GOOD.replace("target: {name: m}", "target: {name: m}\ntargte: {name: m}")
+    with pytest.raises(LauncherError, match=r"r.yaml:4: field targte: Extra inputs are not permitted"):
+        recipes.parse_recipe(text, "r.yaml")
+
+
+def test_unknown_profile_rejected():
+    text = GOOD.replace("rtx5090: {}", "rtx4090: {}")
+    with pytest.raises(LauncherError, match="unknown hardware profile"):
+        recipes.parse_recipe(text, "r.yaml")
+
+
+def test_unknown_recipe_names_close_matches():
+    with pytest.raises(LauncherError) as err:
+        recipes.load("gemma4-moe-dflsh")
+    assert "gemma4-moe-dflash" in err.value.hint
+
+
+def test_recipe_file_by_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(GOOD.replace("name: x", "name: mine"))
+    assert recipes.load(str(path)).name == "mine"
