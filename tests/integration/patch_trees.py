@@ -1,0 +1,64 @@
+"""Small copies of the released vLLM trees for the patch engine tests.
+
+The released wheel and sdist (from PyPI, through ``launcher.pypi.unpacked``,
+cached outside the clone) are the pristine source. Copying a whole tree per
+test costs seconds on two cores, so each test copies what the engine reads:
+the version metadata, ``vllm/__init__.py``, ``vllm/_version.py``, the build
+files of a source tree, and the files the series touches, all byte for byte
+with their modes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from launcher.pypi import unpacked
+
+LAYOUTS = ("site-packages", "source")
+DATA = Path(__file__).resolve().parent.parent / "data"
+TEST_PATCHES = DATA / "patches"
+
+
+def pristine(version: str, layout: str) -> Path:
+    return unpacked("vllm", version, layout)
+
+
+def mini_tree(version: str, layout: str, dest: Path, rel_paths=()) -> Path:
+    """Copy the parts of the released tree the engine needs into ``dest``; return ``dest``."""
+    src = pristine(version, layout)
+    dest.mkdir(parents=True, exist_ok=True)
+    if layout == "site-packages":
+        for info in src.glob("vllm-*.dist-info"):
+            shutil.copytree(info, dest / info.name)
+    wanted = ["vllm/__init__.py", "vllm/_version.py", *rel_paths]
+    if layout == "source":
+        wanted += ["PKG-INFO", "setup.py", "CMakeLists.txt"]
+    for rel in wanted:
+        path = src / rel
+        if path.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest / rel)
+    return dest
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file under ``root``: sha256 and permission bits (compiled caches left out)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            rel = path.relative_to(root).as_posix()
+            out[rel] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mode & 0o7777)
+    return out
+
+
+def dirs(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__"}
+
+
+def copy_series(version: str, dest_root: Path, source_root: Path = TEST_PATCHES) -> Path:
+    """Copy one version's series to ``dest_root/vllm/<version>`` (tests then add or edit patches)."""
+    dest = dest_root / "vllm" / version
+    shutil.copytree(source_root / "vllm" / version, dest)
+    return dest
