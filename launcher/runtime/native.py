@@ -59,7 +59,12 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
 
 def _stop(proc: subprocess.Popen) -> int:
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT if os.name != "nt" else signal.CTRL_BREAK_EVENT)
+        # POSIX: SIGINT lets vLLM shut its engine core down cleanly. Windows:
+        # the console already delivered Ctrl-C to the child; terminate the rest.
+        if os.name == "nt":
+            proc.terminate()
+        else:
+            proc.send_signal(signal.SIGINT)
         try:
             return proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
