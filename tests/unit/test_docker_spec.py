@@ -1,0 +1,171 @@
+"""The docker runtime's container spec: pure, no daemon needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import LauncherError
+from launcher.plan import Plan
+from launcher.runtime import docker as rt
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def models(tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    (root / "target").mkdir(parents=True)
+    (root / "drafter").mkdir()
+    monkeypatch.setenv("MODELS_DIR", str(root))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return root
+
+
+def plan_for(model, drafter=None, **overrides) -> Plan:
+    argv = ["vllm", "serve", str(model), "--host", "127.0.0.1", "--port", "8000", "--max-model-len", "4096"]
+    if drafter is not None:
+        argv += ["--speculative-config", json.dumps({"method": "dflash", "model": str(drafter)})]
+    fields = dict(
+        recipe="gemma4-moe-dflash", profile="rtx5090", profile_source="--profile", vllm_version="0.21.0",
+        vllm_version_source="--vllm-version", runtime="docker", model=Path(model),
+        drafter=Path(drafter) if drafter is not None else None, host="127.0.0.1", port=8000,
+        env={"VLLM_USE_FLASHINFER_SAMPLER": "1"}, argv=argv, image="vllm-sm12x:0.21.0-sm120-amd64",
+    )
+    fields.update(overrides)
+    return Plan(**fields)
+
+
+def test_models_under_models_dir_mount_it_read_only_at_models(models):
+    spec = rt.container_spec(plan_for(models / "target", models / "drafter"))
+    assert spec["mounts"] == [{"type": "bind", "source": str(models), "target": "/models", "read_only": True}]
+    assert spec["command"][:3] == ["vllm", "serve", "/models/target"]
+    cfg = json.loads(spec["command"][spec["command"].index("--speculative-config") + 1])
+    assert cfg == {"method": "dflash", "model": "/models/drafter"}
+
+
+def test_model_outside_models_dir_gets_its_own_mount(models, tmp_path):
+    elsewhere = tmp_path / "scratch" / "target"
+    elsewhere.mkdir(parents=True)
+    spec = rt.container_spec(plan_for(elsewhere, models / "drafter"))
+    assert [(m["source"], m["target"]) for m in spec["mounts"]] == [
+        (str(elsewhere), "/models/target"),
+        (str(models / "drafter"), "/models/drafter"),
+    ]
+    assert all(m["read_only"] for m in spec["mounts"])
+
+
+def test_same_folder_names_do_not_collide(models, tmp_path):
+    a, b = tmp_path / "a" / "m", tmp_path / "b" / "m"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    spec = rt.container_spec(plan_for(a, b))
+    assert [m["target"] for m in spec["mounts"]] == ["/models/m", "/models/m_"]
+
+
+def test_hub_id_is_left_alone_and_hf_cache_is_writable(models, tmp_path):
+    (tmp_path / "hf").mkdir()
+    spec = rt.container_spec(plan_for(Path("google/gemma-4-26B-A4B-it")))
+    assert spec["command"][2] == "google/gemma-4-26B-A4B-it"
+    assert spec["mounts"] == [{"type": "bind", "source": str(tmp_path / "hf"), "target": rt.HF_HOME_MOUNT, "read_only": False}]
+    assert spec["env"]["HF_HOME"] == rt.HF_HOME_MOUNT
+
+
+def test_local_models_mount_hf_cache_read_only(models, tmp_path):
+    (tmp_path / "hf").mkdir()
+    spec = rt.container_spec(plan_for(models / "target", models / "drafter"))
+    hf = [m for m in spec["mounts"] if m["target"] == rt.HF_HOME_MOUNT]
+    assert hf == [{"type": "bind", "source": str(tmp_path / "hf"), "target": rt.HF_HOME_MOUNT, "read_only": True}]
+    assert spec["env"]["HF_MODULES_CACHE"].startswith("/tmp/")
+
+
+def test_server_binds_all_interfaces_inside_and_loopback_outside(models):
+    plan = plan_for(models / "target", port=8123)
+    plan.argv += ["--host=10.0.0.1", "--port=9999"]
+    spec = rt.container_spec(plan)
+    assert [a for a in spec["command"] if a.startswith("--host") or a.startswith("--port")] == ["--host", "--port"]
+    assert spec["command"][-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    assert spec["ports"] == {"8000/tcp": ["127.0.0.1", 8123]}
+    assert spec["health_url"] == "http://127.0.0.1:8123/health"
+
+
+@pytest.mark.parametrize("host,published,probe", [
+    ("0.0.0.0", "0.0.0.0", "127.0.0.1"),
+    ("localhost", "127.0.0.1", "127.0.0.1"),
+    ("192.168.1.5", "192.168.1.5", "192.168.1.5"),
+])
+def test_host_choice(models, host, published, probe):
+    spec = rt.container_spec(plan_for(models / "target", host=host))
+    assert spec["ports"]["8000/tcp"] == [published, 8000]
+    assert spec["endpoint"] == f"http://{probe}:8000/v1"
+
+
+def test_hostname_is_refused(models):
+    with pytest.raises(LauncherError) as err:
+        rt.container_spec(plan_for(models / "target", host="myhost.lan"))
+    assert "--host 'myhost.lan'" in err.value.message
+
+
+def test_missing_image_and_wrong_argv_are_refused(models):
+    with pytest.raises(LauncherError, match="needs an image"):
+        rt.container_spec(plan_for(models / "target", image=None))
+    with pytest.raises(LauncherError, match="must start with 'vllm serve'"):
+        rt.container_spec(plan_for(models / "target", argv=["python", "-m", "x"]))
+
+
+def test_secrets_are_named_never_carried(models):
+    plan = plan_for(models / "target", api_key="sk-live-abcdef")
+    plan.env["HF_TOKEN"] = "hf_zzzzzzzz"
+    spec = rt.container_spec(plan)
+    dumped = json.dumps(spec)
+    assert "sk-live-abcdef" not in dumped and "hf_zzzzzzzz" not in dumped
+    assert spec["secret_env"] == ["HF_TOKEN", "VLLM_API_KEY"]
+    text = rt.format_container_spec(spec)
+    assert "HF_TOKEN=***" in text and "VLLM_API_KEY=***" in text
+    assert "sk-live-abcdef" not in text and "hf_zzzzzzzz" not in text
+    env = rt.environment(plan, spec)
+    assert env["VLLM_API_KEY"] == "sk-live-abcdef" and env["HF_TOKEN"] == "hf_zzzzzzzz"
+
+
+def test_gpu_request_ipc_labels_and_name(models):
+    spec = rt.container_spec(plan_for(models / "target"))
+    assert spec["device_requests"] == [{"driver": "", "count": -1, "device_ids": None, "capabilities": [["gpu"]]}]
+    assert rt.container_spec(plan_for(models / "target"), gpus=None)["device_requests"] == []
+    assert spec["ipc_mode"] == "host"
+    assert spec["name"] == "vllm-sm12x-gemma4-moe-dflash"
+    assert spec["labels"]["org.vllm-sm12x.vllm-version"] == "0.21.0"
+    assert rt.container_name("my recipe/v2") == "vllm-sm12x-my-recipe-v2"
+
+
+def test_format_shows_an_equivalent_docker_run(models):
+    text = rt.format_container_spec(rt.container_spec(plan_for(models / "target", models / "drafter")))
+    assert "docker run --rm --name vllm-sm12x-gemma4-moe-dflash" in text
+    assert "--gpus all" in text
+    assert "-p 127.0.0.1:8000:8000" in text
+    assert f"-v {models}:/models:ro" in text
+
+
+def test_image_hint_names_build_targets(models):
+    plan = plan_for(models / "target", profile="dgx-spark", vllm_version="0.33.0")
+    hint = rt.image_hint(plan)
+    assert "make image-overlay VLLM_VERSION=0.33.0 TARGET=sm121" in hint
+    assert "make image VLLM_VERSION=0.33.0 TARGET=sm121" in hint
+
+
+def test_cli_dry_run_prints_the_spec_without_a_daemon(models, tmp_path):
+    # DOCKER_HOST points nowhere: the dry run must not need a daemon.
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/nobody.sock", MODELS_DIR=str(models))
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "serve", "--recipe", "gemma4-moe-dflash", "--runtime", "docker",
+         "--dry-run", "--api-key", "sk-never-printed"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+    )
+    assert "container\n  image       vllm-sm12x:0.21.0-sm120-amd64" in proc.stdout, proc.stdout + proc.stderr
+    assert "vllm serve /models/gemma-4-26B-A4B-it-NVFP4" in proc.stdout
+    assert "VLLM_API_KEY=***" in proc.stdout
+    assert "sk-never-printed" not in proc.stdout + proc.stderr
