@@ -389,13 +389,18 @@ def _apply_detail(v: _Verdict, ours: dict[str, stamps.StampEntry]) -> str:
 
 def _refuse_foreign(tree: Tree, stamp: dict | None, patches: list[Patch]) -> None:
     """A stamp from another series (changed or removed patches) must be reverted first."""
-    current = {(p.id, p.sha256) for p in patches}
-    stale = [e.file for e in _ours(stamp).values() if (e.id, e.sha256) not in current]
+    current = {p.id: p for p in patches}
+    stale = [e.file for e in _ours(stamp).values() if not _same_patch(e, current.get(e.id))]
     if stale:
         raise LauncherError(
             f"{tree.root} carries patches that differ from the current series: {', '.join(stale)}",
             hint=f"run `launcher patch revert --target {tree.root}` first, then apply again",
         )
+
+
+def _same_patch(entry: stamps.StampEntry, patch: Patch | None) -> bool:
+    """The stamped patch is this one: same file hash, or the same diff under an edited header."""
+    return patch is not None and (entry.sha256 == patch.sha256 or entry.diff == patch.diff_text)
 
 
 class _writing:
@@ -496,8 +501,8 @@ def status(target: PathArg = None, *, patches_root: PathArg = None) -> SeriesSta
     items = [_Item.of(p) for p in patches]
     verdicts, _ = _analyse(_load(tree, items), items, stamped=set(ours))
     out = []
-    for v in verdicts:
-        in_stamp = v.item.id in ours and ours[v.item.id].sha256 == v.item.sha256
+    for v, patch in zip(verdicts, patches):
+        in_stamp = v.item.id in ours and _same_patch(ours[v.item.id], patch)
         if v.state == "present":
             state, detail = "applied", ("recorded in the stamp" if in_stamp
                                         else "present without a stamp entry (upstream, or applied by hand)")

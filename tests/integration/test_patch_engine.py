@@ -359,3 +359,18 @@ def test_status_and_check_refuse_a_missing_target(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LauncherError, match="holds no vllm package"):
         engine.apply(tmp_path / "empty", patches_root=TEST_PATCHES)
+
+
+def test_header_edit_after_apply_is_not_a_different_patch(tmp_path):
+    root = mini_tree("0.21.0", "site-packages", tmp_path / "tree", [BACKEND])
+    patches_root = tmp_path / "patches"
+    series = copy_series("0.21.0", patches_root)
+    engine.apply(root, patches_root=patches_root)
+    p1 = series / "0001-backend-two-hunks.patch"
+    p1.write_text(p1.read_text().replace("Subject: Mark AttentionBackend", "Subject: Mark the AttentionBackend"))
+    st = engine.status(root, patches_root=patches_root)
+    assert st.patches[0].state == "applied" and st.patches[0].detail == "recorded in the stamp"
+    report = engine.apply(root, patches_root=patches_root)
+    assert {r.outcome for r in report.results} == {"already applied"}
+    assert report.stamp_path is not None  # the stamp now records the new file hash
+    assert engine.status(root, patches_root=patches_root).notes == []
