@@ -374,3 +374,18 @@ def test_header_edit_after_apply_is_not_a_different_patch(tmp_path):
     assert {r.outcome for r in report.results} == {"already applied"}
     assert report.stamp_path is not None  # the stamp now records the new file hash
     assert engine.status(root, patches_root=patches_root).notes == []
+
+
+def test_patch_files_checked_out_with_crlf_apply_the_same(tmp_path):
+    # git on Windows with core.autocrlf rewrites the .patch files themselves.
+    patches_root = tmp_path / "patches"
+    series = copy_series("0.21.0", patches_root)
+    for f in [*series.glob("*.patch"), series / "series"]:
+        f.write_bytes(f.read_bytes().replace(b"\n", b"\r\n"))
+    lf_tree = mini_tree("0.21.0", "site-packages", tmp_path / "lf", [BACKEND])
+    crlf_series_tree = mini_tree("0.21.0", "site-packages", tmp_path / "crlf", [BACKEND])
+    engine.apply(lf_tree, patches_root=TEST_PATCHES)
+    report = engine.apply(crlf_series_tree, patches_root=patches_root)
+    assert report.series_hash == engine.status(lf_tree, patches_root=TEST_PATCHES).series_hash
+    for rel in (BACKEND, NEW_MODULE):
+        assert (crlf_series_tree / rel).read_bytes() == (lf_tree / rel).read_bytes()
