@@ -1,0 +1,157 @@
+"""The light half of ``launcher quantize``: option validation, calibration data, exclusions.
+
+None of this imports torch or nvidia-modelopt; the real quantization runs in
+tests/integration/test_quantize.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import LauncherError
+from launcher.quantize import calibration
+from launcher.quantize.config import QuantizeConfig
+from launcher.quantize.exclusions import KEEP_UNQUANTIZED, build_quant_config, disabled_patterns
+
+
+def model_dir(tmp_path: Path, model_type: str = "gemma4") -> Path:
+    root = tmp_path / "model"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"model_type": model_type, "architectures": ["X"]}))
+    return root
+
+
+def cfg(tmp_path: Path, **kw) -> QuantizeConfig:
+    if "model" not in kw:
+        kw["model"] = model_dir(tmp_path)
+    kw.setdefault("out", tmp_path / "out")
+    return QuantizeConfig(**kw)
+
+
+def test_valid_options_pass(tmp_path):
+    cfg(tmp_path).validate()
+
+
+def test_empty_out_dir_is_accepted(tmp_path):
+    (tmp_path / "out").mkdir()
+    cfg(tmp_path).validate()
+
+
+def test_non_empty_out_refused_without_force(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(LauncherError) as exc:
+        cfg(tmp_path).validate()
+    assert "is not empty" in exc.value.message and "--force" in exc.value.hint
+    cfg(tmp_path, model=tmp_path / "model", force=True).validate()
+    assert (out / "keep.txt").read_text() == "x"
+
+
+def test_out_equal_to_or_inside_model_refused(tmp_path):
+    model = model_dir(tmp_path)
+    with pytest.raises(LauncherError, match="must differ"):
+        QuantizeConfig(model=model, out=model).validate()
+    with pytest.raises(LauncherError, match="lies inside"):
+        QuantizeConfig(model=model, out=model / "nvfp4").validate()
+
+
+def test_missing_model_and_config(tmp_path):
+    with pytest.raises(LauncherError, match="is not a directory"):
+        QuantizeConfig(model=tmp_path / "none", out=tmp_path / "out").validate()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LauncherError, match="has no config.json"):
+        QuantizeConfig(model=tmp_path / "empty", out=tmp_path / "out").validate()
+
+
+def test_out_parent_missing(tmp_path):
+    with pytest.raises(LauncherError, match="does not exist"):
+        cfg(tmp_path, out=tmp_path / "a" / "b").validate()
+
+
+def test_awq_lite_refused_for_gemma4_before_loading(tmp_path):
+    with pytest.raises(LauncherError) as exc:
+        cfg(tmp_path, algorithm="nvfp4-awq-lite").validate()
+    assert "QuantGemma4TextExperts" in exc.value.message and "--algorithm nvfp4" in exc.value.hint
+
+
+def test_awq_lite_allowed_for_other_models(tmp_path):
+    cfg(tmp_path, model=model_dir(tmp_path, "llama"), algorithm="nvfp4-awq-lite").validate()
+
+
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        ({"algorithm": "int8"}, "unknown --algorithm"),
+        ({"device": "tpu"}, "unknown --device"),
+        ({"calib_samples": 0}, "--calib-samples"),
+        ({"calib_seq_len": 2}, "--calib-seq-len"),
+        ({"calib_file": Path("/nonexistent/calib.txt")}, "--calib-file"),
+    ],
+)
+def test_bad_options(tmp_path, kw, text):
+    with pytest.raises(LauncherError, match=text):
+        cfg(tmp_path, **kw).validate()
+
+
+def test_random_batches_avoid_multimodal_token_ids():
+    config = {"image_token_id": 5, "boi_token_id": 6, "eos_token_id": 1, "text_config": {"audio_token_id": 7}}
+    reserved = calibration.reserved_token_ids(config)
+    assert reserved == {5, 6, 7}
+    batches = calibration.random_token_batches(10, reserved, samples=3, seq_len=50, seed=1)
+    assert len(batches) == 3 and all(len(b) == 50 for b in batches)
+    assert not reserved & {t for b in batches for t in b}
+    assert batches == calibration.random_token_batches(10, reserved, samples=3, seq_len=50, seed=1)
+
+
+def test_text_batches_cycle_a_short_stream():
+    batches = calibration.text_token_batches(lambda t: [ord(c) for c in t], ["abc", "de"], samples=4, seq_len=3)
+    assert batches == [[97, 98, 99], [100, 101, 97], [98, 99, 100], [101, 97, 98]]
+    short = calibration.text_token_batches(lambda t: [1, 2], ["x"], samples=2, seq_len=8)
+    assert short == [[1, 2], [1, 2]]
+    with pytest.raises(ValueError):
+        calibration.text_token_batches(lambda t: [], ["x"], samples=1, seq_len=8)
+
+
+def test_calib_file_formats(tmp_path):
+    txt = tmp_path / "c.txt"
+    txt.write_text("first paragraph\nstill first\n\nsecond\n\n\n")
+    assert calibration.read_calib_file(txt) == ["first paragraph\nstill first", "second"]
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text('{"text": "a"}\n\n{"text": "b"}\n')
+    assert calibration.read_calib_file(jsonl) == ["a", "b"]
+    jsonl.write_text('{"text": "a"}\n{"prompt": "b"}\n')
+    with pytest.raises(ValueError, match=r"c.jsonl:2"):
+        calibration.read_calib_file(jsonl)
+    (tmp_path / "e.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="no calibration text"):
+        calibration.read_calib_file(tmp_path / "e.txt")
+
+
+def test_builtin_texts_are_varied():
+    assert len(calibration.BUILTIN_TEXTS) >= 16
+    assert len(set(calibration.BUILTIN_TEXTS)) == len(calibration.BUILTIN_TEXTS)
+
+
+def test_exclusions_added_to_list_layout_without_mutating_base():
+    base = {"quant_cfg": [{"quantizer_name": "*", "enable": False},
+                          {"quantizer_name": "*weight_quantizer", "cfg": {"num_bits": 4}},
+                          {"quantizer_name": "*lm_head*", "enable": False},
+                          {"quantizer_name": "*", "parent_class": "nn.Embedding", "enable": False}],
+            "algorithm": "max"}
+    snapshot = json.dumps(base)
+    built, added = build_quant_config(base)
+    assert json.dumps(base) == snapshot
+    assert "*lm_head*" not in added and "*router*" in added and "*audio_tower*" in added
+    assert set(KEEP_UNQUANTIZED) <= disabled_patterns(built["quant_cfg"])
+    # appended last, so they override earlier enables
+    assert built["quant_cfg"][-1] == {"quantizer_name": KEEP_UNQUANTIZED[-1], "enable": False}
+
+
+def test_exclusions_added_to_dict_layout():
+    built, added = build_quant_config({"quant_cfg": {"*weight_quantizer": {"num_bits": 4}, "*router*": {"enable": False}}})
+    assert "*router*" not in added
+    assert set(KEEP_UNQUANTIZED) <= disabled_patterns(built["quant_cfg"])
