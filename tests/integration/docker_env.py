@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import socket
+import sys
 import tarfile
 from pathlib import Path
 
@@ -132,3 +133,149 @@ def free_port() -> int:
 
 def containers_named(c, name: str) -> list:
     return c.containers.list(all=True, filters={"name": f"^/{name}$"})
+
+
+# --- a local base with the released vLLM, and the overlay built on it ---------
+#
+# Upstream's vllm/vllm-openai image cannot be pulled here. The stand-in is the
+# debootstrap'd Debian python base plus the released vLLM wheel from PyPI,
+# installed with `pip install --no-deps`, minus its compiled extensions (.so:
+# 237 of its 248 MB; no patch touches them and nothing here can run them).
+# Everything the patch engine reads (vllm/, the dist-info, the console
+# script) is what the real wheel installs.
+
+WHEEL_EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed zip timestamps: same bytes every run, so docker's cache hits
+
+
+def vllm_wheel_without_extensions(version: str) -> Path:
+    """The released wheel rewritten without its .so files (made once, cached)."""
+    import base64
+    import zipfile
+
+    from launcher.paths import cache_dir
+    from launcher.pypi import fetch
+
+    real = fetch("vllm", version, "wheel")
+    out_dir = cache_dir() / "docker-tests"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / real.name  # same name: the tags still say what the files are for
+    if out.exists():
+        return out
+    tmp = out.with_suffix(".part")
+    with zipfile.ZipFile(real) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+        rows = []
+        for info in src.infolist():
+            if info.filename.endswith(".so") or info.filename == record_name or info.is_dir():
+                continue
+            data = src.read(info)
+            zi = zipfile.ZipInfo(info.filename, WHEEL_EPOCH)
+            zi.external_attr = info.external_attr
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            dst.writestr(zi, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{info.filename},sha256={digest},{len(data)}")
+        rows.append(f"{record_name},,")
+        zi = zipfile.ZipInfo(record_name, WHEEL_EPOCH)
+        zi.compress_type = zipfile.ZIP_DEFLATED
+        dst.writestr(zi, "\n".join(rows) + "\n")
+    tmp.replace(out)
+    return out
+
+
+def vllm_base_image(c, version: str, *, extra_run: str = "") -> str:
+    """The python base plus vLLM ``version`` installed by pip (see above)."""
+    wheel = vllm_wheel_without_extensions(version)
+    run_extra = f"RUN {extra_run}\n" if extra_run else ""
+    dockerfile = (
+        f"FROM {PYTHON_IMAGE}\n"
+        f"COPY {wheel.name} /tmp/\n"
+        f"RUN python3 -m pip install --no-deps --no-index --break-system-packages /tmp/{wheel.name} "
+        f"&& rm /tmp/{wheel.name}\n" + run_extra
+    )
+    return build_from_files(
+        c,
+        "vllm-sm12x-test/vllm-base",
+        {"Dockerfile": (dockerfile.encode(), 0o644), wheel.name: (wheel.read_bytes(), 0o644)},
+    )
+
+
+def launcher_wheelhouse() -> Path:
+    """Wheels for installing the launcher offline in the python base: its
+    dependencies and its build backend, downloaded on the host (pip inside a
+    container has no CA bundle; FACTS.md), for that image's Python 3.11."""
+    import subprocess
+    import tomllib
+
+    from launcher.paths import cache_dir
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    reqs = sorted(project["project"]["dependencies"]) + sorted(project["build-system"]["requires"])
+    key = hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:12]
+    dest = cache_dir() / "docker-tests" / f"wheelhouse-cp311-x86_64-{key}"
+    if (dest / ".complete").exists():
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--dest", str(dest), "--only-binary=:all:",
+         "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+         "--platform", "manylinux_2_36_x86_64", "--platform", "manylinux_2_28_x86_64",
+         "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "--platform", "any",
+         *reqs],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"pip download of the launcher's wheels failed:\n{proc.stdout}{proc.stderr}")
+    (dest / ".complete").write_text("ok")
+    return dest
+
+
+def repo_context(extra: dict[str, Path]) -> io.BytesIO:
+    """The repository as the daemon sees it (root .dockerignore applied, through
+    the SDK's own filter), plus ``extra`` files at the given context paths."""
+    from docker.utils.build import tar as docker_tar
+
+    ignore = [
+        line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    base = docker_tar(str(REPO), exclude=ignore)
+    buf = io.BytesIO(base.read())
+    base.close()
+    buf.seek(0, io.SEEK_END)
+    with tarfile.open(fileobj=_Rewinder(buf), mode="a") as tf:
+        for arcname, path in sorted(extra.items()):
+            tf.add(str(path), arcname=arcname)
+    buf.seek(0)
+    return buf
+
+
+class _Rewinder(io.BytesIO):
+    """tarfile's append mode wants a file it can read from the start."""
+
+    def __new__(cls, buf: io.BytesIO):
+        buf.seek(0)
+        return buf
+
+
+def build_overlay(c, base: str, version: str, tag: str, series_hash: str = "") -> tuple[str | None, str]:
+    """Build docker/Dockerfile.overlay on ``base`` with the classic builder.
+
+    Returns (image id or None, the build log)."""
+    import docker
+
+    wheels = launcher_wheelhouse()
+    extra = {f"docker/wheels/{p.name}": p for p in sorted(wheels.glob("*.whl"))}
+    log: list[str] = []
+    try:
+        image, stream = c.images.build(
+            fileobj=repo_context(extra), custom_context=True, dockerfile="docker/Dockerfile.overlay",
+            tag=tag, rm=True, forcerm=True,
+            buildargs={"BASE": base, "VLLM_VERSION": version, "TARGET": "sm120",
+                       "SERIES_HASH": series_hash, "PIP_NO_INDEX": "1"},
+        )
+        log += [chunk.get("stream", "") for chunk in stream]
+        return image.id, "".join(log)
+    except docker.errors.BuildError as exc:
+        log += [chunk.get("stream", "") or chunk.get("error", "") for chunk in exc.build_log]
+        return None, "".join(log)
