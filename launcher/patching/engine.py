@@ -328,11 +328,7 @@ def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathAr
     original = _load(tree, items)
     verdicts, final = _analyse(original, items, stamped=set(ours))
     if any(v.state == "conflict" for v in verdicts):
-        raise _conflict_error(
-            tree, verdicts, "patch",
-            f"a patched file differs from vLLM {version} as released: reinstall it "
-            f"(pip install --force-reinstall --no-deps vllm=={public_version(version)}) or undo the local edit",
-        )
+        raise _conflict_error(tree, verdicts, "patch", _restore_hint(tree, version))
     new = [v for v in verdicts if v.state == "absent"]
     results = [
         PatchResult(v.item.id, v.item.name,
@@ -379,6 +375,14 @@ def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathAr
         if new else f"nothing to do: all {len(verdicts)} patch(es) already applied"
     )
     return report
+
+
+def _restore_hint(tree: Tree, version: str) -> str:
+    if tree.layout == SOURCE:
+        how = "restore it from the sdist or your checkout (git checkout -- FILE)"
+    else:
+        how = f"reinstall it (pip install --force-reinstall --no-deps vllm=={public_version(version)})"
+    return f"a file differs from vLLM {version} as released: undo the local edit or {how}; `launcher patch status` shows each patch"
 
 
 def _apply_detail(v: _Verdict, ours: dict[str, stamps.StampEntry]) -> str:
