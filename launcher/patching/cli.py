@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,7 +17,9 @@ from launcher.patching import engine
 
 app = typer.Typer(no_args_is_help=True)
 
-TargetOpt = typer.Option(None, "--target", help="site-packages, a vLLM source tree, or the vllm folder (default: the installed vLLM)")
+TargetOpt = typer.Option(
+    None, "--target", help="site-packages, a vLLM source tree, or the vllm folder (default: the installed vLLM)"
+)
 JsonOpt = typer.Option(False, "--json", help="print the result as JSON")
 
 
@@ -46,7 +47,7 @@ def _table(header: list[str], rows: list[list[str]]) -> None:
 
 @app.command("apply")
 def apply_cmd(
-    target: Optional[Path] = TargetOpt,
+    target: Path | None = TargetOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="check every hunk and say what would change; write nothing"),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -56,14 +57,14 @@ def apply_cmd(
 
 
 @app.command("revert")
-def revert_cmd(target: Optional[Path] = TargetOpt, as_json: bool = JsonOpt) -> None:
+def revert_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt) -> None:
     """Undo the patches the launcher applied (from the stamp) and remove the stamp."""
     report = engine.revert(target)
     _echo_json(report.to_dict()) if as_json else _print_report(report)
 
 
 @app.command("status")
-def status_cmd(target: Optional[Path] = TargetOpt, as_json: bool = JsonOpt) -> None:
+def status_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt) -> None:
     """Show, per patch, whether it is applied, not applied, in conflict or modified since."""
     st = engine.status(target)
     if as_json:
@@ -81,8 +82,8 @@ def status_cmd(target: Optional[Path] = TargetOpt, as_json: bool = JsonOpt) -> N
 
 @app.command("check")
 def check_cmd(
-    target: Optional[Path] = TargetOpt,
-    against: Optional[str] = typer.Option(
+    target: Path | None = TargetOpt,
+    against: str | None = typer.Option(
         None, "--against", help="vllm==X: check the series against X's wheel and sdist from PyPI (cached)"
     ),
     as_json: bool = JsonOpt,

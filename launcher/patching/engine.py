@@ -382,7 +382,10 @@ def _restore_hint(tree: Tree, version: str) -> str:
         how = "restore it from the sdist or your checkout (git checkout -- FILE)"
     else:
         how = f"reinstall it (pip install --force-reinstall --no-deps vllm=={public_version(version)})"
-    return f"a file differs from vLLM {version} as released: undo the local edit or {how}; `launcher patch status` shows each patch"
+    return (
+        f"a file differs from vLLM {version} as released: undo the local edit or {how};"
+        " `launcher patch status` shows each patch"
+    )
 
 
 def _apply_detail(v: _Verdict, ours: dict[str, stamps.StampEntry]) -> str:

@@ -127,7 +127,7 @@ def series_for(version: str, patches_root_dir: Path | str | None = None) -> Seri
         have = ", ".join(versions) or "none"
         raise LauncherError(
             f"no patch series for vLLM {version}; series exist for: {have}",
-            hint="install one of those vLLM releases (e.g. pip install vllm==" + (versions[-1] if versions else "X") + ")",
+            hint=f"install one of those vLLM releases (pip install vllm=={versions[-1]})" if versions else None,
         )
     return load_series(patches_root(patches_root_dir) / "vllm" / match)
 

@@ -15,11 +15,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.integration.patch_trees import LAYOUTS, TEST_PATCHES, copy_series, dirs, mini_tree, pristine, snapshot
 
 from launcher.errors import LauncherError
 from launcher.patching import engine, transaction
 from launcher.patching.stamp import STAMP_REL
+from tests.integration.patch_trees import LAYOUTS, TEST_PATCHES, copy_series, dirs, mini_tree, pristine, snapshot
 
 VERSIONS = ("0.21.0", "0.33.0")
 BACKEND = "vllm/v1/attention/backend.py"
@@ -145,7 +145,8 @@ def test_series_against_files_of_another_release_is_refused(tmp_path):
         "Subject: needs a 0.21.0-only import\nFixes: test\nUpstream-Status: Inappropriate [test]\n\n"
         "diff --git a/vllm/v1/attention/backend.py b/vllm/v1/attention/backend.py\n"
         "--- a/vllm/v1/attention/backend.py\n+++ b/vllm/v1/attention/backend.py\n"
-        "@@ -9,4 +9,5 @@\n import numpy as np\n import torch\n from typing_extensions import deprecated\n+# 0.21.0 only\n \n"
+        "@@ -9,4 +9,5 @@\n import numpy as np\n import torch\n"
+        " from typing_extensions import deprecated\n+# 0.21.0 only\n \n"
     )
     with open(series / "series", "a") as fh:
         fh.write("0004-needs-0-21.patch\n")

@@ -121,7 +121,7 @@ def test_duplicate_ids_are_refused(tmp_path):
 def test_runtime_patch_outside_vllm_points_at_the_build_series(tmp_path):
     path = _write(tmp_path, "0001-cmake.patch", HEADER + "\n" + DIFF.replace("vllm/x.py", "CMakeLists.txt"))
     with pytest.raises(LauncherError) as err:
-        load_patch(path).files
+        _ = load_patch(path).files
     assert "outside vllm/" in err.value.message and "build/" in err.value.hint
 
 
@@ -130,7 +130,7 @@ def test_paths_escaping_the_tree_are_refused(tmp_path, bad):
     text = DIFF.replace("a/vllm/x.py", bad).replace("b/vllm/x.py", bad.replace("a/", "b/", 1))
     path = _write(tmp_path, "0001-evil.patch", HEADER + "\n" + text)
     with pytest.raises(LauncherError, match="unsafe path|outside"):
-        load_patch(path, kind="build").files
+        _ = load_patch(path, kind="build").files
 
 
 def test_patch_without_a_diff_is_refused(tmp_path):
