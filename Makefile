@@ -38,5 +38,14 @@ patch-check: venv
 bench: venv
 	$(BIN)/python -m pytest -q -s tests/bench
 
+## make image / make image-overlay: VLLM_VERSION=0.21.0|0.33.0|all TARGET=sm120|sm121|all
+## -> vllm-sm12x:<version>-<target>-<arch>[-overlay]; overlay on BASE=<image with vLLM>
+.PHONY: image image-overlay
+image: venv
+	PYTHON=$(BIN)/python bash docker/build-image.sh source $(or $(VLLM_VERSION),0.21.0) $(or $(TARGET),sm120)
+
+image-overlay: venv
+	PYTHON=$(BIN)/python bash docker/build-image.sh overlay $(or $(VLLM_VERSION),0.21.0) $(or $(TARGET),sm120)
+
 clean:
 	rm -rf $(VENV) dist .pytest_cache
