@@ -47,5 +47,11 @@ image: venv
 image-overlay: venv
 	PYTHON=$(BIN)/python bash docker/build-image.sh overlay $(or $(VLLM_VERSION),0.21.0) $(or $(TARGET),sm120)
 
+## make wheels TARGET=linux-amd64|linux-arm64|wsl [VLLM_VERSION=0.21.0|0.33.0] [ARGS=--stop-before-compile]
+## -> vLLM + FlashInfer wheels and a build manifest in dist/ (hours; see build/README.md)
+.PHONY: wheels
+wheels: venv
+	$(BIN)/launcher build wheels --target $(or $(TARGET),linux-amd64) $(if $(VLLM_VERSION),--vllm-version $(VLLM_VERSION)) --output-dir dist $(ARGS)
+
 clean:
 	rm -rf $(VENV) dist .pytest_cache
