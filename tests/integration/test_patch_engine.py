@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import py_compile
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -390,3 +391,36 @@ def test_patch_files_checked_out_with_crlf_apply_the_same(tmp_path):
     assert report.series_hash == engine.status(lf_tree, patches_root=TEST_PATCHES).series_hash
     for rel in (BACKEND, NEW_MODULE):
         assert (crlf_series_tree / rel).read_bytes() == (lf_tree / rel).read_bytes()
+
+
+def test_installed_vllm_is_found_without_importing_it(tmp_path, monkeypatch):
+    root = mini_tree("0.33.0", "site-packages", tmp_path / "site", [BACKEND])
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    found = engine.find_tree(None)
+    assert found.root == root.resolve() and found.layout == "site-packages"
+    assert "vllm" not in sys.modules  # its __init__ (torch, CUDA) never ran
+    assert engine.status(None, patches_root=TEST_PATCHES).version == "0.33.0"
+
+
+def test_version_sources_in_order(tmp_path):
+    src = mini_tree("0.21.0", "source", tmp_path / "src", [BACKEND])
+    tree = engine.find_tree(src)
+    assert tree.layout == "source" and engine.detect_version(tree) == "0.21.0"
+    (src / "PKG-INFO").unlink()  # a git checkout: setuptools-scm's _version.py remains
+    (src / "vllm" / "_version.py").write_text("__version__ = version = '0.21.0.dev5+g1234abc'\n")
+    assert engine.detect_version(tree) == "0.21.0.dev5+g1234abc"
+    with pytest.raises(LauncherError, match="no patch series for vLLM 0.21.0.dev5"):
+        engine.apply(src, patches_root=TEST_PATCHES)
+    (src / "vllm" / "_version.py").unlink()
+    with pytest.raises(LauncherError, match="cannot tell the vLLM version"):
+        engine.detect_version(tree)
+
+
+def test_stale_second_dist_info_is_resolved_by_version_py(tmp_path):
+    root = mini_tree("0.21.0", "site-packages", tmp_path / "site", [BACKEND])
+    stale = root / "vllm-0.20.0.dist-info"
+    shutil.copytree(root / "vllm-0.21.0.dist-info", stale)
+    meta = stale / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 0.21.0\n", "Version: 0.20.0\n", 1))
+    assert engine.detect_version(engine.find_tree(root)) == "0.21.0"
