@@ -1,0 +1,331 @@
+"""``launcher quantize`` for real: nvidia-modelopt NVFP4 on a tiny random Gemma 4 on the CPU.
+
+The checkpoint is built here with transformers (Gemma4ForConditionalGeneration:
+4 layers, sliding head_dim 256 / full global_head_dim 512, a MoE block,
+``use_bidirectional_attention: vision``, a one-layer vision tower, a
+1024-token vocabulary) and quantized through the ``launcher`` console script
+in a subprocess, as a user runs it. Nothing is mocked except where a failure
+has to be provoked: the interrupted-run tests replace modelopt's
+``export_hf_checkpoint`` (looked up at call time by the pipeline) with one
+that writes a partial file and then raises, inside the subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from launcher.checkpoint import inspect_target, read_tensor_index
+
+LAUNCHER = Path(sys.executable).with_name("launcher")
+NUM_LAYERS = 4
+NUM_EXPERTS = 4
+HIDDEN = 128
+MOE_INTERMEDIATE = 128
+VOCAB = 1024
+CHAT_TEMPLATE = "{% for m in messages %}<start>{{ m['role'] }}\n{{ m['content'] }}<end>\n{% endfor %}"
+
+
+def build_tiny_gemma4(out: Path, *, tokenizer: bool) -> None:
+    import torch
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    text = dict(
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size=HIDDEN, intermediate_size=256,
+        num_hidden_layers=NUM_LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+        global_head_dim=512, layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=64,
+        enable_moe_block=True, num_experts=NUM_EXPERTS, top_k_experts=2, moe_intermediate_size=MOE_INTERMEDIATE,
+        use_bidirectional_attention="vision", hidden_size_per_layer_input=0, max_position_embeddings=4096,
+        final_logit_softcapping=30.0,
+    )
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=32, position_embedding_size=256, patch_size=16)
+    # Multimodal marker ids inside the small vocabulary.
+    specials = dict(boi_token_id=1000, eoi_token_id=1001, image_token_id=1002, video_token_id=1003,
+                    boa_token_id=1004, eoa_token_index=1005, audio_token_id=1006)
+    config = Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **specials)
+    torch.manual_seed(0)
+    Gemma4ForConditionalGeneration(config).to(torch.bfloat16).save_pretrained(out)
+    if tokenizer:
+        _write_tokenizer(out)
+
+
+def _write_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from launcher.quantize.calibration import BUILTIN_TEXTS
+
+    words = sorted({w for t in BUILTIN_TEXTS for w in t.split()})[: 900]
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3} | {w: i + 4 for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
+                                   bos_token="<bos>", eos_token="<eos>")
+    fast.save_pretrained(out)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
+def launcher(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LAUNCHER), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_with_failing_export(args: list[str], exception: str) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess whose export writes one file, then raises ``exception``."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        import modelopt.torch.export as mte
+
+        def failing_export(model, export_dir, **kwargs):
+            Path(export_dir, "model-00001-of-00002.safetensors").write_bytes(b"partial")
+            raise {exception}
+
+        mte.export_hf_checkpoint = failing_export
+        from launcher.cli import main
+        sys.argv = ["launcher"] + {args!r}
+        main()
+        """
+    )
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny") / "gemma4-tiny"
+    build_tiny_gemma4(root, tokenizer=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_no_tokenizer(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny-notok") / "gemma4-tiny"
+    build_tiny_gemma4(root, tokenizer=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tiny.parent / "gemma4-tiny-nvfp4"
+    result = launcher("quantize", "--model", str(tiny), "--out", str(out), "--device", "cpu",
+                      "--calib-samples", "6", "--calib-seq-len", "32")
+    print(result.stdout[-3000:], result.stderr[-3000:])
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_progress_for_each_step(quantized):
+    _, result = quantized
+    for step in ("load:", "calibrate:", "export:", "validate:", "done:"):
+        assert step in result.stdout
+    assert "the built-in text set" in result.stdout
+    assert "6/6 batches" in result.stdout
+    assert "modelopt-nvfp4" in result.stdout.splitlines()[-1]
+
+
+def test_hf_quant_config(quantized, tiny):
+    out, _ = quantized
+    quant = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert quant["quant_algo"] == "NVFP4" and quant["group_size"] == 16
+    excluded = quant["exclude_modules"]
+    assert "lm_head" in excluded
+    assert any(e.startswith("model.vision_tower") for e in excluded)
+    assert any(e.startswith("model.embed_vision") for e in excluded)
+    for layer in range(NUM_LAYERS):
+        assert f"model.language_model.layers.{layer}.router*" in excluded
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "modelopt"
+
+
+def test_global_head_dim_and_gemma4_fields_kept(quantized, tiny):
+    out, _ = quantized
+    src_text = json.loads((tiny / "config.json").read_text())["text_config"]
+    out_text = json.loads((out / "config.json").read_text())["text_config"]
+    assert out_text["global_head_dim"] == src_text["global_head_dim"] == 512
+    for key in ("head_dim", "layer_types", "use_bidirectional_attention", "num_experts", "vocab_size"):
+        assert out_text[key] == src_text[key]
+    info, reasons = inspect_target(out, expected_format="modelopt-nvfp4", vllm_version="0.21.0")
+    assert [r for r in reasons if r.blocking] == []
+    assert info.format == "modelopt-nvfp4" and info.is_gemma4 and info.mm_prefix and info.global_head_dim == 512
+
+
+def _source_shapes(tiny: Path) -> dict[str, tuple[int, ...]]:
+    """Per-module [out, in] of the bf16 source, with fused experts split per expert."""
+    shapes = {}
+    for name, meta in read_tensor_index(tiny).items():
+        if name.endswith("experts.gate_up_proj"):
+            e, two_i, h = meta.shape
+            base = name.rsplit(".", 1)[0]
+            for x in range(e):
+                shapes[f"{base}.{x}.gate_proj"] = (two_i // 2, h)
+                shapes[f"{base}.{x}.up_proj"] = (two_i // 2, h)
+        elif name.endswith("experts.down_proj"):
+            e, h, i = meta.shape
+            base = name.rsplit(".", 1)[0]
+            for x in range(e):
+                shapes[f"{base}.{x}.down_proj"] = (h, i)
+        elif name.endswith(".weight"):
+            shapes[name[: -len(".weight")]] = meta.shape
+    return shapes
+
+
+def test_packed_weights_and_scales(quantized, tiny):
+    out, _ = quantized
+    tensors = read_tensor_index(out)
+    source = _source_shapes(tiny)
+    quantized_modules = sorted(n[: -len(".weight_scale")] for n in tensors if n.endswith(".weight_scale"))
+    assert quantized_modules
+    for module in quantized_modules:
+        rows, cols = source[module]
+        assert tensors[f"{module}.weight"].dtype == "U8"
+        assert tensors[f"{module}.weight"].shape == (rows, cols // 2)
+        assert tensors[f"{module}.weight_scale"].dtype == "F8_E4M3"
+        assert tensors[f"{module}.weight_scale"].shape == (rows, cols // 16)
+        for scalar in ("weight_scale_2", "input_scale"):
+            assert tensors[f"{module}.{scalar}"].dtype == "F32"
+            assert tensors[f"{module}.{scalar}"].shape == ()
+    # every linear of the language model is quantized: attention, dense MLP, each expert
+    for layer in range(NUM_LAYERS):
+        p = f"model.language_model.layers.{layer}."
+        for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
+            assert p + proj in quantized_modules
+        for expert in range(NUM_EXPERTS):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                assert f"{p}experts.{expert}.{proj}" in quantized_modules
+        assert tensors[f"{p}experts.0.gate_proj.weight"].shape == (MOE_INTERMEDIATE, HIDDEN // 2)
+
+
+def test_excluded_modules_stay_bf16(quantized, tiny):
+    out, _ = quantized
+    tensors = read_tensor_index(out)
+    source = read_tensor_index(tiny)
+    kept = [n for n in tensors if any(m in n for m in ("router", "vision_tower", "embed_vision", "embed_tokens", "norm"))]
+    assert any("router.proj" in n for n in kept) and any("vision_tower" in n for n in kept)
+    for name in kept:
+        assert not name.endswith((".weight_scale", ".weight_scale_2", ".input_scale")), name
+        assert tensors[name].dtype == "BF16", name
+        assert tensors[name].shape == source[name].shape, name
+
+
+def test_tokenizer_and_chat_template_copied(quantized, tiny):
+    out, _ = quantized
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (out / name).is_file(), name
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (tiny / name).read_bytes()
+
+
+def test_no_temporary_siblings_left(quantized):
+    out, _ = quantized
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_random_ids_without_tokenizer(tiny_no_tokenizer):
+    out = tiny_no_tokenizer.parent / "nvfp4"
+    result = launcher("quantize", "--model", str(tiny_no_tokenizer), "--out", str(out), "--device", "cpu",
+                      "--calib-samples", "2", "--calib-seq-len", "16")
+    assert result.returncode == 0, result.stderr
+    assert "no tokenizer files; calibrating on random token ids" in result.stdout
+    info, reasons = inspect_target(out, expected_format="modelopt-nvfp4", vllm_version="0.21.0")
+    assert info.format == "modelopt-nvfp4" and not [r for r in reasons if r.blocking]
+    assert not (out / "tokenizer.json").exists()
+
+
+def test_refuses_non_empty_out(tiny, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = launcher("quantize", "--model", str(tiny), "--out", str(out))
+    assert result.returncode != 0
+    assert f"error: --out {out} is not empty" in result.stderr and "--force" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_refuses_awq_lite_on_gemma4_up_front(tiny, tmp_path):
+    out = tmp_path / "awq"
+    result = launcher("quantize", "--model", str(tiny), "--out", str(out), "--algorithm", "nvfp4-awq-lite")
+    assert result.returncode != 0
+    assert "QuantGemma4TextExperts" in result.stderr and "--algorithm nvfp4" in result.stderr
+    # refused before loading anything: no progress lines, nothing written
+    assert "load:" not in result.stdout and not out.exists()
+
+
+def test_refuses_already_quantized_model(quantized, tmp_path):
+    out, _ = quantized
+    result = launcher("quantize", "--model", str(out), "--out", str(tmp_path / "again"))
+    assert result.returncode != 0 and "already quantized" in result.stderr
+
+
+def test_failed_export_leaves_no_out(tiny_no_tokenizer, tmp_path):
+    out = tmp_path / "nvfp4"
+    result = run_with_failing_export(
+        ["quantize", "--model", str(tiny_no_tokenizer), "--out", str(out), "--device", "cpu",
+         "--calib-samples", "1", "--calib-seq-len", "16"],
+        'RuntimeError("simulated export failure")',
+    )
+    assert result.returncode != 0
+    assert "export failed: RuntimeError: simulated export failure" in result.stderr
+    assert f"{out} was left untouched" in result.stderr
+    assert "export:" in result.stdout  # it did get as far as the export
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_export_keeps_the_old_out(tiny_no_tokenizer, tmp_path):
+    out = tmp_path / "nvfp4"
+    out.mkdir()
+    (out / "config.json").write_text('{"old": true}')
+    result = run_with_failing_export(
+        ["quantize", "--model", str(tiny_no_tokenizer), "--out", str(out), "--device", "cpu", "--force",
+         "--calib-samples", "1", "--calib-seq-len", "16"],
+        "KeyboardInterrupt()",
+    )
+    assert result.returncode == 130
+    assert "interrupted during export" in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["nvfp4"]
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert json.loads((out / "config.json").read_text()) == {"old": True}
+
+
+def test_force_replaces_out(tiny_no_tokenizer, tmp_path):
+    out = tmp_path / "nvfp4"
+    out.mkdir()
+    (out / "stale.bin").write_text("old")
+    result = launcher("quantize", "--model", str(tiny_no_tokenizer), "--out", str(out), "--device", "cpu",
+                      "--force", "--calib-samples", "1", "--calib-seq-len", "16")
+    assert result.returncode == 0, result.stderr
+    assert not (out / "stale.bin").exists() and (out / "hf_quant_config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["nvfp4"]
+
+
+def test_missing_extra_named(tmp_path, tiny):
+    # modelopt made unimportable in the child only (None in sys.modules).
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["modelopt"] = None
+        from launcher.cli import main
+        sys.argv = ["launcher", "quantize", "--model", {str(tiny)!r}, "--out", {str(tmp_path / "o")!r}]
+        main()
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "pip install 'vllm-sm12x-launcher[quantize]'" in result.stderr
+    assert "modelopt" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_launcher_starts_without_importing_the_heavy_stack():
+    code = "import sys, launcher.cli; print(sorted(m for m in ('torch', 'transformers', 'modelopt') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
