@@ -10,6 +10,7 @@ import py_compile
 
 import pytest
 
+from launcher.errors import LauncherError
 from launcher.patching import engine
 from launcher.patching.series import available_versions, series_for
 from launcher.patching.stamp import STAMP_REL
@@ -81,3 +82,40 @@ def test_real_series_check_against_release_has_no_conflicts(version):
     )
     bad = [(r.patch_id, r.layout, r.result, r.detail) for r in rows if r.result != "applies"]
     assert not bad
+
+
+@pytest.mark.parametrize(("version", "layout"), CASES, ids=[f"{v}-{lay}" for v, lay in CASES])
+def test_real_series_refuses_a_locally_edited_file(version, layout, tmp_path):
+    root = mini_tree(version, layout, tmp_path / "tree", _touched(version, layout))
+    # Edit a line the first patch's first hunk expects (a removed or context line).
+    patch = series_for(version).patches[0]
+    fp = next(f for f in patch.files if f.kind == "modify")
+    hunk = fp.hunks[0]
+    path = root / fp.path
+    lines = path.read_bytes().split(b"\n")
+    at = hunk.old_start - 1 + next(i for i, line in enumerate(hunk.old) if line.strip())
+    lines[at] += b"  # local edit"
+    path.write_bytes(b"\n".join(lines))
+    before = snapshot(root)
+    with pytest.raises(LauncherError) as err:
+        engine.apply(root)
+    assert patch.name in err.value.message and f"{fp.path} hunk 1/" in err.value.message
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize(("version", "layout"), CASES, ids=[f"{v}-{lay}" for v, lay in CASES])
+def test_real_series_on_crlf_files(version, layout, tmp_path):
+    touched = _touched(version, layout)
+    root = mini_tree(version, layout, tmp_path / "tree", touched)
+    present = [rel for rel in touched if (root / rel).is_file()]
+    for rel in present:
+        (root / rel).write_bytes((root / rel).read_bytes().replace(b"\n", b"\r\n"))
+    before = snapshot(root)
+    engine.apply(root)
+    for rel in present:
+        data = (root / rel).read_bytes()
+        assert data.count(b"\n") == data.count(b"\r\n"), f"{rel} got bare LF lines"
+        if rel.endswith(".py"):
+            py_compile.compile(str(root / rel), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
+    engine.revert(root)
+    assert snapshot(root) == before
