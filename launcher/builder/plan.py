@@ -296,7 +296,8 @@ def cache_env(target: Target) -> dict[str, str]:
     elif shutil.which("ccache") or target.os == "linux":
         # Set even before ccache is installed so the first build after installing it is cached.
         env["CCACHE_DIR"] = str(root / "ccache")
-    return env
+    # A value already in the environment wins: image builds point these at their cache mounts.
+    return {k: os.environ.get(k) or v for k, v in env.items()}
 
 
 def steps(target: Target, version: str, pins: VersionPins) -> list[Step]:

@@ -148,3 +148,13 @@ def test_arch_spelling_is_validated():
     assert targets.split_archs("12.0a 12.1a") == targets.split_archs("12.0a;12.1a") == ["12.0a", "12.1a"]
     with pytest.raises(ValueError):
         targets.gencodes("sm_120")
+
+
+def test_cache_dirs_default_to_the_cache_and_respect_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_SM12X_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FETCHCONTENT_BASE_DIR", raising=False)
+    p = build_plan.plan("linux-amd64", cores=4, mem_gb=16)
+    assert p.env["FETCHCONTENT_BASE_DIR"] == str(tmp_path / "cache" / "build-cache" / "fetchcontent")
+    # An image build points the caches at its BuildKit mounts.
+    monkeypatch.setenv("FETCHCONTENT_BASE_DIR", "/mnt/fc")
+    assert build_plan.plan("linux-amd64", cores=4, mem_gb=16).env["FETCHCONTENT_BASE_DIR"] == "/mnt/fc"
