@@ -312,9 +312,17 @@ def _series_context(target: PathArg, patches_root: PathArg) -> tuple[Tree, str, 
     return tree, version, series_for(version, patches_root)
 
 
-def _ours(stamp: dict | None) -> dict[str, stamps.StampEntry]:
-    """Stamp entries the launcher applied itself (revert undoes those only)."""
-    return {e.id: e for e in stamps.stamp_entries(stamp) if e.origin == "applied"}
+def _ours(stamp: dict | None, tree: Tree) -> dict[str, stamps.StampEntry]:
+    """Stamp entries the launcher applied itself (revert undoes those only).
+
+    Build entries count in source trees only: a stamp carried from a patched
+    source tree into a wheel must not make revert look for CMakeLists.txt.
+    """
+    return {
+        e.id: e
+        for e in stamps.stamp_entries(stamp)
+        if e.origin == "applied" and (e.kind != "build" or tree.layout == SOURCE)
+    }
 
 
 def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathArg = None) -> Report:
@@ -322,7 +330,7 @@ def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathAr
     tree, version, series = _series_context(target, patches_root)
     stamp = stamps.read_stamp(tree)
     patches = series.for_layout(tree.layout)
-    ours = _ours(stamp)
+    ours = _ours(stamp, tree)
     _refuse_foreign(tree, stamp, patches)
     items = [_Item.of(p) for p in patches]
     original = _load(tree, items)
@@ -397,7 +405,7 @@ def _apply_detail(v: _Verdict, ours: dict[str, stamps.StampEntry]) -> str:
 def _refuse_foreign(tree: Tree, stamp: dict | None, patches: list[Patch]) -> None:
     """A stamp from another series (changed or removed patches) must be reverted first."""
     current = {p.id: p for p in patches}
-    stale = [e.file for e in _ours(stamp).values() if not _same_patch(e, current.get(e.id))]
+    stale = [e.file for e in _ours(stamp, tree).values() if not _same_patch(e, current.get(e.id))]
     if stale:
         raise LauncherError(
             f"{tree.root} carries patches that differ from the current series: {', '.join(stale)}",
@@ -452,7 +460,7 @@ def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
     if stamp is None:
         return Report("revert", tree, version, None, None, [],
                       message="no stamp in this tree: the launcher applied nothing here, nothing to revert")
-    ours = [_Item.from_stamp(e) for e in _ours(stamp).values()]
+    ours = [_Item.from_stamp(e) for e in _ours(stamp, tree).values()]
     original = _load(tree, ours)
     work = dict(original)
     results: list[PatchResult] = []
@@ -503,7 +511,7 @@ def status(target: PathArg = None, *, patches_root: PathArg = None) -> SeriesSta
     """Per patch of the tree's series: applied, not-applied, conflict, or modified (stamped but edited)."""
     tree, version, series = _series_context(target, patches_root)
     stamp = stamps.read_stamp(tree)
-    ours = _ours(stamp)
+    ours = _ours(stamp, tree)
     patches = series.for_layout(tree.layout)
     items = [_Item.of(p) for p in patches]
     verdicts, _ = _analyse(_load(tree, items), items, stamped=set(ours))
@@ -520,19 +528,21 @@ def status(target: PathArg = None, *, patches_root: PathArg = None) -> SeriesSta
             state, detail = ("modified" if in_stamp else "conflict"), v.detail
         out.append(PatchStatus(v.item.id, v.item.name, state, detail, v.item.kind, v.item.paths))
     return SeriesStatus(tree, version, series.version, series.hash, out, stamp,
-                        _stamp_notes(stamp, series, patches, version))
+                        _stamp_notes(stamp, tree, series, patches, version))
 
 
-def _stamp_notes(stamp: dict | None, series: Series, patches: list[Patch], version: str) -> list[str]:
+def _stamp_notes(stamp: dict | None, tree: Tree, series: Series, patches: list[Patch], version: str) -> list[str]:
     if stamp is None:
         return []
     notes = []
+    if stamp.get("layout") and stamp.get("layout") != tree.layout:
+        notes.append(f"the stamp was written in a {stamp.get('layout')} tree (carried into this one by a build)")
     if stamp.get("series_hash") != series.hash:
         notes.append("the stamp was written by another revision of the series; revert and apply again")
     if stamp.get("vllm_version") and stamp.get("vllm_version") != version:
         notes.append(f"the stamp was written for vLLM {stamp.get('vllm_version')}, the tree is {version}")
     current = {p.id for p in patches}
-    extra = [e.id for e in _ours(stamp).values() if e.id not in current]
+    extra = [e.id for e in _ours(stamp, tree).values() if e.id not in current]
     if extra:
         notes.append(f"the stamp lists patches no longer in the series: {', '.join(extra)}")
     return notes
@@ -542,7 +552,7 @@ def check_tree(target: PathArg = None, *, patches_root: PathArg = None) -> list[
     """Read-only: how each patch of the series fits the tree as it is now."""
     tree, version, series = _series_context(target, patches_root)
     stamp = stamps.read_stamp(tree)
-    return _check_rows(tree, version, series, set(_ours(stamp)), upstream_word="already applied")
+    return _check_rows(tree, version, series, set(_ours(stamp, tree)), upstream_word="already applied")
 
 
 def check_against(spec: str, *, patches_root: PathArg = None) -> list[CheckRow]:

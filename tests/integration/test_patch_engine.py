@@ -424,3 +424,22 @@ def test_stale_second_dist_info_is_resolved_by_version_py(tmp_path):
     meta = stale / "METADATA"
     meta.write_text(meta.read_text().replace("Version: 0.21.0\n", "Version: 0.20.0\n", 1))
     assert engine.detect_version(engine.find_tree(root)) == "0.21.0"
+
+
+def test_stamp_carried_from_a_source_tree_into_site_packages(tmp_path):
+    # A wheel built from a patched source tree could carry the stamp along:
+    # the build entry (CMakeLists.txt) must not confuse the installed tree.
+    src = mini_tree("0.21.0", "source", tmp_path / "src", [BACKEND])
+    engine.apply(src, patches_root=TEST_PATCHES)
+    site = mini_tree("0.21.0", "site-packages", tmp_path / "site", [BACKEND])
+    pristine_site = snapshot(site)
+    for rel in (BACKEND, NEW_MODULE, STAMP_REL):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, site / rel)
+    st = engine.status(site, patches_root=TEST_PATCHES)
+    assert [p.state for p in st.patches] == ["applied"] * 3
+    assert any("source tree" in n for n in st.notes)
+    assert {r.outcome for r in engine.apply(site, patches_root=TEST_PATCHES).results} == {"already applied"}
+    reverted = engine.revert(site)
+    assert [r.id for r in reverted.results] == RUNTIME_IDS
+    assert snapshot(site) == pristine_site
