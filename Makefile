@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 RECIPE ?= gemma4-moe-dflash
 PYTEST_ARGS ?=
 
-.PHONY: venv test serve dry-run patch-check lint bench clean
+.PHONY: venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,16 @@ image-overlay: venv
 .PHONY: wheels
 wheels: venv
 	$(BIN)/launcher build wheels --target $(or $(TARGET),linux-amd64) $(if $(VLLM_VERSION),--vllm-version $(VLLM_VERSION)) --output-dir dist $(ARGS)
+
+## make gpu-stage: pack vLLM 0.21.0 + missing runtime wheels into .stage/ parts (<= 50 MB each)
+gpu-stage: venv
+	$(BIN)/python tests/gpu/stage.py
+
+## make gpu-proof: on a GPU host (torch 2.11, Python 3.12): stage, install, run stock and
+## patched rounds, write tests/gpu/results/ (tests/gpu/README.md tells the device-tool way)
+gpu-proof: gpu-stage
+	bash tests/gpu/remote.sh receive
+	OUT=tests/gpu/results bash tests/gpu/remote.sh proof stock patched
 
 clean:
 	rm -rf $(VENV) dist .pytest_cache

@@ -1,0 +1,287 @@
+"""Small random-weight checkpoints shaped like Gemma 4 26B-A4B and its DFlash drafter.
+
+What the GPU proof needs from a checkpoint is its *shape*, not its knowledge:
+
+* the target is ``Gemma4ForConditionalGeneration`` (multimodal, so vLLM marks
+  it ``is_mm_prefix_lm`` through ``use_bidirectional_attention: "vision"``),
+  with sliding layers at head_dim 256 and full layers at ``global_head_dim``
+  512 (this is what makes vLLM 0.21.0 force TRITON_ATTN and what splits the
+  KV cache into one group per layer kind), a MoE block, K=V full attention
+  and one shared KV head on full layers, like the 26B-A4B;
+* the drafter is ``DFlashDraftModel`` (qwen3-style) with ``dflash_config``
+  ``target_layer_ids`` and ``mask_token_id``, without its own embeddings or
+  LM head (vLLM shares the target's), like the public z-lab drafters.
+
+The interesting cases are about layer counts: the hybrid KV-cache manager
+cuts every spec bucket into groups the size of the smallest bucket, so a
+drafter with more layers than the target has full-attention layers is split
+across groups. ``SHAPES`` covers a 6-layer target (1 full layer) and a
+12-layer target (2 full layers), each with a drafter that has more layers
+than that.
+
+Weights are drawn with std 0.1 rather than the usual 0.02: random models
+with tiny weights produce near-flat logits, and greedy decoding then ties
+so often that a lossless comparison says little.
+
+Run with transformers 5.13.1 (vLLM 0.21.0 reads ``global_head_dim`` from
+the text config; 5.15+ moves it). ``python make_checkpoints.py OUT_DIR``
+writes ``OUT_DIR/<name>/`` for every target and drafter plus
+``OUT_DIR/shapes.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VOCAB = 4096
+HIDDEN = 256
+INIT_STD = 0.1
+SEED = 1234
+
+# Token ids for the multimodal markers live at the top of the small vocab
+# (the real ids, ~256k-258k, would force a real-sized embedding table).
+SPECIAL_IDS = {
+    "boi_token_id": VOCAB - 8,
+    "eoi_token_id": VOCAB - 7,
+    "image_token_id": VOCAB - 6,
+    "video_token_id": VOCAB - 5,
+    "boa_token_id": VOCAB - 4,
+    "eoa_token_index": VOCAB - 3,
+    "audio_token_id": VOCAB - 2,
+}
+MASK_TOKEN_ID = VOCAB - 1  # DFlash parallel-drafting mask token
+# Prompts draw token ids below this bound so they never hit a special id.
+PROMPT_TOKEN_LIMIT = VOCAB - 16
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    name: str
+    num_layers: int
+
+    @property
+    def layer_types(self) -> list[str]:
+        # Gemma 4's 5:1 pattern: every sixth layer is full attention.
+        return [
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+            for i in range(self.num_layers)
+        ]
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.layer_types.count("full_attention")
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    name: str
+    target: str
+    num_layers: int
+    target_layer_ids: list[int] = field(default_factory=list)
+
+
+TARGETS = [TargetShape("gemma4-t6", 6), TargetShape("gemma4-t12", 12)]
+DRAFTERS = [
+    # 2 drafter layers vs 1 full-attention layer in the target.
+    DrafterShape("dflash-d2-for-t6", "gemma4-t6", 2, [1, 3, 4]),
+    # 3 drafter layers vs 2 full-attention layers in the target.
+    DrafterShape("dflash-d3-for-t12", "gemma4-t12", 3, [1, 5, 9]),
+]
+
+
+def gemma4_config_dict(shape: TargetShape) -> dict:
+    """The target's config.json content (a Gemma4Config)."""
+    text = {
+        "model_type": "gemma4_text",
+        "vocab_size": VOCAB,
+        "vocab_size_per_layer_input": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 256,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_global_key_value_heads": 1,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "attention_k_eq_v": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 64,
+        "layer_types": shape.layer_types,
+        "final_logit_softcapping": 30.0,
+        "use_bidirectional_attention": "vision",
+        "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 64,
+        "tie_word_embeddings": True,
+        "initializer_range": INIT_STD,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "bos_token_id": 2,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+            },
+        },
+    }
+    vision = {
+        "model_type": "gemma4_vision",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "patch_size": 16,
+        "pooling_kernel_size": 3,
+        "position_embedding_size": 1024,
+        "initializer_range": INIT_STD,
+    }
+    return {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": text,
+        "vision_config": vision,
+        "audio_config": None,
+        "initializer_range": INIT_STD,
+        "tie_word_embeddings": True,
+        **SPECIAL_IDS,
+    }
+
+
+def drafter_config_dict(shape: DrafterShape) -> dict:
+    """The drafter's config.json content (qwen3-style DFlash)."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 512,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "dflash_config": {
+            "mask_token_id": MASK_TOKEN_ID,
+            "target_layer_ids": list(shape.target_layer_ids),
+        },
+    }
+
+
+def _drafter_tensors(shape: DrafterShape, generator) -> dict:
+    """Weights under the names qwen3_dflash.py's loader expects."""
+    import torch
+
+    def rand(*dims):
+        return (torch.randn(*dims, generator=generator) * INIT_STD).to(torch.bfloat16)
+
+    def ones(dim):
+        return torch.ones(dim, dtype=torch.bfloat16)
+
+    cfg = drafter_config_dict(shape)
+    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q_out = cfg["num_attention_heads"] * hd
+    kv_out = cfg["num_key_value_heads"] * hd
+    tensors = {
+        "fc.weight": rand(h, h * len(shape.target_layer_ids)),
+        "hidden_norm.weight": ones(h),
+        "norm.weight": ones(h),
+    }
+    for i in range(shape.num_layers):
+        p = f"layers.{i}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": rand(q_out, h),
+            p + "self_attn.k_proj.weight": rand(kv_out, h),
+            p + "self_attn.v_proj.weight": rand(kv_out, h),
+            p + "self_attn.o_proj.weight": rand(h, q_out),
+            p + "self_attn.q_norm.weight": ones(hd),
+            p + "self_attn.k_norm.weight": ones(hd),
+            p + "mlp.gate_proj.weight": rand(inter, h),
+            p + "mlp.up_proj.weight": rand(inter, h),
+            p + "mlp.down_proj.weight": rand(h, inter),
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
+        }
+    return tensors
+
+
+def write_target(shape: TargetShape, out: Path) -> None:
+    import torch
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    torch.manual_seed(SEED + shape.num_layers)
+    config = Gemma4Config(**{k: v for k, v in gemma4_config_dict(shape).items()
+                             if k not in ("architectures", "model_type")})
+    config.architectures = ["Gemma4ForConditionalGeneration"]
+    model = Gemma4ForConditionalGeneration(config).to(torch.bfloat16)
+    # transformers initialises norms to ones and some scales to zeros/ones; only
+    # the matrices get the wider std, which is what keeps logits from tying.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, INIT_STD)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}) + "\n"
+    )
+
+
+def write_drafter(shape: DrafterShape, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(SEED + 100 + shape.num_layers)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(_drafter_tensors(shape, generator), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(drafter_config_dict(shape), indent=2) + "\n")
+
+
+def shapes_manifest() -> dict:
+    return {
+        "vocab": VOCAB,
+        "prompt_token_limit": PROMPT_TOKEN_LIMIT,
+        "mask_token_id": MASK_TOKEN_ID,
+        "init_std": INIT_STD,
+        "targets": [
+            {**asdict(t), "layer_types": t.layer_types, "num_full_layers": t.num_full_layers}
+            for t in TARGETS
+        ],
+        "drafters": [asdict(d) for d in DRAFTERS],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="folder to write the checkpoints into")
+    args = parser.parse_args(argv)
+    for t in TARGETS:
+        write_target(t, args.out / t.name)
+    for d in DRAFTERS:
+        write_drafter(d, args.out / d.name)
+    (args.out / "shapes.json").write_text(json.dumps(shapes_manifest(), indent=2) + "\n")
+    print(f"wrote {len(TARGETS)} targets and {len(DRAFTERS)} drafters under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Serve each small Gemma 4 target with vLLM without a drafter and with DFlash; record what happened.
+
+One round (``--label stock`` or ``--label patched``) runs, for every
+target/drafter pair in ``MODELS/shapes.json``, three modes:
+
+* ``baseline``: the target alone;
+* ``dflash-flash_attn``: DFlash with ``attention_backend: flash_attn``
+  (the user's recipe);
+* ``dflash-auto``: DFlash with the backend left to vLLM.
+
+Each mode runs in its own subprocess (``--child``) so that one failure does
+not take the others down, with the engine core in that process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the runner can be inspected: the
+attention backend of every target and drafter layer and the KV cache
+groups. A failure is recorded with its root cause (the innermost exception
+of the chain, and the first ``...Error:`` line of the log that is not the
+wrapping "Engine core initialization failed").
+
+Decoding is greedy with ``ignore_eos``, 17 prompts in one batch (not a
+CUDA-graph size; eager mode anyway), several prompt and output lengths, and
+``logprobs_mode=raw_logits`` with 2 logprobs so that ``compare.py`` sees the
+top-1/top-2 logits themselves (bf16 values) when it judges a divergence.
+
+Usage (on the device, with vLLM importable from --site):
+``python tests/gpu/run_modes.py --models /tmp/models --site /tmp/site --label stock --out OUT.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+MODES = ("baseline", "dflash-flash_attn", "dflash-auto")
+NUM_SPECULATIVE_TOKENS = 15  # the user's recipe
+PROMPT_SEED = 20261126
+# 17 prompts: not a CUDA-graph capture size; lengths cross the 64-token
+# sliding window of the small targets.
+PROMPT_LENGTHS = [1, 3, 7, 12, 20, 33, 50, 63, 64, 65, 90, 128, 150, 200, 257, 300, 45]
+MAX_TOKENS = [8, 16, 32, 64, 96, 128, 48, 24, 100, 64, 32, 16, 80, 64, 40, 128, 56]
+CHILD_TIMEOUT_S = 300
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$")
+_WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start")
+_BACKEND_EXPLICIT = re.compile(r"Using AttentionBackendEnum\.(\w+) backend")
+_BACKEND_AUTO = re.compile(r"Using (\w+) attention backend out of potential backends")
+
+
+def prompts(token_limit: int) -> list[list[int]]:
+    rng = random.Random(PROMPT_SEED)
+    return [[rng.randrange(3, token_limit) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+# --------------------------------------------------------------------- child
+
+
+def _runner(llm):
+    """The GPUModelRunner of an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    core = llm.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner
+
+
+def _inspect(llm) -> dict:
+    info: dict = {}
+    try:
+        runner = _runner(llm)
+    except Exception as exc:  # recorded, not fatal: outputs still count
+        return {"inspect_error": f"{type(exc).__name__}: {exc}"}
+    drafter = getattr(runner, "drafter", None)
+    draft_names = set(getattr(drafter, "_draft_attn_layer_names", set()) or set())
+    ctx = runner.vllm_config.compilation_config.static_forward_context
+    target, draft = {}, {}
+    for name, layer in ctx.items():
+        backend = getattr(layer, "attn_backend", None)
+        if backend is None:
+            continue
+        (draft if name in draft_names else target)[name] = backend.get_name()
+    info["backends"] = {"target": target, "drafter": draft}
+    groups = []
+    kv_cfg = getattr(runner, "kv_cache_config", None)
+    for gid, group in enumerate(getattr(kv_cfg, "kv_cache_groups", []) or []):
+        spec = group.kv_cache_spec
+        groups.append({
+            "gid": gid,
+            "spec": type(spec).__name__,
+            "block_size": getattr(spec, "block_size", None),
+            "head_size": getattr(spec, "head_size", None),
+            "layers": list(group.layer_names),
+            "drafter_layers": sorted(set(group.layer_names) & draft_names),
+        })
+    info["kv_cache_groups"] = groups
+    if kv_cfg is not None:
+        info["num_kv_cache_tensors"] = len(getattr(kv_cfg, "kv_cache_tensors", []) or [])
+    return info
+
+
+def _root_cause(exc: BaseException) -> str:
+    seen = set()
+    root = exc
+    while id(root) not in seen:
+        seen.add(id(root))
+        nxt = root.__cause__ or root.__context__
+        if nxt is None:
+            break
+        root = nxt
+    return f"{type(root).__name__}: {root}"
+
+
+def run_child(spec: dict) -> dict:
+    result: dict = {"mode": spec["mode"], "target": spec["target_name"],
+                    "drafter": spec.get("drafter_name"), "ok": False}
+    t0 = time.time()
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams
+
+        result["vllm_version"] = vllm.__version__
+        kwargs = dict(
+            model=spec["target"],
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            max_model_len=1024,
+            max_num_seqs=32,
+            gpu_memory_utilization=0.5,
+            seed=0,
+            logprobs_mode="raw_logits",
+            # Text-only prompts: no image/video budget, so no HF processor
+            # (and no tokenizer) is needed. The target stays the multimodal
+            # Gemma4ForConditionalGeneration and keeps is_mm_prefix_lm.
+            limit_mm_per_prompt={"image": 0, "video": 0},
+        )
+        if spec["mode"] != "baseline":
+            sc = {"method": "dflash", "model": spec["drafter"],
+                  "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+            if spec["mode"] == "dflash-flash_attn":
+                sc["attention_backend"] = "flash_attn"
+            kwargs["speculative_config"] = sc
+        llm = LLM(**kwargs)
+        result["init_s"] = round(time.time() - t0, 1)
+        result.update(_inspect(llm))
+        params = [
+            SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True,
+                           logprobs=2, detokenize=False)
+            for m in MAX_TOKENS
+        ]
+        toks = prompts(spec["prompt_token_limit"])
+        t1 = time.time()
+        outs = llm.generate([{"prompt_token_ids": p} for p in toks], params, use_tqdm=False)
+        result["generate_s"] = round(time.time() - t1, 2)
+        result["outputs"] = [_output_record(p, o) for p, o in zip(toks, outs)]
+        result["ok"] = True
+    except BaseException as exc:  # noqa: BLE001 - every failure is a result here
+        traceback.print_exc()
+        result["error"] = {"root_cause": _root_cause(exc),
+                           "raised": f"{type(exc).__name__}: {exc}"}
+    result["wall_s"] = round(time.time() - t0, 1)
+    return result
+
+
+def _output_record(prompt: list[int], out) -> dict:
+    comp = out.outputs[0]
+    top = []
+    for pos in comp.logprobs or []:
+        ranked = sorted(pos.items(), key=lambda kv: kv[1].rank)
+        top.append([[int(tok), float(lp.logprob), int(lp.rank)] for tok, lp in ranked])
+    return {"prompt_len": len(prompt), "token_ids": list(comp.token_ids), "top": top}
+
+
+# ------------------------------------------------------------------- parent
+
+
+def parse_log(text: str) -> dict:
+    """Backends named in the log, and the first root-cause error line."""
+    lines = text.splitlines()
+    explicit = [m.group(1) for ln in lines if (m := _BACKEND_EXPLICIT.search(ln))]
+    auto = [m.group(1) for ln in lines if (m := _BACKEND_AUTO.search(ln))]
+    error_line = None
+    for ln in lines:
+        m = _ERROR_LINE.match(ln.strip())
+        if m and not any(w in ln for w in _WRAPPERS):
+            error_line = f"{m.group(1)}: {m.group(2)}"
+            break
+    forced = any("Forcing TRITON_ATTN" in ln for ln in lines)
+    return {"log_backends_explicit": explicit, "log_backends_auto": auto,
+            "log_error_line": error_line, "log_forced_triton": forced}
+
+
+def run_round(models: Path, site: str | None, label: str, logs: Path,
+              deadline_s: float | None = None) -> dict:
+    started = time.time()
+    shapes = json.loads((models / "shapes.json").read_text())
+    logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if site:
+        env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    runs = []
+    for d in shapes["drafters"]:
+        for mode in MODES:
+            spec = {
+                "mode": mode,
+                "target": str(models / d["target"]), "target_name": d["target"],
+                "drafter": str(models / d["name"]), "drafter_name": d["name"],
+                "prompt_token_limit": shapes["prompt_token_limit"],
+            }
+            if mode == "baseline":
+                spec["drafter_name"] = None
+            tag = f"{label}-{d['target']}-{mode}"
+            res_file = logs / f"{tag}.json"
+            log_file = logs / f"{tag}.log"
+            cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--result", str(res_file)]
+            print(f"[{label}] {d['target']} + {d['name']} {mode} ...", flush=True)
+            t0 = time.time()
+            if deadline_s is not None and t0 - started > deadline_s:
+                # The device call has a hard limit; a skipped mode is recorded, not lost silently.
+                runs.append({"mode": mode, "target": d["target"], "drafter": spec["drafter_name"],
+                             "ok": False, "skipped": True, "drafter_shape": d,
+                             "error": {"root_cause": f"skipped: round deadline {deadline_s:.0f}s passed"}})
+                print("    skipped (deadline)", flush=True)
+                continue
+            timeout = CHILD_TIMEOUT_S
+            if deadline_s is not None:
+                timeout = max(60, min(timeout, deadline_s + 60 - (t0 - started)))
+            with log_file.open("w") as lf:
+                try:
+                    rc = subprocess.run(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT,
+                                        timeout=timeout).returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+            log_text = log_file.read_text(errors="replace")
+            if res_file.exists():
+                res = json.loads(res_file.read_text())
+            else:
+                res = {"mode": mode, "target": d["target"], "drafter": spec["drafter_name"],
+                       "ok": False, "error": {"root_cause": None, "raised": f"child exit {rc}"}}
+            res["exit"] = rc
+            res["drafter_shape"] = d
+            res.update(parse_log(log_text))
+            res["log_tail"] = log_text.splitlines()[-40:]
+            status = "ok" if res.get("ok") else f"FAILED: {(res.get('error') or {}).get('root_cause')}"
+            print(f"    {time.time() - t0:.0f}s {status}", flush=True)
+            runs.append(res)
+            if mode == "baseline" and not res.get("ok"):
+                print("    baseline failed; DFlash modes still run", flush=True)
+    return {"label": label, "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--models", type=Path)
+    parser.add_argument("--site", help="folder prepended to PYTHONPATH for the vLLM under test")
+    parser.add_argument("--label", default="stock")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--logs", type=Path)
+    parser.add_argument("--deadline-s", type=float, help="start no new mode after this many seconds")
+    args = parser.parse_args(argv)
+    if args.child:
+        res = run_child(json.loads(args.child))
+        args.result.write_text(json.dumps(res) + "\n")
+        return 0
+    if not (args.models and args.out):
+        parser.error("--models and --out are required")
+    logs = args.logs or args.out.parent / f"logs-{args.label}"
+    data = run_round(args.models, args.site, args.label, logs, args.deadline_s)
+    args.out.write_text(json.dumps(data) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

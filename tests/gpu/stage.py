@@ -1,0 +1,161 @@
+"""Pack vLLM 0.21.0 and the wheels the GPU image lacks into parts of at most 50 MB.
+
+The device machine has no network and takes at most 64 MiB (working tree
+plus carried files) per call, so the bundle travels one part per call and is
+reassembled there by ``tests/gpu/remote.sh``. Everything is downloaded here,
+with the ordinary PyPI client, for the device's interpreter (cp312,
+manylinux x86_64).
+
+What is left out of the vLLM wheel and why:
+
+* ``vllm_flash_attn/_vllm_fa2_C.abi3.so`` (190 MB): a Hopper card runs
+  FLASH_ATTN through FA3 (``_vllm_fa3_C``), which stays;
+* ``vllm_flash_attn/cute/``: FlashAttention 4 (CuTe DSL), which the proof
+  must not have, since sm_12x cards lack it and its absence is what makes
+  vLLM force TRITON_ATTN for Gemma 4;
+* DeepGEMM's extensions for other Pythons than 3.12.
+
+Output (under ``.stage/``, ignored by git): ``bundle.tar.xz.partNN`` and
+``bundle.json`` (part names, sizes, sha256 of the parts and of the whole).
+The tarball holds ``site/`` (the vLLM files, laid out as site-packages) and
+``wheels/`` (installed with ``pip install --no-index --no-deps --target``).
+Run: ``python tests/gpu/stage.py`` (idempotent; downloads are cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_VERSION = "0.21.0"
+PART_BYTES = 48 * 1000 * 1000  # under the 50 MB a part may have
+REQUIREMENTS = Path(__file__).with_name("bundle-requirements.txt")
+PLATFORMS = [
+    "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64", "manylinux_2_26_x86_64", "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+]
+
+
+def wheel_member_dropped(name: str) -> bool:
+    """True for wheel members the device bundle leaves out (see module docstring)."""
+    if name.endswith("vllm_flash_attn/_vllm_fa2_C.abi3.so"):
+        return True
+    if "/vllm_flash_attn/cute/" in f"/{name}":
+        return True
+    if "third_party/deep_gemm/_C.cpython-" in name and "cpython-312-" not in name:
+        return True
+    return False
+
+
+def vllm_wheel() -> Path:
+    sys.path.insert(0, str(REPO))
+    from launcher import pypi
+
+    return pypi.fetch("vllm", VLLM_VERSION, "wheel")
+
+
+def download_wheels(dest: Path) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+        "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+        "--abi", "cp312", "-d", str(dest), "-r", str(REQUIREMENTS),
+    ]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    subprocess.run(cmd, check=True)
+    wanted = {_norm(line.split("==")[0]) for line in _requirements()}
+    wheels = [w for w in sorted(dest.glob("*.whl")) if _norm(w.name.split("-")[0]) in wanted]
+    missing = wanted - {_norm(w.name.split("-")[0]) for w in wheels}
+    if missing:
+        raise SystemExit(f"wheels missing after download: {sorted(missing)}")
+    return wheels
+
+
+def _requirements() -> list[str]:
+    return [
+        line.strip() for line in REQUIREMENTS.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def build_tree(wheel: Path, wheels: list[Path], tree: Path) -> None:
+    if tree.exists():
+        shutil.rmtree(tree)
+    site = tree / "site"
+    site.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir() or wheel_member_dropped(info.filename):
+                continue
+            zf.extract(info, site)
+    (tree / "wheels").mkdir()
+    for w in wheels:
+        shutil.copy2(w, tree / "wheels" / w.name)
+
+
+def pack(tree: Path, out: Path) -> Path:
+    tarball = out / "bundle.tar.xz"
+    raw = out / "bundle.tar"
+    with tarfile.open(raw, "w") as tf:
+        for top in ("site", "wheels"):
+            tf.add(tree / top, arcname=top)
+    subprocess.run(["xz", "-T0", "-6", "-f", str(raw)], check=True)
+    return tarball
+
+
+def split(tarball: Path, out: Path) -> dict:
+    for old in out.glob("bundle.tar.xz.part*"):
+        old.unlink()
+    whole = hashlib.sha256()
+    parts = []
+    with tarball.open("rb") as fh:
+        index = 0
+        while chunk := fh.read(PART_BYTES):
+            whole.update(chunk)
+            name = f"bundle.tar.xz.part{index:02d}"
+            (out / name).write_bytes(chunk)
+            parts.append({"name": name, "bytes": len(chunk),
+                          "sha256": hashlib.sha256(chunk).hexdigest()})
+            index += 1
+    manifest = {"vllm": VLLM_VERSION, "sha256": whole.hexdigest(),
+                "bytes": tarball.stat().st_size, "parts": parts}
+    (out / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / ".stage")
+    args = parser.parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = vllm_wheel()
+    wheels = download_wheels(out / "wheels-cache")
+    build_tree(wheel, wheels, out / "tree")
+    tarball = pack(out / "tree", out)
+    manifest = split(tarball, out)
+    tarball.unlink()
+    shutil.rmtree(out / "tree")
+    print(f"bundle: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
+    for p in manifest["parts"]:
+        print(f"  {p['name']}  {p['bytes'] / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
