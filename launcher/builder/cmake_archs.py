@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,9 @@ class ResolvedArchs:
 
 
 def find_cmake() -> str | None:
-    return shutil.which("cmake")
+    """cmake on PATH, else the one pip put beside this interpreter (a venv not on PATH)."""
+    beside = Path(sys.executable).parent
+    return shutil.which("cmake") or shutil.which("cmake", path=str(beside))
 
 
 def resolve(tree: Path, requested: str, cuda_version: str = "13.0", cmake: str | None = None) -> ResolvedArchs:
