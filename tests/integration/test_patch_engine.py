@@ -443,3 +443,17 @@ def test_stamp_carried_from_a_source_tree_into_site_packages(tmp_path):
     reverted = engine.revert(site)
     assert [r.id for r in reverted.results] == RUNTIME_IDS
     assert snapshot(site) == pristine_site
+
+
+def test_real_write_failure_after_a_written_file_restores_it(tmp_path):
+    # No fake here: a plain file sits where 0002 needs its new folder, so the
+    # write of vllm/sm12x_selftest/__init__.py fails (NotADirectoryError) after
+    # CMakeLists.txt (sorted first) was already replaced. Root cannot bypass this.
+    root = mini_tree("0.21.0", "source", tmp_path / "tree", [BACKEND])
+    (root / "vllm" / "sm12x_selftest").write_text("in the way\n")
+    before, before_dirs = snapshot(root), dirs(root)
+    with pytest.raises(LauncherError) as err:
+        engine.apply(root, patches_root=TEST_PATCHES)
+    assert "every file was restored" in err.value.message
+    assert snapshot(root) == before and dirs(root) == before_dirs
+    assert not list(root.rglob("*.sm12x-tmp"))
