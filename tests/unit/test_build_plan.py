@@ -158,3 +158,17 @@ def test_cache_dirs_default_to_the_cache_and_respect_the_environment(monkeypatch
     # An image build points the caches at its BuildKit mounts.
     monkeypatch.setenv("FETCHCONTENT_BASE_DIR", "/mnt/fc")
     assert build_plan.plan("linux-amd64", cores=4, mem_gb=16).env["FETCHCONTENT_BASE_DIR"] == "/mnt/fc"
+
+
+def test_plan_works_on_a_host_without_cuda(monkeypatch, tmp_path):
+    """No nvcc anywhere (PATH emptied, CUDA variables unset, default install folders out of the search)."""
+    from launcher.builder import toolchain
+
+    for var in ("CUDACXX", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(toolchain, "_DEFAULT_CUDA_DIRS", ())
+    p = build_plan.plan("linux-arm64", cores=20, mem_gb=119)
+    assert p.nvcc == "not found" and "CUDA_HOME" not in p.env
+    assert any("nvcc not found" in w for w in p.warnings)
+    assert p.env["TORCH_CUDA_ARCH_LIST"] == "12.1a"
