@@ -1,0 +1,489 @@
+"""Runs the code the vLLM 0.21.0 series changes, without torch, in its own process.
+
+Usage: ``python series_0_21_0_probe.py CODE_ROOT``. ``CODE_ROOT`` holds the
+released or patched files under test. Prints one JSON object with what each
+scenario observed; the test decides what is right.
+
+vLLM cannot be imported here (``vllm.config`` needs torch, CUDA libraries and
+vLLM's other dependencies; CI has none of them). What runs is the real source
+cut out of the files, against stand-ins for what it calls:
+
+* KV cache grouping: the real ``vllm/v1/kv_cache_interface.py`` is loaded as
+  a module, and every top-level function of ``vllm/v1/core/kv_cache_utils.py``
+  is executed in one namespace, so ``get_kv_cache_groups`` and
+  ``get_kv_cache_config_from_groups`` run as written. Stand-ins: ``torch``
+  (only ``torch.dtype`` annotations and ``torch.float32`` are touched),
+  ``get_dtype_size`` (2 bytes for the bf16 stand-in), ``vllm.logger``
+  (``logging``), the attention backend registry enum (unused by the specs
+  built here), and a ``VllmConfig`` with the three fields these functions read.
+* KV layouts: the real ``GPUModelRunner._shared_kv_cache_tensors_mix_block_dims``
+  on a stand-in runner, with backends assembled from the real
+  ``AttentionBackend.get_kv_cache_block_dim`` and the real
+  ``get_kv_cache_shape`` of TRITON_ATTN and FLASH_ATTN; raw tensors are
+  objects with a ``data_ptr``, shared exactly as the KV cache config says.
+* Proposers: the real ``_create_draft_vllm_config`` of the base proposer and
+  of the subclass (and the real module-level helpers they call), on classes
+  made of just those methods; ``ModelConfig`` is a pydantic dataclass made
+  the way vLLM's ``@config`` makes it, carrying the real ``is_mm_prefix_lm``
+  property and the real ``ModelArchitectureConfig``.
+* ``GPUModelRunner._get_eagle3_aux_layers_from_config`` and
+  ``Gemma4Proposer.build_per_group_and_layer_attn_metadata``: the real
+  methods on stand-in objects (block tables are lists; the metadata builder
+  records what it is given).
+
+A subprocess, because the stand-ins register ``vllm`` and ``torch`` names in
+``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import __future__
+import ast
+import copy
+import dataclasses
+import enum
+import importlib.util
+import json
+import logging
+import sys
+import textwrap
+import types
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+# ---------------------------------------------------------------- source cutting
+
+
+def _module(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _class(module: ast.Module, name: str) -> ast.ClassDef:
+    return next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _function(module: ast.Module, name: str) -> ast.FunctionDef | None:
+    return next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _class_source(name: str, bases: str, methods: list[ast.FunctionDef], extra: str = "") -> str:
+    body = "\n\n".join(textwrap.indent(ast.unparse(m), "    ") for m in methods)
+    return f"class {name}({bases}):\n{extra}{body or '    pass'}\n"
+
+
+def _exec(source: str, ns: dict) -> None:
+    # Annotations stay strings, as in the vLLM files that use the same future import.
+    exec(compile(source, "<probe>", "exec", flags=__future__.annotations.compiler_flag), ns)
+
+
+def _identity(fn):
+    return fn
+
+
+# ---------------------------------------------------------------- module stand-ins
+
+
+class _DType:
+    def __init__(self, name: str, itemsize: int):
+        self.name, self.itemsize = name, itemsize
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+BF16 = _DType("bfloat16", 2)
+
+
+def _install_stand_ins(code_root: Path) -> None:
+    def module(name: str, **attrs) -> types.ModuleType:
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        sys.modules[name] = mod
+        return mod
+
+    module("torch", dtype=_DType, float32=_DType("float32", 4), bfloat16=BF16)
+    for name in ("vllm", "vllm.utils", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backends"):
+        module(name, __path__=[])
+    module("vllm.logger", init_logger=logging.getLogger)
+    module(
+        "vllm.utils.torch_utils",
+        get_dtype_size=lambda dtype: dtype.itemsize,
+        nvfp4_kv_cache_full_dim=lambda head_size: head_size,
+    )
+    module("vllm.v1.attention.backends.registry", MambaAttentionBackendEnum=enum.Enum("M", "MAMBA2"))
+    _load("vllm.utils.math_utils", code_root / "vllm" / "utils" / "math_utils.py")
+
+
+def _load(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses and pydantic resolve names through it
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------- KV cache grouping
+
+
+def kv_cache_namespace(code_root: Path) -> tuple[types.ModuleType, dict]:
+    kvi = _load("vllm.v1.kv_cache_interface", code_root / "vllm" / "v1" / "kv_cache_interface.py")
+    module = _module(code_root / "vllm" / "v1" / "core" / "kv_cache_utils.py")
+    ns: dict[str, Any] = {
+        "defaultdict": defaultdict, "replace": dataclasses.replace, "copy": copy,
+        "cast": lambda _t, value: value, "logger": logging.getLogger("kv_cache_utils"),
+        "cdiv": sys.modules["vllm.utils.math_utils"].cdiv,
+        "round_up": sys.modules["vllm.utils.math_utils"].round_up,
+    }
+    ns.update({k: v for k, v in vars(kvi).items() if not k.startswith("__")})
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef):
+            _exec(ast.unparse(node), ns)
+    return kvi, ns
+
+
+def _vllm_config() -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+        cache_config=types.SimpleNamespace(num_gpu_blocks_override=None),
+        speculative_config=None,
+    )
+
+
+def _specs(kvi, pattern: list[str], draft_layers: int, draft: dict) -> dict:
+    """Layer name -> spec: a Gemma-4-shaped target and a DFlash-shaped drafter.
+
+    Target sliding layers: head_dim 256, full layers: head_dim 512 (as Gemma 4);
+    the drafter's full-attention layers have their own head_dim, and are marked
+    as the drafter's where the tree's KVCacheSpec has ``is_draft``.
+    """
+    has_is_draft = "is_draft" in {f.name for f in dataclasses.fields(kvi.KVCacheSpec)}
+    specs = {}
+    for i, kind in enumerate(pattern):
+        name = f"language_model.model.layers.{i}.self_attn.attn"
+        if kind == "sliding":
+            specs[name] = kvi.SlidingWindowSpec(
+                block_size=16, num_kv_heads=4, head_size=256, dtype=BF16, sliding_window=1024
+            )
+        else:
+            specs[name] = kvi.FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=512, dtype=BF16)
+    marker = {"is_draft": True} if has_is_draft else {}
+    for j in range(draft_layers):
+        name = f"model.layers.{len(pattern) + j}.self_attn.attn"
+        specs[name] = kvi.FullAttentionSpec(block_size=16, dtype=BF16, **draft, **marker)
+    return specs
+
+
+def _groups_facts(groups, draft_names: set[str]) -> dict:
+    draft_groups = [i for i, g in enumerate(groups) if draft_names & set(g.layer_names)]
+    return {
+        "groups": [list(g.layer_names) for g in groups],
+        "draft_group_ids": draft_groups,
+        "draft_groups_hold_only_draft_layers": all(
+            set(groups[i].layer_names) <= draft_names for i in draft_groups
+        ),
+    }
+
+
+def kv_grouping(code_root: Path) -> dict:
+    kvi, ns = kv_cache_namespace(code_root)
+    qwen_like = {"num_kv_heads": 4, "head_size": 128}
+    target_like = {"num_kv_heads": 2, "head_size": 512}
+    toy = ["sliding"] * 5 + ["full"]
+    gemma4_26b = (["sliding"] * 5 + ["full"]) * 5
+    scenarios = {
+        # The GPU repro: 6-layer target (5 sliding + 1 full), 2-layer drafter.
+        "toy_2_drafter_layers": (toy, 2, qwen_like),
+        # 26B-A4B shape: 25 sliding + 5 full; 5- and 6-layer drafters.
+        "26b_5_drafter_layers": (gemma4_26b, 5, qwen_like),
+        "26b_6_drafter_layers": (gemma4_26b, 6, qwen_like),
+        # Drafter spec equal to the target's full-attention spec (apart from is_draft).
+        "toy_drafter_like_full_layers": (toy, 3, target_like),
+        "target_only_toy": (toy, 0, qwen_like),
+        "target_only_26b": (gemma4_26b, 0, qwen_like),
+        # Non-hybrid: 4 full layers + an EAGLE-like 1-layer drafter of the same spec.
+        "uniform_with_drafter": (["full"] * 4, 1, target_like),
+    }
+    out = {}
+    for name, (pattern, n_draft, draft) in scenarios.items():
+        specs = _specs(kvi, pattern, n_draft, draft)
+        draft_names = set(list(specs)[len(pattern):])
+        groups = ns["get_kv_cache_groups"](_vllm_config(), dict(specs))
+        facts = _groups_facts(groups, draft_names)
+        config = ns["get_kv_cache_config_from_groups"](_vllm_config(), groups, 1 << 30)
+        facts["tensors"] = [list(t.shared_by) for t in config.kv_cache_tensors]
+        facts["num_blocks"] = config.num_blocks
+        out[name] = facts
+    return out
+
+
+# ---------------------------------------------------------------- KV layouts
+
+
+def backends(code_root: Path) -> dict[str, type]:
+    """TRITON_ATTN and FLASH_ATTN from their real get_kv_cache_shape and the real block-dim probe."""
+    base = _method(
+        _class(_module(code_root / "vllm" / "v1" / "attention" / "backend.py"), "AttentionBackend"),
+        "get_kv_cache_block_dim",
+    )
+    kvi = sys.modules["vllm.v1.kv_cache_interface"]
+    ns: dict[str, Any] = {"kv_cache_uses_per_token_head_scales": kvi.kv_cache_uses_per_token_head_scales}
+    _exec(_class_source("AttentionBackend", "", [base]), ns)
+    out = {}
+    for label, rel, cls_name in (
+        ("TRITON_ATTN", "triton_attn.py", "TritonAttentionBackend"),
+        ("FLASH_ATTN", "flash_attn.py", "FlashAttentionBackend"),
+    ):
+        shape = _method(_class(_module(code_root / "vllm/v1/attention/backends" / rel), cls_name),
+                        "get_kv_cache_shape")
+        _exec(_class_source(cls_name, "AttentionBackend", [shape]), ns)
+        out[label] = ns[cls_name]
+    return out
+
+
+class _RawTensor:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def kv_layouts(code_root: Path) -> dict:
+    runner = _class(_module(code_root / "vllm" / "v1" / "worker" / "gpu_model_runner.py"), "GPUModelRunner")
+    method = _method(runner, "_shared_kv_cache_tensors_mix_block_dims")
+    if method is None:
+        return {"check_present": False}
+    kvi, ns = kv_cache_namespace(code_root)
+    attn = backends(code_root)
+    exec_ns: dict[str, Any] = {"defaultdict": defaultdict, "AttentionSpec": kvi.AttentionSpec}
+    _exec(_class_source("Runner", "", [method]), exec_ns)
+
+    def mixes(draft_backend: str, draft_spec: dict, share: bool = True) -> bool:
+        specs = _specs(kvi, ["sliding"] * 5 + ["full"], 2, draft_spec)
+        groups = ns["get_kv_cache_groups"](_vllm_config(), dict(specs))
+        config = ns["get_kv_cache_config_from_groups"](_vllm_config(), groups, 1 << 30)
+        raw = {}
+        for ptr, tensor in enumerate(config.kv_cache_tensors):
+            for layer in tensor.shared_by:
+                # share=False: every layer gets a tensor of its own (no hybrid manager).
+                raw[layer] = _RawTensor(ptr if share else id(layer))
+        draft_names = set(list(specs)[6:])
+        attn_groups = [
+            types.SimpleNamespace(
+                kv_cache_spec=g.kv_cache_spec, kv_cache_group_id=gid, layer_names=g.layer_names,
+                backend=attn[draft_backend if draft_names & set(g.layer_names) else "TRITON_ATTN"],
+            )
+            for gid, g in enumerate(groups)
+        ]
+        runner_obj = object.__new__(exec_ns["Runner"])
+        runner_obj._kv_cache_spec_attn_group_iterator = lambda: iter(attn_groups)
+        runner_obj.cache_config = types.SimpleNamespace(cache_dtype="auto")
+        runner_obj.runner_only_attn_layers = set()
+        kernel_block_sizes = [g.kv_cache_spec.block_size for g in groups]
+        return runner_obj._shared_kv_cache_tensors_mix_block_dims(raw, kernel_block_sizes)
+
+    qwen_like = {"num_kv_heads": 4, "head_size": 128}
+    return {
+        "check_present": True,
+        "block_dims": {k: v.get_kv_cache_block_dim(16, 4, 128) for k, v in attn.items()},
+        "flash_drafter_sharing_triton_tensors": mixes("FLASH_ATTN", qwen_like),
+        "triton_drafter_sharing_triton_tensors": mixes("TRITON_ATTN", qwen_like),
+        "flash_drafter_own_tensors": mixes("FLASH_ATTN", qwen_like, share=False),
+    }
+
+
+# ---------------------------------------------------------------- proposer configs
+
+
+@dataclasses.dataclass
+class AttentionConfig:
+    backend: Any = None
+    use_non_causal: bool = False
+
+
+@dataclasses.dataclass
+class KernelConfig:
+    moe_backend: Any = None
+
+
+@dataclasses.dataclass
+class VllmConfig:
+    model_config: Any
+    attention_config: AttentionConfig
+    kernel_config: KernelConfig = dataclasses.field(default_factory=KernelConfig)
+
+
+def model_config_classes(code_root: Path):
+    """A ModelConfig stand-in with the tree's real is_mm_prefix_lm, and the real arch config."""
+    arch_module = _load("vllm.config.model_arch", code_root / "vllm" / "config" / "model_arch.py")
+    prop = _method(_class(_module(code_root / "vllm" / "config" / "model.py"), "ModelConfig"), "is_mm_prefix_lm")
+    ns: dict[str, Any] = {}
+    _exec(_class_source("ModelConfig", "", [prop], "    model: str = 'google/gemma-4-26B-A4B-it'\n"), ns)
+    model_config = pydantic_dataclass(config=ConfigDict(arbitrary_types_allowed=True, extra="forbid"))(
+        ns["ModelConfig"]
+    )
+    return model_config, arch_module.ModelArchitectureConfig, ast.unparse(prop.decorator_list[0])
+
+
+def _target(model_config_cls, arch_cls, mm_prefix: bool):
+    arch = arch_cls(
+        architectures=["Gemma4ForConditionalGeneration"], model_type="gemma4",
+        text_model_type="gemma4_text", hidden_size=2816, total_num_hidden_layers=30,
+        total_num_attention_heads=16, head_size=512, vocab_size=262144, total_num_kv_heads=8,
+        num_experts=128, quantization_config=None, is_deepseek_mla=False,
+        is_mm_prefix_lm=mm_prefix, derived_max_model_len_and_key=(131072.0, "max_position_embeddings"),
+    )
+    target = model_config_cls()
+    # Set in ModelConfig.__post_init__ in vLLM, as these two are here.
+    target.model_arch_config = arch
+    target.config_updated = True
+    return target, arch
+
+
+def proposer_class(code_root: Path, rel: str, name: str, helpers: tuple[str, ...] = ()):
+    """``name`` made of its real _create_draft_vllm_config over the real base one."""
+    base_module = _module(code_root / "vllm" / "v1" / "spec_decode" / "llm_base_proposer.py")
+    base = _method(_class(base_module, "SpecDecodeBaseProposer"), "_create_draft_vllm_config")
+    module = _module(code_root / rel)
+    sub = _method(_class(module, name), "_create_draft_vllm_config")
+    ns: dict[str, Any] = {
+        "replace": dataclasses.replace, "override": _identity, "copy": copy,
+        "VllmConfig": VllmConfig, "ModelConfig": object,
+    }
+    for helper in helpers:
+        if (fn := _function(module, helper)) is not None:
+            _exec(ast.unparse(fn), ns)
+    _exec(_class_source("SpecDecodeBaseProposer", "", [base]), ns)
+    _exec(_class_source(name, "SpecDecodeBaseProposer", [sub]), ns)
+    return ns[name]
+
+
+def _speculative_config(attention_backend=None):
+    return types.SimpleNamespace(moe_backend=None, attention_backend=attention_backend)
+
+
+def dflash_drafter_config(code_root: Path) -> dict:
+    model_config_cls, arch_cls, decorator = model_config_classes(code_root)
+    cls = proposer_class(
+        code_root, "vllm/v1/spec_decode/dflash.py", "DFlashProposer", ("_model_config_without_mm_prefix",)
+    )
+    out: dict[str, Any] = {"is_mm_prefix_lm_decorator": decorator}
+    for label, mm_prefix in (("multimodal_target", True), ("text_only_target", False)):
+        target, arch = _target(model_config_cls, arch_cls, mm_prefix)
+        proposer = object.__new__(cls)
+        proposer.speculative_config = _speculative_config("FLASH_ATTN")
+        proposer.vllm_config = VllmConfig(target, AttentionConfig(backend="TRITON_ATTN"))
+        draft = proposer._create_draft_vllm_config()
+        out[label] = {
+            "draft_is_mm_prefix_lm": draft.model_config.is_mm_prefix_lm,
+            "draft_model_config_is_target": draft.model_config is target,
+            "draft_shares_hf_identity": draft.model_config.model == target.model,
+            "draft_arch_other_fields_kept": dataclasses.replace(
+                draft.model_config.model_arch_config, is_mm_prefix_lm=mm_prefix
+            ) == arch,
+            "draft_backend": draft.attention_config.backend,
+            "draft_use_non_causal": draft.attention_config.use_non_causal,
+            "target_is_mm_prefix_lm": target.is_mm_prefix_lm,
+            "target_arch_object_kept": target.model_arch_config is arch,
+            "target_vllm_config_model_kept": proposer.vllm_config.model_config is target,
+            "target_backend": proposer.vllm_config.attention_config.backend,
+        }
+    return out
+
+
+def gemma4_mtp_backends(code_root: Path) -> list:
+    cls = proposer_class(code_root, "vllm/v1/spec_decode/gemma4.py", "Gemma4Proposer")
+    rows = []
+    for explicit, target_backend in (
+        ("FLASH_ATTN", "TRITON_ATTN"), (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None),
+    ):
+        proposer = object.__new__(cls)
+        proposer.speculative_config = _speculative_config(explicit)
+        proposer.vllm_config = VllmConfig("target", AttentionConfig(backend=target_backend))
+        rows.append([explicit, target_backend, proposer._create_draft_vllm_config().attention_config.backend])
+    return rows
+
+
+# ---------------------------------------------------------------- runner / proposer methods
+
+
+def aux_layers(code_root: Path) -> dict:
+    runner = _class(_module(code_root / "vllm" / "v1" / "worker" / "gpu_model_runner.py"), "GPUModelRunner")
+    ns: dict[str, Any] = {}
+    _exec(_class_source("Runner", "", [_method(runner, "_get_eagle3_aux_layers_from_config")]), ns)
+
+    def run(**hf_fields):
+        obj = object.__new__(ns["Runner"])
+        hf_config = types.SimpleNamespace(**hf_fields)
+        obj.speculative_config = types.SimpleNamespace(
+            draft_model_config=types.SimpleNamespace(hf_config=hf_config)
+        )
+        result = obj._get_eagle3_aux_layers_from_config()
+        return list(result) if result is not None else None
+
+    return {
+        "dflash_config": run(dflash_config={"target_layer_ids": [1, 7, 13, 19, 25], "mask_token_id": 4}),
+        "eagle_ids": run(eagle_aux_hidden_state_layer_ids=[2, 15, 27]),
+        # Speculators-format DFlash: both are written, the eagle ids win.
+        "both": run(eagle_aux_hidden_state_layer_ids=[2, 8],
+                    dflash_config={"target_layer_ids": [2, 8]}),
+        "none": run(),
+    }
+
+
+def gemma4_block_tables(code_root: Path) -> dict:
+    proposer = _class(_module(code_root / "vllm" / "v1" / "spec_decode" / "gemma4.py"), "Gemma4Proposer")
+    ns: dict[str, Any] = {"copy": copy.copy, "CommonAttentionMetadata": object}
+    _exec(_class_source("Proposer", "", [_method(proposer, "build_per_group_and_layer_attn_metadata")]), ns)
+
+    @dataclasses.dataclass
+    class Metadata:
+        seq_lens: list
+        block_table_tensor: list
+
+        def batch_size(self) -> int:
+            return len(self.seq_lens)
+
+    class Builder:
+        def build_for_drafting(self, common_attn_metadata, draft_index):
+            return {"block_table_rows": len(common_attn_metadata.block_table_tensor),
+                    "batch": common_attn_metadata.batch_size()}
+
+    groups = [
+        types.SimpleNamespace(kv_cache_group_id=gid, layer_names=[f"draft.{gid}"],
+                              get_metadata_builder=lambda: Builder())
+        for gid in (0, 1)
+    ]
+    obj = object.__new__(ns["Proposer"])
+    obj.draft_attn_groups = groups
+    padded_rows = 24  # a CUDA graph size; 17 requests are running
+    obj._per_group_block_tables = {gid: [[gid]] * padded_rows for gid in (0, 1)}
+    cm = Metadata(seq_lens=[5] * 17, block_table_tensor=[[0]] * 17)
+    per_group, per_layer = obj.build_per_group_and_layer_attn_metadata(cm)
+    return {"per_group": per_group, "layers": sorted(per_layer), "caller_table_rows": len(cm.block_table_tensor)}
+
+
+def main(code_root: str) -> None:
+    code = Path(code_root)
+    _install_stand_ins(code)
+    out = {
+        "kv_grouping": kv_grouping(code),
+        "kv_layouts": kv_layouts(code),
+        "dflash_drafter_config": dflash_drafter_config(code),
+        "gemma4_mtp_backends": gemma4_mtp_backends(code),
+        "aux_layers": aux_layers(code),
+        "gemma4_block_tables": gemma4_block_tables(code),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
