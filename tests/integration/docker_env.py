@@ -230,7 +230,7 @@ def launcher_wheelhouse() -> Path:
     return dest
 
 
-def repo_context(extra: dict[str, Path]) -> io.BytesIO:
+def repo_context(extra: dict[str, Path | bytes]) -> io.BytesIO:
     """The repository as the daemon sees it (root .dockerignore applied, through
     the SDK's own filter), plus ``extra`` files at the given context paths."""
     from docker.utils.build import tar as docker_tar
@@ -244,8 +244,14 @@ def repo_context(extra: dict[str, Path]) -> io.BytesIO:
     base.close()
     buf.seek(0, io.SEEK_END)
     with tarfile.open(fileobj=_Rewinder(buf), mode="a") as tf:
-        for arcname, path in sorted(extra.items()):
-            tf.add(str(path), arcname=arcname)
+        for arcname, item in sorted(extra.items()):
+            if isinstance(item, bytes):
+                info = tarfile.TarInfo(arcname)
+                info.size = len(item)
+                info.mode = 0o644
+                tf.addfile(info, io.BytesIO(item))
+            else:
+                tf.add(str(item), arcname=arcname)
     buf.seek(0)
     return buf
 

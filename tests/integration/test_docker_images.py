@@ -1,0 +1,284 @@
+"""The images: the overlay built for real, the source Dockerfile linted and parsed.
+
+* docker/Dockerfile.overlay is built with the classic builder on the real
+  daemon, on a local stand-in for the upstream image (no registry here): the
+  debootstrap'd Debian python base with the released vLLM 0.21.0 wheel
+  installed by pip (compiled extensions left out: see docker_env.py). Inside
+  the built image `launcher patch status` must show the whole series applied.
+* docker/Dockerfile (hours of CUDA compiling, for amd64 sm120 and arm64 sm121)
+  cannot be built here: hadolint, a parse of its stages, args, labels and the
+  build/patch step, and the classic builder reading the file up to the pull of
+  its pinned CUDA base.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.patching.series import series_for
+from tests.integration import docker_env
+
+REPO = docker_env.REPO
+DOCKERFILES = [REPO / "docker" / "Dockerfile", REPO / "docker" / "Dockerfile.overlay"]
+SHELL_SCRIPTS = [REPO / "docker" / "entrypoint.sh", REPO / "docker" / "build-image.sh", REPO / "tests" / "engines.sh"]
+BIN = Path(sys.executable).parent
+
+
+# --- a small Dockerfile reader (instructions, continuations, comments) --------
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order; continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    current = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or (line.startswith("#") and not current) or (current and line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        current += line
+        word, _, rest = current.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        current = ""
+    return out
+
+
+def stages(text: str) -> tuple[dict[str, str], list[dict]]:
+    """Global ARG defaults and the stages: name, base (ARGs expanded), instructions."""
+    global_args: dict[str, str] = {}
+    result: list[dict] = []
+    for word, rest in instructions(text):
+        if word == "FROM":
+            parts = rest.split()
+            base = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m.group(1)], parts[0])
+            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
+            result.append({"name": name, "base": base, "body": []})
+        elif not result and word == "ARG":
+            key, _, value = rest.partition("=")
+            global_args[key] = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m.group(1)], value)
+        else:
+            result[-1]["body"].append((word, rest))
+    return global_args, result
+
+
+def labels(stage: dict) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for word, rest in stage["body"]:
+        if word == "LABEL":
+            for item in shlex.split(rest):
+                key, _, value = item.partition("=")
+                found[key] = value
+    return found
+
+
+# --- lint ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_clean(dockerfile):
+    proc = subprocess.run([str(BIN / "hadolint"), str(dockerfile)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shellcheck_clean():
+    proc = subprocess.run([str(BIN / "shellcheck"), *map(str, SHELL_SCRIPTS)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_bases_are_pinned(dockerfile):
+    _, parsed = stages(dockerfile.read_text())
+    names = {s["name"] for s in parsed if s["name"]}
+    for stage in parsed:
+        if stage["base"] in names:
+            continue
+        repo, _, tag = stage["base"].rpartition(":")
+        assert repo and tag and tag != "latest" and "/" not in tag, f"unpinned base {stage['base']}"
+        assert re.search(r"\d", tag), f"base tag without a version: {stage['base']}"
+
+
+# --- the source Dockerfile ----------------------------------------------------
+
+
+def test_source_dockerfile_stages_and_args():
+    args, parsed = stages((REPO / "docker" / "Dockerfile").read_text())
+    assert {"CUDA_VERSION", "VLLM_VERSION", "TARGET"} <= set(args)
+    assert args["TARGET"] == "sm120" and args["VLLM_VERSION"] in series_versions()
+    assert [s["name"] for s in parsed] == ["base", "launcher", "wheels", "runtime"]
+    base, _, _, runtime = parsed
+    assert base["base"] == f"nvidia/cuda:{args['CUDA_VERSION']}-devel-ubuntu{args['UBUNTU_VERSION']}"
+    assert runtime["base"] == f"nvidia/cuda:{args['CUDA_VERSION']}-runtime-ubuntu{args['UBUNTU_VERSION']}"
+    assert args["CUDA_VERSION"].startswith("13."), "sm_121 needs CUDA 13"
+
+
+def test_source_dockerfile_builds_through_the_launcher_with_the_series():
+    _, parsed = stages((REPO / "docker" / "Dockerfile").read_text())
+    wheels = next(s for s in parsed if s["name"] == "wheels")
+    [run] = [rest for word, rest in wheels["body"] if word == "RUN"]
+    # BuildKit caches for pip and for the launcher's cache (sdist, ccache, FetchContent).
+    assert "--mount=type=cache,target=/root/.cache/pip" in run
+    assert "--mount=type=cache,target=/root/.cache/vllm-sm12x" in run
+    # One code path with native builds: `launcher build wheels` fetches the
+    # sdist, applies the series (patch engine) and only then compiles.
+    assert re.search(r"launcher build wheels --target \"\$\{build_target\}\" --vllm-version \"\$\{VLLM_VERSION\}\"", run)
+    targets = yaml.safe_load((REPO / "build" / "targets.yaml").read_text())["targets"]
+    arms = {sm: (t, m) for sm, t, m in re.findall(r"(sm12\d)\) build_target=([\w-]+); machine=(\w+)", run)}
+    assert set(arms) == {"sm120", "sm121"}  # the amd64 image and the arm64 (DGX Spark) variant
+    for sm, (build_target, machine) in arms.items():
+        assert build_target in targets, f"{sm} builds {build_target}, which build/targets.yaml lacks"
+        assert targets[build_target]["machine"] == machine
+        assert targets[build_target]["compute_capability"] == f"{sm[2:4]}.{sm[4:]}"
+
+
+def test_source_runtime_stage():
+    _, parsed = stages((REPO / "docker" / "Dockerfile").read_text())
+    runtime = parsed[-1]
+    words = [w for w, _ in runtime["body"]]
+    body = dict(reversed(runtime["body"]))  # first occurrence of each instruction
+    assert "COPY" in words and any("--from=wheels /wheels/" in r for w, r in runtime["body"] if w == "COPY")
+    user = [r for w, r in runtime["body"] if w == "USER"][-1]
+    assert user.split(":")[0] not in ("0", "root"), "the server must not run as root"
+    assert "/health" in body["HEALTHCHECK"]
+    assert json.loads(body["ENTRYPOINT"]) == ["/usr/local/bin/vllm-sm12x-entrypoint"]
+    install = next(r for w, r in runtime["body"] if w == "RUN" and "verify_series.py" in r)
+    assert "launcher patch status" in install
+    found = labels(runtime)
+    for key in ("org.vllm-sm12x.vllm-version", "org.vllm-sm12x.series-hash", "org.vllm-sm12x.arch",
+                "org.vllm-sm12x.target", "org.opencontainers.image.version"):
+        assert key in found, f"label {key} missing"
+
+
+def test_classic_builder_reads_the_stripped_source_dockerfile():
+    """Without BuildKit the cache mounts are stripped (docker/build-image.sh); the
+    classic builder must then accept every instruction and stop only where this
+    machine must: pulling the pinned CUDA base from a registry it cannot reach."""
+    import docker
+
+    client = docker_env.client()
+    stripped = subprocess.run(
+        ["bash", str(REPO / "docker" / "build-image.sh"), "classic-dockerfile"], capture_output=True, text=True, check=True
+    ).stdout
+    assert not any("--mount" in rest for _, rest in instructions(stripped))
+    original = instructions((REPO / "docker" / "Dockerfile").read_text())
+    assert [w for w, _ in instructions(stripped)] == [w for w, _ in original]
+    context = docker_env.repo_context({"docker/Dockerfile.classic": stripped.encode()})
+    started = time.monotonic()
+    with pytest.raises((docker.errors.BuildError, docker.errors.APIError)) as err:
+        client.images.build(fileobj=context, custom_context=True, dockerfile="docker/Dockerfile.classic",
+                            buildargs={"TARGET": "sm121", "ARCH": "arm64"}, rm=True, forcerm=True)
+    log = "".join(c.get("stream", "") + c.get("error", "") for c in getattr(err.value, "build_log", []))
+    text = log + str(err.value)
+    # "Step 1/N": the classic builder parsed all N instructions before running any.
+    assert f"Step 1/{len(original)} : ARG CUDA_VERSION=" in text, text
+    steps = re.findall(r"Step (\d+)/\d+ : (.*)", text)
+    # It ran the global ARGs and stopped at the first FROM: the pull, nothing else.
+    assert steps[-1][1].startswith("FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION}"), text
+    assert "requires BuildKit" not in text and "unknown instruction" not in text.lower()
+    print(f"classic builder stopped at the CUDA base pull after {time.monotonic() - started:.1f} s")
+
+
+def series_versions() -> list[str]:
+    return sorted(p.name for p in (REPO / "patches" / "vllm").iterdir() if (p / "series").is_file())
+
+
+# --- the overlay, built for real ----------------------------------------------
+
+VERSION = "0.21.0"
+SITE = "/usr/local/lib/python3.11/dist-packages"
+
+
+@pytest.fixture(scope="module")
+def client():
+    return docker_env.client()
+
+
+@pytest.fixture(scope="module")
+def vllm_base(client):
+    started = time.monotonic()
+    tag = docker_env.vllm_base_image(client, VERSION)
+    print(f"vLLM {VERSION} base {tag}: {time.monotonic() - started:.1f} s")
+    return tag
+
+
+@pytest.fixture(scope="module")
+def overlay(client, vllm_base):
+    series = series_for(VERSION)
+    tag = f"vllm-sm12x-test/overlay:{VERSION}-{series.hash[:12]}"
+    started = time.monotonic()
+    image_id, log = docker_env.build_overlay(client, vllm_base, VERSION, tag, series_hash=series.hash)
+    print(f"overlay build: {time.monotonic() - started:.1f} s")
+    assert image_id, f"overlay build failed:\n{log[-5000:]}"
+    yield tag, log
+    client.images.remove(tag, force=True)
+
+
+def run_in(client, image: str, command: list[str]) -> str:
+    out = client.containers.run(image, command, remove=True, stdout=True, stderr=True)
+    return out.decode()
+
+
+def test_overlay_applies_the_whole_series(client, overlay):
+    tag, log = overlay
+    series = series_for(VERSION)
+    status = json.loads(run_in(client, tag, ["patch", "status", "--json"]))
+    assert status["version"] == VERSION
+    assert status["tree"] == SITE
+    assert status["series_hash"] == series.hash
+    assert [p["id"] for p in status["patches"]] == [p.id for p in series.patches]
+    assert {p["state"] for p in status["patches"]} == {"applied"}
+    assert status["stamp"] is not None
+    assert f"verify-series: vLLM {VERSION} at {SITE}: {len(series.patches)} patch(es) applied" in log
+
+
+def test_overlay_labels_and_entrypoint(client, overlay):
+    tag, _ = overlay
+    image = client.images.get(tag)
+    found = image.labels
+    assert found["org.vllm-sm12x.vllm-version"] == VERSION
+    assert found["org.vllm-sm12x.series-hash"] == series_for(VERSION).hash
+    assert found["org.vllm-sm12x.target"] == "sm120"
+    assert image.attrs["Config"]["Entrypoint"] == ["/usr/local/bin/vllm-sm12x-entrypoint"]
+    assert "/health" in " ".join(image.attrs["Config"]["Healthcheck"]["Test"])
+    # `docker run IMAGE` and `docker run IMAGE serve --help` reach the launcher.
+    assert "Usage: launcher" in run_in(client, tag, [])
+    assert "--recipe" in run_in(client, tag, ["serve", "--help"])
+    # The launcher's data (recipes, patches) travelled with the non-editable install.
+    assert "gemma4-moe-dflash" in run_in(client, tag, ["recipes", "list"])
+
+
+def test_patched_files_differ_from_the_release(client, overlay, vllm_base):
+    tag, _ = overlay
+    rel = series_for(VERSION).patches[0].files[0].path
+    before = run_in(client, vllm_base, ["cat", f"{SITE}/{rel}"])
+    after = run_in(client, tag, ["python3", "-c", f"print(open('{SITE}/{rel}').read(), end='')"])
+    assert before != after
+    pristine = (pristine_tree(VERSION) / rel).read_text()
+    assert before == pristine
+
+
+def pristine_tree(version: str) -> Path:
+    from launcher.pypi import unpacked
+
+    return unpacked("vllm", version, "site-packages")
+
+
+def test_overlay_build_fails_when_the_series_does_not_apply(client):
+    """A base whose vLLM has a file the series touches emptied: apply must refuse
+    and the build must fail, naming the file."""
+    rel = series_for(VERSION).patches[0].files[0].path
+    broken = docker_env.vllm_base_image(client, VERSION, extra_run=f": > {SITE}/{rel}")
+    image_id, log = docker_env.build_overlay(client, broken, VERSION, "vllm-sm12x-test/overlay:broken")
+    assert image_id is None, "the overlay built on a vLLM the series cannot patch"
+    assert rel in log
+    assert "verify-series" not in log  # it stopped at `launcher patch apply`
