@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,quantize]' 'torch==2.13.0'
 	touch $(STAMP)
 
 venv: $(STAMP)
