@@ -71,7 +71,8 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
 
 
 def patches(plan: Plan, rec, ctx: Context) -> None:
-    if not rec.patches:
+    required = rec.patches_for(plan.vllm_version)
+    if not required:
         return
     try:
         from launcher.patching import series as series_mod
@@ -81,7 +82,7 @@ def patches(plan: Plan, rec, ctx: Context) -> None:
         plan.reasons.append(Reason("patches", f"no patch series for vLLM {plan.vllm_version}: {exc}"))
         return
     states = _installed_states(plan, ctx)
-    for pid in rec.patches:
+    for pid in required:
         if pid not in known:
             plan.patches.append(PatchState(pid, False, f"missing from the {ser.version} series"))
             plan.reasons.append(Reason("patches", f"patch {pid} is not in the vLLM {ser.version} series"))

@@ -109,7 +109,9 @@ class Recipe(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     serve: ServeArgs = Field(default_factory=ServeArgs)
     vllm_versions: list[str] = Field(min_length=1)
-    patches: list[str] = Field(default_factory=list)
+    # Patch ids this recipe needs, per vLLM version: a later release may carry
+    # a fix upstream, so the same recipe needs fewer patches there.
+    patches: dict[str, list[str]] = Field(default_factory=dict)
     min_gpu_memory_gib: Annotated[float, Field(gt=0)]
     default_profile: str = "rtx5090"
     profiles: dict[str, Override] = Field(min_length=1)
@@ -145,6 +147,22 @@ class Recipe(_Strict):
         if self.default_profile not in self.profiles:
             raise ValueError(f"default_profile {self.default_profile!r} is not among profiles {sorted(self.profiles)}")
         return self
+
+    @model_validator(mode="after")
+    def _patches_per_supported_version(self) -> "Recipe":
+        extra = sorted(set(self.patches) - set(self.vllm_versions))
+        if extra:
+            raise ValueError(f"patches lists versions {extra} that are not in vllm_versions {self.vllm_versions}")
+        return self
+
+    def patches_for(self, version: str) -> list[str]:
+        from launcher.vllm_compat import parse_version
+
+        wanted = parse_version(version)
+        for key, ids in self.patches.items():
+            if parse_version(key) == wanted:
+                return ids
+        return []
 
 
 def schema_json() -> str:
