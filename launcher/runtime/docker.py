@@ -353,10 +353,12 @@ def run(
     _require_mount_sources(spec)
     _clear_stale(client, spec["name"])
     secrets = [v for v in (plan.api_key, *(plan.env.get(k) for k in spec["secret_env"])) if v]
-    container = create(client, spec, environment(plan, spec))
-    logs = _LogPump(container, out, secrets)
+    container = None
+    logs = None
     restore = _sigterm_as_interrupt()
     try:
+        container = create(client, spec, environment(plan, spec))
+        logs = _LogPump(container, out, secrets)
         _start(container, spec)
         logs.start()
         started = time.monotonic()
@@ -373,12 +375,18 @@ def run(
         return code
     except KeyboardInterrupt:
         print(f"\nstopping container {spec['name']} ...", file=err, flush=True)
-        _stop(container)
+        if container is not None:
+            _stop(container)
         return 130
     finally:
         restore()
-        _remove(container)
-        logs.join(2)
+        if container is not None:
+            _remove(container)
+        else:
+            # Interrupted inside create(): the daemon may have made it anyway.
+            _remove_created(client, spec["name"])
+        if logs is not None:
+            logs.join(2)
 
 
 def environment(plan: Plan, spec: dict[str, Any]) -> dict[str, str]:
@@ -558,6 +566,17 @@ def _remove(container) -> None:
     except docker.errors.APIError as exc:
         if "already in progress" not in _short(exc):
             raise
+
+
+def _remove_created(client, name: str) -> None:
+    import docker
+
+    try:
+        leftover = client.containers.get(name)
+    except docker.errors.DockerException:
+        return
+    if leftover.labels.get(f"{LABEL}.managed-by") == "launcher" and leftover.status == "created":
+        _remove(leftover)
 
 
 def _sigterm_as_interrupt():
