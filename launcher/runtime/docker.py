@@ -298,15 +298,19 @@ def _flag_groups(argv: list[str]) -> list[str]:
 
 
 def image_hint(plan: Plan) -> str:
-    """How to get the image a Plan names: build (overlay: minutes; source: hours) or pull."""
+    """How to get the image a Plan names: build it (source: hours; overlay on the
+    upstream release image: minutes, tagged ``-overlay``) or pull it."""
     from launcher.profiles import PROFILES
 
     profile = PROFILES.get(plan.profile)
     target = profile.sm.replace("_", "") if profile else "sm120"
+    arch = profile.platform.split("/")[1] if profile else "amd64"
+    make_args = f"VLLM_VERSION={plan.vllm_version} TARGET={target}"
+    overlay = f"vllm-sm12x:{plan.vllm_version}-{target}-{arch}-overlay"
     return (
-        f"build it: make image-overlay VLLM_VERSION={plan.vllm_version} TARGET={target} (minutes, on the "
-        f"upstream vLLM image) or make image VLLM_VERSION={plan.vllm_version} TARGET={target} (from source, "
-        f"hours); or pull a published one: docker pull {plan.image}; or pass --image"
+        f"build it from source: make image {make_args} (hours); or patch the upstream vLLM image: "
+        f"make image-overlay {make_args} (minutes), then pass --image {overlay}; "
+        f"or pull it if it is published: docker pull {plan.image}"
     )
 
 

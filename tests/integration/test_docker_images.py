@@ -160,6 +160,7 @@ def test_source_runtime_stage():
         assert key in found, f"label {key} missing"
 
 
+@pytest.mark.docker
 def test_classic_builder_reads_the_stripped_source_dockerfile():
     """Without BuildKit the cache mounts are stripped (docker/build-image.sh); the
     classic builder must then accept every instruction and stop only where this
@@ -239,6 +240,7 @@ def run_in(client, image: str, command: list[str]) -> str:
     return out.decode()
 
 
+@pytest.mark.docker
 def test_overlay_applies_the_whole_series(client, overlay):
     tag, log = overlay
     series = series_for(VERSION)
@@ -255,6 +257,7 @@ def test_overlay_applies_the_whole_series(client, overlay):
         or "Using cache" in log
 
 
+@pytest.mark.docker
 def test_overlay_labels_and_entrypoint(client, overlay):
     tag, _ = overlay
     image = client.images.get(tag)
@@ -271,6 +274,7 @@ def test_overlay_labels_and_entrypoint(client, overlay):
     assert "gemma4-moe-dflash" in run_in(client, tag, ["recipes", "list"])
 
 
+@pytest.mark.docker
 def test_patched_files_differ_from_the_release(client, overlay, vllm_base):
     tag, _ = overlay
     rel = series_for(VERSION).patches[0].files[0].path
@@ -287,6 +291,7 @@ def pristine_tree(version: str) -> Path:
     return unpacked("vllm", version, "site-packages")
 
 
+@pytest.mark.docker
 def test_overlay_build_fails_when_the_series_does_not_apply(client):
     """A base whose vLLM has a file the series touches emptied: apply must refuse
     and the build must fail, naming the file."""

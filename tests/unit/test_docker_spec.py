@@ -155,6 +155,8 @@ def test_image_hint_names_build_targets(models):
     hint = rt.image_hint(plan)
     assert "make image-overlay VLLM_VERSION=0.33.0 TARGET=sm121" in hint
     assert "make image VLLM_VERSION=0.33.0 TARGET=sm121" in hint
+    # the tag docker/build-image.sh gives the overlay
+    assert "--image vllm-sm12x:0.33.0-sm121-arm64-overlay" in hint
 
 
 def test_cli_dry_run_prints_the_spec_without_a_daemon(models, tmp_path):
