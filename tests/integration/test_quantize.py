@@ -76,25 +76,38 @@ def launcher(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(LAUNCHER), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def run_with_failing_export(args: list[str], exception: str) -> subprocess.CompletedProcess:
-    """Run the CLI in a subprocess whose export writes one file, then raises ``exception``."""
+def run_with_export_replaced(args: list[str], body: str) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess whose modelopt export runs ``body`` (``real_export`` is the original)."""
     script = textwrap.dedent(
-        f"""
+        """
+        import json
         import sys
         from pathlib import Path
         import modelopt.torch.export as mte
 
-        def failing_export(model, export_dir, **kwargs):
-            Path(export_dir, "model-00001-of-00002.safetensors").write_bytes(b"partial")
-            raise {exception}
+        real_export = mte.export_hf_checkpoint
 
-        mte.export_hf_checkpoint = failing_export
+        def replaced_export(model, export_dir, **kwargs):
+        {body}
+
+        mte.export_hf_checkpoint = replaced_export
         from launcher.cli import main
         sys.argv = ["launcher"] + {args!r}
         main()
         """
-    )
+    ).format(body=textwrap.indent(textwrap.dedent(body), "    "), args=args)
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+
+
+def run_with_failing_export(args: list[str], exception: str) -> subprocess.CompletedProcess:
+    """The export writes one shard, then raises ``exception``: a crash or Ctrl-C mid-export."""
+    return run_with_export_replaced(
+        args,
+        f"""
+        Path(export_dir, "model-00001-of-00002.safetensors").write_bytes(b"partial")
+        raise {exception}
+        """,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +306,27 @@ def test_interrupted_export_keeps_the_old_out(tiny_no_tokenizer, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["nvfp4"]
     assert [p.name for p in out.iterdir()] == ["config.json"]
     assert json.loads((out / "config.json").read_text()) == {"old": True}
+
+
+def test_global_head_dim_written_back_when_the_save_drops_it(tiny_no_tokenizer, tmp_path):
+    # What transformers >= 5.15 does on save: global_head_dim replaced by per_layer_config.
+    out = tmp_path / "nvfp4"
+    result = run_with_export_replaced(
+        ["quantize", "--model", str(tiny_no_tokenizer), "--out", str(out), "--device", "cpu",
+         "--calib-samples", "1", "--calib-seq-len", "16"],
+        """
+        real_export(model, export_dir=export_dir, **kwargs)
+        path = Path(export_dir, "config.json")
+        config = json.loads(path.read_text())
+        config["text_config"].pop("global_head_dim")
+        config["text_config"]["per_layer_config"] = {"3": {"head_dim": 512}}
+        path.write_text(json.dumps(config))
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "wrote text_config.global_head_dim = 512 back" in result.stdout
+    text = json.loads((out / "config.json").read_text())["text_config"]
+    assert text["global_head_dim"] == 512
 
 
 def test_force_replaces_out(tiny_no_tokenizer, tmp_path):

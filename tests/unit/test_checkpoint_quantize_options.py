@@ -155,3 +155,46 @@ def test_exclusions_added_to_dict_layout():
     built, added = build_quant_config({"quant_cfg": {"*weight_quantizer": {"num_bits": 4}, "*router*": {"enable": False}}})
     assert "*router*" not in added
     assert set(KEEP_UNQUANTIZED) <= disabled_patterns(built["quant_cfg"])
+
+
+def _gemma4_dir(root: Path, text: dict, tensors: dict | None = None) -> Path:
+    from tests.unit.test_checkpoint import write_safetensors
+
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text}))
+    if tensors:
+        write_safetensors(root / "model.safetensors", tensors)
+    return root
+
+
+TEXT = {"head_dim": 256, "num_attention_heads": 2, "layer_types": ["sliding_attention", "full_attention"]}
+
+
+def test_global_head_dim_written_back_from_the_source_config(tmp_path):
+    from launcher.quantize.pipeline import restore_global_head_dim
+
+    src = _gemma4_dir(tmp_path / "src", {**TEXT, "global_head_dim": 384})
+    out = _gemma4_dir(tmp_path / "out", {**TEXT, "per_layer_config": {"1": {"head_dim": 384}}})
+    assert restore_global_head_dim(src, out) == 384
+    written = json.loads((out / "config.json").read_text())["text_config"]
+    assert written["global_head_dim"] == 384 and written["per_layer_config"] == {"1": {"head_dim": 384}}
+
+
+def test_global_head_dim_derived_from_source_weights(tmp_path):
+    from launcher.quantize.pipeline import restore_global_head_dim
+
+    tensors = {"model.language_model.layers.1.self_attn.q_proj.weight": ("BF16", [2 * 320, 64])}
+    src = _gemma4_dir(tmp_path / "src", dict(TEXT), tensors)
+    out = _gemma4_dir(tmp_path / "out", dict(TEXT))
+    assert restore_global_head_dim(src, out) == 320
+    assert json.loads((out / "config.json").read_text())["text_config"]["global_head_dim"] == 320
+
+
+def test_global_head_dim_left_alone_when_present(tmp_path):
+    from launcher.quantize.pipeline import restore_global_head_dim
+
+    src = _gemma4_dir(tmp_path / "src", {**TEXT, "global_head_dim": 512})
+    out = _gemma4_dir(tmp_path / "out", {**TEXT, "global_head_dim": 512})
+    before = (out / "config.json").read_bytes()
+    assert restore_global_head_dim(src, out) is None
+    assert (out / "config.json").read_bytes() == before
