@@ -235,9 +235,16 @@ def remove_image(client, tag: str) -> None:
         pass
 
 
-def run_in(client, image: str, command: list[str]) -> str:
-    out = client.containers.run(image, command, remove=True, stdout=True, stderr=True)
-    return out.decode()
+def run_in(client, image: str, command: list[str], *, expect_code: int = 0) -> str:
+    container = client.containers.create(image, command)
+    try:
+        container.start()
+        code = container.wait(timeout=120)["StatusCode"]
+        out = container.logs(stdout=True, stderr=True).decode()
+    finally:
+        container.remove(force=True)
+    assert code == expect_code, f"{command} exited {code}:\n{out}"
+    return out
 
 
 @pytest.mark.docker
@@ -272,6 +279,22 @@ def test_overlay_labels_and_entrypoint(client, overlay):
     assert "--recipe" in run_in(client, tag, ["serve", "--help"])
     # The launcher's data (recipes, patches) travelled with the non-editable install.
     assert "gemma4-moe-dflash" in run_in(client, tag, ["recipes", "list"])
+
+
+@pytest.mark.docker
+@pytest.mark.docker
+def test_serve_dry_run_inside_the_image(client, overlay):
+    """`docker run IMAGE serve --recipe ...` as the README shows it: the launcher
+    inside finds the models at /models, listens on every interface of the
+    container, and sees the series applied to the image's vLLM. No GPU here,
+    so the preflight blocks (exit 1), which is what a dry run reports."""
+    tag, _ = overlay
+    out = run_in(client, tag, ["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], expect_code=1)
+    assert f"vLLM          {VERSION}  [installed]" in out
+    assert "vllm serve /models/gemma-4-26B-A4B-it-NVFP4" in out
+    assert "--host 0.0.0.0" in out
+    needed = [line for line in out.splitlines() if line.startswith("  ") and ": applied" in line]
+    assert needed and "NOT applied" not in out, out
 
 
 @pytest.mark.docker
