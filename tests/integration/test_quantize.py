@@ -215,6 +215,41 @@ def test_packed_weights_and_scales(quantized, tiny):
         assert tensors[f"{p}experts.0.gate_proj.weight"].shape == (MOE_INTERMEDIATE, HIDDEN // 2)
 
 
+@pytest.mark.network
+def test_every_exported_tensor_maps_onto_a_vllm_021_parameter(quantized, tiny):
+    from launcher import pypi
+    from tests.integration.vllm_gemma4_names import Gemma4Loader
+
+    loader = Gemma4Loader.read(pypi.unpacked("vllm", "0.21.0", "site-packages") / "vllm")
+    # the replayed loader can say no: a quantized router, an unknown module, a bad scale name
+    assert not loader.resolve("layers.0.router.proj.weight_scale")
+    assert not loader.resolve("layers.0.self_attn.nonexistent.weight")
+    assert not loader.resolve("layers.0.moe.experts.w13_weight_scale_3")
+    out, _ = quantized
+    source = set(read_tensor_index(tiny))
+    unmapped, experts = [], set()
+    for name in sorted(read_tensor_index(out)):
+        model_name = loader.to_model_name(name)
+        if model_name is not None:
+            param = loader.to_parameter(model_name)
+            if not loader.resolve(param):
+                unmapped.append((name, param))
+            if ".moe.experts." in param:
+                experts.add(param)
+            continue
+        vllm_name = loader.map_mm(name)
+        if vllm_name.startswith("embed_vision."):
+            ok = loader.resolve(vllm_name[len("embed_vision."):], "Gemma4MultimodalEmbedder")
+        else:
+            # the vision tower is transformers' own module inside vLLM: same names as the source
+            ok = vllm_name.startswith("vision_tower.") and name in source
+        if not ok:
+            unmapped.append((name, vllm_name))
+    assert unmapped == []
+    fused = {f"w{n}_{p}" for n in (13, 2) for p in ("weight", "weight_scale", "weight_scale_2", "input_scale")}
+    assert experts == {f"layers.{layer}.moe.experts.{p}" for layer in range(NUM_LAYERS) for p in fused}
+
+
 def test_excluded_modules_stay_bf16(quantized, tiny):
     out, _ = quantized
     tensors = read_tensor_index(out)
