@@ -172,3 +172,11 @@ def test_plan_works_on_a_host_without_cuda(monkeypatch, tmp_path):
     assert p.nvcc == "not found" and "CUDA_HOME" not in p.env
     assert any("nvcc not found" in w for w in p.warnings)
     assert p.env["TORCH_CUDA_ARCH_LIST"] == "12.1a"
+
+
+def test_cli_targets_lists_all_four():
+    res = runner.invoke(app, ["build", "targets"])
+    assert res.exit_code == 0, res.output
+    for name in EXPECTED:
+        assert name in res.output
+    assert "default vLLM version: 0.21.0" in res.output
