@@ -263,7 +263,7 @@ def series_info(version: str) -> SeriesInfo:
         return SeriesInfo(None, None, (), (), "patch engine not importable")
     try:
         s = series_for(version)
-    except Exception as exc:  # LauncherError: no series for this version
+    except LauncherError as exc:  # no series for this version, or a malformed patch file
         return SeriesInfo(None, None, (), (), f"no series for vLLM {version}: {exc}")
     return SeriesInfo(s.version, s.hash, tuple(p.id for p in s.patches), tuple(p.id for p in s.build_patches))
 

@@ -10,7 +10,6 @@ range nvcc accepts) so the reason printed is the first thing to fix.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -289,8 +288,3 @@ def _probe_hint(probe: ProbeResult) -> str | None:
         return "install a host compiler this CUDA supports and set CUDAHOSTCXX"
     return None
 
-
-def environ_summary() -> dict[str, str]:
-    """The toolchain-relevant environment, for the manifest."""
-    keys = ("CUDA_HOME", "CUDA_PATH", "CUDACXX", "CUDAHOSTCXX")
-    return {k: os.environ[k] for k in keys if k in os.environ}

@@ -29,7 +29,7 @@ from typing import Callable
 
 from launcher import pypi
 from launcher.builder import cmake_archs, toolchain
-from launcher.builder.plan import BuildPlan, Step
+from launcher.builder.plan import BuildPlan
 from launcher.builder.preflight import PreflightResult
 from launcher.errors import LauncherError
 
