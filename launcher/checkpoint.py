@@ -38,7 +38,7 @@ _TRANSFORMERS_DEFAULT_GLOBAL_HEAD_DIM = 512
 # Modules vLLM builds without a quantization method (Gemma 4's router is a
 # plain GateLinear; the vision/audio towers are Hugging Face modules): a
 # quantized tensor under one of them cannot load.
-UNQUANTIZABLE_MARKERS = ("router", "vision_tower", "embed_vision", "audio_tower", "embed_audio")
+UNQUANTIZABLE_MARKERS = ("lm_head", "router", "vision_tower", "embed_vision", "audio_tower", "embed_audio")
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,12 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return nested if isinstance(nested, dict) else config
 
 
-def _detect_format(directory: Path, config: dict[str, Any], info: CheckpointInfo) -> list[Reason]:
+def _detect_format(
+    directory: Path, config: dict[str, Any], info: CheckpointInfo, tensors: dict[str, TensorMeta] | None
+) -> list[Reason]:
+    """ModelOpt (hf_quant_config.json, else quantization_config.quant_method
+    "modelopt"), compressed-tensors, or unquantized bf16 (config dtype, else
+    the weights' dominant dtype)."""
     reasons: list[Reason] = []
     qconf = config.get("quantization_config")
     hf_quant = directory / HF_QUANT_CONFIG
@@ -185,10 +190,15 @@ def _detect_format(directory: Path, config: dict[str, Any], info: CheckpointInfo
             info.quant_algo = str(method)
         return reasons
     dtype = config.get("dtype") or config.get("torch_dtype") or text_config(config).get("dtype")
-    info.format = "bf16" if dtype in ("bfloat16", None) else "unknown"
-    if dtype not in ("bfloat16", None):
-        info.quant_algo = None
-        reasons.append(Reason("checkpoint", f"{directory / CONFIG}: unquantized with dtype {dtype!r}", blocking=False))
+    if dtype is None and tensors:
+        counts: dict[str, int] = {}
+        for meta in tensors.values():
+            counts[meta.dtype] = counts.get(meta.dtype, 0) + 1
+        dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(max(counts, key=counts.__getitem__))
+    info.format = "bf16" if dtype == "bfloat16" else "unknown"
+    if dtype != "bfloat16":
+        what = f"dtype {dtype!r}" if dtype else "no dtype in config.json and no weights to tell"
+        reasons.append(Reason("checkpoint", f"{directory / CONFIG}: unquantized, {what}", blocking=False))
     return reasons
 
 
@@ -204,7 +214,7 @@ def _find_tensor(tensors: dict[str, TensorMeta], suffix: str) -> tuple[str, Tens
     return None
 
 
-def _weights_head_dim(tensors: dict[str, TensorMeta], layer: int, num_heads: int | None) -> tuple[int, str] | None:
+def weights_head_dim(tensors: dict[str, TensorMeta], layer: int, num_heads: int | None) -> tuple[int, str] | None:
     """Head dim of one layer from its q_proj rows (unchanged by NVFP4 packing)."""
     if not num_heads:
         return None
@@ -256,7 +266,7 @@ def _gemma4_reasons(
         return reasons
     layer = full_layers[0]
     used, source = _vllm_global_head_dim(tc, layer, vllm_version)
-    weights = _weights_head_dim(tensors or {}, layer, _int(tc.get("num_attention_heads")))
+    weights = weights_head_dim(tensors or {}, layer, _int(tc.get("num_attention_heads")))
     missing = info.global_head_dim is None
     hint = (
         f'add "global_head_dim": {weights[0] if weights else "<full-attention head dim>"} to text_config in {cfg} '
@@ -295,7 +305,7 @@ def _gemma4_reasons(
             )
     if info.head_dim is not None and info.layer_types:
         sliding = next((i for i, t in enumerate(info.layer_types) if t != "full_attention"), None)
-        got = _weights_head_dim(tensors or {}, sliding, _int(tc.get("num_attention_heads"))) if sliding is not None else None
+        got = weights_head_dim(tensors or {}, sliding, _int(tc.get("num_attention_heads"))) if sliding is not None else None
         if got is not None and got[0] != info.head_dim:
             reasons.append(
                 Reason(
@@ -347,7 +357,16 @@ def inspect_target(
     except _Unreadable as exc:
         return info, [exc.reason]
 
-    reasons = _detect_format(path, config, info)
+    reasons: list[Reason] = []
+    tensors: dict[str, TensorMeta] | None
+    try:
+        tensors = read_tensor_index(path)
+    except (OSError, ValueError, KeyError) as exc:
+        tensors = None
+        reasons.append(Reason("checkpoint", f"weights not readable: {exc}", True))
+    if tensors is not None and not tensors:
+        reasons.append(Reason("checkpoint", f"{path}: no *.safetensors weights", True))
+    reasons += _detect_format(path, config, info, tensors)
     archs = config.get("architectures")
     info.architecture = archs[0] if isinstance(archs, list) and archs else None
     info.model_type = config.get("model_type")
@@ -365,15 +384,6 @@ def inspect_target(
         if value is None:
             where = "text_config." if "text_config" in config else ""
             reasons.append(Reason("checkpoint", f"{path / CONFIG}: {where}{name} is missing", True))
-
-    tensors: dict[str, TensorMeta] | None
-    try:
-        tensors = read_tensor_index(path)
-    except (OSError, ValueError, KeyError) as exc:
-        tensors = None
-        reasons.append(Reason("checkpoint", f"weights not readable: {exc}", True))
-    if tensors is not None and not tensors:
-        reasons.append(Reason("checkpoint", f"{path}: no *.safetensors weights", True))
 
     if expected_format is not None and info.format != expected_format:
         reasons.append(_format_mismatch(path, config, info, expected_format))
@@ -402,14 +412,66 @@ def _format_mismatch(path: Path, config: dict[str, Any], info: CheckpointInfo, e
 # --------------------------------------------------------------------------- drafter
 
 
-def _layer_ids(config: dict[str, Any], dflash: dict[str, Any]) -> tuple[list[Any] | None, str]:
-    # gpu_model_runner prefers eagle_aux_hidden_state_layer_ids; the drafter
-    # sizes fc from dflash_config.target_layer_ids.
-    if isinstance(dflash.get("target_layer_ids"), list):
-        return dflash["target_layer_ids"], "dflash_config.target_layer_ids"
-    if isinstance(config.get("eagle_aux_hidden_state_layer_ids"), list):
-        return config["eagle_aux_hidden_state_layer_ids"], "eagle_aux_hidden_state_layer_ids"
-    return None, "dflash_config.target_layer_ids"
+_MISSING = object()
+
+
+@dataclass
+class _DrafterFields:
+    """The fields vLLM reads from a DFlash drafter config, with the names they have in the file.
+
+    Two layouts reach vLLM 0.21.0's DFlashDraftModel: the native one
+    (``dflash_config.{mask_token_id,target_layer_ids}``) and the speculators
+    one (``speculators_model_type: dflash``, top-level ``mask_token_id`` and
+    ``aux_hidden_state_layer_ids``, layers under ``transformer_layer_config``),
+    which vLLM converts on load (``speculators/algos.py`` ``update_dflash``).
+    """
+
+    architectures: Any
+    mask: Any
+    mask_field: str
+    layer_ids: Any
+    layer_ids_field: str
+    hidden: Any
+    hidden_field: str
+    vocab_size: Any
+    missing_block: str | None = None  # a whole section that is absent
+
+
+def _drafter_fields(config: dict[str, Any]) -> _DrafterFields:
+    if config.get("speculators_model_type") == "dflash":
+        layer = config.get("transformer_layer_config") if isinstance(config.get("transformer_layer_config"), dict) else {}
+        hidden_field = "target_hidden_size" if "target_hidden_size" in config else "transformer_layer_config.hidden_size"
+        return _DrafterFields(
+            architectures=[DFLASH_ARCHITECTURE],  # set by vLLM's converter
+            mask=config.get("mask_token_id", _MISSING),
+            mask_field="mask_token_id",
+            layer_ids=config.get("aux_hidden_state_layer_ids", _MISSING),
+            layer_ids_field="aux_hidden_state_layer_ids",
+            hidden=config.get("target_hidden_size", layer.get("hidden_size", _MISSING)),
+            hidden_field=hidden_field,
+            vocab_size=layer.get("vocab_size"),
+        )
+    dflash = config.get("dflash_config")
+    missing_block = None if isinstance(dflash, dict) else "dflash_config"
+    dflash = dflash if isinstance(dflash, dict) else {}
+    # The drafter sizes fc from dflash_config.target_layer_ids (falling back
+    # to eagle_aux_hidden_state_layer_ids, which gpu_model_runner also reads).
+    if "target_layer_ids" in dflash or "eagle_aux_hidden_state_layer_ids" not in config:
+        ids, ids_field = dflash.get("target_layer_ids", _MISSING), "dflash_config.target_layer_ids"
+    else:
+        ids, ids_field = config["eagle_aux_hidden_state_layer_ids"], "eagle_aux_hidden_state_layer_ids"
+    hidden_field = "target_hidden_size" if "target_hidden_size" in config else "hidden_size"
+    return _DrafterFields(
+        architectures=config.get("architectures") or [],
+        mask=dflash.get("mask_token_id", _MISSING),
+        mask_field="dflash_config.mask_token_id",
+        layer_ids=ids,
+        layer_ids_field=ids_field,
+        hidden=config.get(hidden_field, _MISSING),
+        hidden_field=hidden_field,
+        vocab_size=config.get("vocab_size"),
+        missing_block=missing_block,
+    )
 
 
 def inspect_drafter(path: Path, *, target: CheckpointInfo | None) -> list[Reason]:
@@ -424,51 +486,56 @@ def inspect_drafter(path: Path, *, target: CheckpointInfo | None) -> list[Reason
     except _Unreadable as exc:
         return [exc.reason]
 
+    f = _drafter_fields(config)
     reasons: list[Reason] = []
-    archs = config.get("architectures") or []
-    if DFLASH_ARCHITECTURE not in archs:
-        reasons.append(
-            Reason("drafter", f"{cfg}: architectures is {archs!r}, expected [{DFLASH_ARCHITECTURE!r}]", True)
-        )
-    dflash = config.get("dflash_config")
-    if not isinstance(dflash, dict):
-        reasons.append(Reason("drafter", f"{cfg}: dflash_config is missing", True))
-        dflash = {}
-
-    target_vocab = target.vocab_size if target else None
-    mask = dflash.get("mask_token_id")
-    if "mask_token_id" not in dflash:
-        reasons.append(Reason("drafter", f"{cfg}: dflash_config.mask_token_id is missing (vLLM needs it for parallel drafting)", True))
-    elif _int(mask) is None or mask < 0:
-        reasons.append(Reason("drafter", f"{cfg}: dflash_config.mask_token_id is {mask!r}, not a token id", True))
-    else:
-        for vocab, whose in ((target_vocab, "target's"), (_int(config.get("vocab_size")), "drafter's")):
-            if vocab is not None and mask >= vocab:
-                reasons.append(
-                    Reason("drafter", f"{cfg}: dflash_config.mask_token_id {mask} is outside the {whose} vocabulary (size {vocab})", True)
-                )
-
-    ids, ids_field = _layer_ids(config, dflash)
-    if ids is None:
-        reasons.append(Reason("drafter", f"{cfg}: {ids_field} is missing", True))
-        ids = []
-    for pos, layer in enumerate(ids):
-        if _int(layer) is None:
-            reasons.append(Reason("drafter", f"{cfg}: {ids_field}[{pos}] is {layer!r}, not a layer index", True))
-        elif target is not None and target.num_layers is not None and not 0 <= layer < target.num_layers:
-            reasons.append(
-                Reason(
-                    "drafter",
-                    f"{cfg}: {ids_field}[{pos}] = {layer} is outside the target's {target.num_layers} layers (0..{target.num_layers - 1})",
-                    True,
-                )
-            )
-
-    reasons += _fc_reasons(path, config, len(ids), target)
+    if not isinstance(f.architectures, list) or DFLASH_ARCHITECTURE not in f.architectures:
+        reasons.append(Reason("drafter", f"{cfg}: architectures is {f.architectures!r}, expected [{DFLASH_ARCHITECTURE!r}]", True))
+    if f.missing_block:
+        reasons.append(Reason("drafter", f"{cfg}: {f.missing_block} is missing", True))
+    reasons += _mask_reasons(cfg, f, target)
+    ids = _layer_id_reasons(cfg, f, target, reasons)
+    reasons += _fc_reasons(path, f, len(ids), target)
     return reasons
 
 
-def _fc_reasons(path: Path, config: dict[str, Any], num_features: int, target: CheckpointInfo | None) -> list[Reason]:
+def _mask_reasons(cfg: Path, f: _DrafterFields, target: CheckpointInfo | None) -> list[Reason]:
+    mask = f.mask
+    if mask is _MISSING:
+        return [Reason("drafter", f"{cfg}: {f.mask_field} is missing (vLLM needs it for parallel drafting)", True)]
+    if _int(mask) is None or mask < 0:
+        return [Reason("drafter", f"{cfg}: {f.mask_field} is {mask!r}, not a token id", True)]
+    reasons = []
+    for vocab, whose in ((target.vocab_size if target else None, "target's"), (_int(f.vocab_size), "drafter's")):
+        if vocab is not None and mask >= vocab:
+            reasons.append(
+                Reason("drafter", f"{cfg}: {f.mask_field} {mask} is outside the {whose} vocabulary (size {vocab})", True)
+            )
+    return reasons
+
+
+def _layer_id_reasons(cfg: Path, f: _DrafterFields, target: CheckpointInfo | None, reasons: list[Reason]) -> list[Any]:
+    if f.layer_ids is _MISSING:
+        reasons.append(Reason("drafter", f"{cfg}: {f.layer_ids_field} is missing", True))
+        return []
+    if not isinstance(f.layer_ids, list) or not f.layer_ids:
+        reasons.append(Reason("drafter", f"{cfg}: {f.layer_ids_field} is {f.layer_ids!r}, not a list of layer indices", True))
+        return []
+    layers = target.num_layers if target is not None else None
+    for pos, layer in enumerate(f.layer_ids):
+        if _int(layer) is None:
+            reasons.append(Reason("drafter", f"{cfg}: {f.layer_ids_field}[{pos}] is {layer!r}, not a layer index", True))
+        elif layers is not None and not 0 <= layer < layers:
+            reasons.append(
+                Reason(
+                    "drafter",
+                    f"{cfg}: {f.layer_ids_field}[{pos}] = {layer} is outside the target's {layers} layers (0..{layers - 1})",
+                    True,
+                )
+            )
+    return f.layer_ids
+
+
+def _fc_reasons(path: Path, f: _DrafterFields, num_features: int, target: CheckpointInfo | None) -> list[Reason]:
     """fc maps the concatenated target hidden states to the drafter's hidden size.
 
     vLLM 0.21.0 sizes fc's input as ``(target_hidden_size or hidden_size) *
@@ -477,15 +544,14 @@ def _fc_reasons(path: Path, config: dict[str, Any], num_features: int, target: C
     """
     cfg = path / CONFIG
     reasons: list[Reason] = []
-    field_name = "target_hidden_size" if "target_hidden_size" in config else "hidden_size"
-    per_layer = _int(config.get(field_name))
+    per_layer = _int(f.hidden) if f.hidden is not _MISSING else None
     if per_layer is None:
-        return [Reason("drafter", f"{cfg}: {field_name} is missing", True)]
+        return [Reason("drafter", f"{cfg}: {f.hidden_field} is missing", True)]
     if target is not None and target.hidden_size is not None and per_layer != target.hidden_size:
         reasons.append(
             Reason(
                 "drafter",
-                f"{cfg}: {field_name} is {per_layer} but the target's hidden_size is {target.hidden_size}",
+                f"{cfg}: {f.hidden_field} is {per_layer} but the target's hidden_size is {target.hidden_size}",
                 True,
                 "this drafter was trained for another target model",
             )
@@ -505,7 +571,7 @@ def _fc_reasons(path: Path, config: dict[str, Any], num_features: int, target: C
         reasons.append(
             Reason(
                 "drafter",
-                f"{meta.file}: {name} has {meta.shape[1]} inputs but {cfg} gives {field_name} {per_layer} x "
+                f"{meta.file}: {name} has {meta.shape[1]} inputs but {cfg} gives {f.hidden_field} {per_layer} x "
                 f"{num_features} target layers = {expected_in}",
                 True,
             )

@@ -21,7 +21,7 @@ from launcher.checkpoint import (
     read_tensor_index,
 )
 
-BYTES = {"BF16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1}
+BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1}
 
 HIDDEN = 128
 HEADS = 2
@@ -413,6 +413,51 @@ def test_drafter_fc_input_disagrees_with_layer_count(tmp_path):
 def test_drafter_without_target_checks_only_itself(tmp_path):
     root = make_drafter(tmp_path / "d", dflash_config={"mask_token_id": 1, "target_layer_ids": [50, 60, 70]})
     assert inspect_drafter(root, target=None) == []
+
+
+def make_speculators_drafter(root: Path, **overrides) -> Path:
+    # The speculators layout vLLM 0.21.0 converts on load (speculators/algos.py update_dflash).
+    config = {
+        "speculators_model_type": "dflash",
+        "mask_token_id": 4095,
+        "aux_hidden_state_layer_ids": [1, 3, 4],
+        "target_hidden_size": 256,
+        "transformer_layer_config": {"model_type": "qwen3", "hidden_size": 256, "vocab_size": 4096},
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": 8}], "verifier": {"name_or_path": "t"}},
+    }
+    config.update(overrides)
+    config = {k: v for k, v in config.items() if v is not None}
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(config))
+    write_safetensors(root / "model.safetensors", {"fc.weight": ("BF16", [256, 768])})
+    return root
+
+
+def test_speculators_layout_drafter(tmp_path):
+    assert inspect_drafter(make_speculators_drafter(tmp_path / "ok"), target=TARGET) == []
+    root = make_speculators_drafter(tmp_path / "bad", mask_token_id=None, aux_hidden_state_layer_ids=[1, 3, 9])
+    messages = [r.message for r in inspect_drafter(root, target=TARGET)]
+    assert any(m.endswith("mask_token_id is missing (vLLM needs it for parallel drafting)") for m in messages)
+    assert any("aux_hidden_state_layer_ids[2] = 9" in m for m in messages)
+
+
+def test_eagle_aux_layer_ids_fallback(tmp_path):
+    root = make_drafter(tmp_path / "d", dflash_config={"mask_token_id": 1}, eagle_aux_hidden_state_layer_ids=[0, 2, 7])
+    (reason,) = inspect_drafter(root, target=TARGET)
+    assert "eagle_aux_hidden_state_layer_ids[2] = 7" in reason.message
+
+
+def test_unquantized_dtype_read_from_weights_when_config_has_none(tmp_path):
+    config = gemma4_config()
+    config.pop("dtype")
+    info, reasons = inspect_target(make_target(tmp_path / "bf", config, gemma4_tensors()), expected_format=None,
+                                   vllm_version="0.21.0")
+    assert info.format == "bf16" and reasons == []
+    fp16 = {n: ("F16" if dt == "BF16" else dt, shape) for n, (dt, shape) in gemma4_tensors().items()}
+    info, reasons = inspect_target(make_target(tmp_path / "fp16", config, fp16), expected_format=None,
+                                   vllm_version="0.21.0")
+    assert info.format == "unknown"
+    assert any("unquantized, dtype 'float16'" in r.message and not r.blocking for r in reasons)
 
 
 # --------------------------------------------------------------------------- arguments
