@@ -2,7 +2,7 @@
 
 * docker/Dockerfile.overlay is built with the classic builder on the real
   daemon, on a local stand-in for the upstream image (no registry here): the
-  debootstrap'd Debian python base with the released vLLM 0.21.0 wheel
+  debootstrap'd Debian python base with the released vLLM wheel (0.21.0 and 0.33.0)
   installed by pip (compiled extensions left out: see docker_env.py). Inside
   the built image `launcher patch status` must show the whole series applied.
 * docker/Dockerfile (hours of CUDA compiling, for amd64 sm120 and arm64 sm121)
@@ -196,7 +196,7 @@ def series_versions() -> list[str]:
 
 # --- the overlay, built for real ----------------------------------------------
 
-VERSION = "0.21.0"
+VERSION = "0.21.0"  # the broken-tree build
 SITE = "/usr/local/lib/python3.11/dist-packages"
 
 
@@ -205,22 +205,27 @@ def client():
     return docker_env.client()
 
 
+@pytest.fixture(scope="module", params=["0.21.0", "0.33.0"])
+def version(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def vllm_base(client):
+def vllm_base(client, version):
     started = time.monotonic()
-    tag = docker_env.vllm_base_image(client, VERSION)
-    print(f"vLLM {VERSION} base {tag}: {time.monotonic() - started:.1f} s")
+    tag = docker_env.vllm_base_image(client, version)
+    print(f"vLLM {version} base {tag}: {time.monotonic() - started:.1f} s")
     return tag
 
 
 @pytest.fixture(scope="module")
-def overlay(client, vllm_base):
-    series = series_for(VERSION)
+def overlay(client, vllm_base, version):
+    series = series_for(version)
     # Unique per run: another checkout may run these tests on the same daemon.
-    tag = f"vllm-sm12x-test/overlay:{VERSION}-{series.hash[:12]}-{uuid.uuid4().hex[:8]}"
+    tag = f"vllm-sm12x-test/overlay:{version}-{series.hash[:12]}-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    image_id, log = docker_env.build_overlay(client, vllm_base, VERSION, tag, series_hash=series.hash)
-    print(f"overlay build: {time.monotonic() - started:.1f} s")
+    image_id, log = docker_env.build_overlay(client, vllm_base, version, tag, series_hash=series.hash)
+    print(f"overlay {version} build: {time.monotonic() - started:.1f} s")
     assert image_id, f"overlay build failed:\n{log[-5000:]}"
     yield tag, log
     remove_image(client, tag)
@@ -248,11 +253,11 @@ def run_in(client, image: str, command: list[str], *, expect_code: int = 0) -> s
 
 
 @pytest.mark.docker
-def test_overlay_applies_the_whole_series(client, overlay):
+def test_overlay_applies_the_whole_series(client, overlay, version):
     tag, log = overlay
-    series = series_for(VERSION)
+    series = series_for(version)
     status = json.loads(run_in(client, tag, ["patch", "status", "--json"]))
-    assert status["version"] == VERSION
+    assert status["version"] == version
     assert status["tree"] == SITE
     assert status["series_hash"] == series.hash
     assert [p["id"] for p in status["patches"]] == [p.id for p in series.patches]
@@ -260,17 +265,17 @@ def test_overlay_applies_the_whole_series(client, overlay):
     assert status["stamp"] is not None
     # The build log has verify_series' verdict unless docker reused the layer
     # (same inputs) from an earlier run.
-    assert f"verify-series: vLLM {VERSION} at {SITE}: {len(series.patches)} patch(es) applied" in log \
+    assert f"verify-series: vLLM {version} at {SITE}: {len(series.patches)} patch(es) applied" in log \
         or "Using cache" in log
 
 
 @pytest.mark.docker
-def test_overlay_labels_and_entrypoint(client, overlay):
+def test_overlay_labels_and_entrypoint(client, overlay, version):
     tag, _ = overlay
     image = client.images.get(tag)
     found = image.labels
-    assert found["org.vllm-sm12x.vllm-version"] == VERSION
-    assert found["org.vllm-sm12x.series-hash"] == series_for(VERSION).hash
+    assert found["org.vllm-sm12x.vllm-version"] == version
+    assert found["org.vllm-sm12x.series-hash"] == series_for(version).hash
     assert found["org.vllm-sm12x.target"] == "sm120"
     assert image.attrs["Config"]["Entrypoint"] == ["/usr/local/bin/vllm-sm12x-entrypoint"]
     assert "/health" in " ".join(image.attrs["Config"]["Healthcheck"]["Test"])
@@ -283,14 +288,14 @@ def test_overlay_labels_and_entrypoint(client, overlay):
 
 @pytest.mark.docker
 @pytest.mark.docker
-def test_serve_dry_run_inside_the_image(client, overlay):
+def test_serve_dry_run_inside_the_image(client, overlay, version):
     """`docker run IMAGE serve --recipe ...` as the README shows it: the launcher
     inside finds the models at /models, listens on every interface of the
     container, and sees the series applied to the image's vLLM. No GPU here,
     so the preflight blocks (exit 1), which is what a dry run reports."""
     tag, _ = overlay
     out = run_in(client, tag, ["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], expect_code=1)
-    assert f"vLLM          {VERSION}  [installed]" in out
+    assert f"vLLM          {version}  [installed]" in out
     assert "vllm serve /models/gemma-4-26B-A4B-it-NVFP4" in out
     assert "--host 0.0.0.0" in out
     needed = [line for line in out.splitlines() if line.startswith("  ") and ": applied" in line]
@@ -298,13 +303,13 @@ def test_serve_dry_run_inside_the_image(client, overlay):
 
 
 @pytest.mark.docker
-def test_patched_files_differ_from_the_release(client, overlay, vllm_base):
+def test_patched_files_differ_from_the_release(client, overlay, version, vllm_base):
     tag, _ = overlay
-    rel = series_for(VERSION).patches[0].files[0].path
+    rel = series_for(version).patches[0].files[0].path
     before = run_in(client, vllm_base, ["cat", f"{SITE}/{rel}"])
     after = run_in(client, tag, ["python3", "-c", f"print(open('{SITE}/{rel}').read(), end='')"])
     assert before != after
-    pristine = (pristine_tree(VERSION) / rel).read_text()
+    pristine = (pristine_tree(version) / rel).read_text()
     assert before == pristine
 
 
