@@ -221,7 +221,12 @@ def plan(
         env["CUDA_HOME"] = str(cuda_home)
     fi_env = {}
     if target.flashinfer_cuda_arch_list:
-        fi_env = {"FLASHINFER_CUDA_ARCH_LIST": target.flashinfer_cuda_arch_list}
+        # FlashInfer's AOT build compiles through torch, so torch's list follows FlashInfer's
+        # for those steps (as vLLM's tools/flashinfer-build.sh does).
+        fi_env = {
+            "FLASHINFER_CUDA_ARCH_LIST": target.flashinfer_cuda_arch_list,
+            "TORCH_CUDA_ARCH_LIST": target.flashinfer_cuda_arch_list,
+        }
         if not shutil.which("git"):
             warnings.append("git not found: the FlashInfer source checkout needs it")
     if target.os == "linux" and not shutil.which("ccache") and not shutil.which("sccache"):
@@ -336,7 +341,7 @@ def steps(target: Target, version: str, pins: VersionPins) -> list[Step]:
                 "flashinfer-jit-cache",
                 (py, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", "{dist}", "."),
                 "{flashinfer}/flashinfer-jit-cache",
-                env=("FLASHINFER_CUDA_ARCH_LIST",),
+                env=("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST"),
                 why="AOT kernels for FLASHINFER_CUDA_ARCH_LIST (the long FlashInfer step)",
             ),
         ]

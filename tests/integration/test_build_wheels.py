@@ -88,12 +88,12 @@ def test_manifest_records_versions_archs_series_and_toolchain(amd64_0210):
     assert m["wheels"] == []
     assert m["plan"]["vllm_version"] == "0.21.0" and m["plan"]["local_version"] == "cu130sm120"
     assert m["plan"]["arch_lists"]["TORCH_CUDA_ARCH_LIST"] == "12.0"
-    assert m["plan"]["arch_lists"]["FLASHINFER_CUDA_ARCH_LIST"] == "12.0a"
+    assert m["plan"]["arch_lists"]["FLASHINFER_CUDA_ARCH_LIST"] == "12.0f"
     assert m["series_applied"]["hash"] == series_for("0.21.0").hash
     assert m["cmake_archs"] == {"checked": "cmake", "cuda_archs": "12.0", "kernel_group": "FP4_ARCHS",
                                 "kernel_archs": "12.0f"}
     assert "release 13.0" in m["toolchain"]["nvcc"]["version"]
-    assert [p["code"] for p in m["toolchain"]["preflight"]] == ["sm_120", "sm_120f", "sm_120a"]
+    assert [p["code"] for p in m["toolchain"]["preflight"]] == ["sm_120", "sm_120f"]
     assert m["tree_pins"]["torch"] == "2.11.0"  # read before use_existing_torch stripped it
 
 
@@ -102,10 +102,11 @@ def test_env_and_commands_are_written_and_parse(amd64_0210):
     env = (work / "build-env.sh").read_text()
     assert "export TORCH_CUDA_ARCH_LIST=12.0\n" in env
     assert "export VLLM_VERSION_OVERRIDE=0.21.0+cu130sm120\n" in env
-    assert "export FLASHINFER_CUDA_ARCH_LIST=12.0a\n" in env
+    assert "FLASHINFER_CUDA_ARCH_LIST" not in env  # step-only: set on the FlashInfer command
     steps = (work / "build-steps.sh").read_text()
     assert f"(cd {tree} && {sys.executable} -m pip wheel --no-build-isolation --no-deps -v -w" in steps
     assert "--branch v0.6.8.post1" in steps
+    assert "FLASHINFER_CUDA_ARCH_LIST=12.0f TORCH_CUDA_ARCH_LIST=12.0f " in steps
     subprocess.run(["bash", "-n", str(work / "build-steps.sh")], check=True)
     assert "stopped before the compiler" in amd64_0210["proc"].stdout
 

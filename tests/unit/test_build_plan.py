@@ -19,9 +19,9 @@ from launcher.cli import app
 
 # target -> (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST, probe codes, local version, wheel platform)
 EXPECTED = {
-    "linux-amd64": ("12.0", "12.0a", ["sm_120", "sm_120f", "sm_120a"], "cu130sm120", "linux_x86_64"),
+    "linux-amd64": ("12.0", "12.0f", ["sm_120", "sm_120f"], "cu130sm120", "linux_x86_64"),
     "linux-arm64": ("12.1a", "12.1a", ["sm_121a"], "cu130sm121", "linux_aarch64"),
-    "wsl": ("12.0", "12.0a", ["sm_120", "sm_120f", "sm_120a"], "cu130sm120", "linux_x86_64"),
+    "wsl": ("12.0", "12.0f", ["sm_120", "sm_120f"], "cu130sm120", "linux_x86_64"),
     "windows-amd64": ("12.0a+PTX", None, ["sm_120a", "compute_120a"], "cu130sm120", "win_amd64"),
 }
 
@@ -64,7 +64,9 @@ def test_linux_targets_build_the_three_flashinfer_wheels_at_one_version():
         assert [o.split("-")[0] for o in fi_outputs] == ["flashinfer_python", "flashinfer_cubin", "flashinfer_jit_cache"]
         assert all(o.split("-")[1].startswith("0.6.8.post1") for o in fi_outputs)
         jit = p.steps[6]
-        assert jit.env == ("FLASHINFER_CUDA_ARCH_LIST",)
+        assert jit.env == ("FLASHINFER_CUDA_ARCH_LIST", "TORCH_CUDA_ARCH_LIST")
+        # for the FlashInfer steps torch's list follows FlashInfer's; vLLM's own list is untouched
+        assert p.flashinfer_env["TORCH_CUDA_ARCH_LIST"] == p.flashinfer_env["FLASHINFER_CUDA_ARCH_LIST"]
 
 
 def test_flashinfer_version_follows_the_vllm_version():
