@@ -361,10 +361,11 @@ def output_names(target: Target, version: str, pins: VersionPins) -> list[str]:
     names = [f"vllm-{version}+{target.local_version(pins)}-*-{plat}.whl"]
     if target.flashinfer_cuda_arch_list:
         fi = pins.flashinfer
+        # jit-cache tags itself cp39-abi3-manylinux_2_28_<arch> (its build_backend.py).
         names += [
-            f"flashinfer_python-{fi}-py3-none-any.whl",
-            f"flashinfer_cubin-{fi}-py3-none-any.whl",
-            f"flashinfer_jit_cache-{fi}*-{plat}.whl",
+            f"flashinfer_python-{fi}-*.whl",
+            f"flashinfer_cubin-{fi}-*.whl",
+            f"flashinfer_jit_cache-{fi}-*.whl",
         ]
     names.append(f"build-manifest-vllm-{version}-{target.name}.json")
     return names
