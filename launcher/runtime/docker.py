@@ -68,13 +68,16 @@ def container_spec(plan: Plan, *, gpus: str | None = "all") -> dict[str, Any]:
     ``gpus``: "all" requests every GPU (``docker run --gpus all``); None requests
     none (only tests on a GPU-less daemon use that).
     """
+    if gpus not in ("all", None):
+        raise ValueError(f"gpus must be 'all' or None, not {gpus!r}")
     if not plan.image:
         raise LauncherError("the docker runtime needs an image", hint="pass --image IMAGE")
     if not plan.argv[:2] == ["vllm", "serve"]:
         raise LauncherError(f"the plan's command must start with 'vllm serve', got {plan.argv[:2]}")
     host_ip = _publish_ip(plan.host)
     mounts, path_map = _model_mounts(plan)
-    all_local = all(p is not None for p in (_host_path(plan.model), _host_path(plan.drafter)) if p is not False)
+    # Every model a local folder: nothing to download, the HF cache can be read-only.
+    all_local = all(_host_path(p) is not None for p in _model_args(plan))
     hf = _hf_cache_mount(read_only=all_local)
     env = {k: v for k, v in sorted(plan.env.items()) if not redact.is_secret_name(k)}
     secret_env = sorted(k for k in plan.env if redact.is_secret_name(k))
@@ -125,11 +128,12 @@ def _probe_host(host_ip: str) -> str:
     return f"[{host_ip}]" if ":" in host_ip else host_ip
 
 
-def _host_path(path: Path | None) -> Path | None | bool:
-    """A model argument as a host folder; None for a Hub id (e.g. ``google/gemma-4-…``);
-    False when there is no such argument (no drafter)."""
-    if path is None:
-        return False
+def _model_args(plan: Plan) -> list[Path]:
+    return [p for p in (plan.model, plan.drafter) if p is not None]
+
+
+def _host_path(path: Path) -> Path | None:
+    """A model argument as an absolute host folder; None for a Hub id (``google/gemma-4-…``)."""
     path = Path(path).expanduser()
     if path.is_absolute() or path.exists():
         return Path(os.path.abspath(path))
@@ -144,8 +148,8 @@ def _model_mounts(plan: Plan) -> tuple[list[dict[str, Any]], dict[str, str]]:
     mount at /models/<name> instead, and then nothing else sits at /models (a
     bind mount nested in a read-only bind mount would need a host mkdir).
     """
-    hosts = [p for p in (_host_path(plan.model), _host_path(plan.drafter)) if isinstance(p, Path)]
-    originals = {str(p): p for p in (plan.model, plan.drafter) if p is not None}
+    hosts = [h for h in map(_host_path, _model_args(plan)) if h is not None]
+    originals = {str(p): p for p in _model_args(plan)}
     if not hosts:
         return [], {}
     root = Path(os.path.abspath(models_dir()))
@@ -168,7 +172,7 @@ def _model_mounts(plan: Plan) -> tuple[list[dict[str, Any]], dict[str, str]]:
     # The Plan's argv carries the paths as the user wrote them (maybe relative).
     for text, p in originals.items():
         resolved = _host_path(p)
-        if isinstance(resolved, Path) and str(resolved) in path_map:
+        if resolved is not None and str(resolved) in path_map:
             path_map.setdefault(text, path_map[str(resolved)])
     return mounts, path_map
 
