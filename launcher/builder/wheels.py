@@ -234,8 +234,10 @@ def resolve_safe(value: str, places: dict[str, str]) -> str:
     return value
 
 
-def run_steps(plan: BuildPlan, tree: Path, echo: Echo, done: list[dict]) -> list[dict]:
-    """Run every step in order, appending one record per step to ``done`` (kept on failure too)."""
+def run_steps(plan: BuildPlan, tree: Path, echo: Echo, done: list[dict],
+              after: dict[str, Callable[[], None]] | None = None) -> list[dict]:
+    """Run every step in order, appending one record per step to ``done`` (kept on failure too);
+    ``after[name]`` runs once the step called ``name`` succeeded."""
     places = placeholders(plan, tree)
     logs = plan.work_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -259,6 +261,8 @@ def run_steps(plan: BuildPlan, tree: Path, echo: Echo, done: list[dict]) -> list
                 echo(f"    | {line}")
             raise LauncherError(f"build step '{step.name}' failed (exit {proc.returncode})", hint=f"full log: {log}")
         echo(f"      done in {took / 60:.1f} min")
+        if after and step.name in after:
+            after[step.name]()
     return done
 
 
@@ -323,8 +327,15 @@ def build(plan: BuildPlan, *, preflight: PreflightResult | None, stop_before_com
         echo(f"stopped before the compiler: {src.tree} is patched and ready; manifest {path}")
         return path
     steps_run: list[dict] = []
+    after = {}
+    if src.cmake.get("checked") == "text":
+        # cmake arrives with vLLM's build requirements: run the real arch check before compiling.
+        def recheck() -> None:
+            src.cmake = _check_archs(plan, src.tree, src.warnings, echo)
+
+        after["build requirements"] = recheck
     try:
-        run_steps(plan, src.tree, echo, steps_run)
+        run_steps(plan, src.tree, echo, steps_run, after)
     except LauncherError:
         write_manifest(plan, manifest(plan, src, preflight, "failed", steps_run, scripts))
         raise

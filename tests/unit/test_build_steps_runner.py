@@ -36,7 +36,9 @@ def test_steps_run_in_order_with_logs_env_and_placeholders(tmp_path):
     p.work_dir.mkdir(parents=True)
     lines: list[str] = []
     done: list[dict] = []
-    wheels.run_steps(p, tree, lines.append, done)
+    hooked: list[int] = []  # the hook `build wheels` uses to re-run the CMake arch check once cmake is installed
+    wheels.run_steps(p, tree, lines.append, done, {"make wheel": lambda: hooked.append(len(done))})
+    assert hooked == [1]
     assert [d["step"] for d in done] == ["make wheel", "use wheel"] and all(d["rc"] == 0 for d in done)
     assert lines[0].startswith("[1/2] make wheel (log: ") and lines[2].startswith("[2/2] use wheel")
     log2 = Path(done[1]["log"]).read_text()
