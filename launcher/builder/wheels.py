@@ -326,6 +326,11 @@ def build(plan: BuildPlan, *, preflight: PreflightResult | None, stop_before_com
         path = write_manifest(plan, manifest(plan, src, preflight, "source-ready", [], scripts))
         echo(f"stopped before the compiler: {src.tree} is patched and ready; manifest {path}")
         return path
+    free_gb = shutil.disk_usage(plan.work_dir).free // 2**30
+    if free_gb < plan.target.disk_gb:
+        src.warnings.append(f"only {free_gb} GB free in {plan.work_dir}; a {plan.target.name} build needs about "
+                            f"{plan.target.disk_gb} GB")
+        echo(f"warning: {src.warnings[-1]}")
     steps_run: list[dict] = []
     after = {}
     if src.cmake.get("checked") == "text":
