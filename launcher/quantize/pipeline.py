@@ -11,10 +11,12 @@ checkpoint under ``--force``).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -92,6 +94,16 @@ def run(cfg: QuantizeConfig, echo: Echo) -> checkpoint.CheckpointInfo:
     steps.begin("setup", "importing torch, transformers and nvidia-modelopt")
     stack = import_stack()
     tmp = cfg.out.with_name(f".{cfg.out.name}.partial-{os.getpid()}")
+    with _sigterm_as_interrupt():
+        info = _run_in(cfg, source_info, stack, tmp, steps)
+    info.path = cfg.out
+    steps.begin("done", f"{cfg.out}: {info.summary()}")
+    return info
+
+
+def _run_in(
+    cfg: QuantizeConfig, source_info: checkpoint.CheckpointInfo, stack: SimpleNamespace, tmp: Path, steps: _Steps
+) -> checkpoint.CheckpointInfo:
     try:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -113,8 +125,6 @@ def run(cfg: QuantizeConfig, echo: Echo) -> checkpoint.CheckpointInfo:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    info.path = cfg.out
-    steps.begin("done", f"{cfg.out}: {info.summary()}")
     return info
 
 
@@ -299,10 +309,32 @@ def uncovered_exclusions(tensors: dict[str, checkpoint.TensorMeta], exclude_modu
 
 def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished checkpoint onto --out; an old --out is removed only after."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
+    if not out.exists():
         tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    out.rename(old)
+    try:
         tmp.rename(out)
+    except BaseException:
+        old.rename(out)  # put the old one back rather than leave no --out at all
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a closed terminal, a container stop) unwinds like Ctrl-C, so the
+    temporary directory is removed; outside the main thread it is left alone."""
+    def interrupt(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

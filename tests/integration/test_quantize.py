@@ -343,6 +343,24 @@ def test_interrupted_export_keeps_the_old_out(tiny_no_tokenizer, tmp_path):
     assert json.loads((out / "config.json").read_text()) == {"old": True}
 
 
+def test_sigterm_during_export_leaves_no_out(tiny_no_tokenizer, tmp_path):
+    # A real SIGTERM, sent by the process to itself half-way through writing.
+    out = tmp_path / "nvfp4"
+    result = run_with_export_replaced(
+        ["quantize", "--model", str(tiny_no_tokenizer), "--out", str(out), "--device", "cpu",
+         "--calib-samples", "1", "--calib-seq-len", "16"],
+        """
+        import os, signal, time
+        Path(export_dir, "model-00001-of-00002.safetensors").write_bytes(b"partial")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+        """,
+    )
+    assert result.returncode == 130, result.stderr
+    assert "interrupted during export" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_global_head_dim_written_back_when_the_save_drops_it(tiny_no_tokenizer, tmp_path):
     # What transformers >= 5.15 does on save: global_head_dim replaced by per_layer_config.
     out = tmp_path / "nvfp4"
