@@ -31,6 +31,9 @@ def quantize(
     """Quantize a checkpoint to ModelOpt NVFP4 (calibrate, export, copy tokenizer files, validate).
 
     Vision/audio towers, their embedders, MoE routers and lm_head stay bf16.
+    The whole bf16 model is loaded on --device: about 2 bytes per parameter
+    (~52 GB for Gemma 4 26B-A4B: a DGX Spark fits it, an RTX 5090 does not;
+    use --device cpu with enough RAM there).
     Needs the quantize extra: pip install 'vllm-sm12x-launcher\\[quantize]'.
     """
     from launcher.quantize import pipeline
