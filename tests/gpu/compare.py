@@ -64,6 +64,11 @@ def compare_prompt(index: int, base: dict, cand: dict) -> dict | None:
                 "reason": f"length differs: baseline {len(b)}, dflash {len(c)}"}
     rec: dict = {"prompt": index, "position": pos, "baseline_token": b[pos],
                  "dflash_token": c[pos]}
+    cand_top = cand.get("top") or []
+    if pos < len(cand_top):
+        # The target's own logits in the DFlash run at the same context: how
+        # far they moved from the baseline's tells numerics from a wrong cache.
+        rec["dflash_top"] = cand_top[pos]
     top = base.get("top") or []
     if pos >= len(top):
         rec.update(tie=False, reason="baseline has no logprobs at that position")

@@ -91,6 +91,12 @@ DRAFTERS = [
     # 3 drafter layers vs 2 full-attention layers in the target.
     DrafterShape("dflash-d3-for-t12", "gemma4-t12", 3, [1, 5, 9]),
 ]
+# Not in the standard rounds; run_modes.py --drafters picks them for diagnosis.
+# A 2-layer drafter on the 12-layer target lands in one KV cache group even on
+# stock 0.21.0 (its bucket is as large as the full-attention bucket).
+DIAGNOSTIC_DRAFTERS = [
+    DrafterShape("dflash-d2-for-t12", "gemma4-t12", 2, [1, 5, 9]),
+]
 
 
 def gemma4_config_dict(shape: TargetShape) -> dict:
@@ -267,6 +273,7 @@ def shapes_manifest() -> dict:
             for t in TARGETS
         ],
         "drafters": [asdict(d) for d in DRAFTERS],
+        "diagnostic_drafters": [asdict(d) for d in DIAGNOSTIC_DRAFTERS],
     }
 
 
@@ -276,10 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for t in TARGETS:
         write_target(t, args.out / t.name)
-    for d in DRAFTERS:
+    for d in DRAFTERS + DIAGNOSTIC_DRAFTERS:
         write_drafter(d, args.out / d.name)
     (args.out / "shapes.json").write_text(json.dumps(shapes_manifest(), indent=2) + "\n")
-    print(f"wrote {len(TARGETS)} targets and {len(DRAFTERS)} drafters under {args.out}")
+    print(f"wrote {len(TARGETS)} targets and {len(DRAFTERS) + len(DIAGNOSTIC_DRAFTERS)} drafters under {args.out}")
     return 0
 
 

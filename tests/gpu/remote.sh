@@ -103,22 +103,30 @@ proof() {
     install
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
-    if [ ! -f "$MODELS/shapes.json" ]; then
+    if ! grep -q diagnostic_drafters "$MODELS/shapes.json" 2>/dev/null; then
         PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS" 2>&1 | grep -v "Writing model shards" || true
         [ -f "$MODELS/shapes.json" ] || { echo "checkpoint generation failed" >&2; return 1; }
     fi
     local r site
+    # MODES / DRAFTERS (comma-separated) narrow a round for diagnosis; such a
+    # round is labelled ROUND-diag and compared on its own.
+    local extra=() suffix=""
+    [ -n "${MODES:-}" ] && extra+=(--modes "$MODES") && suffix=-diag
+    [ -n "${DRAFTERS:-}" ] && extra+=(--drafters "$DRAFTERS") && suffix=-diag
     for r in "${rounds[@]}"; do
         case "$r" in
             stock) site=$SITE ;;
             patched) patched_site | tee "$WORK/patch-apply.txt"; site=$SITE_PATCHED:$SITE ;;
             *) echo "unknown round $r (stock|patched)" >&2; return 2 ;;
         esac
-        "$PY" tests/gpu/run_modes.py --models "$MODELS" --site "$site" --label "$r" \
-            --out "$WORK/$r.json" --logs "$WORK/logs-$r" --deadline-s "${ROUND_DEADLINE_S:-540}"
+        "$PY" tests/gpu/run_modes.py --models "$MODELS" --site "$site" --label "$r$suffix" \
+            --out "$WORK/$r$suffix.json" --logs "$WORK/logs-$r$suffix" \
+            --deadline-s "${ROUND_DEADLINE_S:-540}" "${extra[@]}"
     done
     local have=()
-    for r in stock patched; do [ -f "$WORK/$r.json" ] && have+=("$WORK/$r.json"); done
+    for r in stock patched stock-diag patched-diag; do
+        [ -f "$WORK/$r.json" ] && have+=("$WORK/$r.json")
+    done
     local hash=""
     [ -d "$SITE_PATCHED/vllm" ] && hash=$(series_hash)
     PYTHONPATH=$SITE "$PY" - "$WORK/meta.json" "$WORK/gpu.txt" "$hash" <<'EOF'

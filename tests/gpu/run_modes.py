@@ -39,6 +39,13 @@ import traceback
 from pathlib import Path
 
 MODES = ("baseline", "dflash-flash_attn", "dflash-auto")
+# Diagnostic modes (``--modes``), not part of a standard round:
+# baseline-seq1 runs the target alone one request at a time, to show how far
+# the target's own greedy tokens move with the batch shape; the -nohybrid
+# modes turn the hybrid KV cache manager off (one group, a tensor per layer:
+# the documented workaround on unpatched 0.21.0), to separate KV-sharing
+# effects from everything else.
+DIAG_MODES = ("baseline-seq1", "dflash-flash_attn-nohybrid", "dflash-auto-nohybrid")
 NUM_SPECULATIVE_TOKENS = 15  # the user's recipe
 PROMPT_SEED = 20261126
 # 17 prompts: not a CUDA-graph capture size; lengths cross the 64-token
@@ -137,12 +144,17 @@ def run_child(spec: dict) -> dict:
             # Gemma4ForConditionalGeneration and keeps is_mm_prefix_lm.
             limit_mm_per_prompt={"image": 0, "video": 0},
         )
-        if spec["mode"] != "baseline":
+        mode = spec["mode"]
+        if mode == "baseline-seq1":
+            kwargs["max_num_seqs"] = 1
+        elif mode != "baseline":
             sc = {"method": "dflash", "model": spec["drafter"],
                   "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-            if spec["mode"] == "dflash-flash_attn":
+            if mode.startswith("dflash-flash_attn"):
                 sc["attention_backend"] = "flash_attn"
             kwargs["speculative_config"] = sc
+            if mode.endswith("-nohybrid"):
+                kwargs["disable_hybrid_kv_cache_manager"] = True
         llm = LLM(**kwargs)
         result["init_s"] = round(time.time() - t0, 1)
         result.update(_inspect(llm))
@@ -194,9 +206,18 @@ def parse_log(text: str) -> dict:
 
 
 def run_round(models: Path, site: str | None, label: str, logs: Path,
-              deadline_s: float | None = None) -> dict:
+              deadline_s: float | None = None, modes: tuple[str, ...] = MODES,
+              drafters: list[str] | None = None) -> dict:
     started = time.time()
     shapes = json.loads((models / "shapes.json").read_text())
+    pairs = shapes["drafters"] + shapes.get("diagnostic_drafters", [])
+    if drafters:
+        unknown = set(drafters) - {d["name"] for d in pairs}
+        if unknown:
+            raise SystemExit(f"unknown drafter(s) {sorted(unknown)}")
+        pairs = [d for d in pairs if d["name"] in drafters]
+    else:
+        pairs = shapes["drafters"]
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -206,17 +227,17 @@ def run_round(models: Path, site: str | None, label: str, logs: Path,
     if site:
         env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     runs = []
-    for d in shapes["drafters"]:
-        for mode in MODES:
+    for d in pairs:
+        for mode in modes:
             spec = {
                 "mode": mode,
                 "target": str(models / d["target"]), "target_name": d["target"],
                 "drafter": str(models / d["name"]), "drafter_name": d["name"],
                 "prompt_token_limit": shapes["prompt_token_limit"],
             }
-            if mode == "baseline":
+            if mode.startswith("baseline"):
                 spec["drafter_name"] = None
-            tag = f"{label}-{d['target']}-{mode}"
+            tag = f"{label}-{d['target']}-{d['name']}-{mode}"
             res_file = logs / f"{tag}.json"
             log_file = logs / f"{tag}.log"
             cmd = [sys.executable, __file__, "--child", json.dumps(spec), "--result", str(res_file)]
@@ -266,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--logs", type=Path)
     parser.add_argument("--deadline-s", type=float, help="start no new mode after this many seconds")
+    parser.add_argument("--modes", help=f"comma-separated, from {MODES + DIAG_MODES}")
+    parser.add_argument("--drafters", help="comma-separated drafter names (default: the standard pairs)")
     args = parser.parse_args(argv)
     if args.child:
         res = run_child(json.loads(args.child))
@@ -274,7 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.models and args.out):
         parser.error("--models and --out are required")
     logs = args.logs or args.out.parent / f"logs-{args.label}"
-    data = run_round(args.models, args.site, args.label, logs, args.deadline_s)
+    modes = tuple(args.modes.split(",")) if args.modes else MODES
+    bad = set(modes) - set(MODES + DIAG_MODES)
+    if bad:
+        parser.error(f"unknown mode(s) {sorted(bad)}")
+    drafters = args.drafters.split(",") if args.drafters else None
+    data = run_round(args.models, args.site, args.label, logs, args.deadline_s, modes, drafters)
     args.out.write_text(json.dumps(data) + "\n")
     return 0
 
