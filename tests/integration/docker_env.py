@@ -264,21 +264,26 @@ class _Rewinder(io.BytesIO):
         return buf
 
 
-def build_overlay(c, base: str, version: str, tag: str, series_hash: str = "") -> tuple[str | None, str]:
-    """Build docker/Dockerfile.overlay on ``base`` with the classic builder.
+def build_overlay(c, base: str, version: str, tag: str, series_hash: str = "",
+                  vllm_wheel: Path | None = None) -> tuple[str | None, str]:
+    """Build docker/Dockerfile.overlay on ``base`` with the classic builder;
+    ``vllm_wheel``: install that vLLM wheel first (a base without vLLM).
 
     Returns (image id or None, the build log)."""
     import docker
 
     wheels = launcher_wheelhouse()
-    extra = {f"docker/wheels/{p.name}": p for p in sorted(wheels.glob("*.whl"))}
+    extra: dict[str, Path | bytes] = {f"docker/wheels/{p.name}": p for p in sorted(wheels.glob("*.whl"))}
+    buildargs = {"BASE": base, "VLLM_VERSION": version, "TARGET": "sm120",
+                 "SERIES_HASH": series_hash, "PIP_NO_INDEX": "1"}
+    if vllm_wheel is not None:
+        extra[f"docker/wheels/{vllm_wheel.name}"] = vllm_wheel
+        buildargs["VLLM_WHEEL"] = vllm_wheel.name
     log: list[str] = []
     try:
         image, stream = c.images.build(
             fileobj=repo_context(extra), custom_context=True, dockerfile="docker/Dockerfile.overlay",
-            tag=tag, rm=True, forcerm=True,
-            buildargs={"BASE": base, "VLLM_VERSION": version, "TARGET": "sm120",
-                       "SERIES_HASH": series_hash, "PIP_NO_INDEX": "1"},
+            tag=tag, rm=True, forcerm=True, buildargs=buildargs,
         )
         log += [chunk.get("stream", "") for chunk in stream]
         return image.id, "".join(log)

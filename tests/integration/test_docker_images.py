@@ -331,3 +331,21 @@ def test_overlay_build_fails_when_the_series_does_not_apply(client):
     assert image_id is None, "the overlay built on a vLLM the series cannot patch"
     assert rel in log
     assert "verify-series" not in log  # it stopped at `launcher patch apply`
+
+
+@pytest.mark.docker
+def test_overlay_on_a_python_image_with_a_vllm_wheel(client):
+    """The overlay's other input: a plain Python image plus a vLLM wheel
+    (VLLM_WHEEL in docker/wheels/), installed before the series is applied."""
+    wheel = docker_env.vllm_wheel_without_extensions(VERSION)
+    tag = f"vllm-sm12x-test/overlay:wheel-{uuid.uuid4().hex[:8]}"
+    series = series_for(VERSION)
+    image_id, log = docker_env.build_overlay(client, docker_env.PYTHON_IMAGE, VERSION, tag,
+                                             series_hash=series.hash, vllm_wheel=wheel)
+    try:
+        assert image_id, f"overlay build failed:\n{log[-5000:]}"
+        status = json.loads(run_in(client, tag, ["patch", "status", "--json"]))
+    finally:
+        remove_image(client, tag)
+    assert (status["version"], status["series_hash"]) == (VERSION, series.hash)
+    assert {p["state"] for p in status["patches"]} == {"applied"}
