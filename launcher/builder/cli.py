@@ -91,14 +91,17 @@ def wheels_cmd(
     stop_before_compile: bool = typer.Option(
         False, "--stop-before-compile", help="prepare the patched tree, env and commands, then stop"),
     skip_preflight: bool = typer.Option(False, "--skip-preflight", help="do not run the nvcc probe first"),
+    only: Optional[str] = typer.Option(
+        None, "--only", help="build one part: 'flashinfer' (its three wheels) or 'vllm' (image stages build them apart)"),
 ) -> None:
     """Fetch the sdist, apply the series, build FlashInfer's three wheels and vLLM; write a manifest."""
     from launcher.builder import preflight, wheels
-    from launcher.builder.plan import plan
+    from launcher.builder.plan import plan, select_steps
     from launcher.builder.targets import load
 
     data = load()
     p = plan(target, vllm_version, source=source, work_dir=work_dir, output_dir=output_dir, jobs=jobs, data=data)
+    p.steps = select_steps(p.steps, only)
     typer.echo("\n".join(p.lines()))
     pre = None
     if not skip_preflight:

@@ -305,6 +305,21 @@ def cache_env(target: Target) -> dict[str, str]:
     return {k: os.environ.get(k) or v for k, v in env.items()}
 
 
+# Steps every part needs: vLLM and FlashInfer both compile against the same torch.
+_SHARED_STEPS = ("torch", "build requirements")
+PARTS = ("flashinfer", "vllm")
+
+
+def select_steps(all_steps: list[Step], only: str | None) -> list[Step]:
+    """The steps of one part (``flashinfer`` or ``vllm``), so an image can build
+    FlashInfer and vLLM in separate, separately cached stages."""
+    if only is None:
+        return all_steps
+    if only not in PARTS:
+        raise LauncherError(f"--only {only!r}: expected one of {', '.join(PARTS)}")
+    return [s for s in all_steps if s.name in _SHARED_STEPS or s.name.split()[0].split("-")[0] == only]
+
+
 def steps(target: Target, version: str, pins: VersionPins) -> list[Step]:
     py = "{python}"
     out = [

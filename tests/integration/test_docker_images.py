@@ -30,7 +30,7 @@ from tests.integration import docker_env
 
 REPO = docker_env.REPO
 DOCKERFILES = [REPO / "docker" / "Dockerfile", REPO / "docker" / "Dockerfile.overlay"]
-SHELL_SCRIPTS = [REPO / "docker" / "entrypoint.sh", REPO / "docker" / "build-image.sh", REPO / "tests" / "engines.sh"]
+SHELL_SCRIPTS = [REPO / "docker" / "build-part.sh", REPO / "docker" / "entrypoint.sh", REPO / "docker" / "build-image.sh", REPO / "tests" / "engines.sh"]
 BIN = Path(sys.executable).parent
 
 
@@ -116,25 +116,33 @@ def test_source_dockerfile_stages_and_args():
     args, parsed = stages((REPO / "docker" / "Dockerfile").read_text())
     assert {"CUDA_VERSION", "VLLM_VERSION", "TARGET"} <= set(args)
     assert args["TARGET"] == "sm120" and args["VLLM_VERSION"] in series_versions()
-    assert [s["name"] for s in parsed] == ["base", "launcher", "wheels", "runtime"]
-    base, _, _, runtime = parsed
+    assert [s["name"] for s in parsed] == ["base", "launcher", "flashinfer", "vllm", "runtime"]
+    base, runtime = parsed[0], parsed[-1]
     assert base["base"] == f"nvidia/cuda:{args['CUDA_VERSION']}-devel-ubuntu{args['UBUNTU_VERSION']}"
     assert runtime["base"] == f"nvidia/cuda:{args['CUDA_VERSION']}-runtime-ubuntu{args['UBUNTU_VERSION']}"
     assert args["CUDA_VERSION"].startswith("13."), "sm_121 needs CUDA 13"
 
 
-def test_source_dockerfile_builds_through_the_launcher_with_the_series():
+@pytest.mark.parametrize("part", ["flashinfer", "vllm"])
+def test_source_dockerfile_builds_each_part_through_the_launcher(part):
     _, parsed = stages((REPO / "docker" / "Dockerfile").read_text())
-    wheels = next(s for s in parsed if s["name"] == "wheels")
-    [run] = [rest for word, rest in wheels["body"] if word == "RUN"]
+    stage = next(s for s in parsed if s["name"] == part)
+    [run] = [rest for word, rest in stage["body"] if word == "RUN"]
     # BuildKit caches for pip and for the launcher's cache (sdist, ccache, FetchContent).
     assert "--mount=type=cache,target=/root/.cache/pip" in run
     assert "--mount=type=cache,target=/root/.cache/vllm-sm12x" in run
-    # One code path with native builds: `launcher build wheels` fetches the
-    # sdist, applies the series (patch engine) and only then compiles.
-    assert re.search(r"launcher build wheels --target \"\$\{build_target\}\" --vllm-version \"\$\{VLLM_VERSION\}\"", run)
+    assert run.strip().endswith(f"build-part.sh {part}")
+    assert any("docker/build-part.sh" in r for w, r in stage["body"] if w == "COPY")
+
+
+def test_build_part_script_runs_the_launcher_per_target():
+    """One code path with native builds: `launcher build wheels --only PART`
+    fetches the sdist, applies the series (patch engine), then compiles."""
+    script = (REPO / "docker" / "build-part.sh").read_text()
+    assert re.search(r'launcher build wheels --target "\$\{build_target\}" --vllm-version "\$\{VLLM_VERSION\}"', script)
+    assert '--only "${part}"' in script
     targets = yaml.safe_load((REPO / "build" / "targets.yaml").read_text())["targets"]
-    arms = {sm: (t, m) for sm, t, m in re.findall(r"(sm12\d)\) build_target=([\w-]+); machine=(\w+)", run)}
+    arms = {sm: (t, m) for sm, t, m in re.findall(r"(sm12\d)\) build_target=([\w-]+); machine=(\w+)", script)}
     assert set(arms) == {"sm120", "sm121"}  # the amd64 image and the arm64 (DGX Spark) variant
     for sm, (build_target, machine) in arms.items():
         assert build_target in targets, f"{sm} builds {build_target}, which build/targets.yaml lacks"
@@ -147,7 +155,10 @@ def test_source_runtime_stage():
     runtime = parsed[-1]
     words = [w for w, _ in runtime["body"]]
     body = dict(reversed(runtime["body"]))  # first occurrence of each instruction
-    assert "COPY" in words and any("--from=wheels /wheels/" in r for w, r in runtime["body"] if w == "COPY")
+    copies = [r for w, r in runtime["body"] if w == "COPY"]
+    assert "COPY" in words
+    assert any("--from=flashinfer /wheels/flashinfer/" in r for r in copies)
+    assert any("--from=vllm /wheels/vllm/" in r for r in copies)
     user = [r for w, r in runtime["body"] if w == "USER"][-1]
     assert user.split(":")[0] not in ("0", "root"), "the server must not run as root"
     assert "/health" in body["HEALTHCHECK"]
