@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.quantize.calibration import has_tokenizer
 
 INSTALL_HINT = "pip install 'vllm-sm12x-launcher[quantize]'"
 
@@ -89,6 +90,11 @@ class QuantizeConfig:
             raise LauncherError("--calib-seq-len must be at least 8")
         if self.calib_file is not None and not self.calib_file.is_file():
             raise LauncherError(f"--calib-file {self.calib_file} does not exist")
+        if self.calib_file is not None and not has_tokenizer(model):
+            raise LauncherError(
+                f"--calib-file needs the model's tokenizer, and {model} has no tokenizer files",
+                hint="copy tokenizer.json / tokenizer_config.json into the model folder, or drop --calib-file",
+            )
         self._refuse_known_failures()
 
     def _refuse_known_failures(self) -> None:

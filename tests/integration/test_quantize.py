@@ -286,6 +286,17 @@ def test_random_ids_without_tokenizer(tiny_no_tokenizer):
     assert not (out / "tokenizer.json").exists()
 
 
+def test_calib_file(tiny, tmp_path):
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text('{"text": "The river had frozen early that year"}\n{"text": "def merge(a, b):"}\n')
+    out = tmp_path / "nvfp4"
+    result = launcher("quantize", "--model", str(tiny), "--out", str(out), "--device", "cpu",
+                      "--calib-file", str(calib), "--calib-samples", "3", "--calib-seq-len", "8")
+    assert result.returncode == 0, result.stderr
+    assert f"calibration text from {calib} (2 samples)" in result.stdout and "3/3 batches" in result.stdout
+    assert (out / "hf_quant_config.json").is_file()
+
+
 def test_refuses_non_empty_out(tiny, tmp_path):
     out = tmp_path / "taken"
     out.mkdir()

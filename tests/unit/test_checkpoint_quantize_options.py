@@ -97,6 +97,15 @@ def test_bad_options(tmp_path, kw, text):
         cfg(tmp_path, **kw).validate()
 
 
+def test_calib_file_needs_a_tokenizer(tmp_path):
+    calib = tmp_path / "calib.txt"
+    calib.write_text("some text")
+    with pytest.raises(LauncherError, match="needs the model's tokenizer"):
+        cfg(tmp_path, calib_file=calib).validate()
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
+    cfg(tmp_path, model=tmp_path / "model", calib_file=calib).validate()
+
+
 def test_random_batches_avoid_multimodal_token_ids():
     config = {"image_token_id": 5, "boi_token_id": 6, "eos_token_id": 1, "text_config": {"audio_token_id": 7}}
     reserved = calibration.reserved_token_ids(config)
