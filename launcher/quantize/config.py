@@ -95,6 +95,11 @@ class QuantizeConfig:
                 f"--calib-file needs the model's tokenizer, and {model} has no tokenizer files",
                 hint="copy tokenizer.json / tokenizer_config.json into the model folder, or drop --calib-file",
             )
+        if self.algorithm == "nvfp4-awq-lite" and self.device == "cpu":
+            # nvidia-modelopt 0.47.0: "amax must be a CUDA tensor for dynamic
+            # block quantization", raised during AWQ-lite calibration.
+            raise LauncherError("--algorithm nvfp4-awq-lite needs a CUDA device (modelopt's AWQ search runs on CUDA only)",
+                                hint="use --device cuda, or --algorithm nvfp4")
         self._refuse_known_failures()
 
     def _refuse_known_failures(self) -> None:

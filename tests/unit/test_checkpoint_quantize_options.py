@@ -78,8 +78,11 @@ def test_awq_lite_refused_for_gemma4_before_loading(tmp_path):
     assert "QuantGemma4TextExperts" in exc.value.message and "--algorithm nvfp4" in exc.value.hint
 
 
-def test_awq_lite_allowed_for_other_models(tmp_path):
-    cfg(tmp_path, model=model_dir(tmp_path, "llama"), algorithm="nvfp4-awq-lite").validate()
+def test_awq_lite_allowed_for_other_models_on_cuda_only(tmp_path):
+    llama = model_dir(tmp_path, "llama")
+    cfg(tmp_path, model=llama, algorithm="nvfp4-awq-lite", device="cuda").validate()
+    with pytest.raises(LauncherError, match="needs a CUDA device"):
+        cfg(tmp_path, model=llama, algorithm="nvfp4-awq-lite", device="cpu").validate()
 
 
 @pytest.mark.parametrize(
