@@ -5,20 +5,29 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-stamp
+TEST_STAMP := $(VENV)/.test-deps-stamp
 RECIPE ?= gemma4-moe-dflash
 PYTEST_ARGS ?=
 
-.PHONY: venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof
+.PHONY: venv test-venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof
 
+# The launcher alone: what `make serve` needs.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[test,quantize]' 'torch==2.13.0'
+	$(BIN)/python -m pip install -q -e .
 	touch $(STAMP)
+
+# The tests also quantize for real (torch CPU 2.13.0, transformers, modelopt).
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,quantize]' 'torch==2.13.0'
+	touch $(TEST_STAMP)
 
 venv: $(STAMP)
 
+test-venv: $(TEST_STAMP)
+
 ## make test: unit + integration tests (starts dockerd when run as root and none answers)
-test: venv
+test: test-venv
 	bash tests/engines.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -35,7 +44,7 @@ patch-check: venv
 	$(BIN)/launcher patch check --against vllm==0.21.0
 	$(BIN)/launcher patch check --against vllm==0.33.0
 
-bench: venv
+bench: test-venv
 	$(BIN)/python -m pytest -q -s tests/bench
 
 ## make image / make image-overlay: VLLM_VERSION=0.21.0|0.33.0|all TARGET=sm120|sm121|all
