@@ -62,6 +62,7 @@ PROMPT_TOKEN_LIMIT = VOCAB - 16
 class TargetShape:
     name: str
     num_layers: int
+    top_k_experts: int = 2
 
     @property
     def layer_types(self) -> list[str]:
@@ -84,7 +85,16 @@ class DrafterShape:
     target_layer_ids: list[int] = field(default_factory=list)
 
 
-TARGETS = [TargetShape("gemma4-t6", 6), TargetShape("gemma4-t12", 12)]
+# The 12-layer target routes every token to all 4 experts. With top-2 routing
+# its random router near-ties so often that the target's own greedy argmax
+# differs between computing a position in a multi-token pass (prefill, or
+# DFlash verification of 16 tokens) and in a one-token decode step: a flipped
+# expert choice moves the logits by far more than a bf16 step, without any
+# drafter (tests/gpu/results: the gemma4-t12-top2 diagnosis). All-expert
+# routing keeps the MoE block and its fused kernel but has no discrete
+# decision to flip. The 6-layer target keeps real top-2 routing.
+TARGETS = [TargetShape("gemma4-t6", 6), TargetShape("gemma4-t12", 12, top_k_experts=4)]
+DIAGNOSTIC_TARGETS = [TargetShape("gemma4-t12-top2", 12, top_k_experts=2)]
 DRAFTERS = [
     # 2 drafter layers vs 1 full-attention layer in the target.
     DrafterShape("dflash-d2-for-t6", "gemma4-t6", 2, [1, 3, 4]),
@@ -92,10 +102,8 @@ DRAFTERS = [
     DrafterShape("dflash-d3-for-t12", "gemma4-t12", 3, [1, 5, 9]),
 ]
 # Not in the standard rounds; run_modes.py --drafters picks them for diagnosis.
-# A 2-layer drafter on the 12-layer target lands in one KV cache group even on
-# stock 0.21.0 (its bucket is as large as the full-attention bucket).
 DIAGNOSTIC_DRAFTERS = [
-    DrafterShape("dflash-d2-for-t12", "gemma4-t12", 2, [1, 5, 9]),
+    DrafterShape("dflash-d3-for-t12-top2", "gemma4-t12-top2", 3, [1, 5, 9]),
 ]
 
 
@@ -125,7 +133,7 @@ def gemma4_config_dict(shape: TargetShape) -> dict:
         "num_kv_shared_layers": 0,
         "enable_moe_block": True,
         "num_experts": 4,
-        "top_k_experts": 2,
+        "top_k_experts": shape.top_k_experts,
         "moe_intermediate_size": 64,
         "tie_word_embeddings": True,
         "initializer_range": INIT_STD,
@@ -270,7 +278,7 @@ def shapes_manifest() -> dict:
         "init_std": INIT_STD,
         "targets": [
             {**asdict(t), "layer_types": t.layer_types, "num_full_layers": t.num_full_layers}
-            for t in TARGETS
+            for t in TARGETS + DIAGNOSTIC_TARGETS
         ],
         "drafters": [asdict(d) for d in DRAFTERS],
         "diagnostic_drafters": [asdict(d) for d in DIAGNOSTIC_DRAFTERS],
@@ -281,12 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder to write the checkpoints into")
     args = parser.parse_args(argv)
-    for t in TARGETS:
+    for t in TARGETS + DIAGNOSTIC_TARGETS:
         write_target(t, args.out / t.name)
     for d in DRAFTERS + DIAGNOSTIC_DRAFTERS:
         write_drafter(d, args.out / d.name)
     (args.out / "shapes.json").write_text(json.dumps(shapes_manifest(), indent=2) + "\n")
-    print(f"wrote {len(TARGETS)} targets and {len(DRAFTERS) + len(DIAGNOSTIC_DRAFTERS)} drafters under {args.out}")
+    print(f"wrote {len(TARGETS) + len(DIAGNOSTIC_TARGETS)} targets and {len(DRAFTERS) + len(DIAGNOSTIC_DRAFTERS)} drafters under {args.out}")
     return 0
 
 

@@ -45,7 +45,11 @@ MODES = ("baseline", "dflash-flash_attn", "dflash-auto")
 # modes turn the hybrid KV cache manager off (one group, a tensor per layer:
 # the documented workaround on unpatched 0.21.0), to separate KV-sharing
 # effects from everything else.
-DIAG_MODES = ("baseline-seq1", "dflash-flash_attn-nohybrid", "dflash-auto-nohybrid")
+# baseline-rescore decodes like the baseline, then feeds every prompt plus its
+# output back as one prompt (prompt_logprobs) and reports where the target's
+# own argmax differs between that prefill path and the decode path.
+DIAG_MODES = ("baseline-seq1", "baseline-rescore", "dflash-flash_attn-nohybrid",
+              "dflash-auto-nohybrid")
 NUM_SPECULATIVE_TOKENS = 15  # the user's recipe
 PROMPT_SEED = 20261126
 # 17 prompts: not a CUDA-graph capture size; lengths cross the 64-token
@@ -147,7 +151,7 @@ def run_child(spec: dict) -> dict:
         mode = spec["mode"]
         if mode == "baseline-seq1":
             kwargs["max_num_seqs"] = 1
-        elif mode != "baseline":
+        elif not mode.startswith("baseline"):
             sc = {"method": "dflash", "model": spec["drafter"],
                   "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
             if mode.startswith("dflash-flash_attn"):
@@ -168,6 +172,8 @@ def run_child(spec: dict) -> dict:
         outs = llm.generate([{"prompt_token_ids": p} for p in toks], params, use_tqdm=False)
         result["generate_s"] = round(time.time() - t1, 2)
         result["outputs"] = [_output_record(p, o) for p, o in zip(toks, outs)]
+        if mode == "baseline-rescore":
+            result["rescore"] = _rescore(llm, SamplingParams, toks, result["outputs"])
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - every failure is a result here
         traceback.print_exc()
@@ -175,6 +181,32 @@ def run_child(spec: dict) -> dict:
                            "raised": f"{type(exc).__name__}: {exc}"}
     result["wall_s"] = round(time.time() - t0, 1)
     return result
+
+
+def _rescore(llm, SamplingParams, toks: list[list[int]], outputs: list[dict]) -> dict:
+    """Target argmax over prompt+output computed as one prefill vs as decode steps."""
+    full = [p + o["token_ids"] for p, o in zip(toks, outputs)]
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": f} for f in full], params, use_tqdm=False)
+    mismatches, drift, positions = [], 0.0, 0
+    for i, (p, o, res) in enumerate(zip(toks, outputs, outs)):
+        plp = res.prompt_logprobs or []
+        for j, tok in enumerate(o["token_ids"]):
+            entry = plp[len(p) + j] if len(p) + j < len(plp) else None
+            if not entry:
+                continue
+            positions += 1
+            ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)
+            pre_top = [[int(t), float(lp.logprob), int(lp.rank)] for t, lp in ranked]
+            dec_top = o["top"][j]
+            if tok in entry:
+                drift = max(drift, abs(float(entry[tok].logprob) - dec_top[0][1]))
+            best = next((e for e in pre_top if e[2] == 1), None)
+            if best is not None and best[0] != tok:
+                mismatches.append({"prompt": i, "position": j, "decode_top": dec_top,
+                                   "prefill_top": pre_top})
+    return {"positions": positions, "argmax_mismatches": len(mismatches),
+            "max_logit_drift": drift, "mismatches": mismatches[:20]}
 
 
 def _output_record(prompt: list[int], out) -> dict:

@@ -74,9 +74,12 @@ def download_wheels(dest: Path) -> list[Path]:
     for p in PLATFORMS:
         cmd += ["--platform", p]
     subprocess.run(cmd, check=True)
-    wanted = {_norm(line.split("==")[0]) for line in _requirements()}
-    wheels = [w for w in sorted(dest.glob("*.whl")) if _norm(w.name.split("-")[0]) in wanted]
-    missing = wanted - {_norm(w.name.split("-")[0]) for w in wheels}
+    # The cache may hold other versions from earlier pins: take exactly the pinned ones.
+    wanted = {(_norm(name), version) for name, version in
+              (line.split("==") for line in _requirements())}
+    wheels = [w for w in sorted(dest.glob("*.whl"))
+              if (_norm(w.name.split("-")[0]), w.name.split("-")[1]) in wanted]
+    missing = {n for n, _ in wanted} - {_norm(w.name.split("-")[0]) for w in wheels}
     if missing:
         raise SystemExit(f"wheels missing after download: {sorted(missing)}")
     return wheels
