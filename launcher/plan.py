@@ -344,7 +344,7 @@ def format_plan(plan: Plan) -> str:
     for key in plan.env_unset:
         lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
     lines.append("command")
-    lines.append("  " + " \\\n    ".join(_shell_groups(redact.argv(plan.argv))))
+    lines.append("  " + " \\\n    ".join(flag_groups(redact.argv(plan.argv))))
     if plan.patches:
         lines.append("patches")
         for p in plan.patches:
@@ -362,7 +362,7 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _shell_groups(argv: list[str]) -> list[str]:
+def flag_groups(argv: list[str]) -> list[str]:
     """One line per flag with its values, for a readable command."""
     groups = [argv[:3]]
     for arg in argv[3:]:

@@ -38,7 +38,7 @@ from typing import Any
 from launcher import redact
 from launcher.errors import LauncherError
 from launcher.paths import models_dir
-from launcher.plan import Plan
+from launcher.plan import Plan, flag_groups
 
 CONTAINER_PORT = 8000
 MODELS_MOUNT = "/models"
@@ -266,7 +266,7 @@ def format_container_spec(spec: dict[str, Any]) -> str:
     env_items += [f"{k}={redact.MASK}" for k in spec["secret_env"]]
     for i, item in enumerate(env_items):
         lines.append(("  env         " if i == 0 else "              ") + item)
-    lines.append("  command     " + " \\\n                ".join(_flag_groups(redact.argv(spec["command"]))))
+    lines.append("  command     " + " \\\n                ".join(flag_groups(redact.argv(spec["command"]))))
     lines.append("  health      " + spec["health_url"])
     lines.append("  as docker run:")
     lines.append("    " + " \\\n      ".join(_docker_run_groups(spec)))
@@ -286,19 +286,8 @@ def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
     for k in spec["secret_env"]:
         groups.append(f"-e {k}")  # taken from the caller's environment, never written out
     groups.append(shlex.quote(spec["image"]))
-    groups.extend(_flag_groups(redact.argv(spec["command"])))
+    groups.extend(flag_groups(redact.argv(spec["command"])))
     return groups
-
-
-def _flag_groups(argv: list[str]) -> list[str]:
-    """One shell-quoted group per flag with its values, for a readable command."""
-    groups = [argv[:3]]
-    for arg in argv[3:]:
-        if arg.startswith("--"):
-            groups.append([arg])
-        else:
-            groups[-1].append(arg)
-    return [" ".join(shlex.quote(a) for a in g) for g in groups]
 
 
 def image_hint(plan: Plan) -> str:

@@ -62,3 +62,39 @@ def copy_series(version: str, dest_root: Path, source_root: Path = TEST_PATCHES)
     dest = dest_root / "vllm" / version
     shutil.copytree(source_root / "vllm" / version, dest)
     return dest
+
+
+def check_applies_alone(version: str, patch, layout: str, tmp_path: Path) -> None:
+    """One patch, as the only entry of a series, applies through the engine to
+    the released tree, changes every file it touches, and each still compiles."""
+    import py_compile
+
+    from launcher.patching import engine
+
+    touched = [fp.path for fp in patch.files]
+    tree = mini_tree(version, layout, tmp_path / "tree", touched)
+    root = tmp_path / "patches"
+    (root / "vllm" / version).mkdir(parents=True)
+    shutil.copy2(patch.path, root / "vllm" / version / patch.name)
+    (root / "vllm" / version / "series").write_text(patch.name + "\n")
+
+    report = engine.apply(tree, patches_root=root)
+
+    assert [(r.id, r.outcome) for r in report.results] == [(patch.id, "applied")]
+    released = pristine(version, layout)
+    for rel in touched:
+        assert (tree / rel).read_bytes() != (released / rel).read_bytes(), rel
+        py_compile.compile(str(tree / rel), cfile=str(tmp_path / "c.pyc"), doraise=True)
+
+
+def series_applied_tree(version: str, dest: Path, extra=()) -> Path:
+    """The released wheel's files a probe reads, with the whole series applied."""
+    from launcher.patching import engine
+    from launcher.patching.series import series_for
+
+    series = series_for(version)
+    touched = sorted({fp.path for p in series.patches for fp in p.files})
+    tree = mini_tree(version, "site-packages", dest, [*touched, *extra])
+    report = engine.apply(tree)
+    assert {r.outcome for r in report.results} == {"applied"}
+    return tree

@@ -19,12 +19,10 @@ upstream change that invalidates one fails here rather than on a GPU.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import json
-import py_compile
-import shutil
 import subprocess
 import sys
 import types
@@ -32,10 +30,14 @@ from pathlib import Path
 
 import pytest
 
-from launcher.patching import engine
 from launcher.patching.series import load_series
 from launcher.paths import patches_dir
-from tests.integration.patch_trees import LAYOUTS, mini_tree, pristine
+from tests.integration.patch_trees import (
+    LAYOUTS,
+    check_applies_alone,
+    pristine,
+    series_applied_tree,
+)
 
 VERSION = "0.21.0"
 SERIES_DIR = patches_dir() / "vllm" / VERSION
@@ -82,20 +84,7 @@ def test_every_id_is_listed_in_the_readme():
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("patch", SERIES.patches, ids=_ids(SERIES.patches))
 def test_each_patch_applies_alone_through_the_engine_and_compiles(patch, layout, tmp_path):
-    touched = [fp.path for fp in patch.files]
-    tree = mini_tree(VERSION, layout, tmp_path / "tree", touched)
-    root = tmp_path / "patches"
-    (root / "vllm" / VERSION).mkdir(parents=True)
-    shutil.copy2(patch.path, root / "vllm" / VERSION / patch.name)
-    (root / "vllm" / VERSION / "series").write_text(patch.name + "\n")
-
-    report = engine.apply(tree, patches_root=root)
-
-    assert [(r.id, r.outcome) for r in report.results] == [(patch.id, "applied")]
-    released = pristine(VERSION, layout)
-    for rel in touched:
-        assert (tree / rel).read_bytes() != (released / rel).read_bytes(), rel
-        py_compile.compile(str(tree / rel), cfile=str(tmp_path / "c.pyc"), doraise=True)
+    check_applies_alone(VERSION, patch, layout, tmp_path)
 
 
 # ------------------------------------------------------------------ probe runs
@@ -104,11 +93,7 @@ def test_each_patch_applies_alone_through_the_engine_and_compiles(patch, layout,
 @pytest.fixture(scope="module")
 def patched_tree(tmp_path_factory) -> Path:
     """The released wheel's files the probe reads, with the whole series applied."""
-    touched = sorted({fp.path for p in SERIES.patches for fp in p.files})
-    tree = mini_tree(VERSION, "site-packages", tmp_path_factory.mktemp("patched"), [*touched, *PROBE_EXTRA])
-    report = engine.apply(tree)
-    assert {r.outcome for r in report.results} == {"applied"}
-    return tree
+    return series_applied_tree(VERSION, tmp_path_factory.mktemp("patched"), PROBE_EXTRA)
 
 
 def _probe(code_root: Path) -> dict:
