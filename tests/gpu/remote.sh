@@ -104,16 +104,16 @@ proof() {
     install
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
-    if ! grep -q t12-top2 "$MODELS/shapes.json" 2>/dev/null; then
+    if ! grep -q t12-unscaled "$MODELS/shapes.json" 2>/dev/null; then
         PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS" 2>&1 | grep -v "Writing model shards" || true
         [ -f "$MODELS/shapes.json" ] || { echo "checkpoint generation failed" >&2; return 1; }
     fi
     local r site
-    # MODES / DRAFTERS (comma-separated) narrow a round for diagnosis; such a
-    # round is labelled ROUND-diag and compared on its own.
-    local extra=() suffix=""
-    [ -n "${MODES:-}" ] && extra+=(--modes "$MODES") && suffix=-diag
-    [ -n "${DRAFTERS:-}" ] && extra+=(--drafters "$DRAFTERS") && suffix=-diag
+    # MODES / DRAFTERS (comma-separated) narrow a round; ROUND_SUFFIX (e.g.
+    # -diag) labels it apart from the standard rounds.
+    local extra=() suffix=${ROUND_SUFFIX:-}
+    [ -n "${MODES:-}" ] && extra+=(--modes "$MODES")
+    [ -n "${DRAFTERS:-}" ] && extra+=(--drafters "$DRAFTERS")
     for r in "${rounds[@]}"; do
         case "$r" in
             stock) site=$SITE ;;
@@ -123,6 +123,8 @@ proof() {
         "$PY" tests/gpu/run_modes.py --models "$MODELS" --site "$site" --label "$r$suffix" \
             --out "$WORK/$r$suffix.json" --logs "$WORK/logs-$r$suffix" \
             --deadline-s "${ROUND_DEADLINE_S:-540}" "${extra[@]}"
+        # Each finished round goes to $OUT at once, so a call cut short keeps it.
+        cp "$WORK/$r$suffix.json" "$OUT/" 2>/dev/null || true
     done
     local have=()
     for r in stock patched stock-diag patched-diag; do

@@ -98,7 +98,40 @@ def test_divergence_to_a_token_outside_the_baseline_top_two_is_not_lossless():
     cand = _run([_out([7, 6], [])], mode="dflash-auto", drafter="d2")
     v = compare.verdict(base, cand)
     assert v["lossless"] is False
-    assert "runner-up" in v["divergences"][0]["reason"]
+    assert "top two" in v["divergences"][0]["reason"]
+
+
+def test_exact_tie_reported_in_either_rank_order_is_lossless():
+    # Equal values: the logprobs list 3041 first, but the baseline's sampler took 2056.
+    base = _run([_out([2056], [_pos(3041, 5.40625, 2056, 5.40625)])])
+    cand = _run([_out([3041], [])], mode="dflash-auto", drafter="d3")
+    v = compare.verdict(base, cand)
+    assert v["lossless"] is True
+    assert v["divergences"][0]["tie"] is True
+
+
+def test_path_flip_annotation_explains_but_never_passes_a_strict_failure():
+    base = _run([_out([5, 6], [_pos(5, 3.0, 9, 1.0), _pos(6, 6.0, 7, 5.5)])], target="t12")
+    cand = _run([_out([5, 7], [])], mode="dflash-auto", drafter="d3", target="t12")
+    rescore = {"label": "stock-diag", "runs": [{
+        "mode": "baseline-rescore", "target": "t12", "ok": True, "outputs": [],
+        "rescore": {"positions": 2, "argmax_mismatches": 1, "mismatches": [
+            {"prompt": 0, "position": 1, "decode_top": _pos(6, 6.0, 7, 5.5),
+             "prefill_top": [[7, -1.0, 1], [6, -1.25, 2]]}]}}]}
+    rows = compare.summarize([{"label": "patched", "runs": [base, cand]}, rescore])
+    row = next(r for r in rows if r["mode"] == "dflash-auto")
+    v = row["verdict"]
+    assert v["lossless"] is False
+    assert v["divergences"][0]["on_target_path_flip"] is True
+    assert v["strict_failures_all_on_target_path_flips"] is True
+    rs_row = next(r for r in rows if r["mode"] == "baseline-rescore")
+    assert rs_row["rescore"] == {"positions": 2, "argmax_mismatches": 1}
+    assert "verdict" not in rs_row
+    # A flip to a different token than the one DFlash took explains nothing.
+    rescore["runs"][0]["rescore"]["mismatches"][0]["prefill_top"] = [[8, -1.0, 1], [6, -1.25, 2]]
+    row = next(r for r in compare.summarize([{"label": "patched", "runs": [base, cand]}, rescore])
+               if r["mode"] == "dflash-auto")
+    assert row["verdict"]["strict_failures_all_on_target_path_flips"] is False
 
 
 def test_shorter_output_is_not_lossless():
