@@ -188,7 +188,7 @@ def summarize(rounds: list[dict]) -> list[dict]:
 
 def _cell(row: dict) -> str:
     if not row["ok"]:
-        return "failed: " + (row["error"] or "unknown").replace("|", "/")[:160]
+        return "failed: " + (row["error"] or "unknown").replace("|", "/")[:240]
     v = row.get("verdict")
     if v is None:
         return "serves"
@@ -236,11 +236,23 @@ def markdown(rows: list[dict], meta: dict) -> str:
         groups = f"{r['kv_cache_groups']} ({','.join(map(str, r['drafter_kv_groups'])) or '-'})"
         if not r["ok"] and r["kv_cache_groups"] == 0:
             groups = "-"
+        target_attn = "/".join(r["target_backends"])
+        drafter_attn = "/".join(r["drafter_backends"])
+        if not r["ok"]:
+            # A run that failed during start-up has no runner to inspect; the log
+            # still names what was chosen (the target's forced backend, and the
+            # backend picked automatically, which can only be the drafter's).
+            if not target_attn and r.get("log_forced_triton"):
+                target_attn = "TRITON_ATTN (log)"
+            if not drafter_attn and r.get("log_backends_auto") and r["drafter"]:
+                drafter_attn = "/".join(sorted(set(r["log_backends_auto"]))) + " (log)"
         out.append(
             f"| {r['round']} | {r['target']} | {r['drafter'] or '-'} | {r['mode']} | "
-            f"{'/'.join(r['target_backends']) or '-'} | {'/'.join(r['drafter_backends']) or '-'} | "
-            f"{groups} | {_cell(r)} |"
+            f"{target_attn or '-'} | {drafter_attn or '-'} | {groups} | {_cell(r)} |"
         )
+    notes = meta.get("notes") or []
+    if notes:
+        out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"
 
 
