@@ -66,6 +66,14 @@ class TargetShape:
     # Weight of the RMSNorms after each attention / feed-forward branch (ones
     # by default). See TARGETS for why the 12-layer target lowers it.
     post_norm_scale: float | None = None
+    hidden_size: int = HIDDEN
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    num_global_key_value_heads: int = 1
+    num_experts: int = 4
+    moe_intermediate_size: int = 64
+    intermediate_size: int = 256
+    sliding_window: int = 64
 
     @property
     def layer_types(self) -> list[str]:
@@ -86,6 +94,14 @@ class DrafterShape:
     target: str
     num_layers: int
     target_layer_ids: list[int] = field(default_factory=list)
+    hidden_size: int = HIDDEN
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    head_dim: int = 128
+    # The public 26B-A4B drafter declares sliding layers (see REALSHAPE);
+    # None keeps the all-full qwen3 drafters of the first proof.
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
 
 
 # The 12-layer target scales its post-branch norms to 0.3. With all norms at
@@ -110,6 +126,38 @@ DIAGNOSTIC_DRAFTERS = [
     DrafterShape("dflash-d3-for-t12-unscaled", "gemma4-t12-unscaled", 3, [1, 5, 9]),
 ]
 
+# The real-shape proof (tests/gpu/realshape.py, issue 11): Gemma 4 26B-A4B's
+# layer mix at small width. Sources of each value (the released config as
+# public code reproduces it; shared/FACTS.md "Gemma 4 26B-A4B geometry"):
+#   30 layers, every 6th full (25 sliding + 5 full); head_dim 256 / global
+#   512; 16 query heads; 8 KV heads on sliding layers, 2 on full layers
+#   (num_global_key_value_heads); attention_k_eq_v; 128 experts, top-8;
+#   final_logit_softcapping 30; use_bidirectional_attention "vision";
+#   sliding_window 1024 (here 64: 1/16, so prompts pass it).
+# Shrunk: hidden 2816 -> 128, moe_intermediate 704 -> 64, dense
+# intermediate 2112 -> 128, vocabulary 262144 -> 4096. Post-branch norms at
+# 0.3 keep the deep random model bf16-stable (bf16_stability.py).
+REALSHAPE_TARGET = TargetShape(
+    "gemma4-a4b-r30", 30, top_k_experts=8, post_norm_scale=0.3, hidden_size=128,
+    num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=2,
+    num_experts=128, moe_intermediate_size=64, intermediate_size=128, sliding_window=64)
+# The public drafter (z-lab/gemma-4-26B-A4B-it-DFlash): 5 qwen3-style layers,
+# sliding window 2048 on the first 4, full attention on the last (per a
+# third-party conversion's model card, FACTS.md); window scaled by the same
+# 1/16 -> 128. target_layer_ids 1, 6, 11, 17, 22, 27: the target layers a
+# public engine documents reading for this drafter. head_dim 128 and the
+# head counts follow z-lab's qwen3 DFlash drafters; they are not checked
+# against this drafter's own config. Its hidden size is the target's (it
+# shares the target's embeddings and LM head).
+REALSHAPE_DRAFTER = DrafterShape(
+    "dflash-r5-for-a4b-r30", "gemma4-a4b-r30", 5, [1, 6, 11, 17, 22, 27],
+    hidden_size=128, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+    layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=128)
+SETS = {
+    "proof": (TARGETS + DIAGNOSTIC_TARGETS, DRAFTERS, DIAGNOSTIC_DRAFTERS),
+    "realshape": ([REALSHAPE_TARGET], [REALSHAPE_DRAFTER], []),
+}
+
 
 def gemma4_config_dict(shape: TargetShape) -> dict:
     """The target's config.json content (a Gemma4Config)."""
@@ -117,28 +165,28 @@ def gemma4_config_dict(shape: TargetShape) -> dict:
         "model_type": "gemma4_text",
         "vocab_size": VOCAB,
         "vocab_size_per_layer_input": VOCAB,
-        "hidden_size": HIDDEN,
-        "intermediate_size": 256,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
         "num_hidden_layers": shape.num_layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "num_global_key_value_heads": 1,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "num_global_key_value_heads": shape.num_global_key_value_heads,
         "head_dim": 256,
         "global_head_dim": 512,
         "attention_k_eq_v": True,
         "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6,
-        "sliding_window": 64,
+        "sliding_window": shape.sliding_window,
         "layer_types": shape.layer_types,
         "final_logit_softcapping": 30.0,
         "use_bidirectional_attention": "vision",
         "hidden_size_per_layer_input": 0,
         "num_kv_shared_layers": 0,
         "enable_moe_block": True,
-        "num_experts": 4,
+        "num_experts": shape.num_experts,
         "top_k_experts": shape.top_k_experts,
-        "moe_intermediate_size": 64,
+        "moe_intermediate_size": shape.moe_intermediate_size,
         "tie_word_embeddings": True,
         "initializer_range": INIT_STD,
         "pad_token_id": 0,
@@ -180,16 +228,16 @@ def gemma4_config_dict(shape: TargetShape) -> dict:
 
 def drafter_config_dict(shape: DrafterShape) -> dict:
     """The drafter's config.json content (qwen3-style DFlash)."""
-    return {
+    cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "vocab_size": VOCAB,
-        "hidden_size": HIDDEN,
+        "hidden_size": shape.hidden_size,
         "intermediate_size": 512,
         "num_hidden_layers": shape.num_layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 128,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "head_dim": shape.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6,
@@ -202,6 +250,10 @@ def drafter_config_dict(shape: DrafterShape) -> dict:
             "target_layer_ids": list(shape.target_layer_ids),
         },
     }
+    if shape.layer_types is not None:
+        cfg |= {"layer_types": list(shape.layer_types), "sliding_window": shape.sliding_window,
+                "use_sliding_window": True}
+    return cfg
 
 
 def _drafter_tensors(shape: DrafterShape, generator) -> dict:
@@ -282,31 +334,36 @@ def write_drafter(shape: DrafterShape, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(drafter_config_dict(shape), indent=2) + "\n")
 
 
-def shapes_manifest() -> dict:
+def shapes_manifest(which: str = "proof") -> dict:
+    targets, drafters, diagnostic = SETS[which]
     return {
+        "set": which,
         "vocab": VOCAB,
         "prompt_token_limit": PROMPT_TOKEN_LIMIT,
         "mask_token_id": MASK_TOKEN_ID,
         "init_std": INIT_STD,
         "targets": [
             {**asdict(t), "layer_types": t.layer_types, "num_full_layers": t.num_full_layers}
-            for t in TARGETS + DIAGNOSTIC_TARGETS
+            for t in targets
         ],
-        "drafters": [asdict(d) for d in DRAFTERS],
-        "diagnostic_drafters": [asdict(d) for d in DIAGNOSTIC_DRAFTERS],
+        "drafters": [asdict(d) for d in drafters],
+        "diagnostic_drafters": [asdict(d) for d in diagnostic],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="folder to write the checkpoints into")
+    parser.add_argument("--set", dest="which", choices=sorted(SETS), default="proof",
+                        help="proof: the first GPU proof's targets; realshape: the 26B-A4B layer mix")
     args = parser.parse_args(argv)
-    for t in TARGETS + DIAGNOSTIC_TARGETS:
+    targets, drafters, diagnostic = SETS[args.which]
+    for t in targets:
         write_target(t, args.out / t.name)
-    for d in DRAFTERS + DIAGNOSTIC_DRAFTERS:
+    for d in drafters + diagnostic:
         write_drafter(d, args.out / d.name)
-    (args.out / "shapes.json").write_text(json.dumps(shapes_manifest(), indent=2) + "\n")
-    print(f"wrote {len(TARGETS) + len(DIAGNOSTIC_TARGETS)} targets and {len(DRAFTERS) + len(DIAGNOSTIC_DRAFTERS)} drafters under {args.out}")
+    (args.out / "shapes.json").write_text(json.dumps(shapes_manifest(args.which), indent=2) + "\n")
+    print(f"wrote {len(targets)} targets and {len(drafters) + len(diagnostic)} drafters under {args.out}")
     return 0
 
 

@@ -25,31 +25,51 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # Keep NVLink multicast off, as the device machines require.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-manifest_field() { # manifest_field PYEXPR: evaluate with m = the bundle manifest
-    "$PY" -c "import json,sys; m=json.load(open(sys.argv[1])); print($1)" "$BUNDLE_DIR/bundle.json"
+manifest_field() { # manifest_field PYEXPR [STEM]: evaluate with m = the bundle (or STEM) manifest
+    "$PY" -c "import json,sys; m=json.load(open(sys.argv[1])); print($1)" "$BUNDLE_DIR/${2:-bundle}.json"
 }
 
-receive() {
-    mkdir -p "$BUNDLE_DIR"
-    [ -f "$STAGE/bundle.json" ] && cp "$STAGE/bundle.json" "$BUNDLE_DIR/bundle.json"
-    [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json carried yet" >&2; return 1; }
-    local part
-    for part in "$STAGE"/bundle.tar.xz.part*; do
-        [ -f "$part" ] || continue
-        cp "$part" "$BUNDLE_DIR/"
+assemble() { # assemble STEM: print STEM's part paths in order, after checking the whole sha256
+    local stem=$1 names p
+    names=$(manifest_field '" ".join(p["name"] for p in m["parts"])' "$stem") || return 1
+    local parts=()
+    for p in $names; do
+        [ -f "$BUNDLE_DIR/$p" ] || { echo "missing $stem part $p: carry it first (receive)" >&2; return 1; }
+        parts+=("$BUNDLE_DIR/$p")
     done
+    manifest_field 'm["sha256"] + "  -"' "$stem" > "$BUNDLE_DIR/$stem.whole.sha256"
+    cat "${parts[@]}" | sha256sum -c "$BUNDLE_DIR/$stem.whole.sha256" >/dev/null || {
+        echo "$stem: reassembled parts do not match the manifest's sha256" >&2; return 1; }
+    printf '%s\n' "${parts[@]}"
+}
+
+receive() { # copy carried parts of both bundles (bundle.*, extras.*) to $BUNDLE_DIR
+    mkdir -p "$BUNDLE_DIR"
+    local stem part
+    for stem in bundle extras; do
+        [ -f "$STAGE/$stem.json" ] && cp "$STAGE/$stem.json" "$BUNDLE_DIR/$stem.json"
+        for part in "$STAGE"/"$stem".tar*.part*; do
+            [ -f "$part" ] || continue
+            cp "$part" "$BUNDLE_DIR/"
+        done
+    done
+    [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json carried yet" >&2; return 1; }
     "$PY" - "$BUNDLE_DIR" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
-d = Path(sys.argv[1]); m = json.loads((d / "bundle.json").read_text())
-have = []
-for p in m["parts"]:
-    f = d / p["name"]
-    if f.exists() and hashlib.sha256(f.read_bytes()).hexdigest() == p["sha256"]:
-        have.append(p["name"])
-    elif f.exists():
-        f.unlink(); print(f"bad checksum, dropped: {p['name']}")
-print(f"bundle parts held: {len(have)}/{len(m['parts'])} {have}")
+d = Path(sys.argv[1])
+for stem in ("bundle", "extras"):
+    if not (d / f"{stem}.json").exists():
+        continue
+    m = json.loads((d / f"{stem}.json").read_text())
+    have = []
+    for p in m["parts"]:
+        f = d / p["name"]
+        if f.exists() and hashlib.sha256(f.read_bytes()).hexdigest() == p["sha256"]:
+            have.append(p["name"])
+        elif f.exists():
+            f.unlink(); print(f"bad checksum, dropped: {p['name']}")
+    print(f"{stem} parts held: {len(have)}/{len(m['parts'])} {have}")
 EOF
 }
 
@@ -57,20 +77,11 @@ install() {
     if [ -f "$SITE/.bundle-installed" ]; then
         echo "bundle already installed in $SITE"; return 0
     fi
-    local n whole
-    n=$(manifest_field 'len(m["parts"])')
-    whole=$(manifest_field 'm["sha256"]')
-    local parts=()
-    for i in $(seq 0 $((n - 1))); do
-        parts+=("$BUNDLE_DIR/$(printf 'bundle.tar.xz.part%02d' "$i")")
-    done
-    for p in "${parts[@]}"; do
-        [ -f "$p" ] || { echo "missing bundle part $p: carry it first (receive)" >&2; return 1; }
-    done
-    echo "$whole  -" > "$BUNDLE_DIR/whole.sha256"
-    cat "${parts[@]}" | sha256sum -c "$BUNDLE_DIR/whole.sha256" >/dev/null
+    local parts
+    parts=$(assemble bundle) || return 1
     rm -rf "$WORK/bundle" && mkdir -p "$WORK/bundle" "$SITE"
-    cat "${parts[@]}" | xz -d | tar -x -C "$WORK/bundle"
+    # shellcheck disable=SC2086
+    cat $parts | xz -d | tar -x -C "$WORK/bundle"
     # Exact pins from the requirements file: a stale wheel in the bundle is ignored.
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" --find-links "$WORK/bundle/wheels" -r tests/gpu/bundle-requirements.txt
@@ -152,11 +163,66 @@ EOF
     tar -C "$WORK" -czf "$OUT/logs.tar.gz" "${logs[@]}"
 }
 
+MODELS_RS=${MODELS_RS:-/tmp/models-rs}
+
+extras() { # FA2 into the installed vLLM, carried checkpoints into $MODELS_RS (once)
+    [ -f "$SITE/.extras-installed" ] && { echo "extras already installed"; return 0; }
+    [ -f "$BUNDLE_DIR/extras.json" ] || { echo "no extras.json carried (stage.py --extras)" >&2; return 1; }
+    local parts
+    parts=$(assemble extras) || return 1
+    rm -rf "$WORK/extras" && mkdir -p "$WORK/extras" "$MODELS_RS"
+    # shellcheck disable=SC2086
+    cat $parts | tar -x -C "$WORK/extras"
+    xz -d -c "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" > "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
+    cp -a "$WORK/extras/models/." "$MODELS_RS/"
+    rm -rf "$WORK/extras"
+    touch "$SITE/.extras-installed"
+    PYTHONPATH=$SITE "$PY" -c 'import vllm.vllm_flash_attn._vllm_fa2_C as m; print("FA2 loads:", m.__file__)'
+}
+
+realshape_meta() { # realshape_meta OUT.json: date, GPU, versions, series hash, command
+    PYTHONPATH=$SITE "$PY" - "$1" "$WORK/gpu.txt" "$(series_hash)" <<'EOF'
+import datetime, json, sys
+import torch, vllm
+json.dump({
+    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    "gpu": open(sys.argv[2]).read().strip(), "vllm": vllm.__version__, "torch": torch.__version__,
+    "series_hash": sys.argv[3] or None,
+    "command": "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')",
+}, open(sys.argv[1], "w"), indent=1)
+EOF
+}
+
+realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
+    install
+    extras
+    mkdir -p "$OUT" "$WORK"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    if [ ! -f "$MODELS_RS/shapes.json" ]; then
+        PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS_RS" --set realshape 2>&1 \
+            | grep -v "Writing model shards" || true
+    fi
+    [ -d "$SITE_PATCHED/vllm" ] || patched_site | tee "$WORK/patch-apply.txt"
+    realshape_meta "$WORK/rs-meta.json"
+    if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
+        cp tests/gpu/results/realshape.json "$OUT/"
+    fi
+    local extra=()
+    [ -n "${RUNS:-}" ] && extra+=(--runs "$RUNS")
+    "$PY" tests/gpu/realshape.py --models "$MODELS_RS" --site-stock "$SITE" \
+        --site-patched "$SITE_PATCHED:$SITE" --raw-dir "$WORK/realshape-raw" --meta "$WORK/rs-meta.json" \
+        --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
+        "${extra[@]}"
+    tar -C "$WORK" -czf "$OUT/realshape-logs.tar.gz" realshape-raw
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
     receive) receive ;;
     install) install ;;
+    extras) extras ;;
     proof) proof "$@" ;;
-    *) echo "usage: $0 receive|install|proof [stock] [patched]" >&2; exit 2 ;;
+    realshape) realshape ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape" >&2; exit 2 ;;
 esac

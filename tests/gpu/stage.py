@@ -121,8 +121,9 @@ def pack(tree: Path, out: Path) -> Path:
     return tarball
 
 
-def split(tarball: Path, out: Path) -> dict:
-    for old in out.glob("bundle.tar.xz.part*"):
+def split(tarball: Path, out: Path, stem: str = "bundle") -> dict:
+    """Cut ``tarball`` into ``<stem>.<suffix>.partNN`` files plus ``<stem>.json`` (checksums)."""
+    for old in out.glob(f"{tarball.name}.part*"):
         old.unlink()
     whole = hashlib.sha256()
     parts = []
@@ -130,24 +131,58 @@ def split(tarball: Path, out: Path) -> dict:
         index = 0
         while chunk := fh.read(PART_BYTES):
             whole.update(chunk)
-            name = f"bundle.tar.xz.part{index:02d}"
+            name = f"{tarball.name}.part{index:02d}"
             (out / name).write_bytes(chunk)
             parts.append({"name": name, "bytes": len(chunk),
                           "sha256": hashlib.sha256(chunk).hexdigest()})
             index += 1
     manifest = {"vllm": VLLM_VERSION, "sha256": whole.hexdigest(),
                 "bytes": tarball.stat().st_size, "parts": parts}
-    (out / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def pack_extras(wheel: Path, models: list[Path], out: Path) -> dict:
+    """The second bundle: FA2 (what FLASH_ATTN runs on sm_12x) and checkpoints made here.
+
+    ``_vllm_fa2_C.abi3.so`` is xz-compressed on its own (190 MB -> ~54 MB); the
+    checkpoints (NVFP4 from ``launcher quantize``, which the device cannot
+    run: no modelopt there) go in as they are. ``remote.sh extras`` unpacks
+    the library into the installed vLLM and the checkpoints into $MODELS.
+    """
+    work = out / "extras-tree"
+    if work.exists():
+        shutil.rmtree(work)
+    (work / "fa2").mkdir(parents=True)
+    member = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
+    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, \
+            (work / "fa2" / "_vllm_fa2_C.abi3.so").open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    subprocess.run(["xz", "-T0", "-6", "-f", str(work / "fa2" / "_vllm_fa2_C.abi3.so")], check=True)
+    tarball = out / "extras.tar"
+    with tarfile.open(tarball, "w") as tf:
+        tf.add(work / "fa2", arcname="fa2")
+        for m in models:
+            tf.add(m, arcname=f"models/{m.name}")
+    manifest = split(tarball, out, stem="extras")
+    tarball.unlink()
+    shutil.rmtree(work)
     return manifest
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / ".stage")
+    parser.add_argument("--extras", nargs="*", type=Path, metavar="CHECKPOINT",
+                        help="pack only the extras bundle: FA2 plus these checkpoint folders")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     wheel = vllm_wheel()
+    if args.extras is not None:
+        manifest = pack_extras(wheel, args.extras, out)
+        print(f"extras: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
+        return 0
     wheels = download_wheels(out / "wheels-cache")
     build_tree(wheel, wheels, out / "tree")
     tarball = pack(out / "tree", out)

@@ -1,0 +1,445 @@
+"""The real-shape GPU proof (issue 11): Gemma 4 26B-A4B's layer mix with the public drafter's shape.
+
+What it runs, per vLLM tree (stock or with the series), each run in its own
+subprocess with the engine core in-process (so the runner can be inspected):
+
+* ``reference``: the target alone, every prompt submitted on its own
+  (``max_num_seqs=1``), two passes in one engine. Batched no-drafter runs are
+  not run-to-run deterministic on 0.21.0 (tests/gpu/README.md, "Determinism"),
+  so the lossless reference is the one-at-a-time run, and it only counts when
+  both passes agree token for token.
+* ``dflash``: DFlash with 15 speculative tokens, groups of 1, 3, 5 and 17
+  concurrent requests (each verify step then carries 16, 48, 80 or 272 query
+  tokens; with the capture list below 16 is a CUDA-graph size, the others
+  are padded up to one), prefix caching on.
+* ``reference-batched`` (diagnostic): the 17 prompts in one batch, two passes,
+  to record whether the batched target alone holds still.
+
+``kv_blocks`` shrinks the KV pool (``num_gpu_blocks_override``) so that the
+17 concurrent requests use most of it: on stock 0.21.0 the FLEX drafter's
+``(2, num_blocks, ...)`` view of a tensor that TRITON target layers read as
+``(num_blocks, 2, ...)`` then writes into pages of live target sequences.
+
+Each DFlash run is judged against the reference of the same series and
+quantization (``compare.compare_prompt``: identical, or the first divergence
+is a tie of the reference with the DFlash token its runner-up).
+
+Usage (device, after ``remote.sh install``; ``remote.sh realshape`` wraps it):
+``python tests/gpu/realshape.py --models DIR --site-stock S --site-patched P --runs a,b --out OUT.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+import run_modes  # noqa: E402
+
+TARGET = "gemma4-a4b-r30"
+DRAFTER = "dflash-r5-for-a4b-r30"
+NUM_SPECULATIVE_TOKENS = 15
+MAX_MODEL_LEN = 512
+# Verify steps of 1/3/5/17 requests carry 16/48/80/272 tokens: 16 is captured,
+# 48, 80 and 272 are padded to 64, 128 and 512. Decode steps of the
+# one-at-a-time reference (1 token) are captured too.
+CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+CONCURRENCY = (1, 3, 5, 17)
+PROMPT_SEED = 20261126
+# Crossing the target's 64-token window and the drafter's 128-token window.
+PROMPT_LENGTHS = [300, 5, 70, 150, 40, 129, 200, 64, 260, 12, 100, 65, 180, 33, 220, 90, 130]
+MAX_TOKENS = [96, 64, 48, 80, 96, 64, 72, 56, 96, 48, 64, 80, 56, 72, 64, 48, 88]
+CHILD_TIMEOUT_S = 420
+
+_LINEAR = re.compile(r"Using (\w+) for NVFP4 GEMM|Using (\w*NvFp4LinearKernel)|(\w+NvFp4LinearKernel)")
+_MOE = re.compile(r"Using '?(\w+)'? NvFp4 MoE backend|NvFp4 MoE backend[^\w]+'?(\w+)")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One engine start. ``name`` is unique; ``key()`` is what records merge on."""
+
+    name: str
+    series: str  # "stock" | "patched"
+    mode: str  # "reference" | "reference-batched" | "dflash"
+    quant: str = "bf16"  # "bf16" | "modelopt-nvfp4"
+    drafter_backend: str | None = None  # None (auto) | "flash_attn"
+    flash_attn_version: int | None = None  # forced FA version (2 as on sm_12x)
+    cuda_graphs: bool = True
+    kv_blocks: int | None = None
+    batch_invariant: bool = False
+    diagnostic: bool = False
+    concurrency: tuple[int, ...] = CONCURRENCY
+
+    def key(self) -> dict:
+        return {"series": self.series, "mode": self.mode, "quantization": self.quant,
+                "drafter_backend": self.drafter_backend or ("auto" if self.mode == "dflash" else None),
+                "flash_attn_version": self.flash_attn_version, "cuda_graphs": self.cuda_graphs,
+                "kv_blocks": self.kv_blocks, "batch_invariant": self.batch_invariant}
+
+
+def _runs() -> list[RunSpec]:
+    # Ranked: what the done-when needs first (FA2 + CUDA graphs + NVFP4, the
+    # references they are judged against), then stock vs patched, then diagnosis.
+    small_pool = 96
+    return [
+        RunSpec("ref-nvfp4", "patched", "reference", "modelopt-nvfp4"),
+        RunSpec("patched-fa2-nvfp4", "patched", "dflash", "modelopt-nvfp4", "flash_attn", 2),
+        RunSpec("ref-bf16", "patched", "reference"),
+        RunSpec("patched-fa2-bf16", "patched", "dflash", "bf16", "flash_attn", 2),
+        RunSpec("patched-auto-fa2-bf16", "patched", "dflash", "bf16", None, 2),
+        RunSpec("stock-fa-bf16", "stock", "dflash", "bf16", "flash_attn", 2),
+        RunSpec("stock-auto-bf16", "stock", "dflash", "bf16", None, 2),
+        RunSpec("stock-auto-bf16-smallkv", "stock", "dflash", "bf16", None, 2, kv_blocks=small_pool,
+                concurrency=(17,)),
+        RunSpec("patched-fa2-bf16-smallkv", "patched", "dflash", "bf16", "flash_attn", 2,
+                kv_blocks=small_pool, concurrency=(17,)),
+        RunSpec("patched-auto-fa2-nvfp4", "patched", "dflash", "modelopt-nvfp4", None, 2),
+        RunSpec("stock-auto-nvfp4-smallkv", "stock", "dflash", "modelopt-nvfp4", None, 2,
+                kv_blocks=small_pool, concurrency=(17,)),
+        RunSpec("stock-fa-nvfp4", "stock", "dflash", "modelopt-nvfp4", "flash_attn", 2),
+        RunSpec("patched-fa3-bf16", "patched", "dflash", "bf16", "flash_attn", None),
+        RunSpec("patched-fa2-bf16-eager", "patched", "dflash", "bf16", "flash_attn", 2, cuda_graphs=False),
+        RunSpec("refbatch-bf16", "patched", "reference-batched", diagnostic=True),
+        RunSpec("refbatch-bf16-invariant", "patched", "reference-batched", batch_invariant=True,
+                diagnostic=True),
+    ]
+
+
+RUNS = {r.name: r for r in _runs()}
+
+
+def prompts(token_limit: int) -> list[list[int]]:
+    rng = random.Random(PROMPT_SEED)
+    return [[rng.randrange(3, token_limit) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+# --------------------------------------------------------------------- child
+
+
+def engine_kwargs(spec: RunSpec, models: Path) -> dict:
+    target = models / (TARGET + ("-nvfp4" if spec.quant == "modelopt-nvfp4" else ""))
+    kwargs: dict = dict(
+        model=str(target), skip_tokenizer_init=True, dtype="bfloat16",
+        max_model_len=MAX_MODEL_LEN, seed=0, logprobs_mode="raw_logits",
+        gpu_memory_utilization=0.5, enable_prefix_caching=True,
+        max_num_seqs=1 if spec.mode == "reference" else max(CONCURRENCY),
+        # Text-only prompts: no HF processor or tokenizer needed; the target
+        # stays the multimodal model and keeps is_mm_prefix_lm.
+        limit_mm_per_prompt={"image": 0, "video": 0},
+        enforce_eager=not spec.cuda_graphs,
+    )
+    if spec.cuda_graphs:
+        kwargs["compilation_config"] = {"cudagraph_capture_sizes": CAPTURE_SIZES}
+    if spec.flash_attn_version is not None:
+        kwargs["attention_config"] = {"flash_attn_version": spec.flash_attn_version}
+    if spec.kv_blocks is not None:
+        kwargs["num_gpu_blocks_override"] = spec.kv_blocks
+    if spec.mode == "dflash":
+        sc = {"method": "dflash", "model": str(models / DRAFTER),
+              "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+        if spec.drafter_backend:
+            sc["attention_backend"] = spec.drafter_backend
+        kwargs["speculative_config"] = sc
+    return kwargs
+
+
+def _generate(llm, params, batch: list[list[int]]) -> list[dict]:
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params[:len(batch)],
+                        use_tqdm=False)
+    return [run_modes._output_record(p, o) for p, o in zip(batch, outs)]
+
+
+def _engine_facts(llm) -> dict:
+    facts: dict = {}
+    try:
+        cfg = llm.llm_engine.vllm_config
+        facts["capture_sizes"] = list(cfg.compilation_config.cudagraph_capture_sizes or [])
+        facts["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
+        runner = run_modes._runner(llm)
+        kv = getattr(runner, "kv_cache_config", None)
+        facts["num_kv_blocks"] = getattr(kv, "num_blocks", None)
+    except Exception as exc:  # recorded, not fatal
+        facts["facts_error"] = f"{type(exc).__name__}: {exc}"
+    return facts
+
+
+def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
+    result: dict = {"name": spec.name, "ok": False}
+    t0 = time.time()
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams
+
+        result["vllm_version"] = vllm.__version__
+        llm = LLM(**engine_kwargs(spec, models))
+        result["init_s"] = round(time.time() - t0, 1)
+        result.update(run_modes._inspect(llm))
+        result.update(_engine_facts(llm))
+        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=2,
+                                 detokenize=False) for m in MAX_TOKENS]
+        toks = prompts(token_limit)
+        t1 = time.time()
+        if spec.mode == "reference":
+            result["passes"] = [[_generate(llm, [params[i]], [p])[0] for i, p in enumerate(toks)]
+                                for _ in range(2)]
+        elif spec.mode == "reference-batched":
+            result["passes"] = [_generate(llm, params, toks) for _ in range(2)]
+        else:
+            result["groups"] = {str(c): _generate(llm, params, toks[:c]) for c in spec.concurrency}
+        result["generate_s"] = round(time.time() - t1, 2)
+        result["ok"] = True
+    except BaseException as exc:  # noqa: BLE001 - every failure is a result here
+        traceback.print_exc()
+        result["error"] = {"root_cause": run_modes._root_cause(exc),
+                           "raised": f"{type(exc).__name__}: {exc}"}
+    result["wall_s"] = round(time.time() - t0, 1)
+    return result
+
+
+# ------------------------------------------------------------------ verdicts
+
+
+def passes_agree(passes: list[list[dict]]) -> dict:
+    """Do two passes of the same run give the same tokens? (run-to-run determinism)"""
+    a, b = passes
+    differ = [i for i, (x, y) in enumerate(zip(a, b)) if x["token_ids"] != y["token_ids"]]
+    first = {}
+    for i in differ:
+        pos = next((j for j, (x, y) in enumerate(zip(a[i]["token_ids"], b[i]["token_ids"]))
+                    if x != y), None)
+        first[str(i)] = pos
+    return {"stable": not differ, "prompts_differing": differ, "first_difference": first}
+
+
+def judge(reference: dict | None, run: dict) -> dict:
+    """Lossless verdict of a DFlash run's groups against a one-at-a-time reference."""
+    if reference is None or not reference.get("ok"):
+        return {"lossless": None, "reason": "no reference run"}
+    stable = passes_agree(reference["passes"])
+    if not stable["stable"]:
+        return {"lossless": None, "reason": "reference not deterministic", "reference": stable}
+    if not run.get("ok"):
+        return {"lossless": None, "reason": "run failed"}
+    ref = reference["passes"][0]
+    divergences, identical, total = [], 0, 0
+    for group, outs in run["groups"].items():
+        for i, out in enumerate(outs):
+            total += 1
+            d = compare.compare_prompt(i, ref[i], out)
+            if d is None:
+                identical += 1
+            else:
+                divergences.append({"concurrency": int(group), **d})
+    return {"lossless": all(d["tie"] for d in divergences), "prompt_runs": total,
+            "identical": identical, "divergences": divergences}
+
+
+def _backend(names: dict) -> str | None:
+    kinds = sorted(set(names.values()))
+    return "+".join(kinds) if kinds else None
+
+
+def _quant_backends(log_text: str) -> dict:
+    linear = sorted({next(g for g in m.groups() if g) for m in _LINEAR.finditer(log_text)})
+    moe = sorted({next(g for g in m.groups() if g) for m in _MOE.finditer(log_text)})
+    return {"linear_backend": linear or None, "moe_backend": moe or None}
+
+
+def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict:
+    """One results record (the issue's fields plus what explains them)."""
+    backends = raw.get("backends") or {}
+    rec = {
+        "name": spec.name, **spec.key(),
+        "vllm": raw.get("vllm_version") or meta.get("vllm"),
+        "series": "stock" if spec.series == "stock" else meta.get("series_hash"),
+        "target": {"sliding": 25, "full": 5},
+        "drafter_layers": 5 if spec.mode == "dflash" else None,
+        "drafter_backend_observed": _backend(backends.get("drafter", {})),
+        "target_backend_observed": _backend(backends.get("target", {})),
+        "ok": bool(raw.get("ok")),
+        "error": raw.get("log_error_line") or (raw.get("error") or {}).get("root_cause"),
+        "diagnostic": spec.diagnostic,
+        "concurrency": list(spec.concurrency) if spec.mode == "dflash" else None,
+        "capture_sizes": raw.get("capture_sizes"),
+        "num_kv_blocks": raw.get("num_kv_blocks"),
+        "kv_cache_groups": [{k: g[k] for k in ("gid", "spec", "block_size", "head_size")}
+                            | {"layers": len(g["layers"]), "drafter_layers": len(g["drafter_layers"])}
+                            for g in raw.get("kv_cache_groups") or []],
+        "num_kv_cache_tensors": raw.get("num_kv_cache_tensors"),
+        "wall_s": raw.get("wall_s"),
+        **_quant_backends("\n".join(raw.get("log_text_for_backends", []))),
+    }
+    if spec.mode == "dflash":
+        v = judge(reference, raw)
+        rec["lossless"] = v.get("lossless")
+        rec["divergences"] = v.get("divergences", [])
+        rec["verdict"] = {k: v[k] for k in v if k not in ("lossless", "divergences")}
+    else:
+        rec["lossless"] = None
+        rec["divergences"] = []
+        if raw.get("ok"):
+            rec["determinism"] = passes_agree(raw["passes"])
+    return rec
+
+
+def merge(existing: list[dict], new: list[dict]) -> list[dict]:
+    """Records with the same configuration (vllm, series, key fields) are replaced."""
+    def ident(r: dict) -> tuple:
+        return (r.get("vllm"), r.get("series"), json.dumps(r.get("target"), sort_keys=True),
+                r.get("drafter_layers"), r.get("mode"), r.get("quantization"),
+                r.get("drafter_backend"), r.get("flash_attn_version"), r.get("cuda_graphs"),
+                r.get("kv_blocks"), r.get("batch_invariant"))
+    fresh = {ident(r) for r in new}
+    return [r for r in existing if ident(r) not in fresh] + new
+
+
+def markdown(records: list[dict], meta: dict) -> str:
+    lines = [
+        "# Real-shape GPU proof: Gemma 4 26B-A4B layer mix + the public drafter's shape",
+        "",
+        f"Regenerate: {meta.get('command', 'bash tests/gpu/remote.sh realshape')}. "
+        "Target: 30 layers (25 sliding head_dim 256 + 5 full head_dim 512, K=V), 128 experts top-8, "
+        "hidden 128; drafter: 5 layers (4 sliding + 1 full). Lossless = identical to the one-at-a-time "
+        "reference, or first divergence on a reference tie (tests/gpu/README.md).",
+        "",
+        "| vLLM | series | run | quant | drafter backend (asked → got) | FA | graphs | KV blocks | ok | lossless | error / divergences |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        series = r["series"] if r["series"] == "stock" else f"series {str(r['series'])[:8]}"
+        asked = r.get("drafter_backend") or "-"
+        got = r.get("drafter_backend_observed") or "-"
+        if r.get("error"):
+            detail = r["error"]
+        elif r.get("mode") == "dflash":
+            v = r.get("verdict", {})
+            divs = r.get("divergences") or []
+            detail = f"{v.get('identical', '?')}/{v.get('prompt_runs', '?')} identical"
+            if divs:
+                worst = max((d.get("gap") or 0 for d in divs), default=0)
+                detail += f"; {len(divs)} divergent (ties: {sum(d['tie'] for d in divs)}, max gap {worst:.3g})"
+            if v.get("reason"):
+                detail += f"; {v['reason']}"
+        else:
+            det = r.get("determinism") or {}
+            detail = "two passes identical" if det.get("stable") else f"passes differ: prompts {det.get('prompts_differing')}"
+        label = r["name"] + (" (diagnostic)" if r.get("diagnostic") else "")
+        lines.append(
+            f"| {r.get('vllm')} | {series} | {label} | {r.get('quantization')} | {asked} → {got} | "
+            f"{r.get('flash_attn_version') or '-'} | {'on' if r.get('cuda_graphs') else 'eager'} | "
+            f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | "
+            f"{'yes' if r.get('ok') else 'no'} | {r.get('lossless')} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------- parent
+
+
+def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int,
+            timeout: float) -> dict:
+    env = dict(os.environ)
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if spec.batch_invariant:
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    res_file, log_file = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
+    cmd = [sys.executable, __file__, "--child", spec.name, "--models", str(models),
+           "--token-limit", str(token_limit), "--result", str(res_file)]
+    with log_file.open("w") as lf:
+        try:
+            rc = subprocess.run(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    text = log_file.read_text(errors="replace")
+    raw = json.loads(res_file.read_text()) if res_file.exists() else {
+        "name": spec.name, "ok": False, "error": {"root_cause": f"child exit {rc}"}}
+    raw["exit"] = rc
+    raw.update(run_modes.parse_log(text))
+    raw["log_text_for_backends"] = [ln for ln in text.splitlines()
+                                    if "NvFp4" in ln or "NVFP4" in ln or "Marlin" in ln][:20]
+    raw["log_tail"] = text.splitlines()[-30:]
+    return raw
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child")
+    parser.add_argument("--result", type=Path)
+    parser.add_argument("--token-limit", type=int, default=4080)
+    parser.add_argument("--models", type=Path, required=True)
+    parser.add_argument("--site-stock")
+    parser.add_argument("--site-patched")
+    parser.add_argument("--runs", help=f"comma-separated, from {list(RUNS)} (default: all, ranked)")
+    parser.add_argument("--raw-dir", type=Path, help="per-run raw results and logs")
+    parser.add_argument("--out", type=Path, help="realshape.json to merge into")
+    parser.add_argument("--md", type=Path)
+    parser.add_argument("--meta", type=Path)
+    parser.add_argument("--deadline-s", type=float, default=540)
+    args = parser.parse_args(argv)
+    if args.child:
+        res = run_child(RUNS[args.child], args.models, args.token_limit)
+        args.result.write_text(json.dumps(res) + "\n")
+        return 0
+    names = args.runs.split(",") if args.runs else list(RUNS)
+    unknown = set(names) - set(RUNS)
+    if unknown:
+        parser.error(f"unknown run(s) {sorted(unknown)}")
+    meta = json.loads(args.meta.read_text()) if args.meta else {}
+    raw_dir = args.raw_dir or Path("/tmp/realshape-raw")
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    token_limit = json.loads((args.models / "shapes.json").read_text())["prompt_token_limit"]
+    started = time.time()
+    for name in names:
+        spec = RUNS[name]
+        left = args.deadline_s - (time.time() - started)
+        if left < 45:
+            print(f"[{name}] skipped: deadline", flush=True)
+            continue
+        site = args.site_stock if spec.series == "stock" else args.site_patched
+        print(f"[{name}] ...", flush=True)
+        t0 = time.time()
+        raw = run_one(spec, args.models, site, raw_dir, token_limit, min(CHILD_TIMEOUT_S, left + 30))
+        (raw_dir / f"{name}.raw.json").write_text(json.dumps(raw) + "\n")
+        status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
+        print(f"    {time.time() - t0:.0f}s {status}", flush=True)
+    # Verdicts use every raw result present (earlier calls on the warm machine too).
+    raws = {p.name[:-len(".raw.json")]: json.loads(p.read_text())
+            for p in sorted(raw_dir.glob("*.raw.json"))}
+    records = []
+    for name, raw in raws.items():
+        if name not in RUNS:
+            continue
+        spec = RUNS[name]
+        ref_spec = next((r for r in RUNS.values() if r.mode == "reference"
+                         and r.series == "patched" and r.quant == spec.quant), None)
+        reference = raws.get(ref_spec.name) if ref_spec else None
+        records.append(record(spec, raw, reference, meta))
+    if args.out:
+        existing = json.loads(args.out.read_text()) if args.out.exists() else []
+        merged = merge(existing, records)
+        args.out.write_text(json.dumps(merged, indent=1) + "\n")
+        if args.md:
+            args.md.write_text(markdown(merged, meta))
+    for r in records:
+        print(f"{r['name']}: ok={r['ok']} lossless={r['lossless']} drafter={r['drafter_backend_observed']} "
+              f"err={r['error']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The real-shape GPU proof's pure parts (tests/gpu/realshape.py), without torch or a GPU.
+
+The shapes must be the 26B-A4B's (layer mix, head dims, KV heads per layer
+kind, experts) and the public drafter's (5 layers, 4 sliding + 1 full); the
+verdicts must refuse a moving reference and name divergences by concurrency.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU_DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mc = _load("make_checkpoints")
+rs = _load("realshape")
+
+
+def test_realshape_target_has_the_26b_a4b_layer_mix_and_kv_heads():
+    text = mc.gemma4_config_dict(mc.REALSHAPE_TARGET)["text_config"]
+    kinds = text["layer_types"]
+    assert (kinds.count("sliding_attention"), kinds.count("full_attention")) == (25, 5)
+    assert all(kinds[i] == "full_attention" for i in (5, 11, 17, 23, 29))
+    assert (text["head_dim"], text["global_head_dim"]) == (256, 512)
+    assert (text["num_attention_heads"], text["num_key_value_heads"],
+            text["num_global_key_value_heads"]) == (16, 8, 2)
+    assert (text["num_experts"], text["top_k_experts"]) == (128, 8)
+    assert text["attention_k_eq_v"] is True
+    assert text["final_logit_softcapping"] == 30.0
+    assert text["use_bidirectional_attention"] == "vision"
+
+
+def test_realshape_drafter_has_the_public_drafters_layers_and_fits_the_target():
+    d = mc.REALSHAPE_DRAFTER
+    cfg = mc.drafter_config_dict(d)
+    assert cfg["num_hidden_layers"] == 5
+    assert cfg["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert cfg["hidden_size"] == mc.REALSHAPE_TARGET.hidden_size  # shares embeddings / LM head
+    assert max(cfg["dflash_config"]["target_layer_ids"]) + 1 < mc.REALSHAPE_TARGET.num_layers
+    # Windows scaled alike: prompts cross both (the drafter's is twice the target's).
+    assert cfg["sliding_window"] == 2 * mc.REALSHAPE_TARGET.sliding_window
+    lengths = rs.PROMPT_LENGTHS
+    assert any(n > cfg["sliding_window"] for n in lengths)
+    assert any(mc.REALSHAPE_TARGET.sliding_window < n <= cfg["sliding_window"] for n in lengths)
+
+
+def test_manifest_of_each_set_names_only_its_own_pairs():
+    real = mc.shapes_manifest("realshape")
+    assert [t["name"] for t in real["targets"]] == [mc.REALSHAPE_TARGET.name]
+    assert [d["name"] for d in real["drafters"]] == [mc.REALSHAPE_DRAFTER.name]
+    proof = mc.shapes_manifest("proof")
+    assert mc.REALSHAPE_TARGET.name not in {t["name"] for t in proof["targets"]}
+
+
+def test_verify_token_counts_mix_captured_and_padded_sizes():
+    counts = [c * (rs.NUM_SPECULATIVE_TOKENS + 1) for c in rs.CONCURRENCY]
+    captured = [n for n in counts if n in rs.CAPTURE_SIZES]
+    padded = [n for n in counts if n not in rs.CAPTURE_SIZES]
+    assert captured and padded
+    assert max(counts) <= max(rs.CAPTURE_SIZES)
+    assert len(rs.PROMPT_LENGTHS) == len(rs.MAX_TOKENS) == max(rs.CONCURRENCY)
+    assert max(p + m for p, m in zip(rs.PROMPT_LENGTHS, rs.MAX_TOKENS)) \
+        + rs.NUM_SPECULATIVE_TOKENS < rs.MAX_MODEL_LEN
+
+
+def test_engine_kwargs_force_fa2_and_the_small_pool_only_when_asked():
+    spec = rs.RUNS["patched-fa2-nvfp4"]
+    kw = rs.engine_kwargs(spec, Path("/m"))
+    assert kw["model"].endswith("-nvfp4")
+    assert kw["attention_config"] == {"flash_attn_version": 2}
+    assert kw["speculative_config"]["attention_backend"] == "flash_attn"
+    assert kw["speculative_config"]["num_speculative_tokens"] == 15
+    assert kw["enforce_eager"] is False and kw["enable_prefix_caching"] is True
+    assert "num_gpu_blocks_override" not in kw
+    small = rs.engine_kwargs(rs.RUNS["stock-auto-bf16-smallkv"], Path("/m"))
+    assert small["num_gpu_blocks_override"] == rs.RUNS["stock-auto-bf16-smallkv"].kv_blocks
+    assert "attention_backend" not in small["speculative_config"]
+    ref = rs.engine_kwargs(rs.RUNS["ref-bf16"], Path("/m"))
+    assert ref["max_num_seqs"] == 1 and "speculative_config" not in ref
+
+
+def _out(tokens, top=None):
+    return {"prompt_len": 3, "token_ids": tokens, "top": top or [[[t, 1.0, 1], [t + 1, 0.0, 2]]
+                                                                 for t in tokens]}
+
+
+def _reference(passes):
+    return {"ok": True, "passes": passes}
+
+
+def test_a_reference_that_moves_gives_no_verdict():
+    ref = _reference([[_out([1, 2, 3])], [_out([1, 2, 4])]])
+    run = {"ok": True, "groups": {"1": [_out([1, 2, 3])]}}
+    v = rs.judge(ref, run)
+    assert v["lossless"] is None and v["reason"] == "reference not deterministic"
+    assert v["reference"]["prompts_differing"] == [0]
+    assert v["reference"]["first_difference"] == {"0": 2}
+
+
+def test_divergence_off_a_tie_is_not_lossless_and_names_its_concurrency():
+    ref_out = _out([1, 2, 3])
+    ref = _reference([[ref_out, _out([5, 6])], [ref_out, _out([5, 6])]])
+    run = {"ok": True, "groups": {"1": [_out([1, 2, 3])], "3": [_out([1, 2, 3]), _out([5, 9])]}}
+    v = rs.judge(ref, run)
+    assert v["lossless"] is False
+    assert v["prompt_runs"] == 3 and v["identical"] == 2
+    (d,) = v["divergences"]
+    assert (d["concurrency"], d["prompt"], d["position"]) == (3, 1, 1)
+    assert d["tie"] is False
+
+
+def test_divergence_on_an_exact_tie_to_the_runner_up_is_lossless():
+    tied = [[[1, 4.0, 1], [7, 4.0, 2]]]
+    ref_out = _out([1], top=tied)
+    ref = _reference([[ref_out], [ref_out]])
+    v = rs.judge(ref, {"ok": True, "groups": {"1": [_out([7])]}})
+    assert v["lossless"] is True and v["divergences"][0]["tie"] is True
+
+
+def test_merge_replaces_the_same_configuration_and_keeps_others():
+    old = [{"vllm": "0.21.0", "series": "stock", "target": {"sliding": 25, "full": 5},
+            "drafter_layers": 5, "mode": "dflash", "quantization": "bf16", "drafter_backend": "auto",
+            "flash_attn_version": 2, "cuda_graphs": True, "kv_blocks": None,
+            "batch_invariant": False, "ok": False},
+           {"vllm": "0.33.0", "series": "stock", "target": {"sliding": 25, "full": 5}, "ok": True}]
+    new = [dict(old[0], ok=True)]
+    merged = rs.merge(old, new)
+    assert len(merged) == 2
+    assert [r["vllm"] for r in merged] == ["0.33.0", "0.21.0"]
+    assert merged[1]["ok"] is True
+
+
+def test_record_carries_the_issue_fields():
+    spec = rs.RUNS["stock-fa-bf16"]
+    raw = {"ok": False, "vllm_version": "0.21.0",
+           "log_error_line": "ValueError: Selected backend ... partial multimodal token full attention not supported",
+           "log_text_for_backends": []}
+    rec = rs.record(spec, raw, None, {"series_hash": "abc"})
+    for key in ("vllm", "series", "target", "drafter_layers", "drafter_backend", "flash_attn_version",
+                "cuda_graphs", "quantization", "kv_blocks", "ok", "error", "lossless", "divergences"):
+        assert key in rec
+    assert rec["series"] == "stock" and rec["target"] == {"sliding": 25, "full": 5}
+    assert "partial multimodal" in rec["error"] and rec["lossless"] is None
+    patched = rs.record(rs.RUNS["patched-fa2-bf16"], {"ok": True, "groups": {}}, None,
+                        {"series_hash": "abc"})
+    assert patched["series"] == "abc"
+
+
+def test_quant_backends_are_read_from_vllm_log_lines():
+    text = ("INFO [__init__.py:687] Using MarlinNvFp4LinearKernel for NVFP4 GEMM\n"
+            "INFO [nvfp4.py:184] Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['MARLIN']")
+    assert rs._quant_backends(text) == {"linear_backend": ["MarlinNvFp4LinearKernel"],
+                                        "moe_backend": ["MARLIN"]}
