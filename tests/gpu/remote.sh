@@ -43,14 +43,15 @@ assemble() { # assemble STEM: print STEM's part paths in order, after checking t
     printf '%s\n' "${parts[@]}"
 }
 
-receive() { # copy carried parts of both bundles (bundle.*, extras.*) to $BUNDLE_DIR
+receive() { # copy the carried parts of every bundle (bundle.*, extras*.*) to $BUNDLE_DIR
     mkdir -p "$BUNDLE_DIR"
-    local stem part
-    for stem in bundle extras; do
-        [ -f "$STAGE/$stem.json" ] && cp "$STAGE/$stem.json" "$BUNDLE_DIR/$stem.json"
+    local manifest stem part
+    for manifest in "$STAGE"/bundle.json "$STAGE"/extras*.json; do
+        [ -f "$manifest" ] || continue
+        cp "$manifest" "$BUNDLE_DIR/"
+        stem=$(basename "$manifest" .json)
         for part in "$STAGE"/"$stem".tar*.part*; do
-            [ -f "$part" ] || continue
-            cp "$part" "$BUNDLE_DIR/"
+            [ -f "$part" ] && cp "$part" "$BUNDLE_DIR/"
         done
     done
     [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json carried yet" >&2; return 1; }
@@ -58,10 +59,8 @@ receive() { # copy carried parts of both bundles (bundle.*, extras.*) to $BUNDLE
 import hashlib, json, sys
 from pathlib import Path
 d = Path(sys.argv[1])
-for stem in ("bundle", "extras"):
-    if not (d / f"{stem}.json").exists():
-        continue
-    m = json.loads((d / f"{stem}.json").read_text())
+for manifest in sorted(d.glob("*.json")):
+    m = json.loads(manifest.read_text())
     have = []
     for p in m["parts"]:
         f = d / p["name"]
@@ -69,7 +68,7 @@ for stem in ("bundle", "extras"):
             have.append(p["name"])
         elif f.exists():
             f.unlink(); print(f"bad checksum, dropped: {p['name']}")
-    print(f"{stem} parts held: {len(have)}/{len(m['parts'])} {have}")
+    print(f"{manifest.stem} parts held: {len(have)}/{len(m['parts'])} {have}")
 EOF
 }
 
@@ -165,19 +164,33 @@ EOF
 
 MODELS_RS=${MODELS_RS:-/tmp/models-rs}
 
-extras() { # FA2 into the installed vLLM, carried checkpoints into $MODELS_RS (once)
-    [ -f "$SITE/.extras-installed" ] && { echo "extras already installed"; return 0; }
-    [ -f "$BUNDLE_DIR/extras.json" ] || { echo "no extras.json carried (stage.py --extras)" >&2; return 1; }
-    local parts
-    parts=$(assemble extras) || return 1
-    rm -rf "$WORK/extras" && mkdir -p "$WORK/extras" "$MODELS_RS"
-    # shellcheck disable=SC2086
-    cat $parts | tar -x -C "$WORK/extras"
-    xz -d -c "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" > "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
-    cp -a "$WORK/extras/models/." "$MODELS_RS/"
-    rm -rf "$WORK/extras"
-    touch "$SITE/.extras-installed"
-    PYTHONPATH=$SITE "$PY" -c 'import vllm.vllm_flash_attn._vllm_fa2_C as m; print("FA2 loads:", m.__file__)'
+extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoints into $MODELS_RS
+    local manifest stem sha parts found=0
+    for manifest in "$BUNDLE_DIR"/extras*.json; do
+        [ -f "$manifest" ] || continue
+        found=1
+        stem=$(basename "$manifest" .json)
+        sha=$(manifest_field 'm["sha256"]' "$stem")
+        if [ "$(cat "$SITE/.$stem-installed" 2>/dev/null)" = "$sha" ]; then
+            echo "$stem already installed"; continue
+        fi
+        parts=$(assemble "$stem") || return 1
+        rm -rf "$WORK/extras" && mkdir -p "$WORK/extras" "$MODELS_RS"
+        # shellcheck disable=SC2086
+        cat $parts | tar -x -C "$WORK/extras"
+        if [ -f "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" ]; then
+            xz -d -c "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" > "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
+            # A patched copy made before FA2 arrived gets it too.
+            [ -d "$SITE_PATCHED/vllm/vllm_flash_attn" ] && \
+                cp "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$SITE_PATCHED/vllm/vllm_flash_attn/"
+            PYTHONPATH=$SITE "$PY" -c 'import vllm.vllm_flash_attn._vllm_fa2_C as m; print("FA2 loads:", m.__file__)'
+        fi
+        [ -d "$WORK/extras/models" ] && cp -a "$WORK/extras/models/." "$MODELS_RS/"
+        rm -rf "$WORK/extras"
+        echo "$sha" > "$SITE/.$stem-installed"
+        echo "$stem installed"
+    done
+    [ "$found" = 1 ] || echo "no extras*.json carried (stage.py --extras): FA2 absent, FLASH_ATTN runs FA3"
 }
 
 realshape_meta() { # realshape_meta OUT.json: date, GPU, versions, series hash, command

@@ -142,29 +142,33 @@ def split(tarball: Path, out: Path, stem: str = "bundle") -> dict:
     return manifest
 
 
-def pack_extras(wheel: Path, models: list[Path], out: Path) -> dict:
-    """The second bundle: FA2 (what FLASH_ATTN runs on sm_12x) and checkpoints made here.
+def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str) -> dict:
+    """An extra bundle: FA2 (what FLASH_ATTN runs on sm_12x) and/or checkpoints made here.
 
     ``_vllm_fa2_C.abi3.so`` is xz-compressed on its own (190 MB -> ~54 MB); the
     checkpoints (NVFP4 from ``launcher quantize``, which the device cannot
     run: no modelopt there) go in as they are. ``remote.sh extras`` unpacks
-    the library into the installed vLLM and the checkpoints into $MODELS.
+    every ``extras*`` bundle carried: the library into the installed vLLM,
+    the checkpoints into $MODELS_RS.
     """
-    work = out / "extras-tree"
+    work = out / f"{stem}-tree"
     if work.exists():
         shutil.rmtree(work)
-    (work / "fa2").mkdir(parents=True)
-    member = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
-    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, \
-            (work / "fa2" / "_vllm_fa2_C.abi3.so").open("wb") as dst:
-        shutil.copyfileobj(src, dst)
-    subprocess.run(["xz", "-T0", "-6", "-f", str(work / "fa2" / "_vllm_fa2_C.abi3.so")], check=True)
-    tarball = out / "extras.tar"
+    work.mkdir(parents=True)
+    if wheel is not None:
+        (work / "fa2").mkdir()
+        member = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, \
+                (work / "fa2" / "_vllm_fa2_C.abi3.so").open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        subprocess.run(["xz", "-T0", "-6", "-f", str(work / "fa2" / "_vllm_fa2_C.abi3.so")], check=True)
+    tarball = out / f"{stem}.tar"
     with tarfile.open(tarball, "w") as tf:
-        tf.add(work / "fa2", arcname="fa2")
+        if wheel is not None:
+            tf.add(work / "fa2", arcname="fa2")
         for m in models:
             tf.add(m, arcname=f"models/{m.name}")
-    manifest = split(tarball, out, stem="extras")
+    manifest = split(tarball, out, stem=stem)
     tarball.unlink()
     shutil.rmtree(work)
     return manifest
@@ -174,15 +178,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / ".stage")
     parser.add_argument("--extras", nargs="*", type=Path, metavar="CHECKPOINT",
-                        help="pack only the extras bundle: FA2 plus these checkpoint folders")
+                        help="pack only an extra bundle: FA2 (unless --no-fa2) plus these checkpoint folders")
+    parser.add_argument("--extras-name", default="extras", help="its stem (extras-<what>), default extras")
+    parser.add_argument("--no-fa2", action="store_true", help="leave FA2 out of the extra bundle")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    wheel = vllm_wheel()
     if args.extras is not None:
-        manifest = pack_extras(wheel, args.extras, out)
-        print(f"extras: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
+        if not args.extras_name.startswith("extras"):
+            parser.error("--extras-name must start with 'extras' (remote.sh installs extras*)")
+        wheel = None if args.no_fa2 else vllm_wheel()
+        manifest = pack_extras(wheel, args.extras, out, args.extras_name)
+        print(f"{args.extras_name}: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
         return 0
+    wheel = vllm_wheel()
     wheels = download_wheels(out / "wheels-cache")
     build_tree(wheel, wheels, out / "tree")
     tarball = pack(out / "tree", out)
