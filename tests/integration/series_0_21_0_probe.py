@@ -399,16 +399,34 @@ def dflash_drafter_config(code_root: Path) -> dict:
     return out
 
 
+# The names the MTP rows use, as members of an enum like vLLM's (the patched code reads ``.name``).
+AttentionBackendEnum = enum.Enum("AttentionBackendEnum", "TRITON_ATTN FLASH_ATTN FLEX_ATTENTION")
+MTP_CASES = (
+    ("FLASH_ATTN", "TRITON_ATTN"), ("FLEX_ATTENTION", "TRITON_ATTN"), ("TRITON_ATTN", "TRITON_ATTN"),
+    (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None),
+)
+
+
+def _backend(name):
+    return AttentionBackendEnum[name] if name is not None else None
+
+
 def gemma4_mtp_backends(code_root: Path) -> list:
-    cls = proposer_class(code_root, "vllm/v1/spec_decode/gemma4.py", "Gemma4Proposer")
+    """[explicit, target, outcome]: outcome is the draft layers' backend name, or the error raised."""
+    cls = proposer_class(
+        code_root, "vllm/v1/spec_decode/gemma4.py", "Gemma4Proposer", ("gemma4_mtp_attention_backend",)
+    )
     rows = []
-    for explicit, target_backend in (
-        ("FLASH_ATTN", "TRITON_ATTN"), (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None),
-    ):
+    for explicit, target_backend in MTP_CASES:
         proposer = object.__new__(cls)
-        proposer.speculative_config = _speculative_config(explicit)
-        proposer.vllm_config = VllmConfig("target", AttentionConfig(backend=target_backend))
-        rows.append([explicit, target_backend, proposer._create_draft_vllm_config().attention_config.backend])
+        proposer.speculative_config = _speculative_config(_backend(explicit))
+        proposer.vllm_config = VllmConfig("target", AttentionConfig(backend=_backend(target_backend)))
+        try:
+            got = proposer._create_draft_vllm_config().attention_config.backend
+            outcome = {"backend": got.name if got is not None else None}
+        except ValueError as exc:
+            outcome = {"error": str(exc)}
+        rows.append([explicit, target_backend, outcome])
     return rows
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import enum
 import importlib.util
 import json
 import logging
@@ -201,31 +202,75 @@ def v1_dflash(code_root: Path, model_config_cls, arch_cls) -> dict:
     return facts
 
 
-def v1_gemma4_mtp(code_root: Path, spec_backend, target_backend):
-    cls = proposer_class(code_root, "vllm/v1/spec_decode/gemma4.py", "Gemma4Proposer")
-    proposer = object.__new__(cls)
-    proposer.speculative_config = _spec(attention_backend=spec_backend)
-    proposer.vllm_config = VllmConfig("target-model-config", AttentionConfig(backend=target_backend))
-    return proposer._create_draft_vllm_config().attention_config.backend
+# The names the MTP rows use, as members of an enum like vLLM's (the patched code reads ``.name``).
+AttentionBackendEnum = enum.Enum("AttentionBackendEnum", "TRITON_ATTN FLASH_ATTN FLEX_ATTENTION")
+MTP_CASES = [
+    ("FLASH_ATTN", "TRITON_ATTN"), ("FLEX_ATTENTION", "TRITON_ATTN"), ("TRITON_ATTN", "TRITON_ATTN"),
+    (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None),
+]
+
+
+def _backend(name):
+    return AttentionBackendEnum[name] if name is not None else None
+
+
+def _mtp_namespace(code_root: Path) -> dict[str, Any]:
+    """Names both runners' ``_create_draft_vllm_config`` use, with the V1 module's
+    ``gemma4_mtp_attention_backend`` when the tree has it (the V2 speculator imports it)."""
+    ns: dict[str, Any] = {
+        "replace": dataclasses.replace, "override": _identity, "VllmConfig": VllmConfig,
+        "AttentionBackendEnum": AttentionBackendEnum,
+    }
+    _, module = _source(code_root / "vllm" / "v1" / "spec_decode" / "gemma4.py")
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "gemma4_mtp_attention_backend":
+            exec(ast.unparse(node), ns)
+    return ns
+
+
+def _mtp_outcome(make_draft_config) -> dict:
+    """The draft layers' backend name, or the error raised instead."""
+    try:
+        draft = make_draft_config()
+    except ValueError as exc:
+        return {"error": str(exc)}
+    backend = draft.attention_config.backend
+    return {"backend": backend.name if backend is not None else None, "draft": draft}
+
+
+def v1_gemma4_mtp(code_root: Path, spec_backend, target_backend) -> dict:
+    _, base_module = _source(code_root / "vllm" / "v1" / "spec_decode" / "llm_base_proposer.py")
+    base = _methods(_class(base_module, "SpecDecodeBaseProposer"), {"_create_draft_vllm_config"})
+    _, module = _source(code_root / "vllm" / "v1" / "spec_decode" / "gemma4.py")
+    methods = _methods(_class(module, "Gemma4Proposer"), {"_create_draft_vllm_config"})
+    ns = _mtp_namespace(code_root)
+    exec(_class_source("SpecDecodeBaseProposer", "", base), ns)
+    exec(_class_source("Gemma4Proposer", "SpecDecodeBaseProposer", methods), ns)
+    proposer = object.__new__(ns["Gemma4Proposer"])
+    proposer.speculative_config = _spec(attention_backend=_backend(spec_backend))
+    proposer.vllm_config = VllmConfig("target-model-config", AttentionConfig(backend=_backend(target_backend)))
+    outcome = _mtp_outcome(proposer._create_draft_vllm_config)
+    outcome.pop("draft", None)
+    return outcome
 
 
 # ---------------------------------------------------------------- V2 runner
 
 
-def v2_gemma4_mtp(code_root: Path, spec_backend, target_backend):
+def v2_gemma4_mtp(code_root: Path, spec_backend, target_backend) -> dict:
     rel = code_root / "vllm" / "v1" / "worker" / "gpu" / "spec_decode" / "gemma4" / "speculator.py"
     _, module = _source(rel)
     methods = _methods(_class(module, "Gemma4Speculator"), {"_create_draft_vllm_config"})
-    ns: dict[str, Any] = {"replace": dataclasses.replace, "VllmConfig": VllmConfig}
+    ns = _mtp_namespace(code_root)
     exec(_class_source("Gemma4Speculator", "", methods), ns)
     speculator = object.__new__(ns["Gemma4Speculator"])
-    speculator.speculative_config = _spec(attention_backend=spec_backend)
-    speculator.vllm_config = VllmConfig("target-model-config", AttentionConfig(backend=target_backend))
-    draft = speculator._create_draft_vllm_config()
-    return {
-        "backend": draft.attention_config.backend,
-        "model_config_is_draft": draft.model_config is speculator.speculative_config.draft_model_config,
-    }
+    speculator.speculative_config = _spec(attention_backend=_backend(spec_backend))
+    speculator.vllm_config = VllmConfig("target-model-config", AttentionConfig(backend=_backend(target_backend)))
+    outcome = _mtp_outcome(speculator._create_draft_vllm_config)
+    if "draft" in outcome:
+        draft = outcome.pop("draft")
+        outcome["model_config_is_draft"] = draft.model_config is speculator.speculative_config.draft_model_config
+    return outcome
 
 
 def v2_dflash(code_root: Path, model_config_cls, arch_cls) -> dict:
@@ -283,9 +328,8 @@ def main(code_root: str) -> None:
         out["without_mm_prefix_lm_on_text_only_is_self"] = text_only.without_mm_prefix_lm() is text_only
     out["v1_dflash"] = v1_dflash(code, model_config_cls, arch_cls)
     out["v2_dflash"] = v2_dflash(code, model_config_cls, arch_cls)
-    cases = [("FLASH_ATTN", "TRITON_ATTN"), (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None)]
-    out["v1_gemma4_mtp"] = [[s, t, v1_gemma4_mtp(code, s, t)] for s, t in cases]
-    out["v2_gemma4_mtp"] = [[s, t, v2_gemma4_mtp(code, s, t)] for s, t in cases]
+    out["v1_gemma4_mtp"] = [[s, t, v1_gemma4_mtp(code, s, t)] for s, t in MTP_CASES]
+    out["v2_gemma4_mtp"] = [[s, t, v2_gemma4_mtp(code, s, t)] for s, t in MTP_CASES]
     print(json.dumps(out))
 
 

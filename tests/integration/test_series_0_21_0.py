@@ -333,14 +333,20 @@ def test_released_gemma4_scales_embeddings_and_soft_caps_logits():
 # ------------------------------------------- 0006 gemma4-mtp-explicit-attention-backend
 
 
-def test_gemma4_mtp_explicit_backend_wins_target_backend_stays_the_default(released, patched):
+def test_gemma4_mtp_explicit_backend_that_cannot_read_the_target_cache_is_refused(released, patched):
     before = {(s, t): got for s, t, got in released["gemma4_mtp_backends"]}
     after = {(s, t): got for s, t, got in patched["gemma4_mtp_backends"]}
-    assert before[("FLASH_ATTN", "TRITON_ATTN")] == "TRITON_ATTN"  # the bug
-    assert after[("FLASH_ATTN", "TRITON_ATTN")] == "FLASH_ATTN"
-    assert after[("FLASH_ATTN", None)] == "FLASH_ATTN"
-    for unset in [(None, "TRITON_ATTN"), (None, None)]:
-        assert after[unset] == before[unset] == unset[1]
+    for explicit in ("FLASH_ATTN", "FLEX_ATTENTION"):
+        # The bug: the explicit choice is dropped without a word.
+        assert before[(explicit, "TRITON_ATTN")] == {"backend": "TRITON_ATTN"}
+        error = after[(explicit, "TRITON_ATTN")]["error"]
+        assert f"speculative_config.attention_backend={explicit} cannot be used" in error
+        assert "set it to TRITON_ATTN" in error
+    # Everything that worked before is unchanged.
+    for same in [("TRITON_ATTN", "TRITON_ATTN"), (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None)]:
+        assert after[same] == before[same], same
+    assert after[(None, "TRITON_ATTN")] == {"backend": "TRITON_ATTN"}
+    assert after[("FLASH_ATTN", None)] == {"backend": "FLASH_ATTN"}
 
 
 # ------------------------------------- 0007 gemma4-mtp-unpadded-per-group-block-tables
