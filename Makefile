@@ -72,5 +72,22 @@ gpu-proof: gpu-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh proof stock patched
 
+## make gpu-realshape: the real-shape proof (issue 11): stage the bundle, FA2 and the NVFP4
+## real-shape checkpoint made here by `launcher quantize`, then on a GPU host run every
+## configuration (tests/gpu/README.md, "Real-shape proof"); results in tests/gpu/results/realshape.*
+RS_MODELS ?= .stage/models-rs
+.PHONY: gpu-realshape-stage gpu-realshape
+gpu-realshape-stage: gpu-stage test-venv
+	test -f $(RS_MODELS)/shapes.json || $(BIN)/python tests/gpu/make_checkpoints.py $(RS_MODELS) --set realshape
+	test -f $(RS_MODELS)/gemma4-a4b-r30-nvfp4/hf_quant_config.json || $(BIN)/launcher quantize \
+		--model $(RS_MODELS)/gemma4-a4b-r30 --out $(RS_MODELS)/gemma4-a4b-r30-nvfp4 \
+		--device cpu --calib-samples 8 --calib-seq-len 64 --force
+	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2
+	$(BIN)/python tests/gpu/stage.py --extras $(RS_MODELS)/gemma4-a4b-r30-nvfp4 --extras-name extras-nvfp4 --no-fa2
+
+gpu-realshape: gpu-realshape-stage
+	bash tests/gpu/remote.sh receive
+	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape
+
 clean:
 	rm -rf $(VENV) dist .pytest_cache
