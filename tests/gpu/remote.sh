@@ -229,6 +229,40 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
     tar -C "$WORK" -czf "$OUT/realshape-logs.tar.gz" realshape-raw
 }
 
+determinism() { # run-to-run determinism of the batched no-drafter target (tests/gpu/README.md)
+    install
+    mkdir -p "$OUT" "$WORK/det"
+    if ! grep -q t12-unscaled "$MODELS/shapes.json" 2>/dev/null; then
+        PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS" 2>&1 | grep -v "Writing model shards" || true
+    fi
+    local model=${DET_MODEL:-$MODELS/gemma4-t12} log="$OUT/determinism.txt" name cfg
+    : > "$log"
+    # name:env pairs; each runs in its own process (3 repeats inside), as the
+    # observation was made: prefix caching on, async scheduling on (defaults).
+    for cfg in "a:PROBE_PC=1" "b:PROBE_PC=1" "c:PROBE_PC=1 PROBE_ASYNC=0" "d:PROBE_PC=1 PROBE_ASYNC=0" \
+               "e:PROBE_PC=1 PROBE_NAN_KV=1 PROBE_NAN_SEGM=1 PROBE_SCRIBBLE=1" ${DET_EXTRA:-}; do
+        name=${cfg%%:*}
+        echo "== run $name: ${cfg#*:}" | tee -a "$log"
+        local vars
+        read -r -a vars <<< "${cfg#*:}"
+        env "${vars[@]}" PYTHONPATH="$SITE" timeout 300 "$PY" tests/gpu/determinism_probe.py \
+            "$model" "$WORK/det/$name.pt" 3 > "$WORK/det/$name.log" 2>&1 || echo "run $name failed" | tee -a "$log"
+        grep -E "^DEVICE|Error" "$WORK/det/$name.log" | tail -3 | tee -a "$log"
+    done
+    local pair
+    for pair in "a b" "a c" "c d" "a e"; do
+        # shellcheck disable=SC2086
+        set -- $pair
+        [ -f "$WORK/det/$1.pt" ] && [ -f "$WORK/det/$2.pt" ] || continue
+        for rep in "0 0" "0 1" "0 2"; do
+            echo "== compare $1 vs $2, repeats $rep" | tee -a "$log"
+            # shellcheck disable=SC2086
+            PYTHONPATH=$SITE "$PY" tests/gpu/determinism_compare.py "$WORK/det/$1.pt" "$WORK/det/$2.pt" $rep \
+                2>&1 | tail -12 | tee -a "$log"
+        done
+    done
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -237,5 +271,6 @@ case "$cmd" in
     extras) extras ;;
     proof) proof "$@" ;;
     realshape) realshape ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape" >&2; exit 2 ;;
+    determinism) determinism ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|determinism" >&2; exit 2 ;;
 esac
