@@ -28,16 +28,16 @@ SEQ_LENGTHS = (40, 90, 150, 230, 300, 60, 120, 200)
 NEAR_TIE = 1 / 16
 
 
-def stability(path: Path, token_limit: int) -> tuple[int, int, int]:
+def stability(path: Path, token_limit: int, device: str = "cpu") -> tuple[int, int, int]:
     import torch
     from transformers import Gemma4ForConditionalGeneration
 
-    fp32 = Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    fp32 = Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval().to(device)
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     rng = random.Random(7)
     agree = total = near = 0
     for n in SEQ_LENGTHS:
-        ids = torch.tensor([[rng.randrange(3, token_limit) for _ in range(n)]])
+        ids = torch.tensor([[rng.randrange(3, token_limit) for _ in range(n)]], device=device)
         with torch.no_grad():
             a = fp32(input_ids=ids).logits[0].float()
             b = bf16(input_ids=ids).logits[0].float()
@@ -52,11 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", type=Path)
     parser.add_argument("names", nargs="*")
+    parser.add_argument("--device", default="cpu", help="torch device (cuda on the GPU host: same check, faster)")
     args = parser.parse_args(argv)
     shapes = json.loads((args.models / "shapes.json").read_text())
     names = args.names or [t["name"] for t in shapes["targets"]]
     for name in names:
-        agree, total, near = stability(args.models / name, shapes["prompt_token_limit"])
+        agree, total, near = stability(args.models / name, shapes["prompt_token_limit"], args.device)
         print(f"{name}: bf16 vs fp32 argmax agree at {agree}/{total}; fp32 near-ties {near}")
     return 0
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 VOCAB = 4096
@@ -356,8 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="folder to write the checkpoints into")
     parser.add_argument("--set", dest="which", choices=sorted(SETS), default="proof",
                         help="proof: the first GPU proof's targets; realshape: the 26B-A4B layer mix")
+    parser.add_argument("--post-norm-scale", type=float,
+                        help="override the targets' post-branch norm weight (stability search)")
     args = parser.parse_args(argv)
     targets, drafters, diagnostic = SETS[args.which]
+    if args.post_norm_scale is not None:
+        targets = [replace(t, post_norm_scale=args.post_norm_scale) for t in targets]
     for t in targets:
         write_target(t, args.out / t.name)
     for d in drafters + diagnostic:

@@ -163,6 +163,7 @@ EOF
 }
 
 MODELS_RS=${MODELS_RS:-/tmp/models-rs}
+SITE_QUANT=${SITE_QUANT:-/tmp/site-quant}
 
 extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoints into $MODELS_RS
     local manifest stem sha parts found=0
@@ -186,6 +187,11 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
             PYTHONPATH=$SITE "$PY" -c 'import vllm.vllm_flash_attn._vllm_fa2_C as m; print("FA2 loads:", m.__file__)'
         fi
         [ -d "$WORK/extras/models" ] && cp -a "$WORK/extras/models/." "$MODELS_RS/"
+        if [ -d "$WORK/extras/wheels" ]; then
+            # Kept apart from $SITE: only the quantize step puts them on PYTHONPATH.
+            "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE_QUANT" \
+                "$WORK/extras/wheels"/*
+        fi
         rm -rf "$WORK/extras"
         echo "$sha" > "$SITE/.$stem-installed"
         echo "$stem installed"
@@ -194,13 +200,14 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
 }
 
 realshape_meta() { # realshape_meta OUT.json: date, GPU, versions, series hash, command
-    PYTHONPATH=$SITE "$PY" - "$1" "$WORK/gpu.txt" "$(series_hash)" <<'EOF'
+    PYTHONPATH=$SITE "$PY" - "$1" "$WORK/gpu.txt" "$(series_hash)" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" <<'EOF'
 import datetime, json, sys
 import torch, vllm
 json.dump({
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     "gpu": open(sys.argv[2]).read().strip(), "vllm": vllm.__version__, "torch": torch.__version__,
     "series_hash": sys.argv[3] or None,
+    "post_norm_scale": sys.argv[4] or None,
     "command": "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')",
 }, open(sys.argv[1], "w"), indent=1)
 EOF
@@ -211,10 +218,7 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
     extras
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
-    if [ ! -f "$MODELS_RS/shapes.json" ]; then
-        PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS_RS" --set realshape 2>&1 \
-            | grep -v "Writing model shards" || true
-    fi
+    rs_models
     [ -d "$SITE_PATCHED/vllm" ] || patched_site | tee "$WORK/patch-apply.txt"
     realshape_meta "$WORK/rs-meta.json"
     if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
@@ -263,6 +267,47 @@ determinism() { # run-to-run determinism of the batched no-drafter target (tests
     done
 }
 
+rs_models() { # the real-shape checkpoints on the device (RS_POST_NORM overrides the norm scale)
+    if [ ! -f "$MODELS_RS/shapes.json" ]; then
+        local extra=()
+        local scale=${RS_POST_NORM:-$(cat "$WORK/rs-scale" 2>/dev/null || true)}
+        [ -n "$scale" ] && extra+=(--post-norm-scale "$scale")
+        PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS_RS" --set realshape "${extra[@]}" 2>&1 \
+            | grep -v "Writing model shards" || true
+    fi
+}
+
+stability() { # bf16 vs fp32 greedy agreement of candidate real-shape targets, on the GPU;
+    # the largest scale with full agreement and no near-ties becomes the real-shape target's
+    install
+    local scale dir line best="" bestagree=-1 agree total near
+    : > "$WORK/stability.txt"
+    for scale in ${RS_SCALES:-0.3 0.15 0.08}; do
+        dir=/tmp/models-stab-$scale
+        [ -f "$dir/shapes.json" ] || PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$dir" --set realshape \
+            --post-norm-scale "$scale" 2>&1 | grep -v "Writing model shards" || true
+        line=$(PYTHONPATH=$SITE "$PY" tests/gpu/bf16_stability.py "$dir" --device cuda 2>&1 | tail -1)
+        echo "post_norm_scale $scale: $line" | tee -a "$WORK/stability.txt"
+        read -r agree total near < <(echo "$line" | sed -E 's/.*agree at ([0-9]+)\/([0-9]+); fp32 near-ties ([0-9]+)/\1 \2 \3/')
+        if [ -z "$best" ] && [ "$agree" = "$total" ] && [ "$near" = 0 ]; then best=$scale; fi
+        if [ "$agree" -gt "$bestagree" ]; then bestagree=$agree; [ -z "$best" ] && fallback=$scale; fi
+    done
+    best=${best:-${fallback:-0.3}}
+    echo "$best" > "$WORK/rs-scale"
+    echo "chosen post_norm_scale: $best" | tee -a "$WORK/stability.txt"
+    [ -n "${OUT:-}" ] && cp "$WORK/stability.txt" "$OUT/" || true
+}
+
+quantize_rs() { # the NVFP4 real-shape target by `launcher quantize` on this GPU (modelopt from extras-quant)
+    install
+    extras
+    rs_models
+    local target=$MODELS_RS/gemma4-a4b-r30
+    [ -f "$target-nvfp4/hf_quant_config.json" ] && { echo "NVFP4 target already there"; return 0; }
+    PYTHONPATH=.:$SITE_QUANT:$SITE "$PY" -m launcher quantize --model "$target" --out "$target-nvfp4" \
+        --device cuda --calib-samples 8 --calib-seq-len 64 --force 2>&1 | grep -v "^Registered\|Loading weights" | tail -15
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -272,5 +317,7 @@ case "$cmd" in
     proof) proof "$@" ;;
     realshape) realshape ;;
     determinism) determinism ;;
+    stability) stability ;;
+    quantize-rs) quantize_rs ;;
     *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|determinism" >&2; exit 2 ;;
 esac

@@ -142,7 +142,8 @@ def split(tarball: Path, out: Path, stem: str = "bundle") -> dict:
     return manifest
 
 
-def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str) -> dict:
+def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str,
+                wheels: Path | None = None) -> dict:
     """An extra bundle: FA2 (what FLASH_ATTN runs on sm_12x) and/or checkpoints made here.
 
     ``_vllm_fa2_C.abi3.so`` is xz-compressed on its own (190 MB -> ~54 MB); the
@@ -168,6 +169,8 @@ def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str) ->
             tf.add(work / "fa2", arcname="fa2")
         for m in models:
             tf.add(m, arcname=f"models/{m.name}")
+        if wheels is not None:
+            tf.add(wheels, arcname="wheels")
     manifest = split(tarball, out, stem=stem)
     tarball.unlink()
     shutil.rmtree(work)
@@ -181,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="pack only an extra bundle: FA2 (unless --no-fa2) plus these checkpoint folders")
     parser.add_argument("--extras-name", default="extras", help="its stem (extras-<what>), default extras")
     parser.add_argument("--no-fa2", action="store_true", help="leave FA2 out of the extra bundle")
+    parser.add_argument("--wheels", type=Path,
+                        help="a folder of wheels/sdists for $SITE_QUANT (e.g. modelopt to quantize there)")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -188,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.extras_name.startswith("extras"):
             parser.error("--extras-name must start with 'extras' (remote.sh installs extras*)")
         wheel = None if args.no_fa2 else vllm_wheel()
-        manifest = pack_extras(wheel, args.extras, out, args.extras_name)
+        manifest = pack_extras(wheel, args.extras, out, args.extras_name, args.wheels)
         print(f"{args.extras_name}: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
         return 0
     wheel = vllm_wheel()
