@@ -112,6 +112,12 @@ def _runs() -> list[RunSpec]:
                 kv_blocks=small_pool, concurrency=(17,)),
         RunSpec("stock-fa-nvfp4", "stock", "dflash", "modelopt-nvfp4", "flash_attn", 2),
         RunSpec("patched-fa3-bf16", "patched", "dflash", "bf16", "flash_attn", None),
+        # Diagnosis of the NVFP4 + FA2 + CUDA-graph device-side assert: without
+        # graphs, and on FA3.
+        RunSpec("patched-fa2-nvfp4-eager", "patched", "dflash", "modelopt-nvfp4", "flash_attn", 2,
+                cuda_graphs=False, diagnostic=True),
+        RunSpec("patched-fa3-nvfp4", "patched", "dflash", "modelopt-nvfp4", "flash_attn", None,
+                diagnostic=True),
         RunSpec("patched-fa2-bf16-eager", "patched", "dflash", "bf16", "flash_attn", 2, cuda_graphs=False),
         RunSpec("refbatch-bf16", "patched", "reference-batched", diagnostic=True),
         RunSpec("refbatch-bf16-invariant", "patched", "reference-batched", batch_invariant=True,
