@@ -51,6 +51,7 @@ PROBE_EXTRA = [
     "vllm/v1/attention/backend.py",
     "vllm/v1/attention/backends/triton_attn.py",
     "vllm/v1/attention/backends/flash_attn.py",
+    "vllm/v1/attention/backends/flex_attention.py",
 ]
 QWEN3_DFLASH = "vllm/model_executor/models/qwen3_dflash.py"
 
