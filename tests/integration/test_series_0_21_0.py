@@ -233,7 +233,7 @@ def test_released_runner_reconciles_layouts_only_for_mamba(released):
 def test_patched_runner_detects_mixed_block_dims_on_shared_tensors(patched):
     seen = patched["kv_layouts"]
     # FACTS.md: TRITON_ATTN puts the block dim first, FLASH_ATTN second.
-    assert seen["block_dims"] == {"TRITON_ATTN": 0, "FLASH_ATTN": 1}
+    assert seen["block_dims"] == {"TRITON_ATTN": 0, "FLASH_ATTN": 1, "FLEX_ATTENTION": 1}
     assert seen["flash_drafter_sharing_triton_tensors"] is True
     assert seen["triton_drafter_sharing_triton_tensors"] is False
     assert seen["flash_drafter_own_tensors"] is False
