@@ -8,10 +8,10 @@ here they are read off ``config.json``, ``hf_quant_config.json`` and the
 safetensors headers (plain JSON, so no torch) and reported as ``Reason``
 objects that name the file and the field.
 
-Used by ``serve`` preflight and ``launcher doctor --model DIR`` (through
-``inspect_target``, ``inspect_drafter``, ``drafter_version_warning`` and
-``quantization_flag_warning``) and by ``launcher quantize`` to validate what
-it wrote.
+Used by the plan's preflight (``launcher.checks.checkpoint``: ``inspect_target``,
+``inspect_drafter``, ``drafter_version_warning``, ``quantization_flag_warning``),
+by ``launcher doctor --model DIR`` (``inspect_target``) and by ``launcher
+quantize`` to validate what it wrote.
 """
 
 from __future__ import annotations
