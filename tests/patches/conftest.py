@@ -11,12 +11,14 @@ tree instead: every regression test must then fail, apart from those named
 ``..._unchanged`` or ``..._as_before``, which check that what worked before
 still does. ``test_patch_tests.py`` runs the suite that way and checks it.
 
-torch is not installed here (nor on CI), so vLLM cannot be imported. The
-code under test is cut out of the tree's files and run against stand-ins for
-what cannot exist on a CPU-only machine: the KV cache and config probes in
-tests/integration (one subprocess per tree, because their stand-ins register
-``torch`` and ``vllm`` names in ``sys.modules``), and ``vllm_source.py`` for
-classes that need none of that.
+vLLM itself cannot be imported here: it needs its own torch build, CUDA
+libraries and compiled extensions (the test environment has a CPU torch of
+another version, for the quantize tests). The code under test is cut out of
+the tree's files and run against stand-ins for what cannot exist on a
+CPU-only machine: the KV cache and config probes in tests/integration (one
+subprocess per tree, because their stand-ins register ``torch`` and ``vllm``
+names in ``sys.modules``; the KV byte layout uses real CPU torch tensors),
+and ``vllm_source.py`` for model classes.
 """
 
 from __future__ import annotations
@@ -96,17 +98,19 @@ def stock_tree():
 
 @pytest.fixture(scope="session")
 def probe():
-    """``probe(version, tree)``: the JSON the version's tests/integration probe prints for ``tree``."""
-    seen: dict[Path, dict] = {}
+    """``probe(version, tree, *sections)``: the JSON the version's tests/integration probe
+    prints for ``tree`` (0.21.0's takes section names; 0.33.0's prints everything)."""
+    seen: dict[tuple, dict] = {}
 
-    def run(version: str, tree: Path) -> dict:
-        if tree not in seen:
+    def run(version: str, tree: Path, *sections: str) -> dict:
+        key = (tree, sections)
+        if key not in seen:
             script = PROBES / f"series_{version.replace('.', '_')}_probe.py"
             done = subprocess.run(
-                [sys.executable, str(script), str(tree)], capture_output=True, text=True, timeout=300
+                [sys.executable, str(script), str(tree), *sections], capture_output=True, text=True, timeout=300
             )
             assert done.returncode == 0, done.stderr[-4000:]
-            seen[tree] = json.loads(done.stdout)
-        return seen[tree]
+            seen[key] = json.loads(done.stdout)
+        return seen[key]
 
     return run

@@ -36,9 +36,10 @@ def _facts(probed: dict, version: str, case: str) -> dict:
 @pytest.fixture(scope="module", params=CASES, ids=[f"{v}-{c}" for v, c in CASES])
 def drafter(request, vllm_tree, stock_tree, probe):
     version, case = request.param
+    sections = ("dflash_drafter_config",) if version == "0.21.0" else ()
     return (
-        _facts(probe(version, vllm_tree(version, PATCH_ID)), version, case),
-        _facts(probe(version, stock_tree(version)), version, case),
+        _facts(probe(version, vllm_tree(version, PATCH_ID), *sections), version, case),
+        _facts(probe(version, stock_tree(version), *sections), version, case),
     )
 
 
@@ -64,7 +65,9 @@ def test_drafter_backend_and_causality_unchanged(drafter):
 
 
 def test_text_only_target_is_not_copied_as_before(vllm_tree, probe):
-    seen = probe("0.21.0", vllm_tree("0.21.0", PATCH_ID))["dflash_drafter_config"]["text_only_target"]
+    seen = probe("0.21.0", vllm_tree("0.21.0", PATCH_ID), "dflash_drafter_config")["dflash_drafter_config"][
+        "text_only_target"
+    ]
     assert seen["draft_model_config_is_target"] is True and seen["draft_is_mm_prefix_lm"] is False
 
 

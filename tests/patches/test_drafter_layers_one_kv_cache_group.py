@@ -22,12 +22,12 @@ pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
 @pytest.fixture(scope="module")
 def seen(vllm_tree, probe):
-    return probe(VERSION, vllm_tree(VERSION, PATCH_ID))["kv_grouping_real"]
+    return probe(VERSION, vllm_tree(VERSION, PATCH_ID), "kv_grouping_real")["kv_grouping_real"]
 
 
 @pytest.fixture(scope="module")
 def stock(stock_tree, probe):
-    return probe(VERSION, stock_tree(VERSION))["kv_grouping_real"]
+    return probe(VERSION, stock_tree(VERSION), "kv_grouping_real")["kv_grouping_real"]
 
 
 # Drafters with more layers than the target's KV cache groups, which the

@@ -3,11 +3,11 @@
 Builds the real DFlash drafter classes of the tree (``DFlashQwen3Model``,
 ``DFlashQwen3ForCausalLM`` and, on 0.33.0, the drafters built on them:
 DFlash2, DSpark, XPress, LiLiCorr) through their own ``__init__`` with
-``tests/patches/vllm_source.py``: torch layers, kernels and loaders are stubs,
-``LogitsProcessor`` records its arguments, and ``torch.tensor(x, dtype)``
-rounds like the dtype. Then it calls the real ``embed_input_ids`` on an
-embedding table of ones (numpy) and reads the soft cap the real head passes to
-its ``LogitsProcessor``.
+``tests/patches/vllm_source.py``: layers, kernels and loaders are stubs,
+``LogitsProcessor`` records its arguments, dtypes and ``torch.tensor`` are
+real (CPU torch). Then it calls the real ``embed_input_ids`` on an embedding
+table of ones and reads the soft cap the real head passes to its
+``LogitsProcessor``.
 
 Gemma 4 scales token embeddings by sqrt(hidden_size) and soft-caps its final
 logits at ``final_logit_softcapping`` (30.0 in the released checkpoints); a
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import types
 
-import numpy as np
 import pytest
+import torch
 
 from tests.patches.vllm_source import TORCH, Stub, load
 
@@ -86,8 +86,8 @@ def _vllm_config(target_model_type: str) -> types.SimpleNamespace:
 
 def _embed_scale(cls, vllm_config) -> float:
     model = cls(vllm_config=vllm_config, start_layer_id=30, prefix="model")
-    model.embed_tokens = lambda input_ids: np.ones((len(input_ids), 4))
-    return float(model.embed_input_ids(np.array([5, 7]))[0, 0])
+    model.embed_tokens = lambda input_ids: torch.ones(len(input_ids), 4)
+    return float(model.embed_input_ids(torch.tensor([5, 7]))[0, 0])
 
 
 def _soft_cap(cls, vllm_config):
@@ -111,7 +111,7 @@ def stock_classes(stock_tree, version):
 
 # 0.21.0 registers sqrt(hidden) as a float32 buffer (cast to the model dtype with
 # the model); 0.33.0 rounds it to the model dtype at once, as Gemma 4 does.
-EXPECTED_SCALE = {"0.21.0": float(np.float32(math.sqrt(HIDDEN))), "0.33.0": SCALE_BF16}
+EXPECTED_SCALE = {"0.21.0": float(torch.tensor(math.sqrt(HIDDEN), dtype=torch.float32)), "0.33.0": SCALE_BF16}
 
 
 def test_gemma4_target_drafter_embeddings_get_the_gemma_scale(classes, version):

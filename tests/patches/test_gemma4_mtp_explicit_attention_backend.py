@@ -30,9 +30,10 @@ def _outcomes(rows) -> dict:
 @pytest.fixture(scope="module", params=RUNNERS, ids=[f"{v}-{r}" for v, r in RUNNERS])
 def outcomes(request, vllm_tree, stock_tree, probe):
     version, runner = request.param
+    sections = ("gemma4_mtp_backends",) if version == "0.21.0" else ()
     return (
-        _outcomes(probe(version, vllm_tree(version, PATCH_ID))[runner]),
-        _outcomes(probe(version, stock_tree(version))[runner]),
+        _outcomes(probe(version, vllm_tree(version, PATCH_ID), *sections)[runner]),
+        _outcomes(probe(version, stock_tree(version), *sections)[runner]),
         runner,
     )
 

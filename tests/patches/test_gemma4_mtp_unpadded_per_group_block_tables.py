@@ -18,7 +18,7 @@ pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
 
 def test_each_group_gets_block_table_rows_for_the_drafting_batch_only(vllm_tree, probe):
-    seen = probe(VERSION, vllm_tree(VERSION, PATCH_ID))["gemma4_block_tables"]
+    seen = probe(VERSION, vllm_tree(VERSION, PATCH_ID), "gemma4_block_tables")["gemma4_block_tables"]
     assert seen["per_group"] == [{"block_table_rows": 17, "batch": 17}] * 2
     assert seen["layers"] == ["draft.0", "draft.1"]
     # The caller's metadata is left as it was.

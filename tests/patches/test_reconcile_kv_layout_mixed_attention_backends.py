@@ -6,11 +6,10 @@ updater they call) on the KV cache config the released ``get_kv_cache_groups``
 / ``get_kv_cache_config_from_groups`` make for a Gemma 4 26B-A4B-shaped target
 (25 sliding + 5 full layers, TRITON_ATTN) and a 5-layer DFlash drafter, with
 the real ``get_kv_cache_shape`` / ``get_kv_cache_stride_order`` of
-TRITON_ATTN, FLASH_ATTN and FLEX_ATTENTION. Tensors are numpy arrays of
-element indices (tests/integration/series_0_21_0_probe.py ``_Tensor``): two
-layers reach the same bytes exactly where their views hold the same numbers.
-That stands in for CUDA memory only; every shape, stride and view decision is
-vLLM's.
+TRITON_ATTN, FLASH_ATTN and FLEX_ATTENTION, on real CPU torch tensors (CPU
+memory stands in for the GPU's; every shape, stride and view is vLLM's and
+torch's). Each layer's blocks are mapped to the storage elements its view
+reaches (tests/integration/series_0_21_0_probe.py ``kv_bytes``).
 """
 
 from __future__ import annotations
@@ -19,18 +18,19 @@ import pytest
 
 VERSION = "0.21.0"
 PATCH_ID = "reconcile-kv-layout-mixed-attention-backends"
+SECTIONS = ("kv_bytes", "kv_layout_guards")
 
 pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
 
 @pytest.fixture(scope="module")
 def seen(vllm_tree, probe):
-    return probe(VERSION, vllm_tree(VERSION, PATCH_ID))
+    return probe(VERSION, vllm_tree(VERSION, PATCH_ID), *SECTIONS)
 
 
 @pytest.fixture(scope="module")
 def stock(stock_tree, probe):
-    return probe(VERSION, stock_tree(VERSION))
+    return probe(VERSION, stock_tree(VERSION), *SECTIONS)
 
 
 @pytest.mark.parametrize("drafter_backend", ["flash_drafter_shared", "flex_drafter_shared"])

@@ -1,11 +1,12 @@
-"""Load vLLM model classes from a tree's source without torch, in this process.
+"""Load vLLM model classes from a tree's source, without importing vLLM, in this process.
 
 ``load(tree, rel)`` executes the module's own source; every name it imports
 is bound to a ``Stub`` except the standard library (imported for real),
-``torch`` (the small ``TORCH`` stand-in below) and sibling modules loaded
-before (their real classes). So ``__init__`` and plain methods run as
-written, while what needs torch or a GPU (layers, kernels, loaders) becomes a
-stub that accepts anything. Nothing is registered in ``sys.modules``.
+``torch`` (``TORCH`` below: real dtypes and ``torch.tensor``, stub modules)
+and sibling modules loaded before (their real classes). So ``__init__`` and
+plain methods run as written, while what needs vLLM's compiled code or a GPU
+(layers, kernels, loaders) becomes a stub that accepts anything. Nothing is
+registered in ``sys.modules``.
 
 What this can show: which values the real code computes and passes on (an
 embedding scale, a LogitsProcessor's soft cap, which class gets what). What
@@ -20,7 +21,7 @@ import inspect
 import sys
 from pathlib import Path
 
-import numpy as np
+import torch
 
 
 class _ModuleBase:
@@ -81,34 +82,6 @@ class Stub:
         return f"<stub {self._name}>"
 
 
-class DType:
-    def __init__(self, name: str, mantissa_bits: int):
-        self.name, self.mantissa_bits = name, mantissa_bits
-
-    def __repr__(self) -> str:
-        return f"torch.{self.name}"
-
-
-class Scalar(float):
-    """A 0-d tensor: a float that knows ``.item()``."""
-
-    def item(self) -> float:
-        return float(self)
-
-
-def _round_to(value: float, dtype: DType | None) -> float:
-    """Round to nearest even at the dtype's mantissa width (float32 when unset)."""
-    as32 = np.float32(value)
-    if dtype is None or dtype.mantissa_bits >= 23:
-        return float(as32)
-    drop = 23 - dtype.mantissa_bits
-    bits = int(as32.view(np.uint32))
-    half, mask = 1 << (drop - 1), (1 << drop) - 1
-    lsb = (bits >> drop) & 1
-    bits = ((bits + half - 1 + lsb) & ~mask) & 0xFFFFFFFF
-    return float(np.uint32(bits).view(np.float32))
-
-
 def _namespace_stub(name: str, **known) -> Stub:
     """A stub with some real attributes; any other attribute is a stub."""
     stub = Stub(name)
@@ -116,18 +89,13 @@ def _namespace_stub(name: str, **known) -> Stub:
     return stub
 
 
+# Real torch (the CPU build of the test environment) for dtypes and small
+# tensors, so values such as an embedding scale are rounded by torch itself;
+# modules, kernels and device allocations stay stubs.
 TORCH = _namespace_stub(
     "torch",
-    bfloat16=DType("bfloat16", 7),
-    float16=DType("float16", 10),
-    float32=DType("float32", 23),
-    tensor=lambda value, dtype=None, device=None: Scalar(_round_to(value, dtype)),
-    where=np.where,
-    nn=_namespace_stub(
-        "torch.nn",
-        Module=_ModuleBase,
-        ModuleList=lambda modules=(): list(modules),
-    ),
+    **{name: getattr(torch, name) for name in ("bfloat16", "float16", "float32", "long", "tensor", "where")},
+    nn=_namespace_stub("torch.nn", Module=_ModuleBase, ModuleList=lambda modules=(): list(modules)),
     compile=lambda fn, **kwargs: fn,
 )
 
