@@ -5,7 +5,8 @@ on its own onto copies of both released trees, and every file it touches
 must compile. The whole series in order (apply, re-apply, revert) is covered
 for every series by ``test_patch_series_real.py``.
 
-Behaviour, without a GPU: torch is not installed, so vLLM cannot be imported.
+Behaviour, without a GPU: vLLM cannot be imported (its torch build and compiled
+extensions are absent; the test environment has only a CPU torch of another version).
 ``series_0_21_0_probe.py`` runs the real source of what each patch changes
 (cut out with ``ast``, against the stand-ins it lists) on the released tree
 and on the patched one; the released run must show the bug FACTS.md
