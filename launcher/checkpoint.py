@@ -8,9 +8,10 @@ here they are read off ``config.json``, ``hf_quant_config.json`` and the
 safetensors headers (plain JSON, so no torch) and reported as ``Reason``
 objects that name the file and the field.
 
-Used by ``serve`` preflight and ``launcher doctor --model DIR`` (through
-``inspect_target``, ``inspect_drafter`` and ``quantization_flag_warning``) and
-by ``launcher quantize`` to validate what it wrote.
+Used by the plan's preflight (``launcher.checks.checkpoint``: ``inspect_target``,
+``inspect_drafter``, ``drafter_version_warning``, ``quantization_flag_warning``),
+by ``launcher doctor --model DIR`` (``inspect_target``) and by ``launcher
+quantize`` to validate what it wrote.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.preflight import Reason
+from launcher.vllm_compat import parse_version
 
 FORMATS = ("modelopt-nvfp4", "compressed-tensors", "bf16", "unknown")
 
@@ -496,6 +498,63 @@ def inspect_drafter(path: Path, *, target: CheckpointInfo | None) -> list[Reason
     ids = _layer_id_reasons(cfg, f, target, reasons)
     reasons += _fc_reasons(path, f, len(ids), target)
     return reasons
+
+
+# vLLM's DFlash drafter builds sliding-window layers from 0.25.0 (qwen3_dflash.py
+# _resolve_layer_attention); drafters mixing sliding and full layers need the V2
+# model runner (default from 0.29.0). Before 0.25.0 every drafter layer is full,
+# non-causal attention over the whole context.
+SLIDING_DRAFTER_SUPPORT = "0.25.0"
+SLIDING_DRAFTER_RECOMMENDED = "0.33.0"
+
+
+def drafter_sliding_layers(config: dict[str, Any]) -> tuple[list[int], Any]:
+    """The drafter layers vLLM 0.25.0+ builds as sliding-window layers, and their window.
+
+    Read as vLLM reads them: ``layer_types`` entries ``"sliding_attention"``,
+    else every layer when ``dflash_config.use_swa`` is set; the window is
+    ``dflash_config.swa_window_size``, else ``sliding_window``.
+    """
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    layer_types = config.get("layer_types")
+    layers: list[int] = []
+    if isinstance(layer_types, list):
+        layers = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if not layers and dflash.get("use_swa") is True:
+        layers = list(range(_int(config.get("num_hidden_layers")) or 0))
+    return layers, dflash.get("swa_window_size", config.get("sliding_window"))
+
+
+def drafter_version_warning(path: Path, vllm_version: str) -> list[Reason]:
+    """A warning when the drafter has sliding-window layers that ``vllm_version`` cannot build.
+
+    The output stays lossless (the target verifies every drafted token), but
+    the drafter runs off the distribution it was trained on, so acceptance,
+    and with it the speed-up, drops.
+    """
+    if parse_version(vllm_version) >= parse_version(SLIDING_DRAFTER_SUPPORT):
+        return []
+    cfg = Path(path) / CONFIG
+    try:
+        config = _read_json(cfg, "drafter")
+    except _Unreadable:
+        return []  # inspect_drafter reports it
+    layers, window = drafter_sliding_layers(config)
+    if not layers:
+        return []
+    window_text = f"window {window}" if window is not None else "no window given"
+    return [
+        Reason(
+            "drafter",
+            f"{cfg}: drafter layers {layers} are sliding-window layers ({window_text}, causal as trained), "
+            f"but vLLM {vllm_version}'s DFlash drafter has none: they run as full, non-causal attention "
+            "over the whole context. Output stays lossless (the target checks every token); acceptance, "
+            "and so the speed-up, is lower, the more so past the window",
+            blocking=False,
+            hint=f"run vLLM {SLIDING_DRAFTER_RECOMMENDED} (--vllm-version {SLIDING_DRAFTER_RECOMMENDED}), "
+            "which builds these layers as trained",
+        )
+    ]
 
 
 def _mask_reasons(cfg: Path, f: _DrafterFields, target: CheckpointInfo | None) -> list[Reason]:

@@ -64,16 +64,14 @@ def copy_series(version: str, dest_root: Path, source_root: Path = TEST_PATCHES)
     return dest
 
 
-def check_applies_alone(version: str, patch, layout: str, tmp_path: Path) -> None:
-    """One patch, as the only entry of a series, applies through the engine to
-    the released tree, changes every file it touches, and each still compiles."""
-    import py_compile
-
+def single_patch_tree(version: str, patch, dest: Path, layout: str = "site-packages", extra=()) -> Path:
+    """The released tree's files ``patch`` touches, plus ``extra``, with that patch
+    applied alone through the engine (a one-entry series under ``dest/patches``)."""
     from launcher.patching import engine
 
     touched = [fp.path for fp in patch.files]
-    tree = mini_tree(version, layout, tmp_path / "tree", touched)
-    root = tmp_path / "patches"
+    tree = mini_tree(version, layout, dest / "tree", [*touched, *extra])
+    root = dest / "patches"
     (root / "vllm" / version).mkdir(parents=True)
     shutil.copy2(patch.path, root / "vllm" / version / patch.name)
     (root / "vllm" / version / "series").write_text(patch.name + "\n")
@@ -81,6 +79,16 @@ def check_applies_alone(version: str, patch, layout: str, tmp_path: Path) -> Non
     report = engine.apply(tree, patches_root=root)
 
     assert [(r.id, r.outcome) for r in report.results] == [(patch.id, "applied")]
+    return tree
+
+
+def check_applies_alone(version: str, patch, layout: str, tmp_path: Path) -> None:
+    """One patch, as the only entry of a series, applies through the engine to
+    the released tree, changes every file it touches, and each still compiles."""
+    import py_compile
+
+    touched = [fp.path for fp in patch.files]
+    tree = single_patch_tree(version, patch, tmp_path, layout)
     released = pristine(version, layout)
     for rel in touched:
         assert (tree / rel).read_bytes() != (released / rel).read_bytes(), rel

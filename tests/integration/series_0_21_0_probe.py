@@ -1,12 +1,15 @@
-"""Runs the code the vLLM 0.21.0 series changes, without torch, in its own process.
+"""Runs the code the vLLM 0.21.0 series changes, without importing vLLM, in its own process.
 
-Usage: ``python series_0_21_0_probe.py CODE_ROOT``. ``CODE_ROOT`` holds the
-released or patched files under test. Prints one JSON object with what each
-scenario observed; the test decides what is right.
+Usage: ``python series_0_21_0_probe.py CODE_ROOT [SECTION ...]``. ``CODE_ROOT``
+holds the released or patched files under test. Prints one JSON object with
+what each scenario of the named sections (all when none are named, see
+``SECTIONS``) observed; the test decides what is right.
 
-vLLM cannot be imported here (``vllm.config`` needs torch, CUDA libraries and
-vLLM's other dependencies; CI has none of them). What runs is the real source
-cut out of the files, against stand-ins for what it calls:
+vLLM cannot be imported here (``vllm.config`` needs vLLM's own torch build,
+CUDA libraries, its compiled extensions and its other dependencies; the test
+environment only has a CPU torch of another version, for the quantize tests).
+What runs is the real source cut out of the files, against stand-ins for what
+it calls:
 
 * KV cache grouping: the real ``vllm/v1/kv_cache_interface.py`` is loaded as
   a module, and every top-level function of ``vllm/v1/core/kv_cache_utils.py``
@@ -19,13 +22,21 @@ cut out of the files, against stand-ins for what it calls:
 * KV layouts: the real ``GPUModelRunner._shared_kv_cache_tensors_mix_block_dims``
   on a stand-in runner, with backends assembled from the real
   ``AttentionBackend.get_kv_cache_block_dim`` and the real
-  ``get_kv_cache_shape`` of TRITON_ATTN and FLASH_ATTN; raw tensors are
-  objects with a ``data_ptr``, shared exactly as the KV cache config says.
+  ``get_kv_cache_shape`` / ``get_kv_cache_stride_order`` of TRITON_ATTN,
+  FLASH_ATTN and FLEX_ATTENTION (``get_kv_cache_layout`` answers "NHD");
+  raw tensors are objects with a ``data_ptr``, shared exactly as the KV cache
+  config says.
+* KV bytes: the real ``_allocate_kv_cache_tensors``, ``_reshape_kv_cache_tensors``
+  and the layout methods they call, on a stand-in runner, with real CPU torch
+  tensors (imported around the stand-in, see ``_real_torch``): which blocks of
+  which layers reach the same bytes of a shared tensor.
 * Proposers: the real ``_create_draft_vllm_config`` of the base proposer and
   of the subclass (and the real module-level helpers they call), on classes
   made of just those methods; ``ModelConfig`` is a pydantic dataclass made
   the way vLLM's ``@config`` makes it, carrying the real ``is_mm_prefix_lm``
   property and the real ``ModelArchitectureConfig``.
+* Real Gemma 4 shapes: the KV geometry of gemma-4-26B-A4B and gemma-4-31B
+  (``TARGETS``) through the same grouping functions.
 * ``GPUModelRunner._get_eagle3_aux_layers_from_config`` and
   ``Gemma4Proposer.build_per_group_and_layer_attn_metadata``: the real
   methods on stand-in objects (block tables are lists; the metadata builder
@@ -42,7 +53,9 @@ import ast
 import copy
 import dataclasses
 import enum
+import functools
 import importlib.util
+import itertools
 import json
 import logging
 import sys
@@ -227,23 +240,31 @@ def kv_grouping(code_root: Path) -> dict:
 # ---------------------------------------------------------------- KV layouts
 
 
+BACKEND_FILES = (
+    ("TRITON_ATTN", "triton_attn.py", "TritonAttentionBackend"),
+    ("FLASH_ATTN", "flash_attn.py", "FlashAttentionBackend"),
+    ("FLEX_ATTENTION", "flex_attention.py", "FlexAttentionBackend"),
+)
+
+
 def backends(code_root: Path) -> dict[str, type]:
-    """TRITON_ATTN and FLASH_ATTN from their real get_kv_cache_shape and the real block-dim probe."""
-    base = _method(
-        _class(_module(code_root / "vllm" / "v1" / "attention" / "backend.py"), "AttentionBackend"),
-        "get_kv_cache_block_dim",
-    )
+    """The backends from their real get_kv_cache_shape / get_kv_cache_stride_order and the
+    real AttentionBackend.get_kv_cache_block_dim. ``get_kv_cache_layout`` answers "NHD",
+    vLLM's default on CUDA without a KV connector."""
+    base_cls = _class(_module(code_root / "vllm" / "v1" / "attention" / "backend.py"), "AttentionBackend")
     kvi = sys.modules["vllm.v1.kv_cache_interface"]
-    ns: dict[str, Any] = {"kv_cache_uses_per_token_head_scales": kvi.kv_cache_uses_per_token_head_scales}
-    _exec(_class_source("AttentionBackend", "", [base]), ns)
+    ns: dict[str, Any] = {
+        "kv_cache_uses_per_token_head_scales": kvi.kv_cache_uses_per_token_head_scales,
+        "get_kv_cache_layout": lambda: "NHD",
+    }
+    _exec(_class_source("AttentionBackend", "", [
+        _method(base_cls, "get_kv_cache_block_dim"), _method(base_cls, "get_kv_cache_stride_order")
+    ]), ns)
     out = {}
-    for label, rel, cls_name in (
-        ("TRITON_ATTN", "triton_attn.py", "TritonAttentionBackend"),
-        ("FLASH_ATTN", "flash_attn.py", "FlashAttentionBackend"),
-    ):
-        shape = _method(_class(_module(code_root / "vllm/v1/attention/backends" / rel), cls_name),
-                        "get_kv_cache_shape")
-        _exec(_class_source(cls_name, "AttentionBackend", [shape]), ns)
+    for label, rel, cls_name in BACKEND_FILES:
+        cls = _class(_module(code_root / "vllm/v1/attention/backends" / rel), cls_name)
+        methods = [m for m in (_method(cls, "get_kv_cache_shape"), _method(cls, "get_kv_cache_stride_order")) if m]
+        _exec(_class_source(cls_name, "AttentionBackend", methods), ns)
         out[label] = ns[cls_name]
     return out
 
@@ -298,6 +319,210 @@ def kv_layouts(code_root: Path) -> dict:
         "triton_drafter_sharing_triton_tensors": mixes("TRITON_ATTN", qwen_like),
         "flash_drafter_own_tensors": mixes("FLASH_ATTN", qwen_like, share=False),
     }
+
+
+# ---------------------------------------------------------------- real Gemma 4 shapes
+
+# KV geometry of the released checkpoints' text configs (head_dim / global_head_dim,
+# num_key_value_heads / num_global_key_value_heads, layer_types: 5 sliding then 1 full).
+TARGETS = {
+    "toy": {"layers": 6, "sliding_kv_heads": 4, "full_kv_heads": 2},  # the GPU proof's small target
+    "gemma-4-26B-A4B": {"layers": 30, "sliding_kv_heads": 8, "full_kv_heads": 2},
+    "gemma-4-31B": {"layers": 60, "sliding_kv_heads": 16, "full_kv_heads": 4},
+}
+# A Qwen3-style DFlash drafter layer (full attention); only its own bucket depends on it.
+DRAFTER = {"num_kv_heads": 8, "head_size": 128}
+
+
+def gemma4_specs(kvi, target: str, draft_layers: int, draft: dict | None = None, dtype=BF16) -> dict:
+    """Layer name -> KV cache spec of a Gemma 4 target (sliding window 1024, head_dim 256;
+    full layers head_dim 512) and a drafter, marked as the drafter's where the tree can."""
+    shape = TARGETS[target]
+    has_is_draft = "is_draft" in {f.name for f in dataclasses.fields(kvi.KVCacheSpec)}
+    specs = {}
+    for i in range(shape["layers"]):
+        name = f"language_model.model.layers.{i}.self_attn.attn"
+        if i % 6 == 5:
+            specs[name] = kvi.FullAttentionSpec(
+                block_size=16, num_kv_heads=shape["full_kv_heads"], head_size=512, dtype=dtype
+            )
+        else:
+            specs[name] = kvi.SlidingWindowSpec(
+                block_size=16, num_kv_heads=shape["sliding_kv_heads"], head_size=256, dtype=dtype,
+                sliding_window=1024,
+            )
+    marker = {"is_draft": True} if has_is_draft else {}
+    for j in range(draft_layers):
+        specs[f"model.layers.{shape['layers'] + j}.self_attn.attn"] = kvi.FullAttentionSpec(
+            block_size=16, dtype=dtype, **(draft or DRAFTER), **marker
+        )
+    return specs
+
+
+def kv_grouping_real(code_root: Path) -> dict:
+    """Groups and pool split for each target shape with 0, 2, 5, 6 and 11 drafter layers."""
+    kvi, ns = kv_cache_namespace(code_root)
+    out = {}
+    for target in TARGETS:
+        for n_draft in (0, 2, 5, 6, 11):
+            specs = gemma4_specs(kvi, target, n_draft)
+            draft_names = {n for n in specs if n.startswith("model.")}
+            groups = ns["get_kv_cache_groups"](_vllm_config(), dict(specs))
+            facts = _groups_facts(groups, draft_names)
+            config = ns["get_kv_cache_config_from_groups"](_vllm_config(), groups, 1 << 30)
+            facts["tensors"] = [list(t.shared_by) for t in config.kv_cache_tensors]
+            facts["num_blocks"] = config.num_blocks
+            out[f"{target}/{n_draft}"] = facts
+    return out
+
+
+# ---------------------------------------------------------------- KV bytes
+
+
+@functools.cache
+def _real_torch():
+    """PyTorch itself (the CPU build the test environment installs), for real KV cache
+    tensors. The vLLM modules loaded here see the stand-in under the name ``torch``,
+    so the real one is imported (once) around it."""
+    stand_in = sys.modules.pop("torch")
+    try:
+        import torch
+    finally:
+        sys.modules["torch"] = stand_in
+    return torch
+
+
+RUNNER_KV_METHODS = (
+    "_allocate_kv_cache_tensors", "_kv_cache_spec_attn_group_iterator", "_reshape_kv_cache_tensors",
+    "_update_hybrid_attention_mamba_layout", "_shared_kv_cache_tensors_mix_block_dims",
+)
+
+
+def kv_runner_class(code_root: Path, kvi, torch) -> type:
+    """GPUModelRunner's KV cache allocation, reshaping and layout methods, as written in the tree."""
+    runner = _class(_module(code_root / "vllm" / "v1" / "worker" / "gpu_model_runner.py"), "GPUModelRunner")
+    methods = [m for m in (_method(runner, name) for name in RUNNER_KV_METHODS) if m is not None]
+    ns: dict[str, Any] = {
+        "torch": torch, "defaultdict": defaultdict, "itertools": itertools,
+        "AttentionSpec": kvi.AttentionSpec, "MambaSpec": kvi.MambaSpec,
+        "get_dtype_size": lambda dtype: dtype.itemsize,
+    }
+    _exec(_class_source("Runner", "", methods), ns)
+    return ns["Runner"]
+
+
+def _block_owner(torch, view, block_dim: int, blocks: int):
+    """For each element of the view's storage, the block id (< ``blocks``) whose view reaches it, else -1."""
+    size = view.untyped_storage().nbytes() // view.element_size()
+    index = torch.arange(size).as_strided(view.size(), view.stride(), view.storage_offset())
+    owner = torch.full((size,), -1, dtype=torch.int64)
+    for block in range(blocks):
+        owner[(index[block] if block_dim == 0 else index[:, block]).flatten()] = block
+    return owner
+
+
+def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: int = 3) -> dict:
+    """Allocate and reshape the KV caches of a 26B-A4B-shaped target (TRITON_ATTN) and a
+    5-layer drafter (``draft_backend``) with the tree's real runner code on real CPU
+    tensors, then check whether block ids of different groups reach the same bytes of
+    a shared tensor.
+
+    ``share=False`` gives every layer a tensor of its own (what
+    --disable-hybrid-kv-cache-manager amounts to for the bytes).
+    """
+    torch = _real_torch()
+    kvi, ns = kv_cache_namespace(code_root)
+    attn = backends(code_root)
+    specs = gemma4_specs(kvi, "gemma-4-26B-A4B", 5, dtype=torch.bfloat16)
+    draft_names = {n for n in specs if n.startswith("model.")}
+    groups = ns["get_kv_cache_groups"](_vllm_config(), dict(specs))
+    page = max(g.kv_cache_spec.page_size_bytes for g in groups)
+    config = ns["get_kv_cache_config_from_groups"](_vllm_config(), groups, blocks * page * len(groups[0].layer_names))
+    if not share:
+        config.kv_cache_tensors = [
+            kvi.KVCacheTensor(size=t.size, shared_by=[layer]) for t in config.kv_cache_tensors for layer in t.shared_by
+        ]
+    runner = object.__new__(kv_runner_class(code_root, kvi, torch))
+    runner.kv_cache_config = config
+    runner.runner_only_attn_layers = set()
+    runner.cache_config = types.SimpleNamespace(cache_dtype="auto")
+    runner.device = "cpu"
+    runner.attn_groups = [
+        [types.SimpleNamespace(
+            backend=attn[draft_backend if draft_names & set(g.layer_names) else "TRITON_ATTN"],
+            layer_names=list(g.layer_names), kv_cache_spec=g.kv_cache_spec, kv_cache_group_id=gid,
+        )]
+        for gid, g in enumerate(config.kv_cache_groups)
+    ]
+    kernel_block_sizes = [g.kv_cache_spec.block_size for g in config.kv_cache_groups]
+    raw = runner._allocate_kv_cache_tensors(config)
+    caches = runner._reshape_kv_cache_tensors(raw, kernel_block_sizes)
+
+    block_dim = {}
+    for group in itertools.chain.from_iterable(runner.attn_groups):
+        spec = group.kv_cache_spec
+        for layer in group.layer_names:
+            block_dim[layer] = group.backend.get_kv_cache_block_dim(spec.block_size, spec.num_kv_heads, spec.head_size)
+    group_of = {layer: gid for gid, g in enumerate(config.kv_cache_groups) for layer in g.layer_names}
+    aliased = []
+    for tensor in config.kv_cache_tensors:
+        owners = {layer: _block_owner(torch, caches[layer], block_dim[layer], blocks) for layer in tensor.shared_by}
+        for a, b in itertools.combinations(tensor.shared_by, 2):
+            if group_of[a] == group_of[b]:
+                continue
+            # Different groups hold different block ids of the one pool: a byte that
+            # block i of one layer and block j != i of the other both reach is aliased.
+            clash = (owners[a] >= 0) & (owners[b] >= 0) & (owners[a] != owners[b])
+            if bool(clash.any()):
+                first = int(clash.nonzero()[0])
+                aliased.append([a, int(owners[a][first]), b, int(owners[b][first])])
+    draft_layer = sorted(draft_names)[0]
+    target_layer = sorted(set(specs) - draft_names)[0]
+    return {
+        "groups": len(config.kv_cache_groups),
+        "shared_tensors": sum(len(t.shared_by) > 1 for t in config.kv_cache_tensors),
+        "aliased_pairs": len(aliased),
+        "example": aliased[0] if aliased else None,
+        "draft_block_dim": block_dim[draft_layer],
+        "draft_stride": list(caches[draft_layer].stride()),
+        "draft_contiguous_stride": list(torch.empty(caches[draft_layer].shape).stride()),
+        "target_stride": list(caches[target_layer].stride()),
+        "target_contiguous_stride": list(torch.empty(caches[target_layer].shape).stride()),
+    }
+
+
+def kv_layout_guards(code_root: Path) -> dict:
+    """The layout updater and the detector with a trailing group of layers without KV
+    cache (an encoder-only layer: a runner-only layer, in a group past kernel_block_sizes)."""
+    torch = _real_torch()
+    kvi, ns = kv_cache_namespace(code_root)
+    attn = backends(code_root)
+    runner_cls = kv_runner_class(code_root, kvi, torch)
+    spec = kvi.FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    encoder_spec = kvi.EncoderOnlyAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    runner = object.__new__(runner_cls)
+    runner.kv_cache_config = types.SimpleNamespace(kv_cache_groups=["decoder", "encoder-only"])
+    runner.runner_only_attn_layers = {"encoder.attn"}
+    runner.cache_config = types.SimpleNamespace(cache_dtype="auto")
+    runner.attn_groups = [
+        [types.SimpleNamespace(backend=attn["FLASH_ATTN"], layer_names=["decoder.attn"],
+                               kv_cache_spec=spec, kv_cache_group_id=0)],
+        [types.SimpleNamespace(backend=attn["FLASH_ATTN"], layer_names=["encoder.attn"],
+                               kv_cache_spec=encoder_spec, kv_cache_group_id=1)],
+    ]
+    raw = torch.zeros(4 * spec.page_size_bytes, dtype=torch.int8)
+    shape = attn["FLASH_ATTN"].get_kv_cache_shape(4, 16, 2, 64)
+    caches = {"decoder.attn": raw.view(torch.bfloat16).view(shape)}
+    out: dict[str, Any] = {}
+    try:
+        runner._update_hybrid_attention_mamba_layout(caches, [16])
+        out["updater"] = "ok"
+    except Exception as exc:  # the released updater indexes past kernel_block_sizes
+        out["updater"] = type(exc).__name__
+    out["decoder_restrided"] = list(caches["decoder.attn"].stride())
+    if hasattr(runner, "_shared_kv_cache_tensors_mix_block_dims"):
+        out["detector"] = runner._shared_kv_cache_tensors_mix_block_dims({"decoder.attn": raw}, [16])
+    return out
 
 
 # ---------------------------------------------------------------- proposer configs
@@ -489,19 +714,34 @@ def gemma4_block_tables(code_root: Path) -> dict:
     return {"per_group": per_group, "layers": sorted(per_layer), "caller_table_rows": len(cm.block_table_tensor)}
 
 
-def main(code_root: str) -> None:
+def _kv_bytes_cases(code: Path) -> dict:
+    return {
+        "flash_drafter_shared": kv_bytes(code, "FLASH_ATTN"),
+        "flex_drafter_shared": kv_bytes(code, "FLEX_ATTENTION"),
+        "triton_drafter_shared": kv_bytes(code, "TRITON_ATTN"),
+        "flash_drafter_own_tensors": kv_bytes(code, "FLASH_ATTN", share=False),
+    }
+
+
+SECTIONS = {
+    "kv_grouping": kv_grouping,
+    "kv_layouts": kv_layouts,
+    "dflash_drafter_config": dflash_drafter_config,
+    "gemma4_mtp_backends": gemma4_mtp_backends,
+    "aux_layers": aux_layers,
+    "gemma4_block_tables": gemma4_block_tables,
+    "kv_grouping_real": kv_grouping_real,
+    "kv_bytes": _kv_bytes_cases,
+    "kv_layout_guards": kv_layout_guards,
+}
+
+
+def main(code_root: str, sections: list[str]) -> None:
+    """Print the named sections (all when none are named) as one JSON object."""
     code = Path(code_root)
     _install_stand_ins(code)
-    out = {
-        "kv_grouping": kv_grouping(code),
-        "kv_layouts": kv_layouts(code),
-        "dflash_drafter_config": dflash_drafter_config(code),
-        "gemma4_mtp_backends": gemma4_mtp_backends(code),
-        "aux_layers": aux_layers(code),
-        "gemma4_block_tables": gemma4_block_tables(code),
-    }
-    print(json.dumps(out))
+    print(json.dumps({name: SECTIONS[name](code) for name in sections or SECTIONS}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

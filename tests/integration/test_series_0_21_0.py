@@ -5,7 +5,8 @@ on its own onto copies of both released trees, and every file it touches
 must compile. The whole series in order (apply, re-apply, revert) is covered
 for every series by ``test_patch_series_real.py``.
 
-Behaviour, without a GPU: torch is not installed, so vLLM cannot be imported.
+Behaviour, without a GPU: vLLM cannot be imported (its torch build and compiled
+extensions are absent; the test environment has only a CPU torch of another version).
 ``series_0_21_0_probe.py`` runs the real source of what each patch changes
 (cut out with ``ast``, against the stand-ins it lists) on the released tree
 and on the patched one; the released run must show the bug FACTS.md
@@ -51,6 +52,7 @@ PROBE_EXTRA = [
     "vllm/v1/attention/backend.py",
     "vllm/v1/attention/backends/triton_attn.py",
     "vllm/v1/attention/backends/flash_attn.py",
+    "vllm/v1/attention/backends/flex_attention.py",
 ]
 QWEN3_DFLASH = "vllm/model_executor/models/qwen3_dflash.py"
 
@@ -232,7 +234,7 @@ def test_released_runner_reconciles_layouts_only_for_mamba(released):
 def test_patched_runner_detects_mixed_block_dims_on_shared_tensors(patched):
     seen = patched["kv_layouts"]
     # FACTS.md: TRITON_ATTN puts the block dim first, FLASH_ATTN second.
-    assert seen["block_dims"] == {"TRITON_ATTN": 0, "FLASH_ATTN": 1}
+    assert seen["block_dims"] == {"TRITON_ATTN": 0, "FLASH_ATTN": 1, "FLEX_ATTENTION": 1}
     assert seen["flash_drafter_sharing_triton_tensors"] is True
     assert seen["triton_drafter_sharing_triton_tensors"] is False
     assert seen["flash_drafter_own_tensors"] is False

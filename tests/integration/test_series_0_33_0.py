@@ -6,8 +6,8 @@ engine reads, byte for byte), and every file it touches must compile. The
 whole series in order (apply, re-apply, revert) is covered for every series
 by ``test_patch_series_real.py``.
 
-Behaviour, without a GPU. torch is not installed, so vLLM cannot be
-imported; what these tests run is the real source of the functions each patch
+Behaviour, without a GPU. vLLM cannot be imported (its torch build and
+compiled extensions are absent); what these tests run is the real source of the functions each patch
 changes, cut out with ``ast`` (``series_0_33_0_probe.py`` says which
 stand-ins surround it and why), before and after the patch: the pristine run
 must show the bug FACTS.md describes and the patched run must not. What that

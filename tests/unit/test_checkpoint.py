@@ -15,6 +15,7 @@ import pytest
 
 from launcher.checkpoint import (
     CheckpointInfo,
+    drafter_version_warning,
     inspect_drafter,
     inspect_target,
     quantization_flag_warning,
@@ -488,3 +489,55 @@ def test_no_warning_without_modelopt_flag(args):
 def test_no_warning_for_bf16_checkpoint():
     assert quantization_flag_warning(["--quantization", "modelopt"], CheckpointInfo(path=Path("/m"), format="bf16")) is None
     assert quantization_flag_warning(["--quantization", "modelopt"], None) is None
+
+
+# ------------------------------------------------- drafter layers the vLLM version cannot build
+
+# The public 26B-A4B DFlash drafter as a third-party conversion describes it
+# (FACTS.md): 5 layers, sliding window 2048 on the first 4, full on the last.
+PUBLIC_26B_DRAFTER = {
+    "num_hidden_layers": 5,
+    "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+    "sliding_window": 2048,
+}
+
+
+@pytest.mark.parametrize("version", ["0.21.0", "0.21.0+cu132", "0.24.0"])
+def test_sliding_drafter_layers_warn_before_0_25_and_recommend_0_33(tmp_path, version):
+    root = make_drafter(tmp_path / "d", **PUBLIC_26B_DRAFTER)
+    (reason,) = drafter_version_warning(root, version)
+    assert not reason.blocking and reason.area == "drafter"
+    assert str(root / "config.json") in reason.message
+    assert "layers [0, 1, 2, 3] are sliding-window layers (window 2048" in reason.message
+    assert "full, non-causal attention" in reason.message and "lossless" in reason.message
+    assert "0.33.0" in reason.hint
+
+
+@pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
+def test_sliding_drafter_layers_are_fine_from_0_25(tmp_path, version):
+    assert drafter_version_warning(make_drafter(tmp_path / "d", **PUBLIC_26B_DRAFTER), version) == []
+
+
+def test_use_swa_makes_every_drafter_layer_sliding(tmp_path):
+    root = make_drafter(tmp_path / "d", dflash_config={
+        "mask_token_id": 4095, "target_layer_ids": [1, 3, 4], "use_swa": True, "swa_window_size": 1024,
+    })
+    (reason,) = drafter_version_warning(root, "0.21.0")
+    assert "layers [0, 1] are sliding-window layers (window 1024" in reason.message
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # no layer types: every layer full, as 0.21.0 runs them
+    {"layer_types": ["full_attention", "full_attention"]},
+    {"sliding_window": 2048},  # a window alone does not make a layer sliding (no use_swa)
+])
+def test_drafters_without_sliding_layers_get_no_warning(tmp_path, overrides):
+    assert drafter_version_warning(make_drafter(tmp_path / "d", **overrides), "0.21.0") == []
+
+
+def test_unreadable_drafter_config_is_left_to_inspect_drafter(tmp_path):
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / "config.json").write_text("{not json")
+    assert drafter_version_warning(root, "0.21.0") == []
+    assert inspect_drafter(root, target=TARGET)[0].blocking

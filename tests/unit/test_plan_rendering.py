@@ -104,3 +104,21 @@ def test_model_and_drafter_overrides(tmp_path, models):
 def test_docker_runtime_gets_an_image_tag_naming_version_arch_and_platform(models):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0", runtime="docker"), make_ctx(None))
     assert plan.image == "vllm-sm12x:0.33.0-sm120-amd64"
+
+
+def test_plan_warns_on_0_21_when_the_drafter_has_sliding_layers(tmp_path, models):
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5, "sliding_window": 2048,
+        "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+    }))
+
+    def sliding_warnings(version):
+        plan = resolve(Request("gemma4-moe-dflash", vllm_version=version, drafter=str(drafter)),
+                       make_ctx(RTX5090))
+        return [r for r in plan.reasons if "sliding-window layers" in r.message]
+
+    (warning,) = sliding_warnings("0.21.0")
+    assert not warning.blocking and "--vllm-version 0.33.0" in warning.hint
+    assert sliding_warnings("0.33.0") == []

@@ -1,0 +1,116 @@
+"""Trees and probes for the per-patch regression tests (tests/patches/test_<id>.py).
+
+Every test here runs the real code of the released vLLM wheel (unpacked from
+PyPI by ``launcher.pypi``, cached outside the clone) with ONE patch of the
+series applied, alone, through the project's patch engine: the ``vllm_tree``
+fixture. Nothing else of the series is in that tree, so a test that passes
+there passes because of that patch.
+
+Set ``VLLM_SM12X_PATCH_TESTS_ON=stock`` to run the same tests on the released
+tree instead: every regression test must then fail, apart from those named
+``..._unchanged`` or ``..._as_before``, which check that what worked before
+still does. ``test_patch_tests.py`` runs the suite that way and checks it.
+
+vLLM itself cannot be imported here: it needs its own torch build, CUDA
+libraries and compiled extensions (the test environment has a CPU torch of
+another version, for the quantize tests). The code under test is cut out of
+the tree's files and run against stand-ins for what cannot exist on a
+CPU-only machine: the KV cache and config probes in tests/integration (one
+subprocess per tree, because their stand-ins register ``torch`` and ``vllm``
+names in ``sys.modules``; the KV byte layout uses real CPU torch tensors),
+and ``vllm_source.py`` for model classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.patching.series import series_for
+from tests.integration.patch_trees import pristine, single_patch_tree
+
+STOCK_ENV = "VLLM_SM12X_PATCH_TESTS_ON"
+PROBES = Path(__file__).resolve().parent.parent / "integration"
+
+# Files the probes and vllm_source read, on top of those the patch changes.
+READS = [
+    "vllm/config/model.py",
+    "vllm/config/model_arch.py",
+    "vllm/utils/math_utils.py",
+    "vllm/v1/kv_cache_interface.py",
+    "vllm/v1/core/kv_cache_utils.py",
+    "vllm/v1/attention/backend.py",
+    "vllm/v1/attention/backends/triton_attn.py",
+    "vllm/v1/attention/backends/flash_attn.py",
+    "vllm/v1/attention/backends/flex_attention.py",
+    "vllm/v1/worker/gpu_model_runner.py",
+    "vllm/v1/spec_decode/llm_base_proposer.py",
+    "vllm/v1/spec_decode/dflash.py",
+    "vllm/v1/spec_decode/gemma4.py",
+    "vllm/v1/worker/gpu/spec_decode/dflash/utils.py",
+    "vllm/v1/worker/gpu/spec_decode/gemma4/speculator.py",
+    "vllm/model_executor/models/qwen3_dflash.py",
+    "vllm/model_executor/models/qwen3_dflash2.py",
+    "vllm/model_executor/models/qwen3_dspark.py",
+    "vllm/model_executor/models/qwen3_xpress.py",
+    "vllm/model_executor/models/lilicorr.py",
+]
+
+
+def on_stock() -> bool:
+    return os.environ.get(STOCK_ENV) == "stock"
+
+
+def patch_named(version: str, patch_id: str):
+    series = series_for(version)
+    matches = [p for p in series.patches if p.id == patch_id]
+    assert matches, f"{patch_id} is not in the {version} series"
+    return matches[0]
+
+
+@pytest.fixture(scope="session")
+def vllm_tree(tmp_path_factory):
+    """``vllm_tree(version, patch_id)``: the tree under test (see the module docstring)."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(version: str, patch_id: str) -> Path:
+        patch = patch_named(version, patch_id)
+        if on_stock():
+            return pristine(version, "site-packages")
+        if (version, patch_id) not in made:
+            dest = tmp_path_factory.mktemp(f"{version}-{patch_id}")
+            made[version, patch_id] = single_patch_tree(version, patch, dest, extra=READS)
+        return made[version, patch_id]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def stock_tree():
+    """``stock_tree(version)``: the released wheel's tree, for what must stay as it was."""
+    return lambda version: pristine(version, "site-packages")
+
+
+@pytest.fixture(scope="session")
+def probe():
+    """``probe(version, tree, *sections)``: the JSON the version's tests/integration probe
+    prints for ``tree`` (0.21.0's takes section names; 0.33.0's prints everything)."""
+    seen: dict[tuple, dict] = {}
+
+    def run(version: str, tree: Path, *sections: str) -> dict:
+        key = (tree, sections)
+        if key not in seen:
+            script = PROBES / f"series_{version.replace('.', '_')}_probe.py"
+            done = subprocess.run(
+                [sys.executable, str(script), str(tree), *sections], capture_output=True, text=True, timeout=300
+            )
+            assert done.returncode == 0, done.stderr[-4000:]
+            seen[key] = json.loads(done.stdout)
+        return seen[key]
+
+    return run
