@@ -121,25 +121,41 @@ def unpacked(project: str, version: str, layout: str) -> Path:
     before changing anything.
     """
     root = cache_dir() / "trees" / f"{project}-{version}-{layout}"
-    done = root / ".complete"
-    if done.exists():
+    if (root / ".complete").exists():
         return _tree_top(root, layout)
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
+    if layout not in ("site-packages", "source"):
+        raise ValueError(f"unknown layout {layout!r}")
+    # Unpacked beside the final folder and renamed into place: several
+    # processes (parallel test runs, other checkouts) share this cache, and a
+    # reader must never see a half-written tree.
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
+    os.chmod(work, 0o755)
+    try:
+        _extract(project, version, layout, work)
+        (work / ".complete").write_text("ok")
+        if root.exists() and not (root / ".complete").exists():
+            shutil.rmtree(root)  # left by an interrupted run of an older launcher
+        try:
+            os.rename(work, root)
+        except OSError:
+            if not (root / ".complete").exists():
+                raise  # not a racing unpack that finished first
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _tree_top(root, layout)
+
+
+def _extract(project: str, version: str, layout: str, dest: Path) -> None:
     if layout == "site-packages":
         with zipfile.ZipFile(fetch(project, version, "wheel")) as zf:
             # Python sources and metadata only: the compiled extensions are
             # hundreds of MB and no patch touches them.
             members = [n for n in zf.namelist() if n.endswith(".py") or ".dist-info/" in n]
-            zf.extractall(root, members)
-    elif layout == "source":
-        with tarfile.open(fetch(project, version, "sdist")) as tf:
-            tf.extractall(root, filter="data")
+            zf.extractall(dest, members)
     else:
-        raise ValueError(f"unknown layout {layout!r}")
-    done.write_text("ok")
-    return _tree_top(root, layout)
+        with tarfile.open(fetch(project, version, "sdist")) as tf:
+            tf.extractall(dest, filter="data")
 
 
 def _tree_top(root: Path, layout: str) -> Path:
