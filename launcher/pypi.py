@@ -32,18 +32,42 @@ class ReleaseFile:
     sha256: str
 
 
-def _index_files(project: str) -> list[ReleaseFile]:
+def _index(project: str) -> dict:
     req = urllib.request.Request(
         f"{INDEX}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
     )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
-            data = json.load(resp)
+            return json.load(resp)
     except OSError as exc:
         raise LauncherError(
             f"cannot reach the package index {INDEX} for {project}: {exc}",
             hint="check the network, or set VLLM_SM12X_PYPI_INDEX to a mirror",
         ) from exc
+
+
+def latest_release(project: str) -> str:
+    """The newest final release with a file that is not yanked (pre-releases skipped)."""
+    from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+
+    found = set()
+    for f in _index(project).get("files", []):
+        if f.get("yanked"):
+            continue
+        try:
+            name = f["filename"]
+            version = parse_wheel_filename(name)[1] if name.endswith(".whl") else parse_sdist_filename(name)[1]
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+        if not version.is_prerelease and not version.is_devrelease:
+            found.add(version)
+    if not found:
+        raise LauncherError(f"the package index {INDEX} lists no release of {project}")
+    return str(max(found))
+
+
+def _index_files(project: str) -> list[ReleaseFile]:
+    data = _index(project)
     return [
         ReleaseFile(f["filename"], f["url"], f.get("hashes", {}).get("sha256", ""))
         for f in data.get("files", [])
