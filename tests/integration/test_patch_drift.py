@@ -151,3 +151,27 @@ def test_patch_check_against_with_another_series(tmp_path):
     assert "series 0.27.1" in result.output and "gemma4-dflash-embed-scale-logit-softcap" in result.output
     alone = CliRunner().invoke(app, ["patch", "check", "--series", "0.27.1"])
     assert alone.exit_code == 2 and "--series needs --against" in alone.output
+
+
+# ------------------------------------------------ the scheduled job only calls the launcher
+
+
+def test_workflow_is_scheduled_calls_the_drift_command_and_its_scripts_are_shellcheck_clean(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    workflow = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "drift-watch.yml"
+    data = yaml.safe_load(workflow.read_text())
+    assert data[True]["schedule"]  # PyYAML reads the key `on` as True
+    steps = data["jobs"]["drift"]["steps"]
+    scripts = [s["run"] for s in steps if "run" in s]
+    assert any("launcher patch drift" in s and "--ngc-tags" in s for s in scripts)
+    for i, script in enumerate(scripts):
+        path = tmp_path / f"step{i}.sh"
+        path.write_text("#!/usr/bin/env bash\n" + script)
+        check = subprocess.run([str(Path(sys.executable).parent / "shellcheck"), str(path)],
+                               capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout
