@@ -3,7 +3,8 @@
 Used by ``launcher patch check --against``, ``launcher build wheels`` and the
 tests. PyPI's simple index (JSON form, PEP 691) lists every file with its
 sha256; downloads are verified and kept under ``<cache>/pypi/`` so a second
-run reads the disk only.
+run reads the disk only. The Python files of a wheel that is not cached are
+read with range requests instead of downloading it (``launcher.ranged_zip``).
 """
 
 from __future__ import annotations
@@ -98,13 +99,12 @@ def _pick(files: list[ReleaseFile], project: str, version: str, kind: str, arch:
 
 def fetch(project: str, version: str, kind: str = "wheel", arch: str = "x86_64") -> Path:
     """Download (once) and return the path of a release file. ``kind`` is wheel or sdist."""
+    cached = _cached(project, version, kind, arch)
+    if cached is not None:
+        return cached
     dest_dir = cache_dir() / "pypi"
     dest_dir.mkdir(parents=True, exist_ok=True)
     marker = dest_dir / f"{project}-{version}-{kind}-{arch}.name"
-    if marker.exists():
-        cached = dest_dir / marker.read_text().strip()
-        if cached.exists():
-            return cached
     rf = _pick(_index_files(project), project, version, kind, arch)
     target = dest_dir / rf.filename
     if not target.exists() or (rf.sha256 and _sha256(target) != rf.sha256):
@@ -170,16 +170,48 @@ def unpacked(project: str, version: str, layout: str) -> Path:
     return _tree_top(root, layout)
 
 
+def _python_file(name: str) -> bool:
+    # Python sources and metadata only: the compiled extensions are hundreds
+    # of MB and no patch touches them.
+    return name.endswith(".py") or ".dist-info/" in name
+
+
 def _extract(project: str, version: str, layout: str, dest: Path) -> None:
     if layout == "site-packages":
-        with zipfile.ZipFile(fetch(project, version, "wheel")) as zf:
-            # Python sources and metadata only: the compiled extensions are
-            # hundreds of MB and no patch touches them.
-            members = [n for n in zf.namelist() if n.endswith(".py") or ".dist-info/" in n]
-            zf.extractall(dest, members)
+        wheel = _cached(project, version, "wheel", "x86_64") or _python_files_only(project, version, dest)
+        if wheel is not None:
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(dest, [n for n in zf.namelist() if _python_file(n)])
     else:
         with tarfile.open(fetch(project, version, "sdist")) as tf:
             tf.extractall(dest, filter="data")
+
+
+def _cached(project: str, version: str, kind: str, arch: str) -> Path | None:
+    marker = cache_dir() / "pypi" / f"{project}-{version}-{kind}-{arch}.name"
+    if marker.exists():
+        path = marker.parent / marker.read_text().strip()
+        if path.exists():
+            return path
+    return None
+
+
+def _python_files_only(project: str, version: str, dest: Path) -> Path | None:
+    """Read only the wheel's Python files (ranged requests, about a thirtieth of
+    the wheel); None when that worked, else the downloaded wheel to unpack."""
+    from launcher import ranged_zip
+
+    rf = _pick(_index_files(project), project, version, "wheel", "x86_64")
+    scratch = dest.parent / f".{dest.name}.sparse"
+    try:
+        ranged_zip.extract(rf.url, dest, _python_file, scratch)
+        return None
+    except (ranged_zip.RangesUnsupported, OSError, zipfile.BadZipFile):
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        return fetch(project, version, "wheel")
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 def _tree_top(root: Path, layout: str) -> Path:
