@@ -254,27 +254,29 @@ def _function_text(text: str, name: str, cls: str | None = None) -> str:
     return ast.unparse(next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name))
 
 
+# (file, class or None, function, text it holds): the fixes NOTES.md reads as upstream.
+UPSTREAM = {
+    "bug 6, target_layer_ids + 1 (V2)": ("vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", None,
+                                         "get_eagle3_aux_layers_from_config",
+                                         "i + 1 for i in dflash_config.get('target_layer_ids')"),
+    "bug 6, target_layer_ids + 1 (V1)": ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner",
+                                         "_get_eagle3_aux_layers_from_config",
+                                         "i + 1 for i in dflash_config.get('target_layer_ids')"),
+    "bug 4, block tables sliced (V1 MTP)": ("vllm/v1/spec_decode/gemma4.py", "Gemma4Proposer",
+                                            "build_per_group_and_layer_attn_metadata", "[:batch_size]"),
+    "drafter over several KV groups (V2)": ("vllm/v1/worker/gpu/spec_decode/dflash/speculator.py", "DFlashSpeculator",
+                                            "set_attn", "self.draft_kv_cache_group_ids = "),
+    "bug 1, drafter gets the configured backend": ("vllm/v1/spec_decode/llm_base_proposer.py", "SpecDecodeBaseProposer",
+                                                   "_create_draft_vllm_config",
+                                                   "backend=spec_cfg.attention_backend"),
+}
+
+
+@pytest.mark.parametrize("fact", UPSTREAM)
 @pytest.mark.parametrize("version", VERSIONS)
-def test_released_fixes_that_need_no_patch(version):
-    # Bug 6: target_layer_ids shifted by one in both runners.
-    v2 = _function_text(_released(version, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"),
-                        "get_eagle3_aux_layers_from_config")
-    assert "i + 1 for i in dflash_config.get('target_layer_ids')" in v2
-    v1 = _function_text(_released(version, "vllm/v1/worker/gpu_model_runner.py"),
-                        "_get_eagle3_aux_layers_from_config", "GPUModelRunner")
-    assert "i + 1 for i in dflash_config.get('target_layer_ids')" in v1
-    # Bug 4: per-group block tables sliced to the drafting batch.
-    gemma4 = _function_text(_released(version, "vllm/v1/spec_decode/gemma4.py"),
-                            "build_per_group_and_layer_attn_metadata", "Gemma4Proposer")
-    assert "[:batch_size]" in gemma4
-    # Drafter layers over several KV cache groups: V2 keeps them per group.
-    set_attn = _function_text(_released(version, "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"),
-                              "set_attn", "DFlashSpeculator")
-    assert "self.draft_kv_cache_group_ids = " in set_attn
-    # Bug 1 for DFlash: the base proposer gives the drafter the configured backend.
-    base = _function_text(_released(version, "vllm/v1/spec_decode/llm_base_proposer.py"),
-                          "_create_draft_vllm_config", "SpecDecodeBaseProposer")
-    assert "backend=spec_cfg.attention_backend" in base
+def test_released_fixes_that_need_no_patch(version, fact):
+    rel, cls, function, text = UPSTREAM[fact]
+    assert text in _function_text(_released(version, rel), function, cls)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
