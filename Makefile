@@ -39,10 +39,16 @@ serve: venv
 dry-run: venv
 	$(BIN)/launcher serve --recipe $(RECIPE) --dry-run $(ARGS)
 
-## make patch-check: every series against its released vLLM (wheel and sdist layouts)
+## make patch-check: every series (patches/vllm/*/series) against its released vLLM (wheel and sdist)
 patch-check: venv
-	$(BIN)/launcher patch check --against vllm==0.21.0
-	$(BIN)/launcher patch check --against vllm==0.33.0
+	@set -e; for series in patches/vllm/*/series; do \
+		$(BIN)/launcher patch check --against vllm==$$(basename $$(dirname $$series)); \
+	done
+
+## make drift-watch: the newest vLLM on PyPI (and NGC_TAGS=<tag list file>) against the series
+.PHONY: drift-watch
+drift-watch: venv
+	$(BIN)/launcher patch drift $(if $(NGC_TAGS),--ngc-tags $(NGC_TAGS))
 
 bench: test-venv
 	$(BIN)/python -m pytest -q -s tests/bench

@@ -7,7 +7,7 @@ from __future__ import annotations
 from launcher.plan import Context, PatchState, Plan
 from launcher.preflight import Reason
 from launcher.profiles import PROFILES
-from launcher.vllm_compat import parse_version
+from launcher.vllm_compat import nearest_release, parse_version
 
 DRIVER_HINT = "install the NVIDIA driver (570 or newer for Blackwell) so that nvidia-smi works"
 
@@ -47,8 +47,11 @@ def hardware(plan: Plan, rec, ctx: Context) -> None:
 def vllm(plan: Plan, rec, ctx: Context) -> None:
     version = parse_version(plan.vllm_version)
     if str(version) not in {str(parse_version(v)) for v in rec.vllm_versions}:
+        near = nearest_release(version, rec.vllm_versions)
         plan.reasons.append(
-            Reason("vllm", f"recipe {rec.name} supports vLLM {', '.join(rec.vllm_versions)}, not {version}")
+            Reason("vllm", f"recipe {rec.name} supports vLLM {', '.join(rec.vllm_versions)}, not {version}; "
+                           f"the nearest supported release is {near}",
+                   hint=_unsupported_hint(plan, near))
         )
     if plan.runtime != "native":
         return  # the image carries its own vLLM and transformers
@@ -68,6 +71,12 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
             Reason("vllm", f"transformers {tf} drops Gemma 4's global_head_dim, which vLLM 0.21.x reads",
                    hint="pip install 'transformers==5.13.1' 'tokenizers==0.22.2'")
         )
+
+
+def _unsupported_hint(plan: Plan, near: str) -> str:
+    if plan.runtime == "native" and plan.vllm_version_source == "installed":
+        return f"install vLLM {near} (pip install vllm=={near}), then launcher patch apply"
+    return f"use --vllm-version {near}"
 
 
 def patches(plan: Plan, rec, ctx: Context) -> None:

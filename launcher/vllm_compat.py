@@ -26,6 +26,22 @@ def parse_version(text: str) -> Version:
         raise LauncherError(f"not a vLLM version: {text!r}", hint="use a release number such as 0.21.0") from exc
 
 
+def nearest_release(version: Version | str, releases) -> str:
+    """The release in ``releases`` closest to ``version``: fewest minor
+    releases away, then fewest patch releases; a tie goes to the newer one
+    (later releases carry more of the fixes upstream)."""
+    wanted = parse_version(str(version))
+
+    def distance(candidate: str):
+        have = parse_version(candidate)
+        minor = lambda v: v.major * 1000 + v.minor  # noqa: E731
+        return (abs(minor(have) - minor(wanted)), abs(have.micro - wanted.micro), -minor(have), -have.micro)
+
+    if not releases:
+        raise LauncherError("no supported vLLM release to compare with")
+    return min(releases, key=distance)
+
+
 @dataclass(frozen=True)
 class EnvLifetime:
     """The releases that read an env var: [added, removed)."""

@@ -86,6 +86,9 @@ def check_cmd(
     against: str | None = typer.Option(
         None, "--against", help="vllm==X: check the series against X's wheel and sdist from PyPI (cached)"
     ),
+    series: str | None = typer.Option(
+        None, "--series", help="with --against: check this release's series instead (for a release that has none)"
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Read-only drift check: per patch and layout, applies / already upstream / conflicts.
@@ -94,12 +97,15 @@ def check_cmd(
     """
     if against and target:
         raise typer.BadParameter("give --target or --against, not both")
-    rows = engine.check_against(against) if against else engine.check_tree(target)
+    if series and not against:
+        raise typer.BadParameter("--series needs --against")
+    rows = engine.check_against(against, series_version=series) if against else engine.check_tree(target)
     if as_json:
         _echo_json([r.to_dict() for r in rows])
     else:
         version = rows[0].version if rows else (against or "")
-        typer.echo(f"patch check: vLLM {version}" + (f" ({against}, wheel and sdist from PyPI)" if against else ""))
+        typer.echo(f"patch check: vLLM {version}" + (f" ({against}, wheel and sdist from PyPI)" if against else "")
+                   + (f", series {series}" if series else ""))
         layout_name = {"site-packages": "wheel", "source": "sdist"} if against else {}
         _table(
             ["PATCH", "LAYOUT", "RESULT", "DETAIL"],
@@ -108,4 +114,37 @@ def check_cmd(
         counts = {k: sum(1 for r in rows if r.result == k) for k in {r.result for r in rows}}
         typer.echo(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "the series is empty")
     if any(r.result == "conflicts" for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command("drift")
+def drift_cmd(
+    release: list[str] = typer.Option([], "--release", help="also check this vLLM release (repeatable)"),
+    newest: bool = typer.Option(True, "--newest/--no-newest", help="check the newest vLLM release on PyPI"),
+    ngc_tags: str | None = typer.Option(
+        None, "--ngc-tags", help="file with NGC's nvidia/vllm tag list (registry JSON or one tag a line)"
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Drift watch: the newest vLLM, NGC's vLLM tags and --release against the series.
+
+    Per release and patch: now upstream, still applies, or conflicts; a release
+    without a series of its own is checked against the nearest one. Exits 1
+    when anything needs attention (a conflict, a patch now upstream, a release
+    or NGC tag without a series).
+    """
+    from launcher import pypi
+    from launcher.patching import drift
+
+    tags = drift.read_tag_file(ngc_tags) if ngc_tags else None
+    latest = pypi.latest_release("vllm") if newest else None
+    if not (latest or tags or release):
+        raise typer.BadParameter("nothing to check: give --release, --ngc-tags, or leave --newest on")
+    report = drift.watch(release, newest=latest, ngc_tags=tags)
+    if as_json:
+        _echo_json(report.to_dict())
+    else:
+        for line in drift.format_report(report):
+            typer.echo(line)
+    if report.needs_attention:
         raise typer.Exit(1)

@@ -555,16 +555,18 @@ def check_tree(target: PathArg = None, *, patches_root: PathArg = None) -> list[
     return _check_rows(tree, version, series, set(_ours(stamp, tree)), upstream_word="already applied")
 
 
-def check_against(spec: str, *, patches_root: PathArg = None) -> list[CheckRow]:
+def check_against(spec: str, *, series_version: str | None = None, patches_root: PathArg = None) -> list[CheckRow]:
     """``vllm==X``: the series for X against X's wheel (site-packages) and sdist (source) from PyPI.
 
+    ``series_version`` checks another release's series against X instead: how
+    far a series carries to a release that has none yet (the drift watch).
     The released trees are unpacked once into the cache and only read: the
     analysis runs in memory, so the pristine copies are never touched.
     """
     from launcher import pypi
 
     version = _parse_spec(spec)
-    series = series_for(version, patches_root)
+    series = series_for(series_version or version, patches_root)
     rows: list[CheckRow] = []
     for layout in (SITE_PACKAGES, SOURCE):
         root = pypi.unpacked("vllm", version, layout)

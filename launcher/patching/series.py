@@ -125,9 +125,16 @@ def series_for(version: str, patches_root_dir: Path | str | None = None) -> Seri
     match = next((v for v in versions if public_version(v) == public), None)
     if match is None:
         have = ", ".join(versions) or "none"
+        if not versions:
+            raise LauncherError(f"no patch series for vLLM {version}; series exist for: {have}")
+        from launcher.vllm_compat import nearest_release
+
+        near = nearest_release(public, versions)
         raise LauncherError(
-            f"no patch series for vLLM {version}; series exist for: {have}",
-            hint=f"install one of those vLLM releases (pip install vllm=={versions[-1]})" if versions else None,
+            f"no patch series for vLLM {version}, so it is not supported; the nearest supported release is "
+            f"{near} (series exist for: {have})",
+            hint=f"install vLLM {near} (pip install vllm=={near}); to see how {near}'s series fits {public}: "
+                 f"launcher patch check --against vllm=={public} --series {near}",
         )
     return load_series(patches_root(patches_root_dir) / "vllm" / match)
 

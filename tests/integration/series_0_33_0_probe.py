@@ -1,4 +1,4 @@
-"""Runs the config-building code of a vLLM 0.33.0 tree without torch, in its own process.
+"""Runs the config-building code of a vLLM 0.33.0 tree (also 0.26.0-0.29.0) without torch, in its own process.
 
 Usage: ``python series_0_33_0_probe.py CODE_ROOT``. ``CODE_ROOT`` holds the
 (patched or pristine) files under test. Prints one JSON object with what each
@@ -298,13 +298,16 @@ def v2_dflash(code_root: Path, model_config_cls, arch_cls) -> dict:
         "get_pp_safe_draft_load_config": _identity,
         "maybe_share_target_embed": lambda *a: None, "get_target_lm_head": lambda *a: None,
         "_should_share": lambda *a: False,
+        # 0.26.0-0.29.0 share the embedding inline (torch-bound); a two-rank
+        # pipeline group is the released code's own reason to skip it.
+        "get_pp_group": lambda: types.SimpleNamespace(world_size=2),
     }
     exec(ast.unparse(fn), ns)
 
     target, arch = gemma4_target(model_config_cls, arch_cls)
     spec = _spec(attention_backend="FLASH_ATTN")
     vllm_config = VllmConfig(target, AttentionConfig(backend="TRITON_ATTN"), speculative_config=spec)
-    ns["load_dflash_model"](types.SimpleNamespace(), vllm_config)
+    ns["load_dflash_model"](types.SimpleNamespace(model="target-inner"), vllm_config)
     draft = seen["vllm_config"]
     facts = _model_config_facts(draft.model_config, target, arch)
     facts.update(

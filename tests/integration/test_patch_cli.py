@@ -88,14 +88,23 @@ def test_check_against_prints_the_table_and_fails_on_conflict(tmp_path):
 
 
 def test_make_patch_check_covers_every_real_series():
-    # What `make patch-check` runs, for each version it lists.
-    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
-    for version in ("0.21.0", "0.33.0"):
-        assert f"launcher patch check --against vllm=={version}" in makefile
-        out = run("check", "--against", f"vllm=={version}")
-        assert out.returncode == 0, out.stdout + out.stderr
-        rows = [line.split()[:3] for line in out.stdout.splitlines()[2:-1]]
+    # `make patch-check` itself, with this Python's launcher (the venv step skipped).
+    from launcher.patching.series import available_versions
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env.pop("VLLM_SM12X_PATCHES", None)
+    make = subprocess.run(
+        ["make", "--no-print-directory", "patch-check", f"BIN={LAUNCHER.parent}", "-o", "venv", "-o", ".venv/.deps-stamp"],
+        cwd=repo, capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert make.returncode == 0, make.stdout + make.stderr
+    checked = [line.split()[3] for line in make.stdout.splitlines() if line.startswith("patch check: vLLM ")]
+    assert checked == available_versions() and {"0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.33.0"} <= set(checked)
+    for version in checked:
         series = series_for(version)
+        out = run("check", "--against", f"vllm=={version}")
+        rows = [line.split()[:3] for line in out.stdout.splitlines()[2:-1]]
         assert rows == (
             [[p.id, "wheel", "applies"] for p in series.for_layout("site-packages")]
             + [[p.id, "sdist", "applies"] for p in series.for_layout("source")]

@@ -1,6 +1,6 @@
 """The plan reads the patch state of the vLLM that will run.
 
-A released vLLM 0.21.0 (its Python files and dist-info from PyPI) placed on
+A released vLLM 0.21.0 or 0.29.0 (its Python files and dist-info from PyPI) placed on
 PYTHONPATH is what `launcher serve` sees as the installed vLLM: found through
 metadata, never imported. Stock, every required patch is NOT applied and the
 plan blocks; after `launcher patch apply`, they are applied.
@@ -33,17 +33,20 @@ def test_recipe_patch_ids_exist_in_each_series(name):
 
 
 def _plan(site: Path, tmp_path: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(site), "MODELS_DIR": str(tmp_path / "models")}
+    # The released vLLM first; then this checkout's launcher (what an editable install resolves to).
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]), "MODELS_DIR": str(tmp_path / "models")}
     res = subprocess.run([str(LAUNCHER), "serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--json"],
                          capture_output=True, text=True, env=env, timeout=120)
     return json.loads(res.stdout)
 
 
-def test_plan_sees_stock_then_patched_installed_vllm(tmp_path):
-    site = mini_tree("0.21.0", "site-packages", tmp_path / "site", _touched_files("0.21.0"))
+@pytest.mark.parametrize("version", ["0.21.0", "0.29.0"])  # the Windows fork's base; NGC 26.09's vLLM
+def test_plan_sees_stock_then_patched_installed_vllm(version, tmp_path):
+    site = mini_tree(version, "site-packages", tmp_path / "site", _touched_files(version))
     stock = _plan(site, tmp_path)
-    assert stock["vllm_version"] == "0.21.0" and stock["vllm_version_source"] == "installed"
-    required = recipes.load("gemma4-moe-dflash").patches_for("0.21.0")
+    assert stock["vllm_version"] == version and stock["vllm_version_source"] == "installed"
+    required = recipes.load("gemma4-moe-dflash").patches_for(version)
     assert [p["id"] for p in stock["patches"]] == required
     assert all(p["applied"] is False for p in stock["patches"])
     assert any(r["area"] == "patches" and r["blocking"] for r in stock["reasons"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from launcher.plan import Request, resolve
 from tests.unit.conftest import RTX5090, make_ctx
 
@@ -122,3 +124,34 @@ def test_plan_warns_on_0_21_when_the_drafter_has_sliding_layers(tmp_path, models
     (warning,) = sliding_warnings("0.21.0")
     assert not warning.blocking and "--vllm-version 0.33.0" in warning.hint
     assert sliding_warnings("0.33.0") == []
+
+
+# The other bases (Windows 0.26.0, NGC 26.08 = 0.27.1, NGC 26.09 = 0.29.0): flags
+# as on 0.33.0 (env knobs removed in 0.24.0); VLLM_TEST_FORCE_FP8_MARLIN is read
+# until 0.29.0 (envs.py of each release, tests/integration/test_vllm_compat_real.py).
+FLAG_ENV = {
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "TORCH_MATMUL_PRECISION": "high",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "VLLM_USE_FLASHINFER_SAMPLER": "1",
+}
+
+
+@pytest.mark.parametrize(("version", "fp8_marlin"), [("0.26.0", True), ("0.27.1", True), ("0.29.0", False)])
+def test_user_setup_on_the_ngc_and_windows_bases(models, version, fp8_marlin):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version=version, runtime="docker"), make_ctx(RTX5090))
+    assert plan.env == {**FLAG_ENV, **({"VLLM_TEST_FORCE_FP8_MARLIN": "0"} if fp8_marlin else {})}
+    assert plan.argv == _common_args(models) + [
+        "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models)
+    assert [p.id for p in plan.patches] == ["dflash-drafter-own-mm-prefix-config",
+                                            "gemma4-dflash-embed-scale-logit-softcap"]
+    assert not [r for r in plan.reasons if r.area in ("vllm", "patches") and r.blocking]  # a listed release
+
+
+def test_stale_fp8_marlin_from_the_shell_is_dropped_on_0_29_0(models):
+    ctx = make_ctx(RTX5090, environ={"VLLM_TEST_FORCE_FP8_MARLIN": "1"})
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.29.0", runtime="docker"), ctx)
+    assert plan.env_unset == ["VLLM_TEST_FORCE_FP8_MARLIN"] and "VLLM_TEST_FORCE_FP8_MARLIN" not in plan.env
+    assert any("no longer reads it" in w for w in plan.warnings)
+    kept = resolve(Request("gemma4-moe-dflash", vllm_version="0.27.1", runtime="docker"), ctx)
+    assert kept.env["VLLM_TEST_FORCE_FP8_MARLIN"] == "1" and kept.env_unset == []

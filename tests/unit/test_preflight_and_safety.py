@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from launcher import plan as plans
 from launcher.plan import Request, resolve
 from tests.unit.conftest import GB10, H100, RTX5090, make_ctx
@@ -43,7 +45,8 @@ def test_installed_vllm_sets_the_version(models):
 
 def test_unsupported_vllm_version_blocks(models):
     plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.19.1", transformers="5.13.1"))
-    assert any("supports vLLM 0.21.0, 0.33.0, not 0.19.1" in m for m in _blocking(plan, "vllm"))
+    assert any("supports vLLM 0.21.0, 0.26.0, 0.27.1, 0.29.0, 0.33.0, not 0.19.1; the nearest supported release is 0.21.0" in m
+               for m in _blocking(plan, "vllm"))
 
 
 def test_transformers_too_new_for_0_21(models):
@@ -77,3 +80,18 @@ def test_default_bind_is_loopback(models):
 def test_trust_remote_code_warning(models):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
     assert any("trust-remote-code" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize(("installed", "nearest"), [("0.28.0", "0.29.0"), ("0.25.1", "0.26.0"), ("0.35.0", "0.33.0")])
+def test_installed_release_between_supported_ones_names_the_nearest(models, installed, nearest):
+    plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=installed, transformers="5.17.0"))
+    reason = next(r for r in plan.reasons if r.area == "vllm" and r.blocking)
+    assert reason.message.endswith(f"not {installed}; the nearest supported release is {nearest}")
+    assert reason.hint == f"install vLLM {nearest} (pip install vllm=={nearest}), then launcher patch apply"
+
+
+def test_unsupported_version_asked_for_on_docker_points_at_the_flag(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.31.0", runtime="docker"), make_ctx(RTX5090))
+    reason = next(r for r in plan.reasons if r.area == "vllm" and r.blocking)
+    assert "the nearest supported release is 0.33.0" in reason.message  # 0.29.0 and 0.33.0 tie: the newer
+    assert reason.hint == "use --vllm-version 0.33.0"
