@@ -15,15 +15,18 @@ from launcher.errors import LauncherError
 recipes_app = typer.Typer(no_args_is_help=True, help="List, show, validate recipes; export their JSON Schema.")
 
 
-def _context():
-    from launcher import hardware, versions
+def _context(vllm_python: str | None = None):
+    from launcher import hardware, vllm_env
     from launcher.plan import Context
 
+    env = vllm_env.resolve(vllm_python)
+    has = env is not None and env.has_vllm
     return Context(
         host=hardware.probe(),
         environ=dict(os.environ),
-        installed_vllm=versions.installed("vllm"),
-        installed_transformers=versions.installed("transformers"),
+        installed_vllm=env.vllm_version if has else None,
+        installed_transformers=env.transformers_version if env else None,
+        vllm=env,
     )
 
 
@@ -39,6 +42,7 @@ def serve(
     runtime: Annotated[str, typer.Option(help="native (vllm serve here) or docker.")] = "native",
     vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the recipe's first).")] = None,
     image: Annotated[Optional[str], typer.Option(help="Docker image (docker runtime).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="KEY=VALUE: an env var (UPPER_CASE) or a recipe field (dotted.path); beats recipe and environment.")] = [],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and preflight; start nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
@@ -51,11 +55,13 @@ def serve(
 
     if runtime not in ("native", "docker"):
         raise LauncherError(f"unknown runtime {runtime!r}", hint="use native or docker")
+    if not timeout > 0:
+        raise LauncherError(f"--timeout {timeout:g}: seconds to wait must be more than 0")
     req = plans.Request(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
     )
-    plan = plans.resolve(req, _context())
+    plan = plans.resolve(req, _context(vllm_python if runtime == "native" else None))
     if dry_run:
         _print_plan(plan, as_json)
         raise typer.Exit(1 if plan.blocking else 0)

@@ -6,6 +6,7 @@ Plan --> native runtime | docker runtime | --dry-run (print)
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
@@ -20,6 +21,7 @@ from launcher.hardware import HostInfo
 from launcher.paths import models_dir
 from launcher.preflight import Reason
 from launcher.profiles import DEFAULT_PROFILE, PROFILES, profile_for_capability
+from launcher.vllm_env import VllmEnv
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Plan:
     argv: list[str] = field(default_factory=list)
     api_key: str | None = None  # passed as VLLM_API_KEY, never on argv, never printed
     image: str | None = None  # docker runtime: the image to run
+    # native runtime: the interpreter whose vLLM was inspected and will run
+    vllm_python: str | None = None
     patches: list[PatchState] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     reasons: list[Reason] = field(default_factory=list)
@@ -99,6 +103,9 @@ class Context:
     environ: Mapping[str, str]
     installed_vllm: str | None
     installed_transformers: str | None
+    # The environment native serve runs (launcher.vllm_env); None: none found,
+    # or a test describing versions only.
+    vllm: "VllmEnv | None" = None
 
 
 def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -114,7 +121,25 @@ def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     return env, fields
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def validate_address(host: str, port: int) -> None:
+    """An address vLLM can bind: a port in 1..65535, an IP address or a host name (RFC 1123)."""
+    if not 1 <= port <= 65535:
+        raise LauncherError(f"--port {port}: a TCP port is 1 to 65535")
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in host.rstrip(".").split(".")):
+        raise LauncherError(f"--host {host!r} is neither an IP address nor a host name",
+                            hint="e.g. 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or a name like myhost.lan")
+
+
 def resolve(req: Request, ctx: Context) -> Plan:
+    validate_address(req.host, req.port)
     env_sets, field_sets = split_sets(req.sets)
     rec = recipes.load(req.recipe)
     for dotted, value in field_sets.items():
@@ -154,6 +179,7 @@ def resolve(req: Request, ctx: Context) -> Plan:
         argv=argv,
         api_key=req.api_key,
         image=(req.image or default_image(str(version), profile)) if req.runtime == "docker" else req.image,
+        vllm_python=ctx.vllm.python if req.runtime == "native" and ctx.vllm and ctx.vllm.has_vllm else None,
         warnings=warnings,
         reasons=reasons,
     )
@@ -310,6 +336,7 @@ def to_dict(plan: Plan) -> dict:
         "vllm_version_source": plan.vllm_version_source,
         "runtime": plan.runtime,
         "image": plan.image,
+        "vllm_python": plan.vllm_python,
         "model": str(plan.model),
         "drafter": str(plan.drafter) if plan.drafter else None,
         "env": redact.env(plan.env),
@@ -332,6 +359,7 @@ def format_plan(plan: Plan) -> str:
         f"profile       {plan.profile}  [{plan.profile_source}]",
         f"vLLM          {plan.vllm_version}  [{plan.vllm_version_source}]",
         f"runtime       {plan.runtime}" + (f"  image {plan.image}" if plan.image else ""),
+        *([f"python        {plan.vllm_python}  [the vLLM that runs]"] if plan.vllm_python else []),
         f"model         {plan.model}",
     ]
     if plan.drafter:

@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import progress
 from launcher.errors import LauncherError
 from launcher.paths import cache_dir
 
@@ -101,7 +102,8 @@ def _download(rf: ReleaseFile, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(rf.url, timeout=300) as resp:
-            shutil.copyfileobj(resp, out, 1 << 20)
+            length = resp.headers.get("Content-Length")
+            progress.copy_with_progress(resp, out, rf.filename, int(length) if length and length.isdigit() else None)
         if rf.sha256 and _sha256(Path(tmp)) != rf.sha256:
             raise LauncherError(f"checksum mismatch downloading {rf.filename}")
         os.replace(tmp, target)
