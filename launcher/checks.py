@@ -115,6 +115,9 @@ def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
     except Exception as exc:
         plan.warnings.append(f"could not read the patch status of the installed vLLM: {exc}")
         return {}
+    if status.interrupted:
+        plan.reasons.append(Reason("patches", "an interrupted `launcher patch apply` left the installed vLLM half-written",
+                                   hint="launcher patch status (rolls it back), then launcher patch apply"))
     return {p.id: p.state for p in status.patches}
 
 
