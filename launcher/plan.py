@@ -183,7 +183,7 @@ def resolve(req: Request, ctx: Context) -> Plan:
         warnings=warnings,
         reasons=reasons,
     )
-    _safety(plan, rec, ctx)
+    _safety(plan, rec, ctx, req.extra_args)
     from launcher import checks
 
     checks.run_all(plan, rec, ctx)
@@ -312,8 +312,14 @@ def _num(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _safety(plan: Plan, rec, ctx: Context) -> None:
-    if plan.host not in LOOPBACK and not plan.api_key and not plan.env.get("VLLM_API_KEY"):
+def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:
+    key_on_argv = any(a == "--api-key" or a.startswith("--api-key=") for a in extra_args)
+    if key_on_argv:
+        plan.warnings.append(
+            "--api-key after `--` puts the key on vLLM's command line, where `ps` and vLLM's log of its "
+            "arguments show it; pass it to the launcher instead (serve --api-key KEY: sent as VLLM_API_KEY)"
+        )
+    if plan.host not in LOOPBACK and not plan.api_key and not plan.env.get("VLLM_API_KEY") and not key_on_argv:
         plan.reasons.append(
             Reason("environment", f"serving on {plan.host} (beyond loopback) without an API key", blocking=False,
                    hint="pass --api-key or bind --host 127.0.0.1")
@@ -368,7 +374,7 @@ def format_plan(plan: Plan) -> str:
     lines.append("environment")
     shown = redact.env(plan.env)
     for key in sorted(shown):
-        lines.append(f"  {key}={shown[key]}    # {plan.env_sources.get(key, '')}")
+        lines.append(f"  {key}={shlex.quote(shown[key])}    # {plan.env_sources.get(key, '')}")
     for key in plan.env_unset:
         lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
     lines.append("command")
