@@ -286,9 +286,11 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
     if rec.target.served_names:
         argv += ["--served-model-name", *rec.target.served_names]
     argv += ["--host", req.host, "--port", str(req.port)]
-    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
+    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                "max_cudagraph_capture_size"):
         if serve[key] is not None:
             argv += [f"--{key.replace('_', '-')}", _num(serve[key])]
+    _cuda_graph_cover(serve, rec, version, warnings)
     for key in ("enable_chunked_prefill", "enable_prefix_caching", "trust_remote_code", "enable_auto_tool_choice", "enforce_eager"):
         if serve[key]:
             argv.append(f"--{key.replace('_', '-')}")
@@ -299,6 +301,24 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
         argv += ["--speculative-config", json.dumps(_spec_config(rec.drafter, drafter), separators=(",", ":"))]
     argv += serve["extra_args"] + list(req.extra_args)
     return argv
+
+
+def _cuda_graph_cover(serve: dict, rec, version, warnings: list[str]) -> None:
+    """Say so when the widest decode step runs without a CUDA graph (vllm_compat.cudagraph_decode_cover)."""
+    if serve["enforce_eager"] or not serve["max_num_seqs"]:
+        return
+    spec = rec.drafter.num_speculative_tokens if rec.drafter else 0
+    covered = vllm_compat.cudagraph_decode_cover(
+        version, max_num_seqs=serve["max_num_seqs"], speculative_tokens=spec,
+        max_num_batched_tokens=serve["max_num_batched_tokens"], capture_size=serve["max_cudagraph_capture_size"],
+    )
+    if covered < serve["max_num_seqs"]:
+        need = serve["max_num_seqs"] * (1 + spec)
+        warnings.append(
+            f"decode steps of more than {covered} requests run without CUDA graphs on vLLM {version}: "
+            f"{serve['max_num_seqs']} sequences x {1 + spec} tokens = {need} tokens exceed the largest captured "
+            f"batch; set serve.max_cudagraph_capture_size={need} or lower max_num_seqs to {covered}"
+        )
 
 
 def _spec_config(d, drafter: Path) -> dict:

@@ -76,6 +76,10 @@ class ServeArgs(_Strict):
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None
     max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    # Largest CUDA-graph batch in tokens (None: vLLM's default). A speculative
+    # decode step takes max_num_seqs x (1 + draft tokens) tokens; see
+    # vllm_compat.cudagraph_decode_cover for the default that may fall short.
+    max_cudagraph_capture_size: Annotated[int, Field(ge=1)] | None = None
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
     trust_remote_code: bool = False
@@ -92,6 +96,7 @@ class ServeOverride(_Strict):
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None
     max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_cudagraph_capture_size: Annotated[int, Field(ge=1)] | None = None
 
 
 class Override(_Strict):
