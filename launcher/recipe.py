@@ -60,7 +60,7 @@ class Drafter(_Strict):
 
 
 class Intent(_Strict):
-    """Kernel choices as intent; rendered as env vars on 0.21.x, flags from 0.24."""
+    """Kernel choices as intent, rendered for the vLLM that runs (launcher.vllm_compat.render_intent)."""
 
     moe_fp4_backend: MoeBackend = "auto"
     nvfp4_gemm_backend: GemmBackend = "auto"
