@@ -394,7 +394,8 @@ def format_plan(plan: Plan) -> str:
     lines.append("environment")
     shown = redact.env(plan.env)
     for key in sorted(shown):
-        lines.append(f"  {key}={shlex.quote(shown[key])}    # {plan.env_sources.get(key, '')}")
+        value = shown[key] if shown[key] == redact.MASK else shlex.quote(shown[key])
+        lines.append(f"  {key}={value}    # {plan.env_sources.get(key, '')}")
     for key in plan.env_unset:
         lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
     lines.append("command")

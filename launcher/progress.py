@@ -26,6 +26,11 @@ def _console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+def note(line: str) -> None:
+    """One line about work that takes a while but has no measure of its own."""
+    _console().print(line, markup=False)
+
+
 def fmt_elapsed(seconds: float) -> str:
     seconds = int(seconds)
     if seconds < 60:
@@ -163,11 +168,13 @@ class Heartbeat:
     """While a long step runs: its elapsed time and its log's last line, from a background thread."""
 
     def __init__(self, label: str, log: Path, *, interval: float = PLAIN_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 say: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.label = label
         self.log = log
         self.interval = interval
         self.console = _console()
+        # Plain lines go where the caller prints its own (build's echo), else to stderr.
+        self.say = say or (lambda line: self.console.print(line, markup=False))
         self._clock = clock
         self._start = clock()
         self._stop = threading.Event()
@@ -184,7 +191,7 @@ class Heartbeat:
             if self._status is not None:
                 self._status.update(self._text())
             else:
-                self.console.print(self._text(), markup=False)
+                self.say(self._text())
 
     def __enter__(self) -> Heartbeat:
         self._start = self._clock()

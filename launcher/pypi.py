@@ -129,6 +129,7 @@ def unpacked(project: str, version: str, layout: str) -> Path:
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
+    progress.note(f"unpacking {project} {version} ({layout}) into {root}")
     if layout == "site-packages":
         with zipfile.ZipFile(fetch(project, version, "wheel")) as zf:
             # Python sources and metadata only: the compiled extensions are
