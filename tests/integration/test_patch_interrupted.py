@@ -80,11 +80,12 @@ def _kill_mid_apply(root: Path, tmp_path: Path, sig: int) -> subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def test_sigterm_mid_apply_rolls_back_like_ctrl_c(tree, tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "ctrl-c"])
+def test_sigterm_mid_apply_rolls_back_like_ctrl_c(sig, code, tree, tmp_path):
     before, before_dirs = snapshot(tree), dirs(tree)
-    res = _kill_mid_apply(tree, tmp_path, signal.SIGTERM)
-    assert res.returncode == 143, res.stderr
-    assert "interrupted (SIGTERM)" in res.stderr and "every file was restored" in res.stderr
+    res = _kill_mid_apply(tree, tmp_path, sig)
+    assert res.returncode == code, res.stderr
+    assert f"interrupted ({sig.name})" in res.stderr and "every file was restored" in res.stderr
     assert snapshot(tree) == before and dirs(tree) == before_dirs
     assert not list(tree.rglob("*.sm12x-tmp"))  # no stray temp file, no journal left
 
