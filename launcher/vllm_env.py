@@ -62,10 +62,6 @@ class VllmEnv:
     def has_vllm(self) -> bool:
         return bool(self.vllm_version and self.package_dir)
 
-    def serve_command(self, vllm_args: list[str]) -> list[str]:
-        """``vllm serve ...`` as this interpreter runs it (the console script's own entry point)."""
-        return [self.python, "-m", "vllm.entrypoints.cli.main", *vllm_args]
-
 
 def inspect(python: str, source: str) -> VllmEnv:
     """Ask ``python`` for its vLLM; LauncherError when it cannot be run at all."""
