@@ -509,7 +509,13 @@ class _signals_held:
 
 def recover(tree: Tree) -> list[str]:
     """Roll back what an apply or revert that died mid-write (SIGKILL, power loss) left; the files put back."""
-    return transaction.recover(tree.root, tree.path(JOURNAL_REL))
+    try:
+        return transaction.recover(tree.root, tree.path(JOURNAL_REL))
+    except OSError as exc:
+        raise LauncherError(
+            f"an interrupted patch run left {tree.path(JOURNAL_REL)}, and rolling it back failed: {exc}",
+            hint="run this as the user that ran `launcher patch apply` (the journal stays until it succeeds)",
+        ) from exc
 
 
 def interrupted(tree: Tree) -> bool:
