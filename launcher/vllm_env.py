@@ -99,10 +99,9 @@ def resolve(python: str | None = None, *, environ: dict[str, str] | None = None)
 
 def script_interpreter(script: Path) -> str | None:
     """The Python a ``vllm`` console script runs: its ``#!`` line, or python.exe beside it."""
-    for name in ("python.exe", "python"):
-        beside = script.parent / name
-        if os.name == "nt" and beside.is_file():
-            return str(beside)
+    if os.name == "nt":  # Scripts\vllm.exe is a launcher stub; the venv's python.exe sits beside it
+        beside = script.parent / "python.exe"
+        return str(beside) if beside.is_file() else None
     try:
         with open(script, "rb") as fh:
             head = fh.read(4096).decode("utf-8", "replace").splitlines()
