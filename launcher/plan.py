@@ -105,7 +105,7 @@ class Context:
     installed_transformers: str | None
     # The environment native serve runs (launcher.vllm_env); None: none found,
     # or a test describing versions only.
-    vllm: "VllmEnv | None" = None
+    vllm: VllmEnv | None = None
 
 
 def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
