@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-stamp
 TEST_STAMP := $(VENV)/.test-deps-stamp
 RECIPE ?= gemma4-moe-dflash
+# The python whose vLLM `make serve` runs. Empty: the launcher looks itself
+# (its own venv has no vLLM, so: the interpreter behind `vllm` on PATH).
+VLLM_PYTHON ?=
+SERVE_VLLM := $(if $(VLLM_PYTHON),--vllm-python $(VLLM_PYTHON))
 PYTEST_ARGS ?=
 
 .PHONY: venv test-venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof
@@ -33,11 +37,12 @@ test: test-venv
 
 ## make serve: serve the gemma4-moe-dflash recipe; without a compatible GPU it prints
 ## the preflight verdict and the plan, and exits non-zero with the reason.
+## vLLM: VLLM_PYTHON=/path/to/python, else the `vllm` first on PATH.
 serve: venv
-	$(BIN)/launcher serve --recipe $(RECIPE) $(ARGS)
+	$(BIN)/launcher serve --recipe $(RECIPE) $(SERVE_VLLM) $(ARGS)
 
 dry-run: venv
-	$(BIN)/launcher serve --recipe $(RECIPE) --dry-run $(ARGS)
+	$(BIN)/launcher serve --recipe $(RECIPE) $(SERVE_VLLM) --dry-run $(ARGS)
 
 ## make patch-check: every series (patches/vllm/*/series) against its released vLLM (wheel and sdist)
 patch-check: venv

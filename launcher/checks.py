@@ -56,9 +56,11 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
     if plan.runtime != "native":
         return  # the image carries its own vLLM and transformers
     if not ctx.installed_vllm:
+        where = f"in {ctx.vllm.python} ({ctx.vllm.source})" if ctx.vllm else "in this Python nor behind a `vllm` on PATH"
         plan.reasons.append(
-            Reason("vllm", "vLLM is not installed in this Python environment",
-                   hint="install a vLLM wheel built for sm_12x (launcher build wheels), or use --runtime docker")
+            Reason("vllm", f"no vLLM found {where}",
+                   hint="install a vLLM wheel built for sm_12x (launcher build wheels), point --vllm-python at the"
+                        " python that has vLLM (make serve VLLM_PYTHON=...), or use --runtime docker")
         )
     elif parse_version(ctx.installed_vllm) != version:
         plan.reasons.append(
@@ -117,10 +119,14 @@ def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
     try:
         from launcher.patching import engine
 
-        status = engine.status(None)
+        # The vLLM that will run, not necessarily the launcher's own.
+        status = engine.status(ctx.vllm.package_dir if ctx.vllm and ctx.vllm.package_dir else None)
     except Exception as exc:
         plan.warnings.append(f"could not read the patch status of the installed vLLM: {exc}")
         return {}
+    if status.interrupted:
+        plan.reasons.append(Reason("patches", "an interrupted `launcher patch apply` left the installed vLLM half-written",
+                                   hint="launcher patch status (rolls it back), then launcher patch apply"))
     return {p.id: p.state for p in status.patches}
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from launcher import __version__
 from launcher.errors import LauncherError
@@ -15,15 +16,18 @@ from launcher.errors import LauncherError
 recipes_app = typer.Typer(no_args_is_help=True, help="List, show, validate recipes; export their JSON Schema.")
 
 
-def _context():
-    from launcher import hardware, versions
+def _context(vllm_python: str | None = None):
+    from launcher import hardware, vllm_env
     from launcher.plan import Context
 
+    env = vllm_env.resolve(vllm_python)
+    has = env is not None and env.has_vllm
     return Context(
         host=hardware.probe(),
         environ=dict(os.environ),
-        installed_vllm=versions.installed("vllm"),
-        installed_transformers=versions.installed("transformers"),
+        installed_vllm=env.vllm_version if has else None,
+        installed_transformers=env.transformers_version if env else None,
+        vllm=env,
     )
 
 
@@ -39,6 +43,7 @@ def serve(
     runtime: Annotated[str, typer.Option(help="native (vllm serve here) or docker.")] = "native",
     vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the recipe's first).")] = None,
     image: Annotated[Optional[str], typer.Option(help="Docker image (docker runtime).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="KEY=VALUE: an env var (UPPER_CASE) or a recipe field (dotted.path); beats recipe and environment.")] = [],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and preflight; start nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
@@ -51,11 +56,15 @@ def serve(
 
     if runtime not in ("native", "docker"):
         raise LauncherError(f"unknown runtime {runtime!r}", hint="use native or docker")
+    if not timeout > 0:
+        raise LauncherError(f"--timeout {timeout:g}: seconds to wait must be more than 0")
+    if as_json and not dry_run:
+        raise LauncherError("--json prints the plan of a dry run", hint="add --dry-run")
     req = plans.Request(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
     )
-    plan = plans.resolve(req, _context())
+    plan = plans.resolve(req, _context(vllm_python if runtime == "native" else None))
     if dry_run:
         _print_plan(plan, as_json)
         raise typer.Exit(1 if plan.blocking else 0)
@@ -107,13 +116,19 @@ def _container_spec(plan):
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
     recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Check one recipe (default: all).")] = None,
-    model: Annotated[Optional[Path], typer.Option(help="Inspect a checkpoint folder.")] = None,
+    model: Annotated[Optional[Path], typer.Option(help="Inspect a checkpoint folder (with --recipe: as that recipe's target).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="The python whose vLLM to check (as serve finds it by default).")] = None,
 ) -> None:
-    """Report GPU, driver, versions, WSL/Windows, patch status, docker, and which recipes fit."""
+    """Report GPU, driver, versions, WSL/Windows, patch status, docker, and which recipes fit.
+
+    Exits 1 when what was asked about has a problem: the --model does not
+    load, the --recipe does not fit, or (neither given) no recipe fits.
+    """
     from launcher import doctor as doc
 
-    report = doc.collect(recipe=recipe, model=model)
+    report = doc.collect(recipe=recipe, model=model, vllm_python=vllm_python)
     typer.echo(json.dumps(report, indent=2) if as_json else doc.format_report(report))
+    raise typer.Exit(doc.exit_code(report))
 
 
 def version() -> None:
@@ -151,16 +166,58 @@ def recipes_schema() -> None:
 
 @recipes_app.command("validate")
 def recipes_validate(files: list[Path]) -> None:
-    """Validate recipe files; errors name file, line and field."""
+    """Validate recipe files, patch ids included; every error names file, line and field. Exits 2 if any."""
     from launcher import recipe as recipes
 
+    failed = 0
     for path in files:
-        rec = recipes.load_file(path)
-        typer.echo(f"{path}: ok ({rec.name})")
+        try:
+            text = path.read_text(encoding="utf-8")
+            rec = recipes.parse_recipe(text, str(path))
+            problems = recipes.patch_id_problems(rec, text, str(path), _series_ids)
+        except OSError as exc:
+            problems = [f"{path}: cannot read: {exc.strerror}"]
+        except LauncherError as exc:
+            problems = exc.message.splitlines()
+        for line in problems:
+            typer.echo(f"error: {line}", err=True)
+        if problems:
+            failed += 1
+        else:
+            typer.echo(f"{path}: ok ({rec.name})")
+    if failed:
+        typer.echo(f"{failed} of {len(files)} recipe file(s) invalid", err=True)
+        raise typer.Exit(2)
+
+
+def _series_ids(version: str) -> set[str]:
+    from launcher.patching.series import series_for
+
+    ser = series_for(version)
+    return {p.id for p in ser.patches} | {p.id for p in getattr(ser, "build_patches", [])}
+
+
+class _ServeCommand(TyperCommand):
+    """Extra words go to vLLM only after ``--``; a stray word before it is an error.
+
+    Without this, ``--dry-run true`` quietly appended ``true`` to vLLM's
+    command line (boolean flags take no value).
+    """
+
+    def parse_args(self, ctx, args):
+        head, tail = (args[: args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+        rest = super().parse_args(ctx, head)
+        if ctx.args:
+            raise LauncherError(
+                f"unexpected argument(s) {' '.join(ctx.args)!r} before `--`",
+                hint="launcher flags such as --dry-run, --force and --wait take no value; "
+                     "vLLM's own arguments go after `--`")
+        ctx.args = tail
+        return rest
 
 
 def register(app: typer.Typer) -> None:
-    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(serve)
+    app.command(cls=_ServeCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(serve)
     app.command()(doctor)
     app.command()(version)
     app.add_typer(recipes_app, name="recipes")

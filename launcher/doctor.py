@@ -9,8 +9,12 @@ from pathlib import Path
 from launcher import hardware, versions
 
 
-def collect(recipe: str | None = None, model: Path | None = None) -> dict:
+def collect(recipe: str | None = None, model: Path | None = None, vllm_python: str | None = None) -> dict:
+    """The whole report. ``model`` is the target for ``recipe``'s verdict too (not just inspected beside it)."""
+    from launcher import vllm_env
+
     host = hardware.probe()
+    env = vllm_env.resolve(vllm_python)
     report: dict = {
         "os": {"system": host.system, "machine": host.machine, "wsl": host.wsl, "windows": host.system == "Windows",
                "python": platform.python_version()},
@@ -25,28 +29,45 @@ def collect(recipe: str | None = None, model: Path | None = None) -> dict:
         },
         "packages": versions.all_installed(),
         "torch_cuda": versions.torch_cuda(),
-        "patches": _patch_status(),
+        "vllm_env": None if env is None else {"python": env.python, "source": env.source,
+                                              "vllm": env.vllm_version, "transformers": env.transformers_version},
+        "patches": _patch_status(env),
         "docker": _docker_status(),
-        "recipes": _recipe_verdicts(host, recipe),
+        "recipes": _recipe_verdicts(host, recipe, model, env),
     }
     if model is not None:
-        report["checkpoint"] = _checkpoint(model)
+        report["checkpoint"] = _checkpoint(model, recipe, env)
     return report
 
 
-def _patch_status() -> dict:
-    if not versions.installed("vllm"):
+def exit_code(report: dict) -> int:
+    """1 when the report finds a problem with what was asked about, else 0.
+
+    Asked about a checkpoint: it must load; a recipe: it must fit; neither:
+    some recipe must fit. A half-written patch run counts everywhere.
+    """
+    if report.get("checkpoint", {}).get("blocking"):
+        return 1
+    if report["patches"].get("interrupted"):
+        return 1
+    return 0 if any(v["fits"] for v in report["recipes"].values()) else 1
+
+
+def _patch_status(env) -> dict:
+    if env is None or not env.has_vllm:
         return {"state": "vLLM not installed"}
     try:
         from launcher.patching import engine
 
-        status = engine.status(None)
+        status = engine.status(env.package_dir)
     except Exception as exc:  # doctor reports; it never stops at one failing probe
         return {"state": f"unreadable: {exc}"}
     return {
-        "state": "ok",
+        "state": "interrupted" if status.interrupted else "ok",
         "vllm": status.version,
         "patches": {p.id: p.state for p in status.patches},
+        "interrupted": status.interrupted,
+        "notes": status.notes,
     }
 
 
@@ -70,16 +91,17 @@ def _docker_status() -> dict:
     }
 
 
-def _recipe_verdicts(host, only: str | None) -> dict:
+def _recipe_verdicts(host, only: str | None, model: Path | None, env) -> dict:
     from launcher import recipe as recipes
     from launcher.plan import Context, Request, resolve
 
-    ctx = Context(host=host, environ=dict(os.environ), installed_vllm=versions.installed("vllm"),
-                  installed_transformers=versions.installed("transformers"))
+    has = env is not None and env.has_vllm
+    ctx = Context(host=host, environ=dict(os.environ), installed_vllm=env.vllm_version if has else None,
+                  installed_transformers=env.transformers_version if env else None, vllm=env)
     names = [only] if only else list(recipes.available())
     out = {}
     for name in names:
-        plan = resolve(Request(recipe=name), ctx)
+        plan = resolve(Request(recipe=name, model=str(model) if model is not None else None), ctx)
         out[name] = {
             "fits": not plan.blocking,
             "profile": plan.profile,
@@ -88,14 +110,17 @@ def _recipe_verdicts(host, only: str | None) -> dict:
     return out
 
 
-def _checkpoint(model: Path) -> dict:
-    try:
-        from launcher import checkpoint
-    except ImportError:
-        return {"error": "checkpoint inspection not available"}
-    info, reasons = checkpoint.inspect_target(model, expected_format=None, vllm_version=versions.installed("vllm") or "0.21.0")
+def _checkpoint(model: Path, recipe: str | None, env) -> dict:
+    from launcher import checkpoint
+    from launcher import recipe as recipes
+
+    expected = recipes.load(recipe).target.format if recipe else None
+    version = env.vllm_version if env is not None and env.has_vllm else "0.21.0"
+    info, reasons = checkpoint.inspect_target(model, expected_format=expected, vllm_version=version)
     data = {k: getattr(info, k, None) for k in ("format", "architecture", "is_gemma4", "mm_prefix", "num_layers")}
+    data["path"] = str(model)
     data["reasons"] = [r.line() for r in reasons]
+    data["blocking"] = any(r.blocking for r in reasons)
     return data
 
 
@@ -111,12 +136,16 @@ def format_report(report: dict) -> str:
             lines.append(f"gpu{d['index']}      {d['name']}  {d['sm']} (compute {d['capability']})  {mem}")
     else:
         lines.append(f"gpu       none: {gpu['error']}")
+    ve = report.get("vllm_env")
+    if ve:
+        lines.append(f"vLLM env  {ve['python']}  [{ve['source']}]  vllm {ve['vllm'] or '-'}  transformers {ve['transformers'] or '-'}")
     pk = report["packages"]
     lines.append("packages  " + "  ".join(f"{k} {v or '-'}" for k, v in pk.items()))
     lines.append(f"torch CUDA {report['torch_cuda'] or '-'}")
     pt = report["patches"]
     if pt.get("patches") is not None:
         lines.append(f"patches   vLLM {pt['vllm']}: " + ", ".join(f"{k}={v}" for k, v in pt["patches"].items()))
+        lines += [f"          note: {n}" for n in pt.get("notes", [])]
     else:
         lines.append(f"patches   {pt['state']}")
     dk = report["docker"]
@@ -124,7 +153,10 @@ def format_report(report: dict) -> str:
                  + (f"  ({dk['hint']})" if dk.get("hint") else ""))
     if "checkpoint" in report:
         ck = report["checkpoint"]
-        lines.append(f"checkpoint {ck}")
+        what = ", ".join(f"{k} {ck[k]}" for k in ("format", "architecture", "num_layers") if ck.get(k) is not None)
+        lines.append(f"checkpoint {ck['path']}: " + (what or "unreadable")
+                     + (" (multimodal prefix LM)" if ck.get("mm_prefix") else ""))
+        lines += [f"  {r}" for r in ck["reasons"]] or ["  ok"]
     lines.append("recipes")
     for name, verdict in report["recipes"].items():
         lines.append(f"  {name}: {'fits' if verdict['fits'] else 'does not fit'} (profile {verdict['profile']})")

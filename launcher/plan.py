@@ -6,6 +6,7 @@ Plan --> native runtime | docker runtime | --dry-run (print)
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
@@ -20,6 +21,7 @@ from launcher.hardware import HostInfo
 from launcher.paths import models_dir
 from launcher.preflight import Reason
 from launcher.profiles import DEFAULT_PROFILE, PROFILES, profile_for_capability
+from launcher.vllm_env import VllmEnv
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Plan:
     argv: list[str] = field(default_factory=list)
     api_key: str | None = None  # passed as VLLM_API_KEY, never on argv, never printed
     image: str | None = None  # docker runtime: the image to run
+    # native runtime: the interpreter whose vLLM was inspected and will run
+    vllm_python: str | None = None
     patches: list[PatchState] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     reasons: list[Reason] = field(default_factory=list)
@@ -99,6 +103,9 @@ class Context:
     environ: Mapping[str, str]
     installed_vllm: str | None
     installed_transformers: str | None
+    # The environment native serve runs (launcher.vllm_env); None: none found,
+    # or a test describing versions only.
+    vllm: VllmEnv | None = None
 
 
 def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -114,7 +121,25 @@ def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     return env, fields
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def validate_address(host: str, port: int) -> None:
+    """An address vLLM can bind: a port in 1..65535, an IP address or a host name (RFC 1123)."""
+    if not 1 <= port <= 65535:
+        raise LauncherError(f"--port {port}: a TCP port is 1 to 65535")
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in host.rstrip(".").split(".")):
+        raise LauncherError(f"--host {host!r} is neither an IP address nor a host name",
+                            hint="e.g. 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or a name like myhost.lan")
+
+
 def resolve(req: Request, ctx: Context) -> Plan:
+    validate_address(req.host, req.port)
     env_sets, field_sets = split_sets(req.sets)
     rec = recipes.load(req.recipe)
     for dotted, value in field_sets.items():
@@ -154,10 +179,11 @@ def resolve(req: Request, ctx: Context) -> Plan:
         argv=argv,
         api_key=req.api_key,
         image=(req.image or default_image(str(version), profile)) if req.runtime == "docker" else req.image,
+        vllm_python=ctx.vllm.python if req.runtime == "native" and ctx.vllm and ctx.vllm.has_vllm else None,
         warnings=warnings,
         reasons=reasons,
     )
-    _safety(plan, rec, ctx)
+    _safety(plan, rec, ctx, req.extra_args)
     from launcher import checks
 
     checks.run_all(plan, rec, ctx)
@@ -260,9 +286,11 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
     if rec.target.served_names:
         argv += ["--served-model-name", *rec.target.served_names]
     argv += ["--host", req.host, "--port", str(req.port)]
-    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
+    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                "max_cudagraph_capture_size"):
         if serve[key] is not None:
             argv += [f"--{key.replace('_', '-')}", _num(serve[key])]
+    _cuda_graph_cover(serve, rec, version, warnings)
     for key in ("enable_chunked_prefill", "enable_prefix_caching", "trust_remote_code", "enable_auto_tool_choice", "enforce_eager"):
         if serve[key]:
             argv.append(f"--{key.replace('_', '-')}")
@@ -273,6 +301,24 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
         argv += ["--speculative-config", json.dumps(_spec_config(rec.drafter, drafter), separators=(",", ":"))]
     argv += serve["extra_args"] + list(req.extra_args)
     return argv
+
+
+def _cuda_graph_cover(serve: dict, rec, version, warnings: list[str]) -> None:
+    """Say so when the widest decode step runs without a CUDA graph (vllm_compat.cudagraph_decode_cover)."""
+    if serve["enforce_eager"] or not serve["max_num_seqs"]:
+        return
+    spec = rec.drafter.num_speculative_tokens if rec.drafter else 0
+    covered = vllm_compat.cudagraph_decode_cover(
+        version, max_num_seqs=serve["max_num_seqs"], speculative_tokens=spec,
+        max_num_batched_tokens=serve["max_num_batched_tokens"], capture_size=serve["max_cudagraph_capture_size"],
+    )
+    if covered < serve["max_num_seqs"]:
+        need = serve["max_num_seqs"] * (1 + spec)
+        warnings.append(
+            f"decode steps of more than {covered} requests run without CUDA graphs on vLLM {version}: "
+            f"{serve['max_num_seqs']} sequences x {1 + spec} tokens = {need} tokens exceed the largest captured "
+            f"batch; set serve.max_cudagraph_capture_size={need} or lower max_num_seqs to {covered}"
+        )
 
 
 def _spec_config(d, drafter: Path) -> dict:
@@ -286,8 +332,14 @@ def _num(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _safety(plan: Plan, rec, ctx: Context) -> None:
-    if plan.host not in LOOPBACK and not plan.api_key and not plan.env.get("VLLM_API_KEY"):
+def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:
+    key_on_argv = any(a == "--api-key" or a.startswith("--api-key=") for a in extra_args)
+    if key_on_argv:
+        plan.warnings.append(
+            "--api-key after `--` puts the key on vLLM's command line, where `ps` and vLLM's log of its "
+            "arguments show it; pass it to the launcher instead (serve --api-key KEY: sent as VLLM_API_KEY)"
+        )
+    if plan.host not in LOOPBACK and not plan.api_key and not plan.env.get("VLLM_API_KEY") and not key_on_argv:
         plan.reasons.append(
             Reason("environment", f"serving on {plan.host} (beyond loopback) without an API key", blocking=False,
                    hint="pass --api-key or bind --host 127.0.0.1")
@@ -310,6 +362,7 @@ def to_dict(plan: Plan) -> dict:
         "vllm_version_source": plan.vllm_version_source,
         "runtime": plan.runtime,
         "image": plan.image,
+        "vllm_python": plan.vllm_python,
         "model": str(plan.model),
         "drafter": str(plan.drafter) if plan.drafter else None,
         "env": redact.env(plan.env),
@@ -332,6 +385,7 @@ def format_plan(plan: Plan) -> str:
         f"profile       {plan.profile}  [{plan.profile_source}]",
         f"vLLM          {plan.vllm_version}  [{plan.vllm_version_source}]",
         f"runtime       {plan.runtime}" + (f"  image {plan.image}" if plan.image else ""),
+        *([f"python        {plan.vllm_python}  [the vLLM that runs]"] if plan.vllm_python else []),
         f"model         {plan.model}",
     ]
     if plan.drafter:
@@ -340,7 +394,8 @@ def format_plan(plan: Plan) -> str:
     lines.append("environment")
     shown = redact.env(plan.env)
     for key in sorted(shown):
-        lines.append(f"  {key}={shown[key]}    # {plan.env_sources.get(key, '')}")
+        value = shown[key] if shown[key] == redact.MASK else shlex.quote(shown[key])
+        lines.append(f"  {key}={value}    # {plan.env_sources.get(key, '')}")
     for key in plan.env_unset:
         lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
     lines.append("command")

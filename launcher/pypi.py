@@ -20,6 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import progress
 from launcher.errors import LauncherError
 from launcher.paths import cache_dir
 
@@ -125,7 +126,8 @@ def _download(rf: ReleaseFile, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(rf.url, timeout=300) as resp:
-            shutil.copyfileobj(resp, out, 1 << 20)
+            length = resp.headers.get("Content-Length")
+            progress.copy_with_progress(resp, out, rf.filename, int(length) if length and length.isdigit() else None)
         if rf.sha256 and _sha256(Path(tmp)) != rf.sha256:
             raise LauncherError(f"checksum mismatch downloading {rf.filename}")
         os.replace(tmp, target)
@@ -155,6 +157,7 @@ def unpacked(project: str, version: str, layout: str) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
     os.chmod(work, 0o755)
+    progress.note(f"unpacking {project} {version} ({layout}) into {root}")
     try:
         _extract(project, version, layout, work)
         (work / ".complete").write_text("ok")

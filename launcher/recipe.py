@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -58,7 +60,7 @@ class Drafter(_Strict):
 
 
 class Intent(_Strict):
-    """Kernel choices as intent; rendered as env vars on 0.21.x, flags from 0.24."""
+    """Kernel choices as intent, rendered for the vLLM that runs (launcher.vllm_compat.render_intent)."""
 
     moe_fp4_backend: MoeBackend = "auto"
     nvfp4_gemm_backend: GemmBackend = "auto"
@@ -74,6 +76,10 @@ class ServeArgs(_Strict):
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None
     max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    # Largest CUDA-graph batch in tokens (None: vLLM's default). A speculative
+    # decode step takes max_num_seqs x (1 + draft tokens) tokens; see
+    # vllm_compat.cudagraph_decode_cover for the default that may fall short.
+    max_cudagraph_capture_size: Annotated[int, Field(ge=1)] | None = None
     enable_chunked_prefill: bool = False
     enable_prefix_caching: bool = False
     trust_remote_code: bool = False
@@ -90,6 +96,7 @@ class ServeOverride(_Strict):
     max_num_seqs: Annotated[int, Field(ge=1)] | None = None
     max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_cudagraph_capture_size: Annotated[int, Field(ge=1)] | None = None
 
 
 class Override(_Strict):
@@ -209,12 +216,38 @@ def parse_recipe(text: str, source: str) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        field = ".".join(str(p) for p in loc) or "(top level)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        msg = err["msg"].removeprefix("Value error, ")
-        raise LauncherError(f"{source}:{_line_for(lines, loc)}: field {field}: {msg}{more}") from None
+        # Every problem at once, each with its line: fixing one per run is slow.
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            field = ".".join(str(p) for p in loc) or "(top level)"
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{source}:{_line_for(lines, loc)}: field {field}: {msg}")
+        raise LauncherError("\n".join(problems)) from None
+
+
+def patch_id_problems(recipe: Recipe, text: str, source: str, known: Callable[[str], set[str]]) -> list[str]:
+    """Patch ids the recipe lists that the series for that vLLM version lacks, each with its line.
+
+    ``known(version)`` returns the series' patch ids (injected: recipes do
+    not depend on the patch engine); a LauncherError from it (no series) is
+    a problem too.
+    """
+    lines = _line_index(yaml.compose(text, Loader=yaml.SafeLoader))
+    problems = []
+    for version, ids in recipe.patches.items():
+        try:
+            have = known(version)
+        except LauncherError as exc:
+            problems.append(f"{source}:{_line_for(lines, ('patches', version))}: field patches.{version}: {exc.message}")
+            continue
+        for i, pid in enumerate(ids):
+            if pid not in have:
+                close = difflib.get_close_matches(pid, sorted(have), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                problems.append(f"{source}:{_line_for(lines, ('patches', version, i))}: field patches.{version}.{i}: "
+                                f"{pid!r} is not a patch of the vLLM {version} series{hint}")
+    return problems
 
 
 def load_file(path: Path) -> Recipe:
@@ -231,8 +264,11 @@ def available() -> dict[str, Path]:
 
 def load(name: str) -> Recipe:
     """A shipped recipe by name, or a recipe file by path."""
-    candidate = Path(name)
-    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+    candidate = Path(name).expanduser()
+    if candidate.suffix in (".yaml", ".yml") or "/" in name or os.sep in name:
+        if not candidate.is_file():
+            raise LauncherError(f"recipe file {name} not found" if not candidate.exists() else f"{name} is not a file",
+                                hint=f"shipped recipes are named without a path: {', '.join(available())}")
         return load_file(candidate)
     recipes = available()
     if name not in recipes:
@@ -247,7 +283,17 @@ def load(name: str) -> Recipe:
 
 def set_field(recipe: Recipe, dotted: str, raw: str) -> Recipe:
     """Return a copy of ``recipe`` with ``dotted`` (e.g. serve.max_model_len) set
-    from a ``--set`` value (parsed as YAML, so 0.9, true and [a, b] work)."""
+    from a ``--set`` value.
+
+    The value is read as YAML (so 0.9, true and [a, b] work), and taken as
+    the literal string where the YAML reading does not fit the field: a
+    string field keeps ``0.10`` and ``no`` as typed. An empty value is
+    refused rather than silently dropping the setting; ``null`` says "vLLM's
+    default" on purpose.
+    """
+    if raw == "":
+        raise LauncherError(f"--set {dotted}=: empty value",
+                            hint=f"give a value, or --set {dotted}=null for vLLM's own default")
     data: dict[str, Any] = recipe.model_dump()
     parts = dotted.split(".")
     cursor: Any = data
@@ -260,15 +306,18 @@ def set_field(recipe: Recipe, dotted: str, raw: str) -> Recipe:
     if not isinstance(cursor, dict) or (parts[-1] not in cursor and not _is_mapping_field(parts)):
         raise LauncherError(f"--set {dotted}: no recipe field {dotted!r}")
     try:
-        cursor[parts[-1]] = yaml.safe_load(raw) if raw != "" else None
+        parsed = yaml.safe_load(raw)
     except yaml.YAMLError:
-        cursor[parts[-1]] = raw
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise LauncherError(f"--set {dotted}={raw}: field {field}: {err['msg'].removeprefix('Value error, ')}") from None
+        parsed = raw
+    errors = []
+    for value in ([parsed] if parsed == raw else [parsed, raw]):
+        cursor[parts[-1]] = value
+        try:
+            return Recipe.model_validate(data)
+        except ValidationError as exc:
+            errors.append(exc.errors()[0])
+    field = ".".join(str(p) for p in errors[0]["loc"])
+    raise LauncherError(f"--set {dotted}={raw}: field {field}: {errors[0]['msg'].removeprefix('Value error, ')}")
 
 
 def _is_mapping_field(parts: list[str]) -> bool:

@@ -76,8 +76,8 @@ ENV_LIFETIMES: dict[str, EnvLifetime] = {
     "VLLM_WSL2_ENABLE_PIN_MEMORY": EnvLifetime(added="0.24.0"),
 }
 
-# --moe-backend exists from 0.21.0 (0.21.0 reads both it and the env vars);
-# --linear-backend arrives with the env var removals in 0.24.0.
+# --moe-backend exists from 0.21.0 (0.21.0 reads both it and the env vars,
+# the flag first); --linear-backend arrives with the env var removals in 0.24.0.
 LINEAR_BACKEND_FLAG_SINCE = Version("0.24.0")
 MOE_BACKEND_FLAG_SINCE = Version("0.21.0")
 ENV_KNOBS_UNTIL = Version("0.24.0")
@@ -140,19 +140,45 @@ def render_intent(intent, version: Version) -> RenderedIntent:
 def _render_moe(backend: str, version: Version, env: dict[str, str], args: list[str]) -> None:
     if backend == "auto":
         return
-    if version < ENV_KNOBS_UNTIL and backend == "cutlass":
-        # With FlashInfer rejected, 0.21.x's NVFP4 MoE oracle takes VLLM_CUTLASS first.
+    if version >= MOE_BACKEND_FLAG_SINCE:
+        # The flag names the backend; 0.21.0's NvFP4 oracle (select_nvfp4_moe_backend)
+        # takes it before any env var. VLLM_USE_FLASHINFER_MOE_FP4=0 only struck
+        # FlashInfer off the list, leaving the choice to whatever came next.
+        args += ["--moe-backend", backend]
+    elif backend == "cutlass":
+        # Before the flag: strike FlashInfer off, the closest these releases come.
         env["VLLM_USE_FLASHINFER_MOE_FP4"] = "0"
-    elif version < ENV_KNOBS_UNTIL and backend == "flashinfer_cutlass":
+    elif backend == "flashinfer_cutlass":
         env["VLLM_USE_FLASHINFER_MOE_FP4"] = "1"
         env["VLLM_FLASHINFER_MOE_BACKEND"] = "throughput"
-    elif version < ENV_KNOBS_UNTIL and backend == "flashinfer_trtllm":
+    elif backend == "flashinfer_trtllm":
         env["VLLM_USE_FLASHINFER_MOE_FP4"] = "1"
         env["VLLM_FLASHINFER_MOE_BACKEND"] = "latency"
-    elif version >= MOE_BACKEND_FLAG_SINCE:
-        args += ["--moe-backend", backend]
     else:
         raise LauncherError(f"vLLM {version} has no way to choose the MoE backend {backend!r}")
+
+
+# Read off 0.21.0's VllmConfig._set_cudagraph_sizes: without an explicit
+# max_cudagraph_capture_size the largest captured batch is
+# min(max_num_seqs * (1 + num_speculative_tokens) * 2, 512) tokens, capped by
+# max_num_batched_tokens; a decode step wider than that runs eagerly. 0.33.0
+# appends the uniform decode sizes (max_num_seqs x query length) instead;
+# releases in between are held to the 0.21.0 rule (not checked one by one).
+DECODE_SIZES_APPENDED_SINCE = Version("0.33.0")
+DEFAULT_MAX_GRAPH_TOKENS = 512
+
+
+def cudagraph_decode_cover(version: Version, *, max_num_seqs: int, speculative_tokens: int,
+                           max_num_batched_tokens: int | None, capture_size: int | None) -> int:
+    """How many requests' decode step still fits the largest CUDA graph ``version`` captures."""
+    query = 1 + speculative_tokens
+    if capture_size is None:
+        if version >= DECODE_SIZES_APPENDED_SINCE:
+            return max_num_seqs
+        capture_size = min(max_num_seqs * query * 2, DEFAULT_MAX_GRAPH_TOKENS)
+    if max_num_batched_tokens is not None:
+        capture_size = min(capture_size, max_num_batched_tokens)
+    return min(max_num_seqs, capture_size // query)
 
 
 def _render_gemm(backend: str, version: Version, env: dict[str, str], args: list[str]) -> None:

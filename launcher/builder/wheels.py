@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from launcher import pypi
+from launcher import progress, pypi
 from launcher.builder import cmake_archs, toolchain
 from launcher.builder.plan import BuildPlan
 from launcher.builder.preflight import PreflightResult
@@ -235,9 +235,11 @@ def resolve_safe(value: str, places: dict[str, str]) -> str:
 
 
 def run_steps(plan: BuildPlan, tree: Path, echo: Echo, done: list[dict],
-              after: dict[str, Callable[[], None]] | None = None) -> list[dict]:
+              after: dict[str, Callable[[], None]] | None = None,
+              heartbeat_s: float = progress.PLAIN_INTERVAL_S) -> list[dict]:
     """Run every step in order, appending one record per step to ``done`` (kept on failure too);
-    ``after[name]`` runs once the step called ``name`` succeeded."""
+    ``after[name]`` runs once the step called ``name`` succeeded. Steps take up to hours: every
+    ``heartbeat_s`` a line says how long the step has run and what its log said last."""
     places = placeholders(plan, tree)
     logs = plan.work_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -249,7 +251,8 @@ def run_steps(plan: BuildPlan, tree: Path, echo: Echo, done: list[dict],
         env = {**os.environ, **plan.env, **{k: plan.flashinfer_env[k] for k in step.env}}
         echo(f"[{i}/{len(plan.steps)}] {step.name} (log: {log})")
         start = time.monotonic()
-        with open(log, "w") as fh:
+        with open(log, "w") as fh, progress.Heartbeat(f"[{i}/{len(plan.steps)}] {step.name}", log,
+                                                      interval=heartbeat_s, say=echo):
             fh.write(f"$ (cd {cwd} && {' '.join(argv)})\n")
             fh.flush()
             proc = subprocess.run(argv, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT)

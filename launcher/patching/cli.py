@@ -65,10 +65,17 @@ def revert_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt) -> None
 
 @app.command("status")
 def status_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt) -> None:
-    """Show, per patch, whether it is applied, not applied, in conflict or modified since."""
-    st = engine.status(target)
+    """Show, per patch, whether it is applied, not applied, in conflict or modified since.
+
+    Rolls back first what an interrupted apply or revert left. Exits 1 when
+    a patch conflicts or an applied file was modified since.
+    """
+    st = engine.status(target, recover_interrupted=True)
+    broken = [p for p in st.patches if p.state in ("conflict", "modified")]
     if as_json:
         _echo_json(st.to_dict())
+        if broken:
+            raise typer.Exit(1)
         return
     typer.echo(f"vLLM {st.version} ({st.tree.layout}) at {st.tree.root}")
     stamp = "none" if st.stamp is None else f"{st.stamp.get('applied_at', '?')}"
@@ -78,6 +85,10 @@ def status_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt) -> None
         typer.echo(f"note: {note}")
     if not st.patches:
         typer.echo("the series is empty")
+    if broken:
+        typer.echo(f"{len(broken)} patch(es) in conflict or modified since apply: "
+                   + ", ".join(f"{p.id} ({p.state})" for p in broken), err=True)
+        raise typer.Exit(1)
 
 
 @app.command("check")

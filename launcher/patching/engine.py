@@ -17,6 +17,8 @@ the stamp (:mod:`launcher.patching.stamp`) records what was done.
 
 from __future__ import annotations
 
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from launcher.errors import LauncherError
 from launcher.patching import stamp as stamps
 from launcher.patching.diff import FilePatch, HunkMismatch, apply_file, parse
 from launcher.patching.series import Patch, Series, public_version, series_for
+from launcher.patching import transaction
 from launcher.patching.transaction import Transaction, remove_empty_dirs
 from launcher.patching.tree import SITE_PACKAGES, SOURCE, Tree, detect_version, find_tree
 
@@ -39,11 +42,15 @@ __all__ = [
     "check_tree",
     "detect_version",
     "find_tree",
+    "interrupted",
+    "recover",
     "revert",
     "status",
 ]
 
 PathArg = Path | str | None
+#: Beside the stamp: what an unfinished write must put back (launcher.patching.transaction).
+JOURNAL_REL = "vllm/.sm12x-journal.json"
 
 
 # ----------------------------------------------------------------- results
@@ -76,6 +83,8 @@ class SeriesStatus:
     patches: list[PatchStatus]
     stamp: dict | None
     notes: list[str] = field(default_factory=list)
+    #: a killed apply/revert left its journal (not rolled back yet)
+    interrupted: bool = False
 
     def state_of(self, patch_id: str) -> str | None:
         return next((p.state for p in self.patches if p.id == patch_id), None)
@@ -104,6 +113,7 @@ class SeriesStatus:
             "patches": [p.to_dict() for p in self.patches],
             "stamp": stamp,
             "notes": self.notes,
+            "interrupted": self.interrupted,
         }
 
 
@@ -328,6 +338,10 @@ def _ours(stamp: dict | None, tree: Tree) -> dict[str, stamps.StampEntry]:
 def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathArg = None) -> Report:
     """Apply the series for the tree's vLLM version: all patches or none."""
     tree, version, series = _series_context(target, patches_root)
+    if dry_run and interrupted(tree):
+        raise LauncherError(f"{tree.root} holds the journal of an interrupted patch run; a dry run writes nothing",
+                            hint=f"`launcher patch status --target {tree.root}` rolls it back first")
+    recovered = [] if dry_run else recover(tree)
     stamp = stamps.read_stamp(tree)
     patches = series.for_layout(tree.layout)
     ours = _ours(stamp, tree)
@@ -363,26 +377,33 @@ def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathAr
     modes = {fp.path: fp.new_mode for v in new for fp in v.item.files if fp.kind == "add"}
     stamp_path = tree.path(stamps.STAMP_REL)
     with _writing(tree) as tx:
+        planned = tx.prepare([tree.path(p) for p in changes] + [stamp_path])
+        created += [d.relative_to(tree.root).as_posix() for d in planned]
+        new_stamp = stamps.build_stamp(
+            vllm_version=version, series_version=series.version, series_hash=series.hash,
+            layout=tree.layout, entries=entries, created_dirs=created,
+        )
         for path, data in changes.items():
             if data is None:
                 tx.remove(tree.path(path))
             else:
                 tx.write(tree.path(path), data, modes.get(path))
-        created += [d.relative_to(tree.root).as_posix() for d in tx.created_dirs]
-        new_stamp = stamps.build_stamp(
-            vllm_version=version, series_version=series.version, series_hash=series.hash,
-            layout=tree.layout, entries=entries, created_dirs=created,
-        )
         if changes or not stamps.same_content(stamp, new_stamp):
             tx.write(stamp_path, stamps.encode(new_stamp), 0o644)
             report.stamp_path = str(stamp_path)
     report.written = [p for p, d in changes.items() if d is not None]
     report.removed = [p for p, d in changes.items() if d is None]
-    report.message = (
+    report.message = _recovered_note(recovered) + (
         f"applied {len(new)} patch(es), {len(verdicts) - len(new)} already applied"
         if new else f"nothing to do: all {len(verdicts)} patch(es) already applied"
     )
     return report
+
+
+def _recovered_note(restored: list[str]) -> str:
+    if not restored:
+        return ""
+    return f"rolled back an interrupted patch run first ({len(restored)} file(s) put back: {', '.join(restored)}); "
 
 
 def _restore_hint(tree: Tree, version: str) -> str:
@@ -418,32 +439,88 @@ def _same_patch(entry: stamps.StampEntry, patch: Patch | None) -> bool:
     return patch is not None and (entry.sha256 == patch.sha256 or entry.diff == patch.diff_text)
 
 
+class _Interrupted(BaseException):
+    """SIGTERM turned into an exception, so it unwinds (and rolls back) like Ctrl-C."""
+
+
+def _raise_interrupted(signum, frame):
+    raise _Interrupted(signal.Signals(signum).name)
+
+
 class _writing:
-    """A Transaction whose failure becomes one LauncherError saying everything was restored."""
+    """A journaled Transaction; SIGINT/SIGTERM roll it back; every failure is one LauncherError.
+
+    ``docker stop`` and ``timeout`` send SIGTERM, whose default would end the
+    process between two replaces; here it unwinds like Ctrl-C. SIGKILL cannot
+    be caught: the journal written by ``prepare`` covers it.
+    """
 
     def __init__(self, tree: Tree):
         self.tree = tree
-        self.tx = Transaction()
+        self.tx = Transaction(root=tree.root, journal=tree.path(JOURNAL_REL))
+        self._previous = None
 
     def __enter__(self) -> Transaction:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, _raise_interrupted)
         return self.tx
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:
-            return False
-        self.tx.rollback()
+        try:
+            if exc_type is None:
+                self.tx.commit()
+                return False
+            with _signals_held():
+                self.tx.rollback()
+        finally:
+            if self._previous is not None:
+                signal.signal(signal.SIGTERM, self._previous)
         if self.tx.unrestored:
             raise LauncherError(
-                f"writing {self.tree.root} failed ({exc}) and these files could not be restored: "
-                + "; ".join(self.tx.unrestored),
-                hint="reinstall vLLM to get pristine files back",
+                f"writing {self.tree.root} failed ({exc or exc_type.__name__}) and these files could not be "
+                "restored: " + "; ".join(self.tx.unrestored),
+                hint="the journal was kept: run `launcher patch status` to try again, or reinstall vLLM",
             ) from exc
+        if exc_type in (KeyboardInterrupt, _Interrupted):
+            name = "SIGINT" if exc_type is KeyboardInterrupt else str(exc)
+            raise LauncherError(f"interrupted ({name}) while writing {self.tree.root}; every file was restored as it was",
+                                exit_code=130 if exc_type is KeyboardInterrupt else 143) from None
         if isinstance(exc, OSError):
             raise LauncherError(
                 f"writing {self.tree.root} failed ({exc}); every file was restored as it was",
                 hint="check permissions (site-packages may need the same user that installed vLLM)",
             ) from exc
         return False
+
+
+class _signals_held:
+    """Ctrl-C and SIGTERM wait while a rollback runs (POSIX); they act once it is done."""
+
+    def __enter__(self):
+        if hasattr(signal, "pthread_sigmask"):
+            self._old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        return self
+
+    def __exit__(self, *exc):
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        return False
+
+
+def recover(tree: Tree) -> list[str]:
+    """Roll back what an apply or revert that died mid-write (SIGKILL, power loss) left; the files put back."""
+    try:
+        return transaction.recover(tree.root, tree.path(JOURNAL_REL))
+    except OSError as exc:
+        raise LauncherError(
+            f"an interrupted patch run left {tree.path(JOURNAL_REL)}, and rolling it back failed: {exc}",
+            hint="run this as the user that ran `launcher patch apply` (the journal stays until it succeeds)",
+        ) from exc
+
+
+def interrupted(tree: Tree) -> bool:
+    """A journal is there: a write died and was not rolled back yet."""
+    return tree.path(JOURNAL_REL).exists()
 
 
 def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
@@ -456,10 +533,12 @@ def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
     del patches_root  # the stamp carries the diffs; kept for a uniform signature
     tree = find_tree(target)
     version = detect_version(tree)
+    recovered = recover(tree)
     stamp = stamps.read_stamp(tree)
     if stamp is None:
         return Report("revert", tree, version, None, None, [],
-                      message="no stamp in this tree: the launcher applied nothing here, nothing to revert")
+                      message=_recovered_note(recovered)
+                      + "no stamp in this tree: the launcher applied nothing here, nothing to revert")
     ours = [_Item.from_stamp(e) for e in _ours(stamp, tree).values()]
     original = _load(tree, ours)
     work = dict(original)
@@ -485,6 +564,7 @@ def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
     changes = {p: work[p] for p in sorted(work) if work[p] != original[p]}
     report = Report("revert", tree, version, stamp.get("series_version"), stamp.get("series_hash"), results)
     with _writing(tree) as tx:
+        tx.prepare([tree.path(p) for p in changes] + [tree.path(stamps.STAMP_REL)])
         for path, data in changes.items():
             if data is None:
                 tx.remove(tree.path(path))
@@ -497,7 +577,7 @@ def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
     report.written = [p for p, d in changes.items() if d is not None]
     report.removed = [p for p, d in changes.items() if d is None] + [stamps.STAMP_REL]
     reverted = sum(1 for r in results if r.outcome == "reverted")
-    report.message = f"reverted {reverted} patch(es); stamp removed"
+    report.message = _recovered_note(recovered) + f"reverted {reverted} patch(es); stamp removed"
     return report
 
 
@@ -507,9 +587,17 @@ def _diagnose_reverse(work: Contents, item: _Item) -> str:
     return _diagnose(work, reversed_item)
 
 
-def status(target: PathArg = None, *, patches_root: PathArg = None) -> SeriesStatus:
-    """Per patch of the tree's series: applied, not-applied, conflict, or modified (stamped but edited)."""
+def status(target: PathArg = None, *, patches_root: PathArg = None, recover_interrupted: bool = False) -> SeriesStatus:
+    """Per patch of the tree's series: applied, not-applied, conflict, or modified (stamped but edited).
+
+    ``recover_interrupted`` (``launcher patch status``) first rolls back what
+    a killed apply/revert left; without it (doctor, serve's preflight, which
+    only read) such a tree is reported as interrupted.
+    """
     tree, version, series = _series_context(target, patches_root)
+    pending = interrupted(tree)
+    recovered = recover(tree) if pending and recover_interrupted else []
+    pending = pending and not recover_interrupted
     stamp = stamps.read_stamp(tree)
     ours = _ours(stamp, tree)
     patches = series.for_layout(tree.layout)
@@ -527,8 +615,12 @@ def status(target: PathArg = None, *, patches_root: PathArg = None) -> SeriesSta
         else:
             state, detail = ("modified" if in_stamp else "conflict"), v.detail
         out.append(PatchStatus(v.item.id, v.item.name, state, detail, v.item.kind, v.item.paths))
-    return SeriesStatus(tree, version, series.version, series.hash, out, stamp,
-                        _stamp_notes(stamp, tree, series, patches, version))
+    notes = _stamp_notes(stamp, tree, series, patches, version)
+    if recovered:
+        notes.insert(0, _recovered_note(recovered).rstrip("; "))
+    if pending:
+        notes.insert(0, f"an interrupted patch run left {JOURNAL_REL}: `launcher patch status` rolls it back")
+    return SeriesStatus(tree, version, series.version, series.hash, out, stamp, notes, interrupted=pending)
 
 
 def _stamp_notes(stamp: dict | None, tree: Tree, series: Series, patches: list[Patch], version: str) -> list[str]:

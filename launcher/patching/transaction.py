@@ -2,17 +2,29 @@
 
 Each write goes to a temporary file beside its target and is moved over it
 with ``os.replace`` (atomic on POSIX and Windows), so no reader ever sees
-half a file. The original bytes and mode of every file are kept in memory;
-if any step fails, the files already written are put back and the files
-and folders created are removed, then the error propagates.
+half a file. Before the first replace, :meth:`Transaction.prepare` checks
+that every target folder takes writes (nothing is written otherwise) and
+writes a **journal** beside the stamp: the original bytes and mode of every
+file the transaction will touch, and the folders it will create. If a step
+fails, or SIGINT/SIGTERM arrives, the files are put back in-process; if the
+process dies outright (SIGKILL, power loss), the journal survives and
+:func:`recover` puts them back on the next ``apply``, ``revert`` or
+``status``. A committed transaction deletes its journal.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from launcher.errors import LauncherError
+
+TMP_SUFFIX = ".sm12x-tmp"
+JOURNAL_FORMAT = 1
 
 
 @dataclass
@@ -24,12 +36,19 @@ class _Undo:
 
 @dataclass
 class Transaction:
-    """Use as a context manager; an exception inside rolls everything back."""
+    """Use as a context manager; an exception inside rolls everything back.
 
+    ``root`` and ``journal`` enable :meth:`prepare` (journal paths are kept
+    relative to ``root``); without them the transaction lives in memory only.
+    """
+
+    root: Path | None = None
+    journal: Path | None = None
     undo: list[_Undo] = field(default_factory=list)
     created_dirs: list[Path] = field(default_factory=list)
     #: Files a rollback could not put back (reported by the caller, never silent).
     unrestored: list[str] = field(default_factory=list)
+    _originals: dict[Path, _Undo] = field(default_factory=dict)
 
     def __enter__(self) -> Transaction:
         return self
@@ -39,19 +58,36 @@ class Transaction:
             self.rollback()
         return False
 
+    # -- before the first write
+
+    def prepare(self, paths: list[Path]) -> list[Path]:
+        """Check write access for ``paths``, journal their originals; return the folders to be made.
+
+        Raises LauncherError, with nothing written, when a folder refuses writes.
+        """
+        _check_writable([*paths, *([self.journal] if self.journal else [])])
+        self._originals = {p: _snapshot(p) for p in paths}
+        planned = _missing_dirs(paths)
+        if self.journal is not None and self.root is not None:
+            write_journal(self.journal, self.root, list(self._originals.values()), planned)
+        return planned
+
+    # -- the writes
+
     def write(self, path: Path, data: bytes, mode: int | None = None) -> None:
         """Replace (or create) ``path``; an existing file keeps its mode unless ``mode`` is given."""
-        old = _snapshot(path)
+        old = self._originals.get(path) or _snapshot(path)
         self._mkdirs(path.parent)
-        self.undo.append(old)
         _atomic_write(path, data, mode if mode is not None else old.mode)
+        # Recorded once the file changed: a write that failed left it as it was.
+        self.undo.append(old)
 
     def remove(self, path: Path) -> None:
-        old = _snapshot(path)
+        old = self._originals.get(path) or _snapshot(path)
         if old.data is None:
             return
-        self.undo.append(old)
         os.unlink(path)
+        self.undo.append(old)
 
     def _mkdirs(self, folder: Path) -> None:
         missing = []
@@ -62,14 +98,22 @@ class Transaction:
             d.mkdir()
             self.created_dirs.append(d)
 
+    # -- the end
+
+    def commit(self) -> None:
+        """Everything landed: the journal goes (the stamp now tells the state)."""
+        if self.journal is not None and self.journal.exists():
+            os.unlink(self.journal)
+            _fsync_dir(self.journal.parent)
+
     def rollback(self) -> None:
-        for item in reversed(self.undo):
+        # Prepared: compare every journaled file with its original, so a signal
+        # between a replace and its undo entry cannot leave that file behind.
+        items = list(self._originals.values()) if self._originals else list(reversed(self.undo))
+        for item in items:
             try:
-                if item.data is None:
-                    if item.path.exists():
-                        os.unlink(item.path)
-                else:
-                    _atomic_write(item.path, item.data, item.mode)
+                if _differs(item):
+                    _restore(item)
             except OSError as exc:
                 self.unrestored.append(f"{item.path}: {exc}")
         for d in reversed(self.created_dirs):
@@ -79,6 +123,27 @@ class Transaction:
                 pass
         self.undo.clear()
         self.created_dirs.clear()
+        if not self.unrestored:
+            self.commit()  # back as before: the journal has nothing left to do
+        # else the journal stays: the next apply/revert/status tries again
+
+
+def _differs(item: _Undo) -> bool:
+    """The file is not (or no longer) as ``item`` recorded it: bytes, existence or mode."""
+    if not item.path.is_file():
+        return item.data is not None or item.path.exists()
+    if item.data is None:
+        return True
+    return item.path.read_bytes() != item.data or (
+        item.mode is not None and item.path.stat().st_mode & 0o7777 != item.mode)
+
+
+def _restore(item: _Undo) -> None:
+    if item.data is None:
+        if item.path.exists():
+            os.unlink(item.path)
+    else:
+        _atomic_write(item.path, item.data, item.mode)
 
 
 def _snapshot(path: Path) -> _Undo:
@@ -87,11 +152,59 @@ def _snapshot(path: Path) -> _Undo:
     return _Undo(path, path.read_bytes(), path.stat().st_mode & 0o7777)
 
 
+def _missing_dirs(paths: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    for path in paths:
+        folder = path.parent
+        chain = []
+        while not folder.exists():
+            chain.append(folder)
+            folder = folder.parent
+        out += [d for d in reversed(chain) if d not in out]
+    return out
+
+
+def _nearest_dir(path: Path) -> Path | None:
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    return folder if folder.is_dir() else None  # a file in the way fails at the write, and is rolled back
+
+
+def _check_writable(paths: list[Path]) -> None:
+    """Every write lands as a temp file in the target's folder: probe each folder for real.
+
+    A real probe rather than os.access: it also sees read-only mounts and
+    ACLs, and answers the same for root as the write would.
+    """
+    refused: dict[Path, str] = {}
+    for folder in {d for d in map(_nearest_dir, paths) if d is not None}:
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".sm12x-probe-", suffix=TMP_SUFFIX)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            refused[folder] = exc.strerror or str(exc)
+    if os.name == "nt":  # Windows will not replace a read-only file
+        for path in paths:
+            if path.is_file() and not os.access(path, os.W_OK):
+                refused[path] = "read-only file"
+    if refused:
+        where = "; ".join(f"{p} ({why})" for p, why in sorted(refused.items()))
+        raise LauncherError(
+            f"no write access, nothing was written: {where}",
+            hint="run as the user that installed this vLLM (e.g. with sudo for a system vLLM), "
+                 "or patch a copy you own: a venv, or --target DIR",
+        )
+
+
 def _atomic_write(path: Path, data: bytes, mode: int | None) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".sm12x-tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
         # mkstemp makes 0600 files; the target keeps the mode it had (or the patch's).
         os.chmod(tmp, mode if mode is not None else 0o644)
         os.replace(tmp, path)
@@ -99,6 +212,85 @@ def _atomic_write(path: Path, data: bytes, mode: int | None) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------- the journal
+
+
+def write_journal(journal: Path, root: Path, originals: list[_Undo], planned_dirs: list[Path]) -> None:
+    data = {
+        "format": JOURNAL_FORMAT,
+        "tool": "vllm-sm12x-launcher",
+        "files": [
+            {"path": u.path.relative_to(root).as_posix(), "mode": u.mode,
+             "data": None if u.data is None else base64.b64encode(u.data).decode("ascii")}
+            for u in originals
+        ],
+        "created_dirs": [d.relative_to(root).as_posix() for d in planned_dirs],
+    }
+    _atomic_write(journal, json.dumps(data).encode("utf-8"), 0o644)
+    _fsync_dir(journal.parent)
+
+
+def recover(root: Path, journal: Path) -> list[str]:
+    """Roll back a transaction that died after its journal was written; return the files put back.
+
+    Idempotent: restoring a file to its original bytes twice is harmless, so
+    a recovery that is itself interrupted simply runs again next time.
+    """
+    _sweep_temps(journal.parent, journal.name)
+    if not journal.exists():
+        return []
+    try:
+        data = json.loads(journal.read_text(encoding="utf-8"))
+        files = [(root / f["path"], f["mode"], None if f["data"] is None else base64.b64decode(f["data"]))
+                 for f in data["files"]]
+        planned = [root / d for d in data.get("created_dirs", [])]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LauncherError(
+            f"the journal of an interrupted patch run, {journal}, is unreadable: {exc}",
+            hint="reinstall vLLM (pip install --force-reinstall --no-deps vllm==VERSION), then delete the journal",
+        ) from exc
+    restored = []
+    for path, mode, original in files:
+        item = _Undo(path, original, mode)
+        if _differs(item):
+            _restore(item)
+            restored.append(path.relative_to(root).as_posix())
+        if path.parent.is_dir():
+            _sweep_temps(path.parent, path.name)
+    for d in sorted(planned, key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    os.unlink(journal)
+    _fsync_dir(journal.parent)
+    return restored
+
+
+def _sweep_temps(folder: Path, name: str) -> None:
+    """Temp files a killed write left beside ``name`` (only ours: prefix and suffix both match)."""
+    if not folder.is_dir():
+        return
+    for stray in folder.glob(f".{name}.*{TMP_SUFFIX}"):
+        try:
+            stray.unlink()
+        except OSError:
+            pass
 
 
 def remove_empty_dirs(paths: list[Path]) -> None:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
+from launcher import progress, redact
 from launcher.errors import LauncherError
 from launcher.plan import Plan
 
@@ -32,29 +34,58 @@ def child_env(plan: Plan, base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def command(plan: Plan) -> list[str]:
-    exe = shutil.which("vllm")
-    if exe:
-        return [exe, *plan.argv[1:]]
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", *plan.argv[1:]]
+    """Exactly the interpreter whose vLLM the plan inspected (launcher.vllm_env)."""
+    if not plan.vllm_python:
+        raise LauncherError("no vLLM to run: the launcher found none to inspect",
+                            hint="point --vllm-python at the python that has vLLM, or use --runtime docker")
+    return [plan.vllm_python, "-m", "vllm.entrypoints.cli.main", *plan.argv[1:]]
+
+
+# Exit codes of our own, distinct from a child's: 124 like timeout(1).
+EXIT_NOT_READY = 124
 
 
 def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
     cmd = command(plan)
+    ensure_port_free(plan.host, plan.port)
+    print("starting: " + shlex.join(redact.argv(cmd)), file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(cmd, env=child_env(plan))
     except OSError as exc:
         raise LauncherError(f"cannot start vLLM ({cmd[0]}): {exc.strerror}", hint="is vLLM installed here?") from None
     previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     try:
-        if wait:
-            ready = wait_ready(plan, proc, timeout)
-            if not ready:
-                return proc.poll() if proc.poll() is not None else _stop(proc)
+        if wait and not wait_ready(plan, proc, timeout):
+            code = proc.poll()
+            if code is None:
+                _stop(proc)
+            # Not ready is a failure even when vLLM then shuts down cleanly (exit 0).
+            return code if code else EXIT_NOT_READY
         return proc.wait()
     except KeyboardInterrupt:
         return _stop(proc)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """Refuse to start when the address is taken: a server already there would answer /health for us."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise LauncherError(f"--host {host!r} does not resolve: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        if os.name != "nt":
+            # As uvicorn does: a port in TIME_WAIT is free, a listening one is not.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise LauncherError(
+                f"{host}:{port} is already in use ({exc.strerror}); vLLM could not listen there",
+                hint=f"stop the server on port {port} (is an earlier vLLM still running?) or pass another --port",
+            ) from None
 
 
 def _stop(proc: subprocess.Popen) -> int:
@@ -74,31 +105,66 @@ def _stop(proc: subprocess.Popen) -> int:
 
 def base_url(plan: Plan) -> str:
     host = "127.0.0.1" if plan.host in ("0.0.0.0", "::") else plan.host
+    if ":" in host:
+        host = f"[{host}]"
     return f"http://{host}:{plan.port}"
 
 
 def wait_ready(plan: Plan, proc: subprocess.Popen | None, timeout: float) -> bool:
-    """Poll /health, then send one small chat request; print the endpoint and time to ready."""
-    start = time.monotonic()
+    """Poll /health until the child answers, then send one small chat request.
+
+    A 200 counts only when the listening socket belongs to ``proc`` (or a
+    process it started): another server on the port must never pass for ours.
+    """
     url = base_url(plan)
-    while time.monotonic() - start < timeout:
-        if proc is not None and proc.poll() is not None:
-            print(f"vLLM exited with code {proc.returncode} before it was ready", file=sys.stderr)
-            return False
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
+    with progress.Waiting(f"waiting for vLLM at {url}/health", timeout) as waiting:
+        while not waiting.expired():
+            if proc is not None and proc.poll() is not None:
+                waiting.fail(f"vLLM exited with code {proc.returncode} before it was ready")
+                return False
+            if _healthy(url):
+                owner = listener_owned_by(proc, plan.port) if proc is not None else True
+                if owner is False:
+                    waiting.fail(f"another process answers {url}/health: the vLLM started here "
+                                 f"(pid {proc.pid}) does not listen on port {plan.port}")
+                    return False
+                if proc is None or proc.poll() is None:
                     break
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1)
-    else:
-        print(f"vLLM did not answer {url}/health within {timeout:g} s", file=sys.stderr)
-        return False
-    ready_s = time.monotonic() - start
+                continue  # it exited meanwhile: the check at the top reports it
+            time.sleep(1)
+        else:
+            waiting.fail(f"vLLM did not answer {url}/health within {timeout:g} s")
+            return False
+        ready_s = waiting.elapsed()
     reply = first_chat(plan, url)
     print(f"ready in {ready_s:.1f} s: {url}/v1  (first reply: {reply!r})", flush=True)
     return True
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def listener_owned_by(proc: subprocess.Popen, port: int) -> bool | None:
+    """True when ``proc`` or a descendant listens on ``port``; None when the OS will not say."""
+    try:
+        import psutil
+
+        root = psutil.Process(proc.pid)
+        family = [root, *root.children(recursive=True)]
+        for p in family:
+            for conn in p.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                    return True
+        return False
+    except ImportError:
+        return None
+    except Exception:  # psutil.AccessDenied (macOS); NoSuchProcess: its exit is seen at the next poll
+        return None
 
 
 def first_chat(plan: Plan, url: str) -> str:

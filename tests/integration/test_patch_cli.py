@@ -54,6 +54,22 @@ def test_console_script_apply_status_revert(tmp_path):
     assert snapshot(root) == before
 
 
+def test_status_exits_1_on_conflict_and_on_modified_since_apply(tmp_path):
+    root = mini_tree("0.21.0", "site-packages", tmp_path / "tree", [BACKEND])
+    backend = root / BACKEND
+    edit = ("forward_includes_kv_cache_update: bool = True", "forward_includes_kv_cache_update: bool = False")
+    backend.write_text(backend.read_text().replace(*edit))
+    out = run("status", "--target", str(root), patches=TEST_PATCHES)
+    assert out.returncode == 1 and "conflict" in out.stdout and "(conflict)" in out.stderr
+    backend.write_text(backend.read_text().replace(edit[1], edit[0]))
+    assert run("status", "--target", str(root), patches=TEST_PATCHES).returncode == 0  # not applied is no failure
+    assert run("apply", "--target", str(root), patches=TEST_PATCHES).returncode == 0
+    backend.write_text(backend.read_text().replace("sm12x_patched: ClassVar[bool] = True",
+                                                   "sm12x_patched: ClassVar[bool] = False"))
+    out = run("status", "--target", str(root), "--json", patches=TEST_PATCHES)
+    assert out.returncode == 1 and "modified" in {p["state"] for p in json.loads(out.stdout)["patches"]}
+
+
 def test_console_script_refusal_is_one_line_and_changes_nothing(tmp_path):
     root = mini_tree("0.21.0", "site-packages", tmp_path / "tree", [BACKEND])
     backend = root / BACKEND

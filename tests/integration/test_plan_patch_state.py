@@ -65,3 +65,27 @@ def _touched_files(version: str) -> list[str]:
             if line.startswith("+++ b/"):
                 out.add(line[len("+++ b/"):].strip())
     return sorted(out)
+
+
+def test_plan_inspects_the_vllm_of_another_python(tmp_path):
+    """`--vllm-python`: a venv holding the released 0.21.0 files, the launcher's own Python without vLLM."""
+    from tests.unit.fake_vllm_env import make_env
+
+    python = make_env(tmp_path / "venv", with_vllm=False)
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    mini_tree("0.21.0", "site-packages", purelib, _touched_files("0.21.0"))
+    env = {**os.environ, "MODELS_DIR": str(tmp_path / "models")}
+
+    def plan() -> dict:
+        res = subprocess.run([str(LAUNCHER), "serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--json",
+                              "--vllm-python", str(python)], capture_output=True, text=True, env=env, timeout=120)
+        return json.loads(res.stdout)
+
+    stock = plan()
+    assert stock["vllm_version"] == "0.21.0" and stock["vllm_version_source"] == "installed"
+    assert stock["vllm_python"] == str(python)
+    assert all(p["applied"] is False for p in stock["patches"])
+    subprocess.run([str(LAUNCHER), "patch", "apply", "--target", str(purelib)], check=True, capture_output=True,
+                   timeout=120)
+    assert all(p["applied"] is True for p in plan()["patches"])

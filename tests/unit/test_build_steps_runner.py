@@ -71,3 +71,17 @@ def test_written_step_script_keeps_wheel_globs(tmp_path):
     scripts = wheels.write_scripts(p, tmp_path / "src")
     text = Path(scripts["steps"]).read_text()
     assert f"pip install --no-deps {(tmp_path / 'd').resolve()}/flashinfer_python-*.whl" in text
+
+
+def test_a_long_step_has_a_heartbeat_with_elapsed_time_and_the_logs_last_line(tmp_path):
+    code = "import sys, time\nfor i in range(5):\n    print(f'[{i}/5] Building CUDA object csrc/k{i}.cu.o', flush=True); time.sleep(0.5)"
+    p = _plan(tmp_path, [Step("compile", ("{python}", "-c", code), "{work}")])
+    p.work_dir.mkdir(parents=True)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    lines: list[str] = []
+    wheels.run_steps(p, tree, lines.append, [], heartbeat_s=0.6)
+    beats = [ln for ln in lines if ln.startswith("[1/1] compile: ")]
+    assert len(beats) >= 2, lines
+    assert beats[-1].split(": ")[1].split(" |")[0].endswith("s")  # elapsed, e.g. "2s"
+    assert any("| [" in b and "Building CUDA object csrc/k" in b for b in beats)

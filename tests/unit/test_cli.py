@@ -29,11 +29,12 @@ def models_env(tmp_path):
 def test_console_script_dry_run_0_21_shows_user_env_and_spec(models_env):
     res = run("serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--vllm-version", "0.21.0", env=models_env)
     assert res.returncode == 1, res.stderr  # blocked here: no GPU, no vLLM, no model
-    for line in ("VLLM_USE_FLASHINFER_MOE_FP4=0", "VLLM_NVFP4_GEMM_BACKEND=flashinfer-cutlass",
+    for line in ("VLLM_NVFP4_GEMM_BACKEND=flashinfer-cutlass",
                  "VLLM_TEST_FORCE_FP8_MARLIN=0", "VLLM_USE_FLASHINFER_SAMPLER=1",
-                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", "TORCH_MATMUL_PRECISION=high",
-                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"):
+                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                 "--moe-backend cutlass"):
         assert line in res.stdout
+    assert "VLLM_USE_FLASHINFER_MOE_FP4" not in res.stdout and "TORCH_MATMUL_PRECISION" not in res.stdout
     assert '"method":"dflash"' in res.stdout and '"num_speculative_tokens":15' in res.stdout
     assert "no NVIDIA GPU detected" in res.stdout
     assert "Traceback" not in res.stderr

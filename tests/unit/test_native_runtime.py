@@ -1,53 +1,29 @@
 """The native runtime starts a real child process with the plan's env.
 
-vLLM cannot serve here (no GPU), so a stand-in `vllm` executable on PATH
-plays it: a tiny HTTP server answering /health and /v1/chat/completions that
-records its argv and environment. Everything else (process start, env merge,
-health wait, chat request, exit code) is the real runtime.
+vLLM cannot serve here (no GPU): a stand-in ``vllm`` package in a real venv
+plays it (tests/unit/fake_vllm_env.py). Everything else is real: finding and
+inspecting the interpreter, the port check, the process start, env merge,
+health wait, ownership of the listening socket, chat request, exit codes.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import socket
-import stat
+import subprocess
 import sys
-import textwrap
+import threading
 
 import pytest
 
+from launcher import vllm_env
+from launcher.errors import LauncherError
 from launcher.plan import Request, resolve
 from launcher.runtime import native
 from tests.unit.conftest import RTX5090, make_ctx
-
-FAKE_VLLM = textwrap.dedent("""\
-    #!{python}
-    import json, os, sys
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    argv = sys.argv[1:]
-    port = int(argv[argv.index("--port") + 1])
-    with open(os.environ["FAKE_RECORD"], "w") as fh:
-        json.dump({{"argv": argv, "env": dict(os.environ)}}, fh)
-    if os.environ.get("FAKE_EXIT"):
-        sys.exit(int(os.environ["FAKE_EXIT"]))
-    served = []
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a): pass
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404); self.end_headers()
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            auth = self.headers.get("Authorization")
-            out = json.dumps({{"choices": [{{"message": {{"content": "hi from " + body["model"] + " " + str(auth)}}}}]}}).encode()
-            self.send_response(200); self.send_header("Content-Length", str(len(out))); self.end_headers()
-            self.wfile.write(out)
-            served.append(1)
-    srv = HTTPServer(("127.0.0.1", port), H)
-    while not served:
-        srv.handle_request()
-    sys.exit(3)
-""")
+from tests.unit.fake_vllm_env import make_env
 
 
 def _free_port() -> int:
@@ -56,38 +32,171 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def envs(tmp_path_factory):
+    """Two real environments with different vLLMs, and one without vLLM."""
+    root = tmp_path_factory.mktemp("envs")
+    return {"a": make_env(root / "a", "0.33.0"), "b": make_env(root / "b", "0.21.0"),
+            "none": make_env(root / "none", with_vllm=False)}
+
+
 @pytest.fixture
-def fake_vllm(tmp_path, monkeypatch):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    exe = bindir / "vllm"
-    exe.write_text(FAKE_VLLM.format(python=sys.executable))
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    record = tmp_path / "record.json"
-    monkeypatch.setenv("FAKE_RECORD", str(record))
-    return record
+def record(tmp_path, monkeypatch):
+    path = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_RECORD", str(path))
+    return path
 
 
-def test_native_run_waits_for_health_and_chats(fake_vllm, models, capsys, monkeypatch):
+def _ctx(env: vllm_env.VllmEnv | None, **kw):
+    ctx = make_ctx(RTX5090, vllm=env.vllm_version if env else None, **kw)
+    ctx.vllm = env
+    return ctx
+
+
+def _plan(env, recipe="gemma4-e4b", port=None):
+    """The plan for the vLLM in ``env`` (its version comes from the inspection)."""
+    return resolve(Request(recipe, port=port or _free_port()), _ctx(env, environ=dict(os.environ)))
+
+
+def test_native_run_waits_for_health_and_chats(envs, record, models, capsys, monkeypatch):
     monkeypatch.setenv("VLLM_NVFP4_GEMM_BACKEND", "cutlass")  # stale for 0.33.0
+    env = vllm_env.resolve(str(envs["a"]))
     port = _free_port()
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0", port=port, api_key="sk-test-key"),
-                   make_ctx(RTX5090, environ=dict(os.environ)))
+                   _ctx(env, environ=dict(os.environ)))
     code = native.run(plan, wait=True, timeout=30)
     assert code == 3  # the child's exit code is the launcher's
-    rec = json.loads(fake_vllm.read_text())
+    rec = json.loads(record.read_text())
     assert rec["argv"][:2] == ["serve", str(models / "gemma-4-26B-A4B-it-NVFP4")]
     assert rec["env"]["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
     assert rec["env"]["VLLM_API_KEY"] == "sk-test-key"
     assert "VLLM_NVFP4_GEMM_BACKEND" not in rec["env"]
     assert "sk-test-key" not in " ".join(rec["argv"])
-    out = capsys.readouterr().out
-    assert f"http://127.0.0.1:{port}/v1" in out and "hi from gemma4 Bearer sk-test-key" in out
+    captured = capsys.readouterr()
+    assert f"http://127.0.0.1:{port}/v1" in captured.out and "hi from gemma4 Bearer sk-test-key" in captured.out
+    # The command is printed before the start, from the interpreter that runs it.
+    assert f"starting: {env.python} -m vllm.entrypoints.cli.main serve" in captured.err
+    assert f"waiting for vLLM at http://127.0.0.1:{port}/health" in captured.err
+    assert "sk-test-key" not in captured.err
 
 
-def test_native_run_reports_early_exit(fake_vllm, models, monkeypatch, capsys):
+def test_runs_the_vllm_it_inspected_not_the_first_on_path(envs, record, models, monkeypatch):
+    # PATH offers environment b's vllm first; --vllm-python names a.
+    monkeypatch.setenv("PATH", f"{envs['b'].parent}{os.pathsep}{os.environ['PATH']}")
+    env = vllm_env.resolve(str(envs["a"]))
+    plan = _plan(env)
+    assert plan.vllm_version == "0.33.0" and plan.vllm_python == env.python
+    assert native.run(plan, wait=True, timeout=30) == 3
+    rec = json.loads(record.read_text())
+    assert rec["version"] == "0.33.0" and rec["python"] == env.python
+
+
+def test_without_vllm_here_the_vllm_on_path_is_inspected_and_run(envs, record, models, monkeypatch):
+    assert vllm_env.inspect(sys.executable, "test").vllm_version is None  # the launcher's Python has no vLLM
+    monkeypatch.setenv("PATH", f"{envs['b'].parent}{os.pathsep}{os.environ['PATH']}")
+    env = vllm_env.resolve()
+    assert env.vllm_version == "0.21.0" and env.source.startswith("`vllm` on PATH")
+    assert env.package_dir and env.package_dir.endswith("vllm")
+    plan = _plan(env)
+    assert plan.vllm_version_source == "installed" and plan.vllm_python == env.python
+    native.run(plan, wait=True, timeout=30)
+    assert json.loads(record.read_text())["version"] == "0.21.0"
+
+
+def test_vllm_python_without_vllm_blocks_with_the_reason(envs, models):
+    env = vllm_env.resolve(str(envs["none"]))
+    assert not env.has_vllm
+    ctx = make_ctx(RTX5090)
+    ctx.vllm = env
+    plan = resolve(Request("gemma4-e4b"), ctx)
+    reason = next(r for r in plan.blocking if r.area == "vllm")
+    assert f"no vLLM found in {env.python} (--vllm-python)" in reason.message
+    assert plan.vllm_python is None
+    with pytest.raises(LauncherError, match="no vLLM to run"):
+        native.command(plan)
+
+
+def test_script_interpreter_reads_pips_long_path_trampoline(tmp_path):
+    script = tmp_path / "vllm"
+    script.write_text("#!/bin/sh\n'''exec' \"/very/long/venv path/bin/python3\" \"$0\" \"$@\"\n' '''\nimport sys\n")
+    assert vllm_env.script_interpreter(script) == "/very/long/venv path/bin/python3"
+    script.write_text("#!/opt/vllm/bin/python3.12\nimport sys\n")
+    assert vllm_env.script_interpreter(script) == "/opt/vllm/bin/python3.12"
+
+
+def test_native_run_reports_early_exit(envs, record, models, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_EXIT", "7")
-    plan = resolve(Request("gemma4-e4b", vllm_version="0.21.0", port=_free_port()), make_ctx(RTX5090))
+    plan = _plan(vllm_env.resolve(str(envs["b"])))
     assert native.run(plan, wait=True, timeout=30) == 7
     assert "exited with code 7 before it was ready" in capsys.readouterr().err
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+
+@pytest.fixture
+def other_server():
+    """Another server already answering /health on a port."""
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_port_in_use_refuses_the_start(envs, record, models, other_server):
+    plan = _plan(vllm_env.resolve(str(envs["a"])), port=other_server)
+    with pytest.raises(LauncherError, match=f"127.0.0.1:{other_server} is already in use"):
+        native.run(plan, wait=True, timeout=30)
+    assert not record.exists()  # vLLM was never started
+
+
+def test_another_server_answering_is_not_our_vllm(envs, models, other_server, capsys):
+    plan = _plan(vllm_env.resolve(str(envs["a"])), port=other_server)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert native.wait_ready(plan, child, timeout=20) is False
+    finally:
+        child.kill()
+        child.wait()
+    err = capsys.readouterr().err
+    assert f"does not listen on port {other_server}" in err and "ready in" not in err
+
+
+def test_health_timeout_exits_non_zero_although_vllm_stops_cleanly(envs, record, models, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NEVER_READY", "1")
+    plan = _plan(vllm_env.resolve(str(envs["a"])))
+    assert native.run(plan, wait=True, timeout=2) == native.EXIT_NOT_READY
+    assert "did not answer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "99999"], "--port 99999: a TCP port is 1 to 65535"),
+    (["--port", "0"], "--port 0: a TCP port is 1 to 65535"),
+    (["--port=-1"], "--port -1: a TCP port is 1 to 65535"),
+    (["--host", "not a host"], "--host 'not a host' is neither an IP address nor a host name"),
+    (["--timeout=-5"], "--timeout -5: seconds to wait must be more than 0"),
+])
+def test_bad_address_and_timeout_are_refused(args, message, models):
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--recipe", "gemma4-e4b", "--dry-run", *args])
+    assert res.exit_code == 2
+    assert message in res.output
+
+
+def test_make_serve_passes_vllm_python(tmp_path):
+    # `make -n` prints the recipe without running it (the venv step included).
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(["make", "-n", "-C", repo, "serve", "VLLM_PYTHON=/opt/vllm/bin/python", f"VENV={tmp_path}/v"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "launcher serve --recipe gemma4-moe-dflash --vllm-python /opt/vllm/bin/python" in out

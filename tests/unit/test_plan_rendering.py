@@ -10,11 +10,12 @@ import pytest
 from launcher.plan import Request, resolve
 from tests.unit.conftest import RTX5090, make_ctx
 
+# The user's env, less TORCH_MATMUL_PRECISION (read by neither release) and
+# VLLM_USE_FLASHINFER_MOE_FP4=0 (it only struck FlashInfer off the list;
+# `--moe-backend cutlass`, which 0.21.0 has, names the backend).
 USER_ENV_0_21 = {
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-    "TORCH_MATMUL_PRECISION": "high",
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-    "VLLM_USE_FLASHINFER_MOE_FP4": "0",
     "VLLM_TEST_FORCE_FP8_MARLIN": "0",
     "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass",
     "VLLM_USE_FLASHINFER_SAMPLER": "1",
@@ -44,7 +45,7 @@ def _spec(models):
 def test_user_setup_on_0_21_0(models):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
     assert plan.env == USER_ENV_0_21
-    assert plan.argv == _common_args(models) + _spec(models)
+    assert plan.argv == _common_args(models) + ["--moe-backend", "cutlass"] + _spec(models)
     assert plan.profile == "rtx5090" and plan.profile_source.startswith("detected")
     assert plan.env_unset == []
 
@@ -53,7 +54,6 @@ def test_user_setup_on_0_33_0_uses_flags_not_removed_vars(models):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0"), make_ctx(RTX5090))
     assert plan.env == {
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-        "TORCH_MATMUL_PRECISION": "high",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "VLLM_USE_FLASHINFER_SAMPLER": "1",
     }
@@ -70,6 +70,9 @@ def test_spark_profile_detected_from_sm_121(models):
     assert args[args.index("--max-model-len") + 1] == "262144"
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.7"
     assert args[args.index("--max-num-seqs") + 1] == "48"
+    # 48 x (1 + 15) tokens per decode step, all inside the captured CUDA graphs.
+    assert args[args.index("--max-cudagraph-capture-size") + 1] == "768"
+    assert not any("CUDA graphs" in w for w in plan.warnings)
 
 
 def test_no_gpu_uses_default_profile_and_says_so(models):
@@ -131,7 +134,6 @@ def test_plan_warns_on_0_21_when_the_drafter_has_sliding_layers(tmp_path, models
 # until 0.29.0 (envs.py of each release, tests/integration/test_vllm_compat_real.py).
 FLAG_ENV = {
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-    "TORCH_MATMUL_PRECISION": "high",
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     "VLLM_USE_FLASHINFER_SAMPLER": "1",
 }
@@ -155,3 +157,16 @@ def test_stale_fp8_marlin_from_the_shell_is_dropped_on_0_29_0(models):
     assert any("no longer reads it" in w for w in plan.warnings)
     kept = resolve(Request("gemma4-moe-dflash", vllm_version="0.27.1", runtime="docker"), ctx)
     assert kept.env["VLLM_TEST_FORCE_FP8_MARLIN"] == "1" and kept.env_unset == []
+
+
+def test_decode_batch_beyond_the_captured_cuda_graphs_is_named(models):
+    from tests.unit.conftest import GB10
+
+    unsized = ["profiles.dgx-spark.serve.max_cudagraph_capture_size=null"]
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0", sets=unsized), make_ctx(GB10))
+    warning = next(w for w in plan.warnings if "CUDA graphs" in w)
+    assert warning.startswith("decode steps of more than 32 requests run without CUDA graphs on vLLM 0.21.0")
+    assert "48 sequences x 16 tokens = 768 tokens" in warning
+    # 0.33.0 captures the uniform decode sizes itself.
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0", sets=unsized), make_ctx(GB10))
+    assert not any("CUDA graphs" in w for w in plan.warnings)

@@ -32,7 +32,7 @@ def test_spark_fits_hardware(models):
 
 def test_vllm_missing_blocks_native_but_not_docker(models):
     native = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090))
-    assert any("not installed" in m for m in _blocking(native, "vllm"))
+    assert any("no vLLM found" in m for m in _blocking(native, "vllm"))
     docker = resolve(Request("gemma4-moe-dflash", runtime="docker"), make_ctx(RTX5090))
     assert _blocking(docker, "vllm") == []
 
