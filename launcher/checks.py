@@ -115,16 +115,26 @@ def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
     return {p.id: p.state for p in status.patches}
 
 
+def _fetch_hint(rec, ref, path, fallback: str) -> str:
+    """The one command that fetches a missing model, when the recipe can."""
+    from launcher.paths import models_dir
+
+    if ref.hub is not None and path == models_dir() / ref.name:
+        return f"fetch it with: launcher models pull --recipe {rec.name}"
+    return fallback
+
+
 def checkpoint(plan: Plan, rec, ctx: Context) -> None:
     if not plan.model.is_dir():
         plan.reasons.append(
             Reason("checkpoint", f"model directory {plan.model} does not exist",
-                   hint=f"put {rec.target.name} there (from {rec.target.source}), set MODELS_DIR, or pass --model")
+                   hint=_fetch_hint(rec, rec.target, plan.model,
+                                    f"put {rec.target.name} there (from {rec.target.source}), set MODELS_DIR, or pass --model"))
         )
     if plan.drafter is not None and not plan.drafter.is_dir():
         plan.reasons.append(
             Reason("drafter", f"drafter directory {plan.drafter} does not exist",
-                   hint=f"download {rec.drafter.source} there, or pass --drafter")
+                   hint=_fetch_hint(rec, rec.drafter, plan.drafter, f"download {rec.drafter.source} there, or pass --drafter"))
         )
     try:
         from launcher import checkpoint as ckpt

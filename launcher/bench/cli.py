@@ -1,0 +1,5 @@
+import typer
+
+
+def register(root: typer.Typer) -> None:
+    pass
