@@ -22,6 +22,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
 
+class _Server(ThreadingHTTPServer):
+    # A burst of concurrent clients must not wait on SYN retries (the default backlog is 5).
+    request_queue_size = 128
+    daemon_threads = True
+
+
 @dataclass
 class Repo:
     files: dict[str, bytes]
@@ -57,7 +63,7 @@ class FakeHub:
         # the client must resume with a Range request.
         self.cut_once: set[str] = set()
         self.required_token: str | None = None
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = _Server(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
