@@ -10,6 +10,7 @@ commit ``models list`` shows.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,16 @@ def guard_destination(folder: Path, repo: str) -> None:
         f"{folder} already holds files that `launcher models pull` did not put there",
         hint=f"move it away to pull {repo} there, or serve that folder as it is with --model/--drafter",
     )
+
+
+def remove_if_untouched(folder: Path) -> None:
+    """Remove a folder that holds nothing but the Hub's lock/state files.
+
+    The Hub's dry run creates ``<folder>/.cache/huggingface``; a pull that
+    then refuses (disk, auth) must leave no trace of a folder it created.
+    """
+    if folder.is_dir() and all(p.name == ".cache" for p in folder.iterdir()):
+        shutil.rmtree(folder)
 
 
 def repair_global_head_dim(folder: Path) -> str | None:

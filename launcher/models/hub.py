@@ -73,9 +73,10 @@ def resolve(src: Source) -> Remote:
     """Resolve the revision and list the files (a dry run: nothing is written)."""
     hub = _hub(offline=False)
     with _hub_errors(src):
+        # With local_dir, will_download is judged against the folder itself
+        # (the dry run creates only its lock files there).
         infos = hub.snapshot_download(
-            src.repo, revision=src.revision, local_dir=src.dest if src.dest.is_dir() else None,
-            allow_patterns=src.allow_patterns, dry_run=True,
+            src.repo, revision=src.revision, local_dir=src.dest, allow_patterns=src.allow_patterns, dry_run=True,
         )
     if not infos:
         raise LauncherError(
@@ -104,13 +105,15 @@ def from_cache(src: Source) -> tuple[str, dict[str, int]] | None:
     inside a container that mounts only ``$MODELS_DIR``.
     """
     hub = _hub(offline=True)
+    from huggingface_hub import errors, utils
+
     try:
         tree = hub.get_cached_repo_tree(src.repo, revision=src.revision)
         snapshot = Path(hub.snapshot_download(src.repo, revision=src.revision, local_files_only=True,
                                               allow_patterns=src.allow_patterns))
-    except (hub.errors.CachedRepoTreeNotFoundError, hub.errors.LocalEntryNotFoundError):
+    except (errors.CachedRepoTreeNotFoundError, errors.LocalEntryNotFoundError):
         return None
-    wanted = set(hub.utils.filter_repo_objects([f.path for f in tree], allow_patterns=src.allow_patterns))
+    wanted = set(utils.filter_repo_objects([f.path for f in tree], allow_patterns=src.allow_patterns))
     files = {f.path: f.size for f in tree if f.path in wanted}
     if any(not (snapshot / name).is_file() for name in files):
         return None

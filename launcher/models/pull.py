@@ -54,8 +54,14 @@ def pull(sources: list[Source], *, offline: bool, vllm_versions: list[str], echo
         outcomes = [_pull_offline(src, echo) for src in sources]
     else:
         echo(f"hub: {hub.endpoint()}  auth: {hub.auth_state()}")
-        remotes = {src.role: _resolve(src, echo) for src in sources}
-        _check_disk(sources, remotes)
+        created = [src.dest for src in sources if not src.dest.exists()]
+        try:
+            remotes = {src.role: _resolve(src, echo) for src in sources}
+            _check_disk(sources, remotes)
+        except LauncherError:
+            for folder in created:
+                folders.remove_if_untouched(folder)
+            raise
         outcomes = []
         for src in sources:
             remote = remotes[src.role]

@@ -153,7 +153,7 @@ def test_not_enough_disk_refuses_before_any_byte(hub, tmp_path):
     assert proc.returncode == 2
     assert "not enough disk space" in proc.stderr
     assert hub.requests_for("GET", "/resolve/") == []
-    assert not (tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4" / "model.safetensors").exists()
+    assert not (tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4").exists()  # refused: nothing left behind
 
 
 def test_gated_repo_uses_hf_token_and_never_prints_it(hub, tmp_path):
@@ -164,6 +164,7 @@ def test_gated_repo_uses_hf_token_and_never_prints_it(hub, tmp_path):
     denied = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target"], tmp=tmp_path, hub_url=hub.url)
     assert denied.returncode == 2
     assert "is gated" in denied.stderr and "HF_TOKEN" in denied.stderr
+    assert not (tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4").exists()
     ok = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target"], tmp=tmp_path, hub_url=hub.url,
                   extra_env={"HF_TOKEN": TOKEN})
     assert ok.returncode == 0, ok.stdout + ok.stderr
