@@ -162,14 +162,16 @@ class BenchWorkload(_Strict):
     dataset: Literal["random", "prompts"] = "random"
     input_len: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
     output_len: Annotated[int, Field(ge=1, le=1_000_000)] = 256
-    concurrency: list[Annotated[int, Field(ge=1)] | Literal["max"]] = Field(
-        default_factory=lambda: [1, "max"], min_length=1
-    )
+    # Checked below rather than typed as a union, so errors name the field itself.
+    concurrency: list[int | str] = Field(default_factory=lambda: [1, "max"], min_length=1)
     prompts_per_stream: Annotated[int, Field(ge=1, le=10_000)] = 4
 
     @field_validator("concurrency")
     @classmethod
-    def _unique_levels(cls, value: list) -> list:
+    def _levels(cls, value: list) -> list:
+        for level in value:
+            if level != "max" and not (isinstance(level, int) and level >= 1):
+                raise ValueError(f"concurrency levels are integers >= 1 or 'max', not {level!r}")
         if len(set(value)) != len(value):
             raise ValueError(f"concurrency levels repeat: {value}")
         return value
