@@ -16,16 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.integration.local_http import LocalHTTP
 from urllib.parse import unquote, urlsplit
-
-
-class _Server(ThreadingHTTPServer):
-    # A burst of concurrent clients must not wait on SYN retries (the default backlog is 5).
-    request_queue_size = 128
-    daemon_threads = True
 
 
 @dataclass
@@ -55,7 +50,7 @@ class Seen:
     headers: dict[str, str]  # names lower-cased
 
 
-class FakeHub:
+class FakeHub(LocalHTTP):
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
         self.seen: list[Seen] = []
@@ -63,20 +58,7 @@ class FakeHub:
         # the client must resume with a Range request.
         self.cut_once: set[str] = set()
         self.required_token: str | None = None
-        self._server = _Server(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> "FakeHub":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._listen()
 
     def requests_for(self, method: str, fragment: str = "") -> list[Seen]:
         return [s for s in self.seen if s.method == method and fragment in s.path]

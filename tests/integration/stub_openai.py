@@ -16,13 +16,9 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
-
-class _Server(ThreadingHTTPServer):
-    # A burst of concurrent clients must not wait on SYN retries (the default backlog is 5).
-    request_queue_size = 128
-    daemon_threads = True
+from tests.integration.local_http import LocalHTTP
 
 
 @dataclass
@@ -36,7 +32,7 @@ class Behaviour:
     api_key: str | None = None
 
 
-class StubServer:
+class StubServer(LocalHTTP):
     def __init__(self, behaviour: Behaviour):
         self.b = behaviour
         self.lock = threading.Lock()
@@ -46,20 +42,7 @@ class StubServer:
         self.per_pos = [[0] * behaviour.num_spec_tokens for _ in range(2)]
         self.completions = 0
         self.bodies: list[dict] = []
-        self._server = _Server(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> "StubServer":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._listen()
 
     def _count_step(self, engine: int) -> None:
         accepted = self.b.tokens_per_chunk - 1
