@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -52,6 +53,7 @@ def run_level(target: Target, run: Run, *, tokenizer: str, temperature: float, s
     with tempfile.TemporaryDirectory(prefix="launcher-bench-") as tmp:
         cmd = argv(target, run, tokenizer=tokenizer, temperature=temperature, seed=seed, ignore_eos=ignore_eos,
                    result_dir=Path(tmp), result_file="result.json")
+        echo("    " + shlex.join(cmd))
         env = dict(os.environ)
         if target.api_key:
             env["OPENAI_API_KEY"] = target.api_key  # how vllm bench's openai backend takes the key

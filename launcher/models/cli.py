@@ -121,9 +121,9 @@ def list_cmd() -> None:
                 src = sources_for(rec, root, only=role)[0] if ref.hub else None
                 origin = f"{src.repo}@{src.revision[:12]}" if src else f"(no hub source: {ref.source or 'make it yourself'})"
                 size = human_bytes(ref.hub.approx_size_bytes) if ref.hub and ref.hub.approx_size_bytes else "?"
-                rows[dest] = (ref.name, origin, size, folder_state(dest))
+                rows[dest] = (ref.name, origin, size, folder_state(dest, src.repo if src else None, src.revision if src else None))
     for dest, (name, origin, size, state) in rows.items():
-        typer.echo(f"{name:34} {state:28} {size:>9}  {origin}  [{', '.join(seen[dest])}]")
+        typer.echo(f"{name:34} {size:>9}  {origin}  [{', '.join(seen[dest])}]: {state}")
     others = sorted(p.name for p in root.iterdir() if p.is_dir() and p not in rows) if root.is_dir() else []
     if others:
         typer.echo("other folders: " + ", ".join(others))

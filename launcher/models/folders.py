@@ -67,15 +67,19 @@ def missing_files(folder: Path, files: dict[str, int]) -> list[str]:
     return out
 
 
-def state(folder: Path) -> str:
-    """One phrase for ``models list`` and the dry run."""
+def state(folder: Path, repo: str | None = None, revision: str | None = None) -> str:
+    """One phrase for ``models list`` and the dry run; names what the folder
+    holds when that is not ``repo`` at ``revision`` (what the recipe pins)."""
     if not folder.exists():
         return "absent"
     marker = read_marker(folder) if folder.is_dir() else None
     if marker is None:
         return "present, not pulled here"
     missing = missing_files(folder, marker.files)
-    return f"@{marker.commit[:12]} " + (f"{len(missing)} file(s) missing" if missing else "complete")
+    text = f"{len(missing)} file(s) missing" if missing else "complete"
+    if (repo and marker.repo != repo) or (revision and revision not in (marker.commit, marker.revision)):
+        text += f", holds {marker.repo}@{marker.commit[:12]}"
+    return text
 
 
 def guard_destination(folder: Path, repo: str) -> None:

@@ -43,6 +43,7 @@ def _hub(offline: bool):
 
 
 def endpoint() -> str:
+    _hub(offline=False)  # a clear error when huggingface_hub is missing
     from huggingface_hub import constants
 
     return constants.ENDPOINT
@@ -52,6 +53,7 @@ def auth_state() -> str:
     """Where the token comes from, never what it is."""
     if os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"):
         return "HF_TOKEN from the environment"
+    _hub(offline=False)
     from huggingface_hub import constants
 
     token_file = Path(constants.HF_TOKEN_PATH)
@@ -163,7 +165,10 @@ class _hub_errors:
             status = getattr(getattr(exc, "response", None), "status_code", "?")
             raise LauncherError(f"the Hub answered HTTP {status} for {where}",
                                 hint="run the same command again: finished files are kept and partial ones resume") from None
-        if isinstance(exc, (errors.LocalEntryNotFoundError, ConnectionError, OSError)) or "httpx" in type(exc).__module__:
+        if isinstance(exc, (errors.LocalEntryNotFoundError, ConnectionError)) or type(exc).__module__.startswith("httpx"):
             raise LauncherError(f"cannot reach the Hub at {endpoint()} for {where} ({type(exc).__name__})",
                                 hint="check the network (or HF_ENDPOINT), or pull offline from a filled cache with --offline") from None
+        if isinstance(exc, OSError):
+            raise LauncherError(f"writing {where} into {self.src.dest} failed: {exc.strerror or exc}",
+                                hint="check free space and permissions there; the same command resumes") from None
         return False

@@ -34,16 +34,17 @@ class Outcome:
 
 def describe(sources: list[Source], echo: Echo) -> None:
     """The dry run: repos, revisions, sizes if known, folders and free space. No network."""
-    total = 0
+    total: int | None = 0
     for src in sources:
         echo(f"{src.role:8} {src.repo}")
         echo(f"  revision  {src.revision}  ({src.revision_note})")
         echo(f"  size      {'about ' + human_bytes(src.approx_size_bytes) if src.approx_size_bytes else 'unknown until resolved'}")
-        echo(f"  folder    {src.dest}  [{folders.state(src.dest)}]")
+        echo(f"  folder    {src.dest}  [{folders.state(src.dest, src.repo, src.revision)}]")
         echo(f"  files     {', '.join(src.allow_patterns)}")
-        total += src.approx_size_bytes or 0
-    free = shutil.disk_usage(_existing_ancestor(sources[0].dest)).free
-    echo(f"disk      {human_bytes(free)} free at {_existing_ancestor(sources[0].dest)}; about {human_bytes(total)} to fetch at most")
+        total = None if total is None or src.approx_size_bytes is None else total + src.approx_size_bytes
+    where = _existing_ancestor(sources[0].dest)
+    fetch = f"about {human_bytes(total)} to fetch at most" if total else "sizes known once resolved"
+    echo(f"disk      {human_bytes(shutil.disk_usage(where).free)} free at {where}; {fetch}")
     echo(f"hub       {hub.endpoint()}  auth: {hub.auth_state()}")
 
 
@@ -152,6 +153,13 @@ def _finish(out: Outcome, vllm_versions: list[str], echo: Echo) -> None:
     if missing:
         raise LauncherError(f"{out.src.dest}: incomplete after the download: {', '.join(missing)}",
                             hint="run the same pull again: partial files resume")
+    previous = folders.read_marker(out.src.dest)
+    if previous is not None:
+        # Another revision pulled here before: drop the files it had and this one has not
+        # (vLLM would load a stale shard as part of the checkpoint).
+        for name in sorted(set(previous.files) - set(out.files)):
+            (out.src.dest / name).unlink(missing_ok=True)
+            echo(f"{out.src.role}: removed {name} (from {previous.commit[:12]}, not in {out.commit[:12]})")
     if out.src.role == "target":
         out.repaired = folders.repair_global_head_dim(out.src.dest)
         if out.repaired:

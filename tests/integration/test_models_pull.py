@@ -128,6 +128,23 @@ def test_pull_fetches_both_at_pinned_and_resolved_revisions_then_verifies(hub, t
     assert path.stdout.strip() == str(ddir)
 
 
+def test_a_new_revision_replaces_the_old_files(hub, tmp_path):
+    target = hub.repos[TARGET_REPO]
+    recipe = write_recipe(tmp_path, target)
+    assert launcher(["models", "pull", "--recipe", str(recipe), "--only", "target"], tmp=tmp_path, hub_url=hub.url).returncode == 0
+    old_commit = target.commit
+    target.files["tokenizer_config.json"] = b'{"new": true}'
+    del target.files["chat_template.jinja"]
+    proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target", "--revision", "main"],
+                    tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tdir = tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4"
+    assert target.commit != old_commit
+    assert json.loads((tdir / ".launcher-source.json").read_text())["commit"] == target.commit
+    assert (tdir / "tokenizer_config.json").read_bytes() == b'{"new": true}'
+    assert not (tdir / "chat_template.jinja").exists()
+
+
 def test_interrupted_download_resumes_with_a_range_request(hub, tmp_path):
     target = hub.repos[TARGET_REPO]
     # The Hub writes what it received in 10 MB chunks: a shard of 24 MB cut
@@ -193,6 +210,14 @@ def test_transformers_515_export_gets_global_head_dim_back(tmp_path):
     assert cfg["text_config"]["global_head_dim"] == 512
     assert "per_layer_config[3].head_dim" in proc.stdout
     assert "verify target for vLLM 0.21.0: ok" in proc.stdout
+
+
+def test_unreachable_hub_is_one_clear_error(tmp_path):
+    recipe = write_recipe(tmp_path, target_repo(tmp_path))
+    proc = launcher(["models", "pull", "--recipe", str(recipe)], tmp=tmp_path, hub_url="http://127.0.0.1:9")
+    assert proc.returncode == 2
+    assert "cannot reach the Hub at http://127.0.0.1:9" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
 def test_folder_holding_another_model_is_left_alone(hub, tmp_path):
