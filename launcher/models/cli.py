@@ -52,7 +52,7 @@ def pull_cmd(
     if dry_run:
         pull.describe(sources, typer.echo)
         return
-    outcomes = pull.pull(sources, offline=hub.offline_requested(offline), vllm_versions=rec.vllm_versions, echo=typer.echo)
+    outcomes = pull.pull(sources, offline=hub.offline_requested(offline), echo=typer.echo)
     if no_verify:
         return
     if not pull.verify(outcomes, rec.vllm_versions, typer.echo):

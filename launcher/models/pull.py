@@ -29,7 +29,6 @@ class Outcome:
     files: dict[str, int]
     repaired: str | None = None
     reasons: list[Reason] = field(default_factory=list)
-    info: checkpoint.CheckpointInfo | None = None
 
 
 def describe(sources: list[Source], echo: Echo) -> None:
@@ -48,32 +47,36 @@ def describe(sources: list[Source], echo: Echo) -> None:
     echo(f"hub       {hub.endpoint()}  auth: {hub.auth_state()}")
 
 
-def pull(sources: list[Source], *, offline: bool, vllm_versions: list[str], echo: Echo) -> list[Outcome]:
+def pull(sources: list[Source], *, offline: bool, echo: Echo) -> list[Outcome]:
+    """Fetch (or, offline, find) every source, then record and repair what arrived."""
     for src in sources:
         folders.guard_destination(src.dest, src.repo)
-    if offline:
-        outcomes = [_pull_offline(src, echo) for src in sources]
-    else:
-        echo(f"hub: {hub.endpoint()}  auth: {hub.auth_state()}")
-        created = [src.dest for src in sources if not src.dest.exists()]
-        try:
-            remotes = {src.role: _resolve(src, echo) for src in sources}
-            _check_disk(sources, remotes)
-        except LauncherError:
-            for folder in created:
-                folders.remove_if_untouched(folder)
-            raise
-        outcomes = []
-        for src in sources:
-            remote = remotes[src.role]
-            if remote.to_download:
-                echo(f"{src.role}: fetching {len(remote.to_download)} file(s), {human_bytes(sum(remote.to_download.values()))}, into {src.dest}")
-                hub.download(src, remote.commit)
-            else:
-                echo(f"{src.role}: {src.dest} already has every file at {remote.commit[:12]}")
-            outcomes.append(Outcome(src, remote.commit, remote.files))
+    outcomes = [_pull_offline(src, echo) for src in sources] if offline else _pull_online(sources, echo)
     for out in outcomes:
-        _finish(out, vllm_versions, echo)
+        _finish(out, echo)
+    return outcomes
+
+
+def _pull_online(sources: list[Source], echo: Echo) -> list[Outcome]:
+    echo(f"hub: {hub.endpoint()}  auth: {hub.auth_state()}")
+    created = [src.dest for src in sources if not src.dest.exists()]
+    try:
+        remotes = {src.role: _resolve(src, echo) for src in sources}
+        _check_disk(sources, remotes)
+    except LauncherError:
+        for folder in created:
+            folders.remove_if_untouched(folder)
+        raise
+    outcomes = []
+    for src in sources:
+        remote = remotes[src.role]
+        if remote.to_download:
+            size = human_bytes(sum(remote.to_download.values()))
+            echo(f"{src.role}: fetching {len(remote.to_download)} file(s), {size}, into {src.dest}")
+            hub.download(src, remote.commit)
+        else:
+            echo(f"{src.role}: {src.dest} already has every file at {remote.commit[:12]}")
+        outcomes.append(Outcome(src, remote.commit, remote.files))
     return outcomes
 
 
@@ -147,7 +150,7 @@ def _hub_cache() -> str:
     return constants.HF_HUB_CACHE
 
 
-def _finish(out: Outcome, vllm_versions: list[str], echo: Echo) -> None:
+def _finish(out: Outcome, echo: Echo) -> None:
     """Check every file arrived, record the marker, repair, verify."""
     missing = folders.missing_files(out.src.dest, out.files)
     if missing:
