@@ -28,7 +28,7 @@ class Marker:
     repo: str
     revision: str  # as asked for (commit or branch)
     commit: str
-    files: dict[str, int]  # repo path -> size in bytes
+    files: dict[str, int | None]  # repo path -> size in bytes (None: not known)
     pulled_at: str = ""
     repaired: str | None = None  # what `models pull` changed after download, if anything
 
@@ -55,7 +55,7 @@ def write_marker(folder: Path, marker: Marker) -> None:
     tmp.replace(folder / MARKER)
 
 
-def missing_files(folder: Path, files: dict[str, int]) -> list[str]:
+def missing_files(folder: Path, files: dict[str, int | None]) -> list[str]:
     """Files absent from ``folder`` or of another size than the Hub listed."""
     out = []
     for name, size in sorted(files.items()):

@@ -67,8 +67,8 @@ class Remote:
     """What the Hub says about a Source: the commit and the files to fetch."""
 
     commit: str
-    files: dict[str, int]  # path -> size
-    to_download: dict[str, int]  # the subset not yet complete in the folder
+    files: dict[str, int | None]  # path -> size (None: the Hub did not say)
+    to_download: dict[str, int | None]  # the subset not yet complete in the folder
 
 
 def resolve(src: Source) -> Remote:
@@ -85,8 +85,8 @@ def resolve(src: Source) -> Remote:
             f"{src.repo}@{src.revision}: no files match {src.allow_patterns}",
             hint="check the recipe's hub.allow_patterns",
         )
-    files = {i.filename: int(i.file_size or 0) for i in infos}
-    todo = {i.filename: int(i.file_size or 0) for i in infos if i.will_download}
+    files = {i.filename: i.file_size for i in infos}
+    todo = {i.filename: i.file_size for i in infos if i.will_download}
     return Remote(commit=infos[0].commit_hash, files=files, to_download=todo)
 
 

@@ -26,7 +26,7 @@ _MIN_HEADROOM = 512 * 1024 * 1024
 class Outcome:
     src: Source
     commit: str
-    files: dict[str, int]
+    files: dict[str, int | None]
     repaired: str | None = None
     reasons: list[Reason] = field(default_factory=list)
 
@@ -71,7 +71,7 @@ def _pull_online(sources: list[Source], echo: Echo) -> list[Outcome]:
     for src in sources:
         remote = remotes[src.role]
         if remote.to_download:
-            size = human_bytes(sum(remote.to_download.values()))
+            size = human_bytes(sum(n or 0 for n in remote.to_download.values()))
             echo(f"{src.role}: fetching {len(remote.to_download)} file(s), {size}, into {src.dest}")
             hub.download(src, remote.commit)
         else:
@@ -97,7 +97,7 @@ def _check_disk(sources: list[Source], remotes: dict[str, hub.Remote]) -> None:
         where = _existing_ancestor(src.dest)
         dev = os.stat(where).st_dev
         prev = need.get(dev, (where, 0))[1]
-        need[dev] = (where, prev + sum(remotes[src.role].to_download.values()))
+        need[dev] = (where, prev + sum(n or 0 for n in remotes[src.role].to_download.values()))
     for where, nbytes in need.values():
         if nbytes == 0:
             continue
