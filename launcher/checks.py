@@ -124,6 +124,20 @@ def _fetch_hint(rec, ref, path, fallback: str) -> str:
     return fallback
 
 
+def _unfinished_pulls(plan: Plan, rec) -> None:
+    """A pull that was interrupted: say so, and how to resume, before the checks
+    below report its missing weights one by one."""
+    from launcher.models.folders import unfinished_download
+
+    for area, ref, path in (("checkpoint", rec.target, plan.model), ("drafter", rec.drafter, plan.drafter)):
+        left = unfinished_download(path) if ref is not None and path is not None and path.is_dir() else None
+        if left:
+            plan.reasons.append(
+                Reason(area, f"{path}: a download into it was interrupted ({left})",
+                       hint=_fetch_hint(rec, ref, path, "run the same download again to resume it"))
+            )
+
+
 def checkpoint(plan: Plan, rec, ctx: Context) -> None:
     if not plan.model.is_dir():
         plan.reasons.append(
@@ -140,6 +154,7 @@ def checkpoint(plan: Plan, rec, ctx: Context) -> None:
         from launcher import checkpoint as ckpt
     except ImportError:
         return
+    _unfinished_pulls(plan, rec)
     info = None
     if plan.model.is_dir():
         info, found = ckpt.inspect_target(plan.model, expected_format=rec.target.format, vllm_version=plan.vllm_version)

@@ -109,6 +109,20 @@ def guard_destination(folder: Path, repo: str) -> None:
     )
 
 
+def unfinished_download(folder: Path) -> str | None:
+    """What an interrupted pull left, or None.
+
+    A finished pull writes the marker last; the Hub's own state without it
+    means the download stopped part-way (partial files are ``*.incomplete``
+    under that state, named by hash, so they are counted, not named).
+    """
+    state = folder / HUB_STATE
+    if not state.is_dir() or (folder / MARKER).is_file():
+        return None
+    partial = len(list((state / "download").rglob("*.incomplete"))) if (state / "download").is_dir() else 0
+    return f"{partial} partial file(s)" if partial else "no record that it finished"
+
+
 def remove_if_untouched(folder: Path) -> None:
     """Remove a folder that holds nothing but the Hub's lock/state files.
 

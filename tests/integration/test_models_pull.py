@@ -145,6 +145,16 @@ def test_a_new_revision_replaces_the_old_files(hub, tmp_path):
     assert not (tdir / "chat_template.jinja").exists()
 
 
+def test_serve_preflight_names_an_interrupted_pull(tmp_path):
+    """The Hub's download state without the marker a finished pull writes last."""
+    folder = tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4"
+    (folder / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (folder / ".cache" / "huggingface" / "download" / "ab12.0123.incomplete").write_bytes(b"x" * 10)
+    proc = launcher(["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], tmp=tmp_path, hub_url="http://127.0.0.1:9")
+    assert f"checkpoint: {folder}: a download into it was interrupted (1 partial file(s))" in proc.stdout
+    assert "(fetch it with: launcher models pull --recipe gemma4-moe-dflash)" in proc.stdout
+
+
 def test_interrupted_download_resumes_with_a_range_request(hub, tmp_path):
     target = hub.repos[TARGET_REPO]
     # The Hub writes what it received in 10 MB chunks: a shard of 24 MB cut
