@@ -110,17 +110,16 @@ def guard_destination(folder: Path, repo: str) -> None:
 
 
 def unfinished_download(folder: Path) -> str | None:
-    """What an interrupted pull left, or None.
+    """What an interrupted download left, or None.
 
-    A finished pull writes the marker last; the Hub's own state without it
-    means the download stopped part-way (partial files are ``*.incomplete``
-    under that state, named by hash, so they are counted, not named).
+    The Hub keeps a partial file as ``*.incomplete`` under its state in the
+    folder (named by hash, so they are counted, not named) until it is
+    complete; a finished ``models pull`` or ``hf download --local-dir``
+    leaves none.
     """
-    state = folder / HUB_STATE
-    if not state.is_dir() or (folder / MARKER).is_file():
-        return None
-    partial = len(list((state / "download").rglob("*.incomplete"))) if (state / "download").is_dir() else 0
-    return f"{partial} partial file(s)" if partial else "no record that it finished"
+    state = folder / HUB_STATE / "download"
+    partial = len(list(state.rglob("*.incomplete"))) if state.is_dir() else 0
+    return f"{partial} partial file(s)" if partial else None
 
 
 def remove_if_untouched(folder: Path) -> None:
