@@ -58,6 +58,8 @@ def sources_for(
             wanted.append(("drafter", rec.drafter, drafter_revision, None))
     if drafter_revision and (rec.drafter is None or only == "target"):
         raise LauncherError("--drafter-revision given but no drafter is fetched")
+    if target_revision and only == "drafter":
+        raise LauncherError("--revision is the target's; for the drafter use --drafter-revision")
     out = []
     for role, ref, override, fmt in wanted:
         hub = ref.hub
