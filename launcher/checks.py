@@ -130,21 +130,46 @@ def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
     return {p.id: p.state for p in status.patches}
 
 
+def _fetch_hint(rec, ref, path, fallback: str) -> str:
+    """The one command that fetches a missing model, when the recipe can."""
+    from launcher.paths import models_dir
+
+    if ref.hub is not None and path == models_dir() / ref.name:
+        return f"fetch it with: launcher models pull --recipe {rec.name}"
+    return fallback
+
+
+def _unfinished_pulls(plan: Plan, rec) -> None:
+    """A pull that was interrupted: say so, and how to resume, before the checks
+    below report its missing weights one by one."""
+    from launcher.models.folders import unfinished_download
+
+    for area, ref, path in (("checkpoint", rec.target, plan.model), ("drafter", rec.drafter, plan.drafter)):
+        left = unfinished_download(path) if ref is not None and path is not None and path.is_dir() else None
+        if left:
+            plan.reasons.append(
+                Reason(area, f"{path}: a download into it was interrupted ({left})",
+                       hint=_fetch_hint(rec, ref, path, "run the same download again to resume it"))
+            )
+
+
 def checkpoint(plan: Plan, rec, ctx: Context) -> None:
     if not plan.model.is_dir():
         plan.reasons.append(
             Reason("checkpoint", f"model directory {plan.model} does not exist",
-                   hint=f"put {rec.target.name} there (from {rec.target.source}), set MODELS_DIR, or pass --model")
+                   hint=_fetch_hint(rec, rec.target, plan.model,
+                                    f"put {rec.target.name} there (from {rec.target.source}), set MODELS_DIR, or pass --model"))
         )
     if plan.drafter is not None and not plan.drafter.is_dir():
         plan.reasons.append(
             Reason("drafter", f"drafter directory {plan.drafter} does not exist",
-                   hint=f"download {rec.drafter.source} there, or pass --drafter")
+                   hint=_fetch_hint(rec, rec.drafter, plan.drafter, f"download {rec.drafter.source} there, or pass --drafter"))
         )
     try:
         from launcher import checkpoint as ckpt
     except ImportError:
         return
+    _unfinished_pulls(plan, rec)
     info = None
     if plan.model.is_dir():
         info, found = ckpt.inspect_target(plan.model, expected_format=rec.target.format, vllm_version=plan.vllm_version)

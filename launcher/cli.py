@@ -39,12 +39,16 @@ app = typer.Typer(
 
 def _register() -> None:
     from launcher import commands
+    from launcher.bench.cli import register as register_bench
     from launcher.builder.cli import app as build_app
+    from launcher.models.cli import register as register_models
     from launcher.patching.cli import app as patch_app
     from launcher.quantize.cli import register as register_quantize
 
     commands.register(app)
     register_quantize(app)
+    register_models(app)
+    register_bench(app)
     app.add_typer(patch_app, name="patch", help="Apply, revert, inspect and check the vLLM patch series.")
     app.add_typer(build_app, name="build", help="Plan, preflight and build wheels for sm_120 / sm_121.")
 

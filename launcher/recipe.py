@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,15 +35,63 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# What `launcher models pull` fetches by default: what vLLM reads to serve
+# (configs, weights, tokenizer, chat template), not READMEs or images.
+DEFAULT_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
+
+
+class HubSource(_Strict):
+    """Where ``launcher models pull`` fetches a model: a Hugging Face repo at a revision.
+
+    A 40-hex commit pins the exact files. Where no public material
+    establishes a commit, a branch may be named, but only with
+    ``unverified: true``: ``models pull`` then resolves it and prints the
+    commit it got, so the user sees that the download is not reproducible.
+    ``evidence`` records where the repo, revision and size facts came from.
+    """
+
+    repo: str
+    revision: str
+    unverified: bool = False
+    approx_size_bytes: Annotated[int, Field(gt=0)] | None = None
+    allow_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOW_PATTERNS), min_length=1)
+    evidence: list[str] = Field(default_factory=list)
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        if not _REPO_ID.match(value) or ".." in value:
+            raise ValueError(f"{value!r} is not a Hugging Face repo id (owner/name)")
+        return value
+
+    @model_validator(mode="after")
+    def _pinned_or_marked(self) -> "HubSource":
+        if not self.revision.strip():
+            raise ValueError("revision is empty")
+        if not COMMIT.match(self.revision) and not self.unverified:
+            raise ValueError(
+                f"revision {self.revision!r} is not a 40-hex commit; pin a commit, or mark the branch with unverified: true"
+            )
+        return self
+
+    @property
+    def pinned(self) -> bool:
+        return bool(COMMIT.match(self.revision))
+
+
 class ModelRef(_Strict):
     """The target model: a folder under the models dir, and where it comes from.
 
     ``name`` is the folder under ``$MODELS_DIR`` (``--model`` overrides the
-    whole path); ``source`` documents the Hugging Face repo it is made from.
+    whole path); ``source`` documents where it comes from in words, ``hub``
+    is what ``launcher models pull`` downloads into that folder.
     """
 
     name: str
     source: str | None = None
+    hub: HubSource | None = None
     format: ModelFormat = "bf16"
     served_names: list[str] = Field(default_factory=list)
 
@@ -54,6 +103,7 @@ class Drafter(_Strict):
 
     name: str
     source: str | None = None
+    hub: HubSource | None = None
     method: Literal["dflash", "eagle3", "mtp"] = "dflash"
     num_speculative_tokens: Annotated[int, Field(ge=1, le=64)]
     attention_backend: AttentionBackend | None = None
@@ -105,6 +155,56 @@ class Override(_Strict):
     note: str | None = None
 
 
+class BenchWorkload(_Strict):
+    """One workload of ``launcher bench``.
+
+    ``random`` sends random prompts of about ``input_len`` tokens;
+    ``prompts`` sends the small bundled prompt set (real questions, so a
+    drafter's acceptance is not judged on noise). Each concurrency level
+    sends ``concurrency x prompts_per_stream`` requests so every stream stays
+    busy; ``max`` means the profile's ``max_num_seqs``.
+    """
+
+    name: str
+    dataset: Literal["random", "prompts"] = "random"
+    input_len: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    output_len: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    # Checked below rather than typed as a union, so errors name the field itself.
+    concurrency: list[int | str] = Field(default_factory=lambda: [1, "max"], min_length=1)
+    prompts_per_stream: Annotated[int, Field(ge=1, le=10_000)] = 4
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, value: list) -> list:
+        for level in value:
+            if level != "max" and not (isinstance(level, int) and level >= 1):
+                raise ValueError(f"concurrency levels are integers >= 1 or 'max', not {level!r}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"concurrency levels repeat: {value}")
+        return value
+
+
+class Bench(_Strict):
+    """The recipe's benchmark: its workloads and sampling (greedy by default,
+    so runs with and without the drafter produce comparable outputs)."""
+
+    workloads: list[BenchWorkload] = Field(
+        default_factory=lambda: [BenchWorkload(name="random"), BenchWorkload(name="prompts", dataset="prompts")],
+        min_length=1,
+    )
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.0
+    seed: int = 0
+    ignore_eos: bool = True
+
+    @field_validator("workloads")
+    @classmethod
+    def _unique_names(cls, value: list[BenchWorkload]) -> list[BenchWorkload]:
+        names = [w.name for w in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workload names repeat: {names}")
+        return value
+
+
 class Recipe(_Strict):
     """One served setup."""
 
@@ -123,6 +223,7 @@ class Recipe(_Strict):
     default_profile: str = "rtx5090"
     profiles: dict[str, Override] = Field(min_length=1)
     wsl: Override = Field(default_factory=Override)
+    bench: Bench = Field(default_factory=Bench)
 
     @field_validator("profiles")
     @classmethod

@@ -42,10 +42,15 @@ def _spec(models):
          "num_speculative_tokens": 15, "attention_backend": "flash_attn"}, separators=(",", ":"))]
 
 
+# The NVIDIA NVFP4 checkpoint asks for an FP8 KV cache, which FA2 (the drafter's
+# FLASH_ATTN on sm_12x) cannot hold: the recipe keeps bf16 caches.
+BF16_KV = ["--kv-cache-dtype", "bfloat16"]
+
+
 def test_user_setup_on_0_21_0(models):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
     assert plan.env == USER_ENV_0_21
-    assert plan.argv == _common_args(models) + ["--moe-backend", "cutlass"] + _spec(models)
+    assert plan.argv == _common_args(models) + ["--moe-backend", "cutlass"] + _spec(models) + BF16_KV
     assert plan.profile == "rtx5090" and plan.profile_source.startswith("detected")
     assert plan.env_unset == []
 
@@ -58,7 +63,7 @@ def test_user_setup_on_0_33_0_uses_flags_not_removed_vars(models):
         "VLLM_USE_FLASHINFER_SAMPLER": "1",
     }
     assert plan.argv == _common_args(models) + [
-        "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models)
+        "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models) + BF16_KV
 
 
 def test_spark_profile_detected_from_sm_121(models):

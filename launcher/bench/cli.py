@@ -1,0 +1,103 @@
+"""``launcher bench``: option parsing and the result file; the work is in ``runner``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from launcher.errors import LauncherError
+
+_NO_BASELINE_HINT = (
+    "serve the same recipe without its drafter on another port, e.g. "
+    "`launcher serve --recipe {name} --set drafter= --port 8001`, then pass --baseline-url http://127.0.0.1:8001 "
+    "(or --baseline-result with the JSON of an earlier run against such a server)"
+)
+
+
+def bench(
+    recipe: Annotated[str, typer.Option("--recipe", "-r", help="Recipe whose bench: workloads to run (launcher recipes list).")],
+    url: Annotated[str, typer.Option("--url", help="Server base URL (default: where `launcher serve` listens).")] = "http://127.0.0.1:8000",
+    model: Annotated[Optional[str], typer.Option("--model", help="Served model name (default: the recipe's, else the server's first).")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile whose max_num_seqs is concurrency 'max' (default: the recipe's).")] = None,
+    workload_: Annotated[list[str], typer.Option("--workload", help="Run only these workloads of the recipe (repeatable).")] = [],
+    client: Annotated[str, typer.Option("--client", help="auto (vllm bench serve when installed) | vllm | builtin.")] = "auto",
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="For vllm bench serve: tokenizer folder or repo (default: the model folder if present).")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="API key of the server (default: $VLLM_API_KEY); never printed.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Result JSON (default: bench-<recipe>-<UTC time>.json here).")] = None,
+    compare_without_drafter: Annotated[bool, typer.Option("--compare-without-drafter", help="Also print the same workloads on the recipe without its drafter.")] = False,
+    baseline_url: Annotated[Optional[str], typer.Option("--baseline-url", help="A server running the recipe without its drafter (with --compare-without-drafter).")] = None,
+    baseline_result: Annotated[Optional[Path], typer.Option("--baseline-result", help="Or: the JSON of an earlier `launcher bench` run against such a server.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request (built-in client) or per run (vllm bench).")] = 600.0,
+) -> None:
+    """Benchmark a running server with the recipe's workloads: output tok/s, TTFT, TPOT, and the
+    drafter's acceptance rate/length from /metrics; writes JSON."""
+    from launcher import recipe as recipes
+    from launcher.bench import runner
+
+    rec = recipes.load(recipe)
+    if (baseline_url or baseline_result) and not compare_without_drafter:
+        raise LauncherError("--baseline-url/--baseline-result need --compare-without-drafter")
+    if compare_without_drafter:
+        if rec.drafter is None:
+            raise LauncherError(f"recipe {rec.name} has no drafter to compare without")
+        if bool(baseline_url) == bool(baseline_result):
+            raise LauncherError("--compare-without-drafter needs one of --baseline-url or --baseline-result",
+                                hint=_NO_BASELINE_HINT.format(name=rec.name))
+    key = api_key or os.environ.get("VLLM_API_KEY") or None
+    tok = tokenizer or _local_model(rec)
+    kwargs = dict(model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
+                  tokenizer=tok, timeout=timeout, echo=typer.echo)
+    doc = runner.bench(rec, base_url=url, **kwargs)
+    if compare_without_drafter:
+        baseline = _baseline(rec, baseline_url, baseline_result, kwargs)
+        _check_pair(doc, baseline)
+        doc["without_drafter"] = baseline
+        doc["comparison"] = runner.compare(doc, baseline)
+        for line in runner.format_comparison(doc["comparison"]):
+            typer.echo(line)
+    path = out or Path(f"bench-{rec.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    typer.echo(f"wrote {path}")
+
+
+def _local_model(rec) -> str | None:
+    from launcher.paths import models_dir
+
+    folder = models_dir() / rec.target.name
+    if folder.is_dir():
+        return str(folder)
+    return rec.target.hub.repo if rec.target.hub else None
+
+
+def _baseline(rec, url: str | None, result: Path | None, kwargs: dict) -> dict:
+    from launcher.bench import runner
+
+    if url:
+        typer.echo("baseline (without the drafter):")
+        return runner.bench(rec, base_url=url, **kwargs)
+    try:
+        data = json.loads(result.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LauncherError(f"--baseline-result {result}: not a readable result JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise LauncherError(f"--baseline-result {result}: no runs in it (is it a `launcher bench` result?)")
+    return data
+
+
+def _check_pair(main: dict, baseline: dict) -> None:
+    """Say so when the two servers are not what the comparison claims."""
+    if not main.get("speculative_decoding"):
+        typer.echo(f"warning: {main['url']} exposes no speculative-decoding metrics: is its drafter on?", err=True)
+    if baseline.get("speculative_decoding"):
+        typer.echo(f"warning: the baseline {baseline.get('url')} runs speculative decoding too: "
+                   "the comparison is not against the recipe without its drafter", err=True)
+
+
+def register(root: typer.Typer) -> None:
+    root.command("bench")(bench)

@@ -1,0 +1,147 @@
+"""The built-in load client: streaming ``/v1/completions`` requests, measured
+the way ``vllm bench serve`` measures them, for hosts without vLLM.
+
+Per request: TTFT is the time to the first streamed text; TPOT is
+(latency - TTFT) / (output tokens - 1); ITLs are the gaps between streamed
+chunks. Output tokens come from the final ``usage`` chunk (asked for with
+``stream_options.include_usage``), because with a drafter one chunk can carry
+several tokens. At concurrency c, c worker threads keep c requests in flight
+until every prompt has been sent (request rate unbounded, as vllm's default).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from launcher.bench.workload import Run
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    start: float
+    ttft: float | None = None
+    latency: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    itls: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to send requests and as whom (the key is never printed)."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+
+
+def _post_stream(target: Target, body: dict, timeout: float):
+    url = urllib.parse.urlsplit(target.base_url)
+    conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(url.hostname, url.port, timeout=timeout)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if target.api_key:
+        headers["Authorization"] = f"Bearer {target.api_key}"
+    conn.request("POST", url.path.rstrip("/") + "/v1/completions", body=json.dumps(body), headers=headers)
+    return conn, conn.getresponse()
+
+
+def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, seed: int, ignore_eos: bool,
+                timeout: float) -> RequestResult:
+    body = {
+        "model": target.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+        "seed": seed, "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    result = RequestResult(ok=False, start=start)
+    conn = None
+    try:
+        conn, resp = _post_stream(target, body, timeout)
+        if resp.status != 200:
+            result.error = f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}"
+            return result
+        last = start
+        chunks = 0
+        for raw in resp:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            if event.get("usage"):
+                result.prompt_tokens = int(event["usage"].get("prompt_tokens") or 0)
+                result.output_tokens = int(event["usage"].get("completion_tokens") or 0)
+            if any(c.get("text") for c in event.get("choices") or []):
+                now = time.perf_counter()
+                if result.ttft is None:
+                    result.ttft = now - start
+                else:
+                    result.itls.append(now - last)
+                last = now
+                chunks += 1
+        result.latency = time.perf_counter() - start
+        result.output_tokens = result.output_tokens or chunks
+        result.ok = result.ttft is not None
+        if not result.ok:
+            result.error = "the stream ended without any text"
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if conn is not None:
+            conn.close()
+    return result
+
+
+def run_level(target: Target, run: Run, prompts: list, *, temperature: float, seed: int, ignore_eos: bool,
+              timeout: float) -> dict:
+    """Send every prompt of ``run`` with ``run.concurrency`` in flight; return vllm-style metrics."""
+
+    def send(i_prompt):
+        i, prompt = i_prompt
+        return one_request(target, prompt, max_tokens=run.workload.output_len, temperature=temperature,
+                           seed=seed + i, ignore_eos=ignore_eos, timeout=timeout)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=run.concurrency) as pool:
+        results = list(pool.map(send, enumerate(prompts)))
+    duration = time.perf_counter() - t0
+    return summarize(results, duration)
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict:
+    done = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in done)
+    ttfts = [r.ttft * 1000 for r in done if r.ttft is not None]
+    tpots = [(r.latency - r.ttft) * 1000 / (r.output_tokens - 1) for r in done if r.output_tokens > 1 and r.ttft is not None]
+    itls = [x * 1000 for r in done for x in r.itls]
+    return {
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "errors": sorted({r.error for r in results if r.error})[:5],
+        "duration_s": duration,
+        "total_input_tokens": sum(r.prompt_tokens for r in done),
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(done) / duration if duration > 0 else 0.0,
+        "output_throughput": out_tokens / duration if duration > 0 else 0.0,
+        "ttft_ms": _stats(ttfts),
+        "tpot_ms": _stats(tpots),
+        "itl_ms": _stats(itls),
+    }
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "median": None, "p99": None}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "p99": p99}

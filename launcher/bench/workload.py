@@ -1,0 +1,75 @@
+"""A recipe's ``bench:`` section made concrete: which runs, with which prompts.
+
+Random prompts are token ids (as vLLM's own random dataset makes them), so
+the input length is exact without a tokenizer on this side; the prompt set
+is ``prompts.jsonl`` next to this file, in the ``{"prompt": ...}`` format
+that ``vllm bench serve --dataset-name custom`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.recipe import BenchWorkload, Recipe
+
+PROMPTS_FILE = Path(__file__).with_name("prompts.jsonl")
+# Token ids for random prompts stay in a band every target here has in its
+# vocabulary and that holds no special tokens (Gemma 4: 262144 ids).
+RANDOM_TOKEN_RANGE = (1000, 30000)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured level: a workload at one concurrency."""
+
+    workload: BenchWorkload
+    concurrency: int
+    num_prompts: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload.name}@{self.concurrency}"
+
+
+def max_concurrency(rec: Recipe, profile: str | None) -> tuple[int, str]:
+    """The profile's max_num_seqs (the server's own batch limit), and the profile used."""
+    name = profile or rec.default_profile
+    if name not in rec.profiles:
+        raise LauncherError(f"recipe {rec.name} has no profile {name!r}", hint=f"it has: {', '.join(rec.profiles)}")
+    value = rec.profiles[name].serve.max_num_seqs or rec.serve.max_num_seqs
+    if value is None:
+        raise LauncherError(f"recipe {rec.name}: profile {name} sets no max_num_seqs for concurrency 'max'")
+    return value, name
+
+
+def runs(rec: Recipe, *, profile: str | None, only: list[str] | None) -> list[Run]:
+    known = [w.name for w in rec.bench.workloads]
+    unknown = sorted(set(only or []) - set(known))
+    if unknown:
+        raise LauncherError(f"recipe {rec.name} has no bench workload {', '.join(unknown)}", hint=f"it has: {', '.join(known)}")
+    top, _ = max_concurrency(rec, profile)
+    out: list[Run] = []
+    for w in rec.bench.workloads:
+        if only and w.name not in only:
+            continue
+        levels = sorted({top if c == "max" else c for c in w.concurrency})
+        out += [Run(w, c, c * w.prompts_per_stream) for c in levels]
+    return out
+
+
+def prompts(run: Run, seed: int) -> list[str | list[int]]:
+    """The run's prompts: token-id lists (random) or texts (the bundled set, cycled)."""
+    if run.workload.dataset == "random":
+        rng = random.Random(f"{seed}:{run.key}")
+        low, high = RANDOM_TOKEN_RANGE
+        return [[rng.randrange(low, high) for _ in range(run.workload.input_len)] for _ in range(run.num_prompts)]
+    texts = bundled_prompts()
+    return [texts[i % len(texts)] for i in range(run.num_prompts)]
+
+
+def bundled_prompts() -> list[str]:
+    return [json.loads(line)["prompt"] for line in PROMPTS_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,171 @@
+"""The state of one ``$MODELS_DIR/<name>`` folder.
+
+A pull leaves ``.launcher-source.json`` there: the repo, the commit it got
+and every file with its size. That marker is what says a folder is complete
+(offline, with no Hub to ask), whose it is (a pull never writes into a folder
+that holds something else, e.g. a ``launcher quantize`` output), and which
+commit ``models list`` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import checkpoint
+from launcher.errors import LauncherError
+
+MARKER = ".launcher-source.json"
+# huggingface_hub keeps its resume state and tree listing here inside a local_dir.
+HUB_STATE = Path(".cache") / "huggingface"
+
+
+@dataclass
+class Marker:
+    repo: str
+    revision: str  # as asked for (commit or branch)
+    commit: str
+    files: dict[str, int | None]  # repo path -> size in bytes (None: not known)
+    pulled_at: str = ""
+    repaired: str | None = None  # what `models pull` changed after download, if anything
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, sort_keys=True) + "\n"
+
+
+def read_marker(folder: Path) -> Marker | None:
+    path = folder / MARKER
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Marker(**{k: data[k] for k in ("repo", "revision", "commit", "files")},
+                      pulled_at=data.get("pulled_at", ""), repaired=data.get("repaired"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LauncherError(f"{path} is unreadable ({exc})", hint=f"delete it and pull again") from None
+
+
+def write_marker(folder: Path, marker: Marker) -> None:
+    marker.pulled_at = marker.pulled_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    tmp = folder / (MARKER + ".tmp")
+    tmp.write_text(marker.to_json(), encoding="utf-8")
+    tmp.replace(folder / MARKER)
+
+
+def missing_files(folder: Path, files: dict[str, int | None]) -> list[str]:
+    """Files absent from ``folder`` or of another size than the Hub listed."""
+    out = []
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            out.append(f"{name} (absent)")
+        elif size is not None and path.stat().st_size != size:
+            out.append(f"{name} ({path.stat().st_size} of {size} bytes)")
+    return out
+
+
+def state(folder: Path, repo: str | None = None, revision: str | None = None) -> str:
+    """One phrase for ``models list`` and the dry run; names what the folder
+    holds when that is not ``repo`` at ``revision`` (what the recipe pins)."""
+    if not folder.exists():
+        return "absent"
+    marker = read_marker(folder) if folder.is_dir() else None
+    if marker is None:
+        return "present, not pulled here"
+    missing = missing_files(folder, marker.files)
+    text = f"{len(missing)} file(s) missing" if missing else "complete"
+    if (repo and marker.repo != repo) or (revision and revision not in (marker.commit, marker.revision)):
+        text += f", holds {marker.repo}@{marker.commit[:12]}"
+    return text
+
+
+def guard_destination(folder: Path, repo: str) -> None:
+    """Refuse to download into a folder that holds another model.
+
+    A folder is ours when it is empty, or carries our marker for the same
+    repo, or carries huggingface_hub's local_dir state (an interrupted pull,
+    or ``hf download --local-dir``), which the Hub then completes or resumes.
+    """
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise LauncherError(f"{folder} exists and is not a folder")
+    marker = read_marker(folder)
+    if marker is not None:
+        if marker.repo != repo:
+            raise LauncherError(
+                f"{folder} holds {marker.repo}, not {repo}",
+                hint="move that folder away, or set MODELS_DIR to another place",
+            )
+        return
+    if (folder / HUB_STATE).is_dir() or not any(folder.iterdir()):
+        return
+    raise LauncherError(
+        f"{folder} already holds files that `launcher models pull` did not put there",
+        hint=f"move it away to pull {repo} there, or serve that folder as it is with --model/--drafter",
+    )
+
+
+def unfinished_download(folder: Path) -> str | None:
+    """What an interrupted download left, or None.
+
+    The Hub keeps a partial file as ``*.incomplete`` under its state in the
+    folder (named by hash, so they are counted, not named) until it is
+    complete; a finished ``models pull`` or ``hf download --local-dir``
+    leaves none.
+    """
+    state = folder / HUB_STATE / "download"
+    partial = len(list(state.rglob("*.incomplete"))) if state.is_dir() else 0
+    return f"{partial} partial file(s)" if partial else None
+
+
+def remove_if_untouched(folder: Path) -> None:
+    """Remove a folder that holds nothing but the Hub's lock/state files.
+
+    The Hub's dry run creates ``<folder>/.cache/huggingface``; a pull that
+    then refuses (disk, auth) must leave no trace of a folder it created.
+    """
+    if folder.is_dir() and all(p.name == ".cache" for p in folder.iterdir()):
+        shutil.rmtree(folder)
+
+
+def repair_global_head_dim(folder: Path) -> str | None:
+    """Write ``text_config.global_head_dim`` back into a Gemma 4 config that lacks it.
+
+    vLLM 0.21.x (with transformers <= 5.13) reads only that field and falls
+    back to 512; exports made with transformers >= 5.15 keep the value in
+    ``per_layer_config`` instead. The value comes from ``per_layer_config``
+    of the first full-attention layer, else from that layer's q_proj rows.
+    Returns what was changed, or None.
+    """
+    cfg_path = folder / checkpoint.CONFIG
+    config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    tc = checkpoint.text_config(config)
+    is_gemma4 = str(config.get("model_type") or "").startswith("gemma4")
+    full = next((i for i, t in enumerate(tc.get("layer_types") or []) if t == "full_attention"), None)
+    if not is_gemma4 or full is None or isinstance(tc.get("global_head_dim"), int):
+        return None
+    value, source = _full_layer_head_dim(folder, tc, full)
+    if value is None:
+        return None
+    tc["global_head_dim"] = value
+    tmp = cfg_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(cfg_path)
+    return f"config.json: set text_config.global_head_dim = {value} (from {source}) for vLLM 0.21.x"
+
+
+def _full_layer_head_dim(folder: Path, tc: dict, layer: int) -> tuple[int | None, str]:
+    per_layer = tc.get("per_layer_config")
+    if isinstance(per_layer, dict):
+        entry = per_layer.get(str(layer)) or per_layer.get(layer)  # type: ignore[call-overload]
+        if isinstance(entry, dict) and isinstance(entry.get("head_dim"), int):
+            return entry["head_dim"], f"text_config.per_layer_config[{layer}].head_dim"
+    try:
+        found = checkpoint.weights_head_dim(checkpoint.read_tensor_index(folder), layer, tc.get("num_attention_heads"))
+    except (OSError, ValueError, KeyError):
+        found = None
+    return (found[0], found[1]) if found else (None, "")

@@ -1,0 +1,174 @@
+"""The Hugging Face Hub side of ``models pull``, through ``huggingface_hub``.
+
+Online: the revision is resolved and the file list read with a dry run of
+``snapshot_download`` (sizes, what is already there), then the files are
+downloaded into the folder with ``local_dir`` (the Hub resumes partial files
+from its state under ``<folder>/.cache/huggingface`` and draws its own
+progress bars). Offline (``--offline`` or ``HF_HUB_OFFLINE=1``): nothing
+touches the network; a folder is complete by its marker, else it is filled
+from the Hub cache (``$HF_HOME/hub``) if the revision is there.
+
+Auth is the Hub's own: ``HF_TOKEN`` from the environment, else the token
+``hf auth login`` stored. The launcher only says which one is in use, never
+the token.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.models.sources import Source
+
+
+def offline_requested(flag: bool) -> bool:
+    """``--offline``, or the Hub's own switch in the environment."""
+    value = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
+    return flag or value in ("1", "true", "yes", "on")
+
+
+def _hub(offline: bool):
+    # The Hub reads HF_HUB_OFFLINE once, at import: set it first so that no
+    # code path inside huggingface_hub can reach the network either.
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import huggingface_hub
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise LauncherError("huggingface_hub is not installed", hint="pip install 'huggingface_hub>=1.0'") from None
+    return huggingface_hub
+
+
+def endpoint() -> str:
+    _hub(offline=False)  # a clear error when huggingface_hub is missing
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def auth_state() -> str:
+    """Where the token comes from, never what it is."""
+    if os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"):
+        return "HF_TOKEN from the environment"
+    _hub(offline=False)
+    from huggingface_hub import constants
+
+    token_file = Path(constants.HF_TOKEN_PATH)
+    if token_file.is_file() and token_file.read_text(encoding="utf-8").strip():
+        return "the token stored by `hf auth login`"
+    return "none (public repos only)"
+
+
+@dataclass
+class Remote:
+    """What the Hub says about a Source: the commit and the files to fetch."""
+
+    commit: str
+    files: dict[str, int | None]  # path -> size (None: the Hub did not say)
+    to_download: dict[str, int | None]  # the subset not yet complete in the folder
+
+
+def resolve(src: Source) -> Remote:
+    """Resolve the revision and list the files (a dry run: nothing is written)."""
+    hub = _hub(offline=False)
+    with _hub_errors(src):
+        # With local_dir, will_download is judged against the folder itself
+        # (the dry run creates only its lock files there).
+        infos = hub.snapshot_download(
+            src.repo, revision=src.revision, local_dir=src.dest, allow_patterns=src.allow_patterns, dry_run=True,
+        )
+    if not infos:
+        raise LauncherError(
+            f"{src.repo}@{src.revision}: no files match {src.allow_patterns}",
+            hint="check the recipe's hub.allow_patterns",
+        )
+    files = {i.filename: i.file_size for i in infos}
+    todo = {i.filename: i.file_size for i in infos if i.will_download}
+    return Remote(commit=infos[0].commit_hash, files=files, to_download=todo)
+
+
+def download(src: Source, commit: str) -> None:
+    """Fetch the files at ``commit`` into the folder; the Hub resumes partial files."""
+    hub = _hub(offline=False)
+    src.dest.mkdir(parents=True, exist_ok=True)
+    with _hub_errors(src):
+        hub.snapshot_download(src.repo, revision=commit, local_dir=src.dest, allow_patterns=src.allow_patterns)
+
+
+def from_cache(src: Source) -> tuple[str, dict[str, int]] | None:
+    """Fill the folder from the Hub cache without the network.
+
+    Returns (commit, files) or None when the cache lacks that revision.
+    Files are hard-linked when the cache is on the same filesystem (no
+    extra space), copied otherwise: symlinks into the cache would break
+    inside a container that mounts only ``$MODELS_DIR``.
+    """
+    hub = _hub(offline=True)
+    from huggingface_hub import errors, utils
+
+    try:
+        tree = hub.get_cached_repo_tree(src.repo, revision=src.revision)
+        snapshot = Path(hub.snapshot_download(src.repo, revision=src.revision, local_files_only=True,
+                                              allow_patterns=src.allow_patterns))
+    except (errors.CachedRepoTreeNotFoundError, errors.LocalEntryNotFoundError):
+        return None
+    wanted = set(utils.filter_repo_objects([f.path for f in tree], allow_patterns=src.allow_patterns))
+    files = {f.path: f.size for f in tree if f.path in wanted}
+    if any(not (snapshot / name).is_file() for name in files):
+        return None
+    src.dest.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        _link_or_copy((snapshot / name).resolve(), src.dest / name)
+    return snapshot.name, files
+
+
+def _link_or_copy(blob: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists() and dest.stat().st_size == blob.stat().st_size:
+        return
+    tmp = dest.with_name(dest.name + ".part")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(blob, tmp)
+    except OSError:
+        shutil.copy2(blob, tmp)
+    tmp.replace(dest)
+
+
+class _hub_errors:
+    """Turn huggingface_hub's exceptions into one LauncherError with a hint."""
+
+    def __init__(self, src: Source):
+        self.src = src
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, LauncherError):
+            return False
+        from huggingface_hub import errors
+
+        where = f"{self.src.repo}@{self.src.revision}"
+        if isinstance(exc, errors.GatedRepoError):
+            raise LauncherError(f"{where} is gated", hint="accept its terms on the Hub, then set HF_TOKEN or run `hf auth login`") from None
+        if isinstance(exc, errors.RevisionNotFoundError):
+            raise LauncherError(f"{self.src.repo} has no revision {self.src.revision!r}",
+                                hint="check the recipe's hub.revision or --revision") from None
+        if isinstance(exc, errors.RepositoryNotFoundError):
+            raise LauncherError(f"{self.src.repo} was not found on {endpoint()}",
+                                hint="check the repo id; a private repo needs HF_TOKEN or `hf auth login`") from None
+        if isinstance(exc, errors.HfHubHTTPError):
+            status = getattr(getattr(exc, "response", None), "status_code", "?")
+            raise LauncherError(f"the Hub answered HTTP {status} for {where}",
+                                hint="run the same command again: finished files are kept and partial ones resume") from None
+        if isinstance(exc, (errors.LocalEntryNotFoundError, ConnectionError)) or type(exc).__module__.startswith("httpx"):
+            raise LauncherError(f"cannot reach the Hub at {endpoint()} for {where} ({type(exc).__name__})",
+                                hint="check the network (or HF_ENDPOINT), or pull offline from a filled cache with --offline") from None
+        if isinstance(exc, OSError):
+            raise LauncherError(f"writing {where} into {self.src.dest} failed: {exc.strerror or exc}",
+                                hint="check free space and permissions there; the same command resumes") from None
+        return False

@@ -1,0 +1,220 @@
+"""``launcher bench`` end to end against stub OpenAI-compatible servers on 127.0.0.1.
+
+The stub (``stub_openai.StubServer``) stands in for ``vllm serve``, which
+needs a GPU: it streams ``/v1/completions`` with a set first-token delay and
+tokens per chunk, and serves vLLM 0.21.0's speculative-decoding counters on
+``/metrics``. The expected numbers below come from the stub's settings, not
+from the launcher's output. The ``vllm bench serve`` wrapper is checked
+against the real released vLLM 0.21.0 ``benchmarks/serve.py`` (its flags and
+the result keys it saves), downloaded once from PyPI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher import pypi
+from launcher.bench import vllm_bench, workload
+from launcher.bench.client import Target
+from launcher.recipe import BenchWorkload
+from tests.integration.stub_openai import Behaviour, StubServer
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = yaml.safe_load((ROOT / "recipes" / "gemma4-moe-dflash.yaml").read_text())
+
+
+def launcher(args: list[str], tmp: Path, env: dict | None = None, path_prefix: str | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY",)}
+    full.update(PYTHONPATH=str(ROOT), MODELS_DIR=str(tmp / "models"))
+    if path_prefix:
+        full["PATH"] = path_prefix + os.pathsep + full["PATH"]
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "launcher", *args], env=full, capture_output=True, text=True,
+                          timeout=300, cwd=tmp)
+
+
+def small_recipe(tmp: Path, **bench) -> Path:
+    data = dict(SHIPPED)
+    data["bench"] = {"workloads": [{"name": "short", "dataset": "random", "input_len": 64, "output_len": 24,
+                                    "concurrency": [1, 3], "prompts_per_stream": 2}], **bench}
+    path = tmp / "small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_shipped_recipe_workloads_against_a_drafter_server(tmp_path):
+    tpc = 4
+    with StubServer(Behaviour(tokens_per_chunk=tpc, drafter=True)) as stub:
+        proc = launcher(["bench", "--recipe", "gemma4-moe-dflash", "--url", stub.url, "--client", "builtin",
+                         "--out", "res.json"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "res.json").read_text())
+    top = SHIPPED["profiles"][SHIPPED["default_profile"]]["serve"]["max_num_seqs"]
+    expected = [(w["name"], c) for w in SHIPPED["bench"]["workloads"] for c in (1, top)]
+    assert [(r["workload"], r["concurrency"]) for r in doc["runs"]] == expected
+    assert doc["model"] == SHIPPED["target"]["served_names"][0] and doc["speculative_decoding"] is True
+    for run in doc["runs"]:
+        wl = next(w for w in SHIPPED["bench"]["workloads"] if w["name"] == run["workload"])
+        n = run["concurrency"] * wl.get("prompts_per_stream", 4)
+        assert (run["num_prompts"], run["completed"], run["failed"]) == (n, n, 0)
+        assert run["total_output_tokens"] == n * wl["output_len"]
+        assert run["output_throughput"] == pytest.approx(run["total_output_tokens"] / run["duration_s"], rel=1e-6)
+        assert run["ttft_ms"]["mean"] >= 20.0  # the stub's first-token delay
+        spec = run["spec_decode"]
+        # Only this run's requests: every chunk after the first is one draft step.
+        assert spec["drafts"] == n * (wl["output_len"] // tpc - 1)
+        assert spec["mean_acceptance_length"] == pytest.approx(tpc)
+        assert spec["acceptance_rate_pct"] == pytest.approx(100.0 * (tpc - 1) / 15)
+        assert spec["per_position_acceptance"][: tpc - 1] == [1.0] * (tpc - 1)
+        assert spec["per_position_acceptance"][tpc - 1:] == [0.0] * (15 - tpc + 1)
+    random_bodies = [b for b in stub.bodies if isinstance(b["prompt"], list)]
+    assert {len(b["prompt"]) for b in random_bodies} == {SHIPPED["bench"]["workloads"][0]["input_len"]}
+    assert all(b["stream"] and b["temperature"] == 0.0 for b in stub.bodies)
+    assert "accept 20.0% len 4.00" in proc.stdout
+
+
+def test_compare_without_drafter_against_a_baseline_server(tmp_path):
+    recipe = small_recipe(tmp_path)
+    with StubServer(Behaviour(tokens_per_chunk=3, drafter=True, chunk_s=0.004)) as fast, \
+            StubServer(Behaviour(tokens_per_chunk=1, drafter=False, chunk_s=0.004)) as slow:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", fast.url, "--client", "builtin", "--out", "r.json",
+                         "--compare-without-drafter", "--baseline-url", slow.url], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["without_drafter"]["speculative_decoding"] is False
+    assert all(r["spec_decode"] is None for r in doc["without_drafter"]["runs"])
+    assert [(r["workload"], r["concurrency"]) for r in doc["comparison"]] == [("short", 1), ("short", 3)]
+    for row in doc["comparison"]:
+        # 3 tokens per chunk vs 1 at the same chunk interval: clearly faster.
+        assert row["speedup"] > 1.5
+        assert row["tpot_ms_mean"]["with_drafter"] < row["tpot_ms_mean"]["without"]
+    assert "with drafter vs without" in proc.stdout and "warning" not in proc.stderr
+
+
+def test_compare_from_an_earlier_result_and_a_baseline_that_drafts_is_flagged(tmp_path):
+    recipe = small_recipe(tmp_path)
+    with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as server:
+        first = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "a.json"], tmp_path)
+        assert first.returncode == 0, first.stderr
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "b.json",
+                         "--compare-without-drafter", "--baseline-result", "a.json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "runs speculative decoding too" in proc.stderr
+
+
+def test_compare_without_a_baseline_says_how_to_start_one(tmp_path):
+    with StubServer(Behaviour(drafter=True)) as server:
+        proc = launcher(["bench", "--recipe", "gemma4-moe-dflash", "--url", server.url, "--compare-without-drafter"], tmp_path)
+    assert proc.returncode == 2
+    assert "--set drafter=" in proc.stderr and "--baseline-url" in proc.stderr
+    assert server.completions == 0
+
+
+def test_api_key_is_sent_and_never_printed(tmp_path):
+    key = "sk-bench-secret-0123456789"
+    recipe = small_recipe(tmp_path)
+    with StubServer(Behaviour(api_key=key)) as server:
+        denied = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin"], tmp_path)
+        ok = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "k.json"],
+                      tmp_path, env={"VLLM_API_KEY": key})
+    assert denied.returncode == 2 and "HTTP 401" in denied.stderr
+    assert ok.returncode == 0, ok.stderr
+    assert key not in ok.stdout + ok.stderr + (tmp_path / "k.json").read_text()
+
+
+def test_no_server_and_unknown_workload_are_clear_errors(tmp_path):
+    proc = launcher(["bench", "--recipe", "gemma4-moe-dflash", "--url", "http://127.0.0.1:9"], tmp_path)
+    assert proc.returncode == 2 and "no OpenAI-compatible server answers at http://127.0.0.1:9" in proc.stderr
+    with StubServer(Behaviour()) as server:
+        proc = launcher(["bench", "--recipe", "gemma4-moe-dflash", "--url", server.url, "--workload", "nope"], tmp_path)
+    assert proc.returncode == 2 and "no bench workload nope" in proc.stderr
+
+
+def test_bench_section_errors_name_file_line_and_field(tmp_path):
+    text = (ROOT / "recipes" / "gemma4-moe-dflash.yaml").read_text()
+    bad = text.replace("concurrency: [1, max]}", "concurrency: [1, 1]}", 1)
+    path = tmp_path / "bad.yaml"
+    path.write_text(bad)
+    proc = launcher(["recipes", "validate", str(path)], tmp_path)
+    line = next(i for i, l in enumerate(bad.splitlines(), 1) if "concurrency: [1, 1]" in l)
+    assert proc.returncode == 2
+    assert f"{path}:{line}: field bench.workloads.0.concurrency: concurrency levels repeat" in proc.stderr
+
+
+# --------------------------------------------------------------------------- vllm bench serve
+
+
+def _released_serve_sources() -> str:
+    root = pypi.unpacked("vllm", "0.21.0", "site-packages") / "vllm" / "benchmarks"
+    return (root / "serve.py").read_text() + (root / "datasets" / "datasets.py").read_text()
+
+
+@pytest.mark.network
+def test_every_vllm_bench_flag_exists_in_vllm_0_21_0():
+    source = _released_serve_sources()
+    defined = set(re.findall(r'"(--[a-z0-9-]+)"', source))
+    for dataset in ("random", "prompts"):
+        run = workload.Run(BenchWorkload(name="w", dataset=dataset), concurrency=4, num_prompts=8)
+        argv = vllm_bench.argv(Target("http://127.0.0.1:8000", "gemma4"), run, tokenizer="/m", temperature=0.0, seed=0,
+                               ignore_eos=True, result_dir=Path("/tmp"), result_file="r.json")
+        assert argv[:3] == ["vllm", "bench", "serve"]
+        used = {a for a in argv if a.startswith("--")}
+        assert used <= defined, f"not defined by vLLM 0.21.0: {used - defined}"
+        assert f'"{argv[argv.index("--dataset-name") + 1]}"' in source  # a dataset choice it knows
+    assert '"openai": async_request_openai_completions' in (
+        pypi.unpacked("vllm", "0.21.0", "site-packages") / "vllm/benchmarks/lib/endpoint_request_func.py").read_text()
+
+
+@pytest.mark.network
+def test_result_keys_read_are_keys_vllm_0_21_0_saves():
+    source = _released_serve_sources()
+    for key in ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                "output_throughput", "errors", "spec_decode_acceptance_rate", "spec_decode_acceptance_length"):
+        assert f'"{key}"' in source, key
+    assert 'result[f"mean_{metric_attribute_name}_ms"]' in source
+    assert 'result[f"median_{metric_attribute_name}_ms"]' in source
+    assert re.search(r'result\[\s*f"p\{p_word\}_\{metric_attribute_name\}_ms"', source)
+
+
+def test_client_vllm_runs_vllm_bench_serve_and_maps_its_result(tmp_path):
+    """``vllm`` itself needs a GPU stack, so a stand-in script on PATH answers
+    for it: it records its argv and saves a result with the keys (checked
+    above against the release) and values chosen here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "vllm"
+    script.write_text(
+        "#!" + sys.executable + "\n"
+        "import json, sys, pathlib\n"
+        "a = sys.argv[1:]\n"
+        "d = pathlib.Path(a[a.index('--result-dir') + 1]); f = a[a.index('--result-filename') + 1]\n"
+        "(pathlib.Path(__file__).parent / 'argv.jsonl').open('a').write(json.dumps(a) + '\\n')\n"
+        "c = int(a[a.index('--max-concurrency') + 1])\n"
+        "json.dump({'duration': 2.0, 'completed': 4 * c, 'failed': 0, 'total_input_tokens': 10, 'total_output_tokens': 96 * c,"
+        " 'request_throughput': 2.0 * c, 'output_throughput': 48.0 * c, 'mean_ttft_ms': 30.0, 'median_ttft_ms': 29.0,"
+        " 'p99_ttft_ms': 41.0, 'mean_tpot_ms': 7.5, 'median_tpot_ms': 7.0, 'p99_tpot_ms': 9.0, 'mean_itl_ms': 7.5,"
+        " 'median_itl_ms': 7.0, 'p99_itl_ms': 9.0, 'errors': ['']}, (d / f).open('w'))\n"
+    )
+    script.chmod(0o755)
+    recipe = small_recipe(tmp_path)
+    with StubServer(Behaviour(drafter=True, tokens_per_chunk=2)) as server:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--out", "v.json"], tmp_path,
+                        path_prefix=str(bin_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["client"] == "vllm bench serve"
+    assert [r["output_throughput"] for r in doc["runs"]] == [48.0, 144.0]
+    assert doc["runs"][0]["ttft_ms"] == {"mean": 30.0, "median": 29.0, "p99": 41.0}
+    calls = [json.loads(l) for l in (bin_dir / "argv.jsonl").read_text().splitlines()]
+    assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["1", "3"]
+    assert all(c[c.index("--base-url") + 1] == server.url and c[c.index("--model") + 1] == "gemma4" for c in calls)
+    # The drafter's acceptance still comes from the server's own /metrics around each run.
+    assert all(r["spec_decode"] is not None for r in doc["runs"])

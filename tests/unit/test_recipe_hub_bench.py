@@ -1,0 +1,125 @@
+"""The recipe's ``hub`` (what `models pull` fetches) and ``bench`` sections:
+validation with file:line:field errors, and the shipped pins."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import recipe as recipes
+from launcher.bench import metrics, workload
+from launcher.errors import LauncherError
+
+BASE = """name: x
+description: d
+target:
+  name: m
+  hub:
+    repo: {repo}
+    revision: {revision}{extra}
+vllm_versions: ["0.21.0"]
+min_gpu_memory_gib: 8
+profiles:
+  rtx5090: {{serve: {{max_num_seqs: 6}}}}
+"""
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def parse(repo="org/model", revision=COMMIT, extra="", tail=""):
+    return recipes.parse_recipe(BASE.format(repo=repo, revision=revision, extra=extra) + tail, "r.yaml")
+
+
+def test_pinned_commit_is_accepted_and_reported_pinned():
+    hub = parse().target.hub
+    assert hub.pinned and not hub.unverified
+    assert hub.allow_patterns == recipes.DEFAULT_ALLOW_PATTERNS
+
+
+def test_branch_without_unverified_is_refused_on_its_line():
+    with pytest.raises(LauncherError) as err:
+        parse(revision="main")
+    assert err.value.message.startswith("r.yaml:5: field target.hub:")
+    assert "not a 40-hex commit" in err.value.message and "unverified: true" in err.value.message
+
+
+def test_branch_marked_unverified_is_accepted_but_not_pinned():
+    hub = parse(revision="main", extra="\n    unverified: true").target.hub
+    assert not hub.pinned and hub.unverified
+
+
+@pytest.mark.parametrize("repo", ["model-without-owner", "org/../etc", "org/name/extra", "-org/name"])
+def test_bad_repo_ids_are_named(repo):
+    with pytest.raises(LauncherError, match=r"r.yaml:6: field target.hub.repo: .* is not a Hugging Face repo id"):
+        parse(repo=repo)
+
+
+def test_shipped_main_recipe_pins_commits_with_evidence():
+    rec = recipes.load("gemma4-moe-dflash")
+    assert rec.target.hub.repo == "nvidia/Gemma-4-26B-A4B-NVFP4" and rec.target.hub.pinned
+    assert rec.drafter.hub.repo == "z-lab/gemma-4-26B-A4B-it-DFlash" and rec.drafter.hub.pinned
+    assert rec.target.hub.evidence and rec.drafter.hub.evidence
+    # The no-drafter recipe serves the same checkpoint from the same folder.
+    base = recipes.load("gemma4-moe")
+    assert (base.target.name, base.target.hub.revision) == (rec.target.name, rec.target.hub.revision)
+
+
+# BASE is 11 lines: "bench:" is line 12, "workloads:" 13, the first workload 14.
+BENCH = """bench:
+  workloads:
+    - {name: a, dataset: random, input_len: 32, output_len: 8, concurrency: [1, max], prompts_per_stream: 2}
+    - {name: b, dataset: prompts, output_len: 8, concurrency: [2]}
+"""
+
+
+def test_bench_runs_expand_max_to_the_profile_max_num_seqs():
+    rec = parse(tail=BENCH)
+    runs = workload.runs(rec, profile=None, only=None)
+    assert [(r.workload.name, r.concurrency, r.num_prompts) for r in runs] == [("a", 1, 2), ("a", 6, 12), ("b", 2, 8)]
+    assert [r.key for r in workload.runs(rec, profile=None, only=["b"])] == ["b@2"]
+
+
+def test_bench_prompts_are_exact_length_token_ids_or_the_bundled_set():
+    rec = parse(tail=BENCH)
+    a, _, b = workload.runs(rec, profile=None, only=None)
+    ids = workload.prompts(a, seed=0)
+    assert len(ids) == 2 and all(len(p) == 32 for p in ids)
+    assert ids == workload.prompts(a, seed=0) != workload.prompts(a, seed=1)  # seeded
+    texts = workload.prompts(b, seed=0)
+    assert texts[:4] == workload.bundled_prompts()[:4] and len(texts) == 8
+
+
+@pytest.mark.parametrize("bad, line, field, msg", [
+    ("    - {name: a, concurrency: [0]}\n", 14, "bench.workloads.0.concurrency", "integers >= 1 or 'max', not 0"),
+    ("    - {name: a, concurrency: [1, most]}\n", 14, "bench.workloads.0.concurrency", "not 'most'"),
+    ("    - {name: a, dataset: sharegpt}\n", 14, "bench.workloads.0.dataset", "Input should be 'random' or 'prompts'"),
+    ("    - {name: a}\n    - {name: a}\n", 13, "bench.workloads", "workload names repeat"),
+])
+def test_bench_errors_name_file_line_and_field(bad, line, field, msg):
+    with pytest.raises(LauncherError) as err:
+        parse(tail="bench:\n  workloads:\n" + bad)
+    assert err.value.message.startswith(f"r.yaml:{line}: field {field}:")
+    assert msg in err.value.message
+
+
+def test_metrics_sum_engines_and_skip_created_samples():
+    text = "\n".join([
+        "# TYPE vllm:spec_decode_num_drafts counter",
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0',
+        'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 5.0',
+        'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9',
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 150.0',
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 60.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 12.0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 3.0',
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 999.0',
+    ])
+    after = metrics.parse(text)
+    assert (after.drafts, after.draft_tokens, after.accepted, after.per_position) == (15.0, 150.0, 60.0, {0: 15.0})
+    acc = metrics.acceptance(metrics.SpecCounters(drafts=5.0, draft_tokens=50.0, accepted=20.0, per_position={0: 5.0}), after)
+    assert acc["acceptance_rate_pct"] == pytest.approx(40.0)  # 40 of 100 drafted tokens
+    assert acc["mean_acceptance_length"] == pytest.approx(5.0)  # 1 + 40 / 10 drafts
+    assert acc["per_position_acceptance"] == [pytest.approx(1.0)]
+
+
+def test_metrics_without_a_drafter_are_none():
+    assert metrics.parse('vllm:generation_tokens_total{engine="0"} 5.0\n') is None
+    assert metrics.acceptance(None, None) is None
