@@ -149,7 +149,7 @@ def test_user_setup_on_the_ngc_and_windows_bases(models, version, fp8_marlin):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version=version, runtime="docker"), make_ctx(RTX5090))
     assert plan.env == {**FLAG_ENV, **({"VLLM_TEST_FORCE_FP8_MARLIN": "0"} if fp8_marlin else {})}
     assert plan.argv == _common_args(models) + [
-        "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models)
+        "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models) + BF16_KV
     assert [p.id for p in plan.patches] == ["dflash-drafter-own-mm-prefix-config",
                                             "gemma4-dflash-embed-scale-logit-softcap"]
     assert not [r for r in plan.reasons if r.area in ("vllm", "patches") and r.blocking]  # a listed release
