@@ -27,6 +27,7 @@ def collect(recipe: str | None = None, model: Path | None = None) -> dict:
         "torch_cuda": versions.torch_cuda(),
         "patches": _patch_status(),
         "docker": _docker_status(),
+        "image": _image_manifest(),
         "recipes": _recipe_verdicts(host, recipe),
     }
     if model is not None:
@@ -48,6 +49,13 @@ def _patch_status() -> dict:
         "vllm": status.version,
         "patches": {p.id: p.state for p in status.patches},
     }
+
+
+def _image_manifest() -> dict | None:
+    """Inside a vllm-sm12x image: its pinned inputs (base digest, vLLM, torch, FlashInfer, series)."""
+    from launcher import image
+
+    return image.read_manifest()
 
 
 def _docker_status() -> dict:
@@ -119,6 +127,10 @@ def format_report(report: dict) -> str:
         lines.append(f"patches   vLLM {pt['vllm']}: " + ", ".join(f"{k}={v}" for k, v in pt["patches"].items()))
     else:
         lines.append(f"patches   {pt['state']}")
+    if report.get("image"):
+        from launcher import image
+
+        lines += image.manifest_lines(report["image"])
     dk = report["docker"]
     lines.append(f"docker    {dk['daemon']}" + (f"  runtimes {', '.join(dk['runtimes'])}" if dk.get("runtimes") else "")
                  + (f"  ({dk['hint']})" if dk.get("hint") else ""))
