@@ -204,13 +204,11 @@ def write_manifest(*, flavor: str, base: str, base_digest: str, base_image_id: s
 
 def launcher_commands() -> list[str]:
     """The launcher's top-level command names (the entrypoint sends the rest to vLLM)."""
-    import click
     import typer
 
     from launcher.cli import app
 
-    group = typer.main.get_command(app)
-    return sorted(group.list_commands(click.Context(group)))
+    return sorted(typer.main.get_command(app).commands)
 
 
 def read_manifest() -> dict | None:
