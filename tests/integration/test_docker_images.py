@@ -165,6 +165,8 @@ def test_source_runtime_stage():
     assert json.loads(body["ENTRYPOINT"]) == ["/usr/local/bin/vllm-sm12x-entrypoint"]
     install = next(r for w, r in runtime["body"] if w == "RUN" and "verify_series.py" in r)
     assert "launcher patch status" in install
+    # The same manifest as the overlay's (launcher doctor prints it), written after the check.
+    assert install.index("verify_series.py") < install.index("launcher image write-manifest --flavor source")
     found = labels(runtime)
     for key in ("org.vllm-sm12x.vllm-version", "org.vllm-sm12x.series-hash", "org.vllm-sm12x.arch",
                 "org.vllm-sm12x.target", "org.opencontainers.image.version"):
