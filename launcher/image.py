@@ -131,7 +131,7 @@ def overlay_inputs(base: str, probed: dict, *, repo_digests: list[str], image_id
     """Build args, labels and tag for an overlay on ``base``; LauncherError when the
     base has no vLLM or no series exists for its version."""
     from launcher.errors import LauncherError
-    from launcher.patching.series import series_for
+    from launcher.patching.series import available_versions, series_for
 
     vllm = probed["packages"].get("vllm")
     if not vllm:
@@ -139,7 +139,11 @@ def overlay_inputs(base: str, probed: dict, *, repo_digests: list[str], image_id
             f"the base image {base} has no vLLM installed (its python3 finds no 'vllm' distribution)",
             hint="use an image with vLLM, or a Python image plus --build-arg VLLM_WHEEL=<wheel in docker/wheels/>",
         )
-    series = series_for(vllm)  # names the versions that have a series when this one has none
+    try:
+        series = series_for(vllm)
+    except LauncherError as exc:  # names the versions that have a series
+        raise LauncherError(exc.message, hint=f"use a base with one of those vLLM versions, e.g. "
+                            f"{UPSTREAM_REPO}:v{available_versions()[-1]}") from None
     digest = repo_digest(base, repo_digests)
     args = {
         "BASE": base,

@@ -71,6 +71,7 @@ def test_a_base_without_a_series_or_without_vllm_is_refused():
                              image_id="x", target="sm121", arch="arm64")
     assert err.value.message == ("no patch series for vLLM 0.30.0+abc.nv26.10; series exist for: "
                                  + ", ".join(available_versions()))
+    assert err.value.hint == f"use a base with one of those vLLM versions, e.g. vllm/vllm-openai:v{available_versions()[-1]}"
     with pytest.raises(LauncherError) as err:
         image.overlay_inputs("python:3.12", probed(None), repo_digests=[], image_id="x", target="sm120", arch="amd64")
     assert "has no vLLM installed" in err.value.message and "VLLM_WHEEL" in err.value.hint
