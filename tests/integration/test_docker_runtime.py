@@ -80,15 +80,20 @@ def assert_gone(client, plan: Plan) -> None:
     assert docker_env.containers_named(client, name) == [], f"container {name} was left behind"
 
 
-def test_created_container_matches_the_plan(client, image, models):
-    plan = make_plan(models, image, api_key="sk-test-123456")
-    spec = rt.container_spec(plan)  # with the GPU request: create() accepts it, start() would not
+def created(client, plan: Plan, spec: dict) -> tuple[dict, dict[str, str]]:
+    """Create (never start) the container a spec describes; its inspect data and env."""
     container = rt.create(client, spec, rt.environment(plan, spec))
     try:
         attrs = client.api.inspect_container(container.id)
     finally:
         container.remove(force=True)
-    env = dict(item.split("=", 1) for item in attrs["Config"]["Env"])
+    return attrs, dict(item.split("=", 1) for item in attrs["Config"]["Env"])
+
+
+def test_created_container_matches_the_plan(client, image, models):
+    plan = make_plan(models, image, api_key="sk-test-123456")
+    spec = rt.container_spec(plan)  # with the GPU request: create() accepts it, start() would not
+    attrs, env = created(client, plan, spec)
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
     assert env["VLLM_API_KEY"] == "sk-test-123456"
     assert env["HF_HOME"] == rt.HF_HOME_MOUNT
@@ -350,12 +355,7 @@ def test_hf_token_home_and_offline_reach_the_container(client, image, models, tm
     assert spec["env"]["HF_HUB_OFFLINE"] == "1" and spec["env"]["HF_HOME"] == rt.HF_HOME_MOUNT
     printed = rt.format_container_spec(spec)
     assert "HF_TOKEN=***" in printed and "-e HF_TOKEN " in printed and "hf_TopSecretToken42" not in printed
-    container = rt.create(client, spec, rt.environment(plan, spec))
-    try:
-        attrs = client.api.inspect_container(container.id)
-    finally:
-        container.remove(force=True)
-    env = dict(item.split("=", 1) for item in attrs["Config"]["Env"])
+    attrs, env = created(client, plan, spec)
     assert (env["HF_TOKEN"], env["HF_HUB_OFFLINE"], env["HF_HOME"]) == ("hf_TopSecretToken42", "1", "/cache/huggingface")
     mounts = {m["Target"]: (m["Source"], m["ReadOnly"]) for m in attrs["HostConfig"]["Mounts"]}
     assert mounts["/cache/huggingface"] == (str(hf_home), True)  # both models are local folders
