@@ -195,6 +195,9 @@ def write_manifest(*, flavor: str, base: str, base_digest: str, base_image_id: s
         "arch": arch,
         "python": probed["python"],
         "packages": probed["packages"],
+        # Everything else pip sees (the launcher's own dependencies included): the
+        # exact set to ask for when rebuilding this image.
+        "installed": installed_distributions(),
         "series": {"vllm": status.series_version, "hash": status.series_hash,
                    "patches": [{"id": p.id, "state": p.state} for p in status.patches]},
         "launcher": __version__,
@@ -204,6 +207,17 @@ def write_manifest(*, flavor: str, base: str, base_digest: str, base_image_id: s
     manifest_path().write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (folder / "launcher-commands").write_text("\n".join(launcher_commands()) + "\n", encoding="utf-8")
     return manifest
+
+
+def installed_distributions() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name:
+            found[name] = dist.version
+    return dict(sorted(found.items()))
 
 
 def launcher_commands() -> list[str]:

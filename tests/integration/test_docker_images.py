@@ -340,6 +340,9 @@ def test_overlay_labels_and_manifest_agree(client, overlay, case, vllm_base):
     assert manifest["series"]["hash"] == found["org.vllm-sm12x.series-hash"]
     assert {p["state"] for p in manifest["series"]["patches"]} == {"applied"}
     assert manifest["python"]["site_packages"] == SITE
+    # The launcher's own dependencies are recorded too (what a rebuild must ask pip for).
+    assert manifest["installed"]["vllm-sm12x-launcher"] and manifest["installed"]["typer"]
+    assert manifest["installed"]["vllm"] == case["vllm"]
     # `launcher doctor` inside the container prints the same inputs.
     doctor = run_in(client, tag, ["doctor"])
     assert f"base      {vllm_base}  (local image {args['BASE_IMAGE_ID'][:19]})" in doctor
