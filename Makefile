@@ -60,12 +60,13 @@ bench: test-venv
 
 ## make image / make image-overlay: VLLM_VERSION=0.21.0|0.33.0|all TARGET=sm120|sm121|all
 ## -> vllm-sm12x:<version>-<target>-<arch>[-overlay]; overlay on BASE=<image with vLLM>
+##    (e.g. BASE=nvcr.io/nvidia/vllm:26.09-py3 TARGET=sm121 -> vllm-sm12x:0.29.0-ngc26.09-sm121-arm64-overlay)
 .PHONY: image image-overlay
 image: venv
 	PYTHON=$(BIN)/python bash docker/build-image.sh source $(or $(VLLM_VERSION),0.21.0) $(or $(TARGET),sm120)
 
 image-overlay: venv
-	PYTHON=$(BIN)/python bash docker/build-image.sh overlay $(or $(VLLM_VERSION),0.21.0) $(or $(TARGET),sm120)
+	BASE=$(BASE) PYTHON=$(BIN)/python bash docker/build-image.sh overlay $(or $(VLLM_VERSION),$(if $(BASE),auto,0.33.0)) $(or $(TARGET),sm120)
 
 ## make wheels TARGET=linux-amd64|linux-arm64|wsl [VLLM_VERSION=0.21.0|0.33.0] [ARGS=--stop-before-compile]
 ## -> vLLM + FlashInfer wheels and a build manifest in dist/ (hours; see build/README.md)

@@ -41,6 +41,7 @@ def _register() -> None:
     from launcher import commands
     from launcher.bench.cli import register as register_bench
     from launcher.builder.cli import app as build_app
+    from launcher.image_cli import app as image_app
     from launcher.models.cli import register as register_models
     from launcher.patching.cli import app as patch_app
     from launcher.quantize.cli import register as register_quantize
@@ -51,6 +52,7 @@ def _register() -> None:
     register_bench(app)
     app.add_typer(patch_app, name="patch", help="Apply, revert, inspect and check the vLLM patch series.")
     app.add_typer(build_app, name="build", help="Plan, preflight and build wheels for sm_120 / sm_121.")
+    app.add_typer(image_app, name="image", help="An image's pinned inputs: manifest, labels, the entrypoint's preflight.")
 
 
 _register()

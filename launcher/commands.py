@@ -44,6 +44,7 @@ def serve(
     vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the recipe's first).")] = None,
     image: Annotated[Optional[str], typer.Option(help="Docker image (docker runtime).")] = None,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
+    restart: Annotated[str, typer.Option(help="Docker runtime: no (foreground, removed at exit) or a restart policy: unless-stopped (back after a reboot until `launcher stop`), always, on-failure.")] = "no",
     set_: Annotated[list[str], typer.Option("--set", help="KEY=VALUE: an env var (UPPER_CASE) or a recipe field (dotted.path); beats recipe and environment.")] = [],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and preflight; start nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
@@ -60,13 +61,15 @@ def serve(
         raise LauncherError(f"--timeout {timeout:g}: seconds to wait must be more than 0")
     if as_json and not dry_run:
         raise LauncherError("--json prints the plan of a dry run", hint="add --dry-run")
+    if restart != "no" and runtime != "docker":
+        raise LauncherError("--restart needs --runtime docker", hint="a native server ends with the launcher")
     req = plans.Request(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
     )
     plan = plans.resolve(req, _context(vllm_python if runtime == "native" else None))
     if dry_run:
-        _print_plan(plan, as_json)
+        _print_plan(plan, as_json, restart)
         raise typer.Exit(1 if plan.blocking else 0)
     if plan.blocking and not force:
         typer.echo(plans.format_plan(plan))
@@ -80,24 +83,24 @@ def serve(
     if runtime == "docker":
         from launcher.runtime import docker as docker_runtime
 
-        raise typer.Exit(docker_runtime.run(plan, wait_timeout=timeout))
+        raise typer.Exit(docker_runtime.run(plan, wait_timeout=timeout, restart=restart))
     from launcher.runtime import native
 
     raise typer.Exit(native.run(plan, wait=wait, timeout=timeout))
 
 
-def _print_plan(plan, as_json: bool) -> None:
+def _print_plan(plan, as_json: bool, restart: str = "no") -> None:
     from launcher import plan as plans
 
     if as_json:
         data = plans.to_dict(plan)
         if plan.runtime == "docker":
-            data["container"] = _container_spec(plan)
+            data["container"] = _container_spec(plan, restart)
         typer.echo(json.dumps(data, indent=2))
         return
     typer.echo(plans.format_plan(plan))
     if plan.runtime == "docker":
-        spec = _container_spec(plan)
+        spec = _container_spec(plan, restart)
         if spec is not None:
             from launcher.runtime import docker as docker_runtime
 
@@ -105,12 +108,42 @@ def _print_plan(plan, as_json: bool) -> None:
             typer.echo(docker_runtime.format_container_spec(spec))
 
 
-def _container_spec(plan):
+def _container_spec(plan, restart: str = "no"):
     try:
         from launcher.runtime import docker as docker_runtime
     except ImportError:
         return None
-    return docker_runtime.container_spec(plan)
+    return docker_runtime.container_spec(plan, restart=restart)
+
+
+def ps(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable list.")] = False) -> None:
+    """List the containers `launcher serve --runtime docker` started (running or not)."""
+    from launcher.runtime import docker as docker_runtime
+
+    rows = [docker_runtime.describe(c) for c in docker_runtime.managed(docker_runtime.connect())]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        typer.echo("no containers started by the launcher")
+        return
+    keys = ["name", "status", "restart", "recipe", "vllm", "endpoint", "image"]
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in keys}
+    for row in [{k: k.upper() for k in keys}, *rows]:
+        typer.echo("  ".join(row[k].ljust(widths[k]) for k in keys).rstrip())
+
+
+def stop(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Container names or recipe names (launcher ps).")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every container the launcher started.")] = False,
+) -> None:
+    """Stop and remove containers the launcher started (a --restart one stays stopped)."""
+    from launcher.runtime import docker as docker_runtime
+
+    if not names and not every:
+        raise LauncherError("name the container(s) to stop, or pass --all", hint="launcher ps lists them")
+    stopped = docker_runtime.stop_managed(docker_runtime.connect(), list(names or []), every=every)
+    typer.echo(f"stopped and removed: {', '.join(stopped)}" if stopped else "nothing to stop")
 
 
 def doctor(
@@ -219,6 +252,8 @@ class _ServeCommand(TyperCommand):
 def register(app: typer.Typer) -> None:
     app.command(cls=_ServeCommand, context_settings={"allow_extra_args": True, "ignore_unknown_options": False})(serve)
     app.command()(doctor)
+    app.command()(ps)
+    app.command()(stop)
     app.command()(version)
     app.add_typer(recipes_app, name="recipes")
 

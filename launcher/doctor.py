@@ -33,6 +33,7 @@ def collect(recipe: str | None = None, model: Path | None = None, vllm_python: s
                                               "vllm": env.vllm_version, "transformers": env.transformers_version},
         "patches": _patch_status(env),
         "docker": _docker_status(),
+        "image": _image_manifest(),
         "recipes": _recipe_verdicts(host, recipe, model, env),
     }
     if model is not None:
@@ -69,6 +70,13 @@ def _patch_status(env) -> dict:
         "interrupted": status.interrupted,
         "notes": status.notes,
     }
+
+
+def _image_manifest() -> dict | None:
+    """Inside a vllm-sm12x image: its pinned inputs (base digest, vLLM, torch, FlashInfer, series)."""
+    from launcher import image
+
+    return image.read_manifest()
 
 
 def _docker_status() -> dict:
@@ -148,6 +156,10 @@ def format_report(report: dict) -> str:
         lines += [f"          note: {n}" for n in pt.get("notes", [])]
     else:
         lines.append(f"patches   {pt['state']}")
+    if report.get("image"):
+        from launcher import image
+
+        lines += image.manifest_lines(report["image"])
     dk = report["docker"]
     lines.append(f"docker    {dk['daemon']}" + (f"  runtimes {', '.join(dk['runtimes'])}" if dk.get("runtimes") else "")
                  + (f"  ({dk['hint']})" if dk.get("hint") else ""))

@@ -72,8 +72,9 @@ class Plan:
 
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Variables from the shell that the plan carries (into a container too) even
-# when the recipe does not set them: everything vLLM reads, and HF auth.
-_INHERITED = re.compile(r"^(VLLM_|HF_TOKEN$|HUGGING_FACE_HUB_TOKEN$)")
+# when the recipe does not set them: everything vLLM reads, HF auth and offline mode
+# (HF_HOME is the docker runtime's mount, see launcher/runtime/docker.py).
+_INHERITED = re.compile(r"^(VLLM_|HF_TOKEN$|HUGGING_FACE_HUB_TOKEN$|HF_HUB_OFFLINE$)")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 

@@ -48,6 +48,9 @@ LABEL = "org.vllm-sm12x"
 NAME_PREFIX = "vllm-sm12x-"
 # docker run --gpus all sends exactly this request.
 GPU_REQUEST = {"driver": "", "count": -1, "device_ids": None, "capabilities": [["gpu"]]}
+# docker run --restart: "no" runs in the foreground and removes the container
+# when it ends; the others leave it to the daemon (it comes back after a reboot).
+RESTART_POLICIES = ("no", "unless-stopped", "always", "on-failure")
 LOG_TAIL_LINES = 30
 STOP_TIMEOUT_S = 30
 PROGRESS_EVERY_S = 10.0
@@ -62,14 +65,19 @@ def container_name(recipe: str) -> str:
     return NAME_PREFIX + safe
 
 
-def container_spec(plan: Plan, *, gpus: str | None = "all") -> dict[str, Any]:
+def container_spec(plan: Plan, *, gpus: str | None = "all", restart: str = "no") -> dict[str, Any]:
     """The container a Plan runs in, as plain data (see the module docstring).
 
     ``gpus``: "all" requests every GPU (``docker run --gpus all``); None requests
-    none (only tests on a GPU-less daemon use that).
+    none (only tests on a GPU-less daemon use that). ``restart``: a docker
+    restart policy (RESTART_POLICIES); anything but "no" leaves the container
+    running after the launcher returns (``launcher ps`` / ``launcher stop``).
     """
     if gpus not in ("all", None):
         raise ValueError(f"gpus must be 'all' or None, not {gpus!r}")
+    if restart not in RESTART_POLICIES:
+        raise LauncherError(f"--restart {restart!r} is not a docker restart policy",
+                            hint="use " + ", ".join(RESTART_POLICIES))
     if not plan.image:
         raise LauncherError("the docker runtime needs an image", hint="pass --image IMAGE")
     if not plan.argv[:2] == ["vllm", "serve"]:
@@ -79,6 +87,9 @@ def container_spec(plan: Plan, *, gpus: str | None = "all") -> dict[str, Any]:
     # Every model a local folder: nothing to download, the HF cache can be read-only.
     all_local = all(_host_path(p) is not None for p in _model_args(plan))
     hf = _hf_cache_mount(read_only=all_local)
+    if hf is None and not all_local:
+        # A download is coming: keep it in the host's cache (made at start) rather than in the container.
+        hf = {**_mount(_hf_home(), HF_HOME_MOUNT, read_only=False), "create": True}
     env = {k: v for k, v in sorted(plan.env.items()) if not redact.is_secret_name(k)}
     secret_env = sorted(k for k in plan.env if redact.is_secret_name(k))
     if plan.api_key and "VLLM_API_KEY" not in secret_env:
@@ -99,11 +110,13 @@ def container_spec(plan: Plan, *, gpus: str | None = "all") -> dict[str, Any]:
         "mounts": mounts,
         "device_requests": [dict(GPU_REQUEST)] if gpus == "all" else [],
         "ipc_mode": "host",  # vLLM's workers share tensors through /dev/shm
+        "restart": restart,
         "labels": {
             f"{LABEL}.managed-by": "launcher",
             f"{LABEL}.recipe": plan.recipe,
             f"{LABEL}.profile": plan.profile,
             f"{LABEL}.vllm-version": plan.vllm_version,
+            f"{LABEL}.endpoint": f"http://{_probe_host(host_ip)}:{plan.port}/v1",
         },
         "health_url": f"http://{_probe_host(host_ip)}:{plan.port}/health",
         "endpoint": f"http://{_probe_host(host_ip)}:{plan.port}/v1",
@@ -189,15 +202,21 @@ def _mount(source: Path, target: str, *, read_only: bool) -> dict[str, Any]:
     return {"type": "bind", "source": str(source), "target": target, "read_only": read_only}
 
 
-def _hf_cache_mount(*, read_only: bool) -> dict[str, Any] | None:
-    """The host's Hugging Face cache, read-only unless a model must be downloaded."""
+def _hf_home() -> Path:
+    """The host's HF_HOME as huggingface_hub resolves it (token, hub cache, modules)."""
     home = os.environ.get("HF_HOME") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "huggingface"
     )
-    home_path = Path(home).expanduser()
-    if not home_path.is_dir():
+    return Path(os.path.abspath(Path(home).expanduser()))
+
+
+def _hf_cache_mount(*, read_only: bool) -> dict[str, Any] | None:
+    """The host's Hugging Face cache (with the hub login's token), read-only
+    unless a model must be downloaded."""
+    home = _hf_home()
+    if not home.is_dir():
         return None
-    return _mount(Path(os.path.abspath(home_path)), HF_HOME_MOUNT, read_only=read_only)
+    return _mount(home, HF_HOME_MOUNT, read_only=read_only)
 
 
 def _container_argv(argv: list[str], path_map: dict[str, str]) -> list[str]:
@@ -256,6 +275,8 @@ def format_container_spec(spec: dict[str, Any]) -> str:
         f"  publish     {host_ip}:{host_port} -> {CONTAINER_PORT}/tcp  (vLLM binds 0.0.0.0:{CONTAINER_PORT} inside)",
         f"  gpus        {'all (device request: capabilities [[gpu]])' if spec['device_requests'] else 'none'}",
         f"  ipc         {spec['ipc_mode']}",
+        f"  restart     {spec['restart']}"
+        + ("  (foreground; removed when it ends)" if spec["restart"] == "no" else "  (detached; launcher ps / launcher stop)"),
     ]
     for i, m in enumerate(spec["mounts"]):
         head = "  mounts      " if i == 0 else "              "
@@ -275,7 +296,8 @@ def format_container_spec(spec: dict[str, Any]) -> str:
 
 def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
     host_ip, host_port = spec["ports"][f"{CONTAINER_PORT}/tcp"]
-    groups = [f"docker run --rm --name {shlex.quote(spec['name'])}"]
+    keep = "--rm" if spec["restart"] == "no" else f"-d --restart {spec['restart']}"
+    groups = [f"docker run {keep} --name {shlex.quote(spec['name'])}"]
     if spec["device_requests"]:
         groups.append("--gpus all")
     groups.append(f"--ipc={spec['ipc_mode']} -p {host_ip}:{host_port}:{CONTAINER_PORT}")
@@ -333,6 +355,7 @@ def run(
     wait_timeout: float = 1800.0,
     client=None,
     gpus: str | None = "all",
+    restart: str = "no",
     out=None,
     err=None,
 ) -> int:
@@ -340,11 +363,13 @@ def run(
 
     Raises LauncherError for every failure before the server is healthy, after
     removing the container. Ctrl-C (or SIGTERM) stops and removes it and
-    returns 130.
+    returns 130. With a ``restart`` policy other than "no" the container is
+    left running once healthy (the daemon restarts it, after a reboot too) and
+    this returns 0; ``launcher stop`` ends it.
     """
     out = out or sys.stdout
     err = err or sys.stderr
-    spec = container_spec(plan, gpus=gpus)
+    spec = container_spec(plan, gpus=gpus, restart=restart)
     client = client or connect()
     _require_image(client, spec["image"], plan)
     _require_mount_sources(spec)
@@ -352,6 +377,7 @@ def run(
     secrets = [v for v in (plan.api_key, *(plan.env.get(k) for k in spec["secret_env"])) if v]
     container = None
     logs = None
+    detached = False
     restore = _sigterm_as_interrupt()
     try:
         container = create(client, spec, environment(plan, spec))
@@ -360,6 +386,16 @@ def run(
         logs.start()
         started = time.monotonic()
         _wait_healthy(container, spec, logs, wait_timeout, err)
+        if spec["restart"] != "no":
+            detached = True
+            print(
+                f"ready in {time.monotonic() - started:.1f} s: {spec['endpoint']}  (container {spec['name']}, "
+                f"restart {spec['restart']}: it keeps running and comes back with the Docker daemon; "
+                f"`launcher ps` shows it, `launcher stop {spec['name']}` ends it)",
+                file=err,
+                flush=True,
+            )
+            return 0
         print(
             f"ready in {time.monotonic() - started:.1f} s: {spec['endpoint']}  "
             f"(container {spec['name']}; Ctrl-C stops and removes it)",
@@ -377,12 +413,14 @@ def run(
         return 130
     finally:
         restore()
-        if container is not None:
+        if detached:
+            pass  # the daemon keeps it; launcher stop removes it
+        elif container is not None:
             _remove(container)
         else:
             # Interrupted inside create(): the daemon may have made it anyway.
             _remove_created(client, spec["name"])
-        if logs is not None:
+        if logs is not None and not detached:
             logs.join(2)
 
 
@@ -419,6 +457,7 @@ def create(client, spec: dict[str, Any], env: dict[str, str]):
                 for d in spec["device_requests"]
             ],
             ipc_mode=spec["ipc_mode"],
+            restart_policy={"Name": spec["restart"]} if spec["restart"] != "no" else None,
             labels=spec["labels"],
             detach=True,
         )
@@ -439,6 +478,8 @@ def _require_image(client, image: str, plan: Plan) -> None:
 
 def _require_mount_sources(spec: dict[str, Any]) -> None:
     for m in spec["mounts"]:
+        if m.get("create"):
+            Path(m["source"]).mkdir(parents=True, exist_ok=True)
         if not Path(m["source"]).exists():
             raise LauncherError(
                 f"{m['source']} does not exist (it would be mounted at {m['target']})",
@@ -462,7 +503,7 @@ def _clear_stale(client, name: str) -> None:
     what = "is already running" if old.status == "running" else f"exists ({old.status})"
     raise LauncherError(
         f"a container named {name} {what}" + ("" if ours else " and was not started by the launcher"),
-        hint=f"stop it first: docker rm -f {name}",
+        hint=f"stop it first: launcher stop {name}" if ours else f"stop it first: docker rm -f {name}",
     )
 
 
@@ -586,6 +627,61 @@ def _sigterm_as_interrupt():
 
     previous = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+# --- what the launcher started: launcher ps / launcher stop --------------------
+
+
+def managed(client, *, running_only: bool = False) -> list:
+    """Containers the launcher started (found by its label), oldest first."""
+    found = client.containers.list(all=not running_only, filters={"label": f"{LABEL}.managed-by=launcher"})
+    return sorted(found, key=lambda c: c.attrs.get("Created", ""))
+
+
+def describe(container) -> dict[str, Any]:
+    """One row of ``launcher ps``."""
+    labels = container.labels
+    host = container.attrs.get("HostConfig", {})
+    return {
+        "name": container.name,
+        "status": container.status,
+        "recipe": labels.get(f"{LABEL}.recipe", ""),
+        "vllm": labels.get(f"{LABEL}.vllm-version", ""),
+        "image": (container.attrs.get("Config") or {}).get("Image", ""),
+        "restart": (host.get("RestartPolicy") or {}).get("Name") or "no",
+        "endpoint": labels.get(f"{LABEL}.endpoint", ""),
+    }
+
+
+def stop_managed(client, names: list[str], *, every: bool = False, err=None) -> list[str]:
+    """Stop and remove launcher containers, by container name or recipe; the names stopped.
+
+    A name that is not a launcher container is refused before anything stops.
+    """
+    import docker
+
+    err = err or sys.stderr
+    ours = {c.name: c for c in managed(client)}
+    if every:
+        chosen = list(ours.values())
+    else:
+        chosen = []
+        for name in names:
+            match = ours.get(name) or ours.get(container_name(name))
+            if match is None:
+                try:
+                    client.containers.get(name)
+                    why = f"container {name} was not started by the launcher"
+                except docker.errors.NotFound:
+                    why = f"no launcher container named {name} (or for recipe {name})"
+                raise LauncherError(why, hint="launcher ps lists what the launcher started"
+                                    + (f": {', '.join(ours)}" if ours else "; nothing now"))
+            chosen.append(match)
+    for container in chosen:
+        print(f"stopping {container.name} ...", file=err, flush=True)
+        _stop(container)
+        _remove(container)
+    return [c.name for c in chosen]
 
 
 class _LogPump:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import socket
 import sys
 import tarfile
@@ -183,21 +184,115 @@ def vllm_wheel_without_extensions(version: str) -> Path:
     return out
 
 
-def vllm_base_image(c, version: str, *, extra_run: str = "") -> str:
-    """The python base plus vLLM ``version`` installed by pip (see above)."""
+# --- stand-ins for the real bases ----------------------------------------------
+#
+# The overlay's real bases cannot be pulled here. Each stand-in reproduces what
+# the overlay and its users meet in the real image, on the debootstrap'd
+# Debian python base with the released vLLM wheel (above):
+#
+# vllm/vllm-openai:v<X> (vllm-project/vllm docker/Dockerfile, `vllm-openai`
+#   target; read in the public Dockerfile and in third-party notes on v0.27.1):
+#   root; ENTRYPOINT ["vllm", "serve"], no CMD; WORKDIR /vllm-workspace;
+#   `python3` on PATH; vLLM, torch (from the PyTorch cu13x index: a +cu130
+#   local tag) and FlashInfer installed system-wide with `uv pip install
+#   --system` into /usr/local/lib/python3.12/dist-packages; a `vllm` user
+#   (uid 2000, gid 0) exists but is not switched to; VLLM_USAGE_SOURCE set.
+# nvcr.io/nvidia/vllm:<YY.MM>-py3 (NGC; its docs and third-party Dockerfiles
+#   built FROM it): root; ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh"]
+#   (banner, entrypoint.d scripts, then exec "$@"; a bare `serve` there would
+#   be Ray Serve's CLI); WORKDIR /workspace; python3 with packages in
+#   /usr/local/lib/python3.12/dist-packages; NVIDIA's own builds carry local
+#   tags (vLLM "0.19.0+<sha>.nv26.04", torch "2.13.0a0+<sha>.nv26.06").
+#
+# Where the stand-ins differ: Debian bookworm's Python 3.11 instead of 3.12
+# (same dist-packages layout under /usr/local/lib/python3.X); torch and
+# FlashInfer are metadata only (their versions from the vLLM wheel's own
+# pins, with the local tags above); PyPI's vLLM stands in for NGC's build of
+# the same version; `vllm` is a stub that prints its arguments (no GPU here).
+
+STUB_VLLM = r"""#!/bin/sh
+# Stand-in for vLLM's console script (no GPU here): says how it was called.
+echo "stub-vllm argv: $*"
+echo "stub-vllm cwd: $(pwd)"
+"""
+
+NGC_ENTRYPOINT = r"""#!/bin/bash
+# Stand-in for NGC's /opt/nvidia/nvidia_entrypoint.sh: banner, then the command.
+echo "== vLLM == (stand-in for nvcr.io/nvidia/vllm:${NGC_TAG})"
+echo "NVIDIA Release ${NVIDIA_VLLM_RELEASE} (stand-in)"
+export NGC_ENTRYPOINT_RAN=1
+if [ $# -eq 0 ]; then exec /bin/bash; fi
+exec "$@"
+"""
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+
+
+def wheel_pins(version: str) -> dict[str, str]:
+    """``name==version`` pins from the released wheel's METADATA (torch, flashinfer-python)."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(vllm_wheel_without_extensions(version)) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    pins = {}
+    for name, pinned in re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+) ?\(?==([^;,\s)]+)", text, re.M):
+        pins[name.lower().replace("_", "-")] = pinned
+    return pins
+
+
+def standin(kind: str, version: str, *, vllm_build: str | None = None) -> dict:
+    """What the stand-in of ``kind`` (upstream | ngc) with vLLM ``version`` holds."""
+    pins = wheel_pins(version)
+    if kind == "upstream":
+        return {"kind": kind, "stands_for": f"vllm/vllm-openai:v{version}", "vllm": vllm_build or version,
+                "torch": f"{pins['torch']}+cu130", "flashinfer-python": pins.get("flashinfer-python"),
+                "workdir": "/vllm-workspace", "entrypoint": ["vllm", "serve"],
+                "env": {"VLLM_USAGE_SOURCE": "production-docker-image"}}
+    if kind == "ngc":
+        tag = "26.09"
+        return {"kind": kind, "stands_for": f"nvcr.io/nvidia/vllm:{tag}-py3",
+                "vllm": vllm_build or f"{version}+g0c0ffee.nv{tag}",
+                "torch": f"{pins['torch']}a0+g0c0ffee.nv{tag}", "flashinfer-python": pins.get("flashinfer-python"),
+                "workdir": "/workspace", "entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"],
+                "env": {"NGC_TAG": f"{tag}-py3", "NVIDIA_VLLM_RELEASE": tag}}
+    raise ValueError(kind)
+
+
+def vllm_base_image(c, version: str, *, kind: str = "upstream", extra_run: str = "",
+                    vllm_build: str | None = None) -> str:
+    """A stand-in base (see above) with the released vLLM ``version`` installed by pip."""
     wheel = vllm_wheel_without_extensions(version)
-    run_extra = f"RUN {extra_run}\n" if extra_run else ""
-    dockerfile = (
-        f"FROM {PYTHON_IMAGE}\n"
-        f"COPY {wheel.name} /tmp/\n"
+    layout = standin(kind, version, vllm_build=vllm_build)
+    fake = {"torch": layout["torch"], "flashinfer_python": layout["flashinfer-python"]}
+    lines = [
+        f"FROM {PYTHON_IMAGE}",
+        f"COPY {wheel.name} /tmp/",
         f"RUN python3 -m pip install --no-deps --no-index --break-system-packages /tmp/{wheel.name} "
-        f"&& rm /tmp/{wheel.name}\n" + run_extra
-    )
-    return build_from_files(
-        c,
-        "vllm-sm12x-test/vllm-base",
-        {"Dockerfile": (dockerfile.encode(), 0o644), wheel.name: (wheel.read_bytes(), 0o644)},
-    )
+        f"&& rm /tmp/{wheel.name}",
+    ]
+    if extra_run:
+        lines.append(f"RUN {extra_run}")
+    setup = [f"sed -i 's/^Version: .*/Version: {layout['vllm']}/' {SITE}/vllm-{version}.dist-info/METADATA"]
+    for name, pinned in fake.items():
+        if pinned:
+            folder = f"{SITE}/{name}-{pinned}.dist-info"
+            dist = name.replace("_", "-")
+            setup.append(f"mkdir -p {folder} && printf 'Metadata-Version: 2.1\\nName: {dist}\\nVersion: {pinned}\\n' "
+                         f"> {folder}/METADATA")
+    if kind == "upstream":
+        setup.append("echo 'vllm:x:2000:0::/home/vllm:/bin/bash' >> /etc/passwd")
+    lines.append("RUN " + " && ".join(setup))
+    files = {wheel.name: (wheel.read_bytes(), 0o644), "vllm": (STUB_VLLM.encode(), 0o755)}
+    lines.append("COPY vllm /usr/local/bin/vllm")
+    if kind == "ngc":
+        files["nvidia_entrypoint.sh"] = (NGC_ENTRYPOINT.encode(), 0o755)
+        lines.append("COPY nvidia_entrypoint.sh /opt/nvidia/nvidia_entrypoint.sh")
+    lines += [f"ENV {k}={v}" for k, v in layout["env"].items()]
+    lines += [f"WORKDIR {layout['workdir']}", "ENTRYPOINT " + json.dumps(layout["entrypoint"])]
+    files["Dockerfile"] = ("\n".join(lines).encode() + b"\n", 0o644)
+    return build_from_files(c, f"vllm-sm12x-test/standin-{kind}", files)
 
 
 def launcher_wheelhouse() -> Path:
@@ -264,18 +359,28 @@ class _Rewinder(io.BytesIO):
         return buf
 
 
-def build_overlay(c, base: str, version: str, tag: str, series_hash: str = "",
+def overlay_inputs(c, base: str, target: str = "sm120") -> dict:
+    """What docker/build-image.sh reads off a base before building (launcher image inputs)."""
+    from launcher import image
+    from launcher.image_cli import inspect_base
+
+    arch = {"sm120": "amd64", "sm121": "arm64"}[target]
+    probed, digests, image_id = inspect_base(c, base, pull=False)
+    return image.overlay_inputs(base, probed, repo_digests=digests, image_id=image_id, target=target, arch=arch)
+
+
+def build_overlay(c, base: str, tag: str, buildargs: dict[str, str],
                   vllm_wheel: Path | None = None) -> tuple[str | None, str]:
-    """Build docker/Dockerfile.overlay on ``base`` with the classic builder;
-    ``vllm_wheel``: install that vLLM wheel first (a base without vLLM).
+    """Build docker/Dockerfile.overlay on ``base`` with the classic builder and
+    ``buildargs`` (usually :func:`overlay_inputs`' build args); ``vllm_wheel``:
+    install that vLLM wheel first (a base without vLLM).
 
     Returns (image id or None, the build log)."""
     import docker
 
     wheels = launcher_wheelhouse()
     extra: dict[str, Path | bytes] = {f"docker/wheels/{p.name}": p for p in sorted(wheels.glob("*.whl"))}
-    buildargs = {"BASE": base, "VLLM_VERSION": version, "TARGET": "sm120",
-                 "SERIES_HASH": series_hash, "PIP_NO_INDEX": "1"}
+    buildargs = {**buildargs, "BASE": base, "PIP_NO_INDEX": "1"}
     if vllm_wheel is not None:
         extra[f"docker/wheels/{vllm_wheel.name}"] = vllm_wheel
         buildargs["VLLM_WHEEL"] = vllm_wheel.name

@@ -165,6 +165,8 @@ def test_source_runtime_stage():
     assert json.loads(body["ENTRYPOINT"]) == ["/usr/local/bin/vllm-sm12x-entrypoint"]
     install = next(r for w, r in runtime["body"] if w == "RUN" and "verify_series.py" in r)
     assert "launcher patch status" in install
+    # The same manifest as the overlay's (launcher doctor prints it), written after the check.
+    assert install.index("verify_series.py") < install.index("launcher image write-manifest --flavor source")
     found = labels(runtime)
     for key in ("org.vllm-sm12x.vllm-version", "org.vllm-sm12x.series-hash", "org.vllm-sm12x.arch",
                 "org.vllm-sm12x.target", "org.opencontainers.image.version"):
@@ -205,10 +207,19 @@ def series_versions() -> list[str]:
     return sorted(p.name for p in (REPO / "patches" / "vllm").iterdir() if (p / "series").is_file())
 
 
-# --- the overlay, built for real ----------------------------------------------
+# --- the overlay, built for real on stand-ins of its real bases ----------------
+#
+# docker_env.py says what each stand-in reproduces of vllm/vllm-openai and of
+# NGC's nvcr.io/nvidia/vllm, and where it differs. PyPI's vLLM stands in for
+# NGC's own build of the same version. NGC 26.09 carries vLLM 0.29.0: while
+# this branch has no series for 0.29.0 the NGC stand-in carries 0.33.0 (same
+# NGC layout, a version with a series); with patches/vllm/0.29.0/series
+# present it carries 0.29.0 and these tests exercise that series.
 
 VERSION = "0.21.0"  # the broken-tree build
-SITE = "/usr/local/lib/python3.11/dist-packages"
+SITE = docker_env.SITE
+NGC_VERSION = "0.29.0" if (REPO / "patches" / "vllm" / "0.29.0" / "series").is_file() else "0.33.0"
+CASES = [("upstream", "0.21.0"), ("upstream", "0.33.0"), ("ngc", NGC_VERSION)]
 
 
 @pytest.fixture(scope="module")
@@ -216,29 +227,35 @@ def client():
     return docker_env.client()
 
 
-@pytest.fixture(scope="module", params=["0.21.0", "0.33.0"])
-def version(request):
-    return request.param
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def case(request):
+    kind, version = request.param
+    return {"kind": kind, "version": version, **docker_env.standin(kind, version)}
 
 
 @pytest.fixture(scope="module")
-def vllm_base(client, version):
+def version(case):
+    return case["version"]
+
+
+@pytest.fixture(scope="module")
+def vllm_base(client, case):
     started = time.monotonic()
-    tag = docker_env.vllm_base_image(client, version)
-    print(f"vLLM {version} base {tag}: {time.monotonic() - started:.1f} s")
+    tag = docker_env.vllm_base_image(client, case["version"], kind=case["kind"])
+    print(f"{case['stands_for']} stand-in {tag}: {time.monotonic() - started:.1f} s")
     return tag
 
 
 @pytest.fixture(scope="module")
-def overlay(client, vllm_base, version):
-    series = series_for(version)
+def overlay(client, vllm_base, case):
+    inputs = docker_env.overlay_inputs(client, vllm_base)
     # Unique per run: another checkout may run these tests on the same daemon.
-    tag = f"vllm-sm12x-test/overlay:{version}-{series.hash[:12]}-{uuid.uuid4().hex[:8]}"
+    tag = f"vllm-sm12x-test/overlay:{case['kind']}-{case['version']}-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    image_id, log = docker_env.build_overlay(client, vllm_base, version, tag, series_hash=series.hash)
-    print(f"overlay {version} build: {time.monotonic() - started:.1f} s")
+    image_id, log = docker_env.build_overlay(client, vllm_base, tag, inputs["build_args"])
+    print(f"overlay on the {case['stands_for']} stand-in: {time.monotonic() - started:.1f} s")
     assert image_id, f"overlay build failed:\n{log[-5000:]}"
-    yield tag, log
+    yield tag, log, inputs
     remove_image(client, tag)
 
 
@@ -251,8 +268,9 @@ def remove_image(client, tag: str) -> None:
         pass
 
 
-def run_in(client, image: str, command: list[str], *, expect_code: int = 0) -> str:
-    container = client.containers.create(image, command)
+def run_in(client, image: str, command: list[str], *, expect_code: int = 0, entrypoint=None,
+           environment=None) -> str:
+    container = client.containers.create(image, command, entrypoint=entrypoint, environment=environment)
     try:
         container.start()
         code = container.wait(timeout=120)["StatusCode"]
@@ -263,12 +281,18 @@ def run_in(client, image: str, command: list[str], *, expect_code: int = 0) -> s
     return out
 
 
+def json_out(out: str):
+    """The JSON a command printed; NGC's entrypoint prints its banner first (as the real one does)."""
+    return json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)
+
+
 @pytest.mark.docker
-def test_overlay_applies_the_whole_series(client, overlay, version):
-    tag, log = overlay
+def test_overlay_applies_the_whole_series(client, overlay, case):
+    tag, log, _ = overlay
+    version = case["version"]
     series = series_for(version)
-    status = json.loads(run_in(client, tag, ["patch", "status", "--json"]))
-    assert status["version"] == version
+    status = json_out(run_in(client, tag, ["patch", "status", "--json"]))
+    assert status["version"] == case["vllm"]  # NGC's local tag kept, the series chosen by its public part
     assert status["tree"] == SITE
     assert status["series_hash"] == series.hash
     assert [p["id"] for p in status["patches"]] == [p.id for p in series.patches]
@@ -276,19 +300,63 @@ def test_overlay_applies_the_whole_series(client, overlay, version):
     assert status["stamp"] is not None
     # The build log has verify_series' verdict unless docker reused the layer
     # (same inputs) from an earlier run.
-    assert f"verify-series: vLLM {version} at {SITE}: {len(series.patches)} patch(es) applied" in log \
+    assert f"verify-series: vLLM {case['vllm']} at {SITE}: {len(series.patches)} patch(es) applied" in log \
         or "Using cache" in log
 
 
 @pytest.mark.docker
-def test_overlay_labels_and_entrypoint(client, overlay, version):
-    tag, _ = overlay
+def test_overlay_inputs_are_read_off_the_base(client, overlay, case, vllm_base):
+    """What build-image.sh passes as build args comes from the base itself."""
+    _, _, inputs = overlay
+    args = inputs["build_args"]
+    assert (args["VLLM_VERSION"], args["VLLM_BUILD"]) == (case["version"], case["vllm"])
+    assert (args["TORCH_VERSION"], args["FLASHINFER_VERSION"]) == (case["torch"], case["flashinfer-python"])
+    assert args["SERIES_HASH"] == series_for(case["version"]).hash
+    # A locally built base has no registry digest: the local image id pins it instead.
+    assert args["BASE_DIGEST"] == "" and args["BASE_IMAGE_ID"] == client.images.get(vllm_base).id
+    assert inputs["tag"].startswith(f"vllm-sm12x:{case['version']}-") and inputs["tag"].endswith("-sm120-amd64-overlay")
+
+
+@pytest.mark.docker
+def test_overlay_labels_and_manifest_agree(client, overlay, case, vllm_base):
+    tag, _, inputs = overlay
     image = client.images.get(tag)
     found = image.labels
-    assert found["org.vllm-sm12x.vllm-version"] == version
-    assert found["org.vllm-sm12x.series-hash"] == series_for(version).hash
-    assert found["org.vllm-sm12x.target"] == "sm120"
+    args = inputs["build_args"]
+    assert found["org.vllm-sm12x.vllm-version"] == case["version"]
+    assert found["org.vllm-sm12x.vllm-build"] == case["vllm"]
+    assert found["org.vllm-sm12x.torch-version"] == case["torch"]
+    assert found["org.vllm-sm12x.flashinfer-version"] == case["flashinfer-python"]
+    assert found["org.vllm-sm12x.series-hash"] == series_for(case["version"]).hash
+    assert found["org.opencontainers.image.base.name"] == vllm_base
+    assert found["org.vllm-sm12x.base-image-id"] == args["BASE_IMAGE_ID"]
+    assert (found["org.vllm-sm12x.target"], found["org.vllm-sm12x.arch"]) == ("sm120", "amd64")
+    manifest = json_out(run_in(client, tag, ["image", "manifest", "--json"]))
+    assert found["org.vllm-sm12x.manifest"] == "/etc/vllm-sm12x/manifest.json"
+    assert manifest["base"] == {"image": vllm_base, "digest": None, "image_id": args["BASE_IMAGE_ID"]}
+    assert manifest["packages"]["vllm"] == case["vllm"]
+    assert manifest["packages"]["torch"] == case["torch"]
+    assert manifest["packages"]["flashinfer-python"] == case["flashinfer-python"]
+    assert manifest["series"]["hash"] == found["org.vllm-sm12x.series-hash"]
+    assert {p["state"] for p in manifest["series"]["patches"]} == {"applied"}
+    assert manifest["python"]["site_packages"] == SITE
+    # The launcher's own dependencies are recorded too (what a rebuild must ask pip for).
+    assert manifest["installed"]["vllm-sm12x-launcher"] and manifest["installed"]["typer"]
+    assert manifest["installed"]["vllm"] == case["vllm"]
+    # `launcher doctor` inside the container prints the same inputs.
+    doctor = run_in(client, tag, ["doctor"])
+    assert f"base      {vllm_base}  (local image {args['BASE_IMAGE_ID'][:19]})" in doctor
+    assert f"vllm {case['vllm']}" in doctor and f"torch {case['torch']}" in doctor
+    assert f"flashinfer-python {case['flashinfer-python']}" in doctor
+    assert f"series    vLLM {case['version']} {found['org.vllm-sm12x.series-hash'][:12]}" in doctor
+
+
+@pytest.mark.docker
+def test_overlay_entrypoint_runs_launcher_commands(client, overlay, case):
+    tag, _, _ = overlay
+    image = client.images.get(tag)
     assert image.attrs["Config"]["Entrypoint"] == ["/usr/local/bin/vllm-sm12x-entrypoint"]
+    assert image.attrs["Config"]["WorkingDir"] == case["workdir"]  # the base's, kept
     assert "/health" in " ".join(image.attrs["Config"]["Healthcheck"]["Test"])
     # `docker run IMAGE` and `docker run IMAGE serve --help` reach the launcher.
     assert "Usage: launcher" in run_in(client, tag, [])
@@ -298,15 +366,36 @@ def test_overlay_labels_and_entrypoint(client, overlay, version):
 
 
 @pytest.mark.docker
+def test_bare_vllm_arguments_reach_vllm_serve(client, overlay, case):
+    """`docker run IMAGE --model X --max-model-len N` as on vllm/vllm-openai: the
+    series preflight is printed, then `vllm serve` gets the arguments as typed
+    (the stub vllm prints them: no GPU here)."""
+    tag, _, _ = overlay
+    out = run_in(client, tag, ["--model", "/models/x", "--max-model-len", "8192", "--api-key", "sk-never-shown"])
+    assert "stub-vllm argv: serve --model /models/x --max-model-len 8192 --api-key sk-never-shown" in out
+    assert f"stub-vllm cwd: {case['workdir']}" in out
+    preflight = [line for line in out.splitlines() if line.startswith("vllm-sm12x: ")]
+    assert any(f"series {case['version']} all applied" in line for line in preflight), out
+    assert any(line.startswith("vllm-sm12x: base ") for line in preflight), out
+    assert "vllm-sm12x: starting  vllm serve --model /models/x --max-model-len 8192 --api-key ***" in preflight
+    assert not any("sk-never-shown" in line for line in preflight)
+    # A model as the first word, as `docker run vllm/vllm-openai google/gemma-4-...` takes it.
+    out = run_in(client, tag, ["google/gemma-4-26B-A4B-it", "--port", "8001"])
+    assert "stub-vllm argv: serve google/gemma-4-26B-A4B-it --port 8001" in out
+    if case["kind"] == "ngc":
+        # NGC's own entrypoint still runs first (its banner, its environment).
+        assert "NVIDIA Release 26.09 (stand-in)" in out
+
+
 @pytest.mark.docker
-def test_serve_dry_run_inside_the_image(client, overlay, version):
+def test_serve_dry_run_inside_the_image(client, overlay, case):
     """`docker run IMAGE serve --recipe ...` as the README shows it: the launcher
     inside finds the models at /models, listens on every interface of the
     container, and sees the series applied to the image's vLLM. No GPU here,
     so the preflight blocks (exit 1), which is what a dry run reports."""
-    tag, _ = overlay
+    tag, _, _ = overlay
     out = run_in(client, tag, ["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], expect_code=1)
-    assert f"vLLM          {version}  [installed]" in out
+    assert f"vLLM          {case['version']}  [installed]" in out  # the public version plans the recipe
     assert "vllm serve /models/gemma-4-26B-A4B-it-NVFP4" in out
     assert "--host 0.0.0.0" in out
     needed = [line for line in out.splitlines() if line.startswith("  ") and ": applied" in line]
@@ -315,9 +404,9 @@ def test_serve_dry_run_inside_the_image(client, overlay, version):
 
 @pytest.mark.docker
 def test_patched_files_differ_from_the_release(client, overlay, version, vllm_base):
-    tag, _ = overlay
+    tag, _, _ = overlay
     rel = series_for(version).patches[0].files[0].path
-    before = run_in(client, vllm_base, ["cat", f"{SITE}/{rel}"])
+    before = run_in(client, vllm_base, [f"{SITE}/{rel}"], entrypoint=["cat"])
     after = run_in(client, tag, ["python3", "-c", f"print(open('{SITE}/{rel}').read(), end='')"])
     assert before != after
     pristine = (pristine_tree(version) / rel).read_text()
@@ -337,11 +426,32 @@ def test_overlay_build_fails_when_the_series_does_not_apply(client):
     rel = series_for(VERSION).patches[0].files[0].path
     broken = docker_env.vllm_base_image(client, VERSION, extra_run=f": > {SITE}/{rel}")
     tag = f"vllm-sm12x-test/overlay:broken-{uuid.uuid4().hex[:8]}"
-    image_id, log = docker_env.build_overlay(client, broken, VERSION, tag)
+    image_id, log = docker_env.build_overlay(client, broken, tag, docker_env.overlay_inputs(client, broken)["build_args"])
     remove_image(client, tag)
     assert image_id is None, "the overlay built on a vLLM the series cannot patch"
     assert rel in log
     assert "verify-series" not in log  # it stopped at `launcher patch apply`
+
+
+@pytest.mark.docker
+def test_overlay_refuses_a_vllm_without_a_series(client):
+    """A base whose vLLM has no series (0.33.0's files, labelled 0.30.0 as NGC
+    would label its own build): `launcher image inputs` refuses before any
+    build, and a plain `docker build` (no inputs) fails at `patch apply`; both
+    name the versions that have a series."""
+    from launcher.errors import LauncherError
+    from launcher.patching.series import available_versions
+
+    base = docker_env.vllm_base_image(client, "0.33.0", kind="ngc", vllm_build="0.30.0+g0c0ffee.nv26.10")
+    supported = ", ".join(available_versions())
+    with pytest.raises(LauncherError) as err:
+        docker_env.overlay_inputs(client, base)
+    assert err.value.message == f"no patch series for vLLM 0.30.0+g0c0ffee.nv26.10; series exist for: {supported}"
+    tag = f"vllm-sm12x-test/overlay:noseries-{uuid.uuid4().hex[:8]}"
+    image_id, log = docker_env.build_overlay(client, base, tag, {})
+    remove_image(client, tag)
+    assert image_id is None
+    assert f"series exist for: {supported}" in log
 
 
 @pytest.mark.docker
@@ -351,12 +461,14 @@ def test_overlay_on_a_python_image_with_a_vllm_wheel(client):
     wheel = docker_env.vllm_wheel_without_extensions(VERSION)
     tag = f"vllm-sm12x-test/overlay:wheel-{uuid.uuid4().hex[:8]}"
     series = series_for(VERSION)
-    image_id, log = docker_env.build_overlay(client, docker_env.PYTHON_IMAGE, VERSION, tag,
-                                             series_hash=series.hash, vllm_wheel=wheel)
+    image_id, log = docker_env.build_overlay(client, docker_env.PYTHON_IMAGE, tag,
+                                             {"VLLM_VERSION": VERSION, "SERIES_HASH": series.hash}, vllm_wheel=wheel)
     try:
         assert image_id, f"overlay build failed:\n{log[-5000:]}"
-        status = json.loads(run_in(client, tag, ["patch", "status", "--json"]))
+        status = json_out(run_in(client, tag, ["patch", "status", "--json"]))
+        manifest = json_out(run_in(client, tag, ["image", "manifest", "--json"]))
     finally:
         remove_image(client, tag)
     assert (status["version"], status["series_hash"]) == (VERSION, series.hash)
     assert {p["state"] for p in status["patches"]} == {"applied"}
+    assert manifest["packages"]["vllm"] == VERSION and manifest["series"]["hash"] == series.hash

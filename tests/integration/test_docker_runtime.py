@@ -80,15 +80,20 @@ def assert_gone(client, plan: Plan) -> None:
     assert docker_env.containers_named(client, name) == [], f"container {name} was left behind"
 
 
-def test_created_container_matches_the_plan(client, image, models):
-    plan = make_plan(models, image, api_key="sk-test-123456")
-    spec = rt.container_spec(plan)  # with the GPU request: create() accepts it, start() would not
+def created(client, plan: Plan, spec: dict) -> tuple[dict, dict[str, str]]:
+    """Create (never start) the container a spec describes; its inspect data and env."""
     container = rt.create(client, spec, rt.environment(plan, spec))
     try:
         attrs = client.api.inspect_container(container.id)
     finally:
         container.remove(force=True)
-    env = dict(item.split("=", 1) for item in attrs["Config"]["Env"])
+    return attrs, dict(item.split("=", 1) for item in attrs["Config"]["Env"])
+
+
+def test_created_container_matches_the_plan(client, image, models):
+    plan = make_plan(models, image, api_key="sk-test-123456")
+    spec = rt.container_spec(plan)  # with the GPU request: create() accepts it, start() would not
+    attrs, env = created(client, plan, spec)
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "1"
     assert env["VLLM_API_KEY"] == "sk-test-123456"
     assert env["HF_HOME"] == rt.HF_HOME_MOUNT
@@ -246,3 +251,111 @@ def test_interrupt_stops_and_removes(client, image, models, sig):
             child.kill()
     assert child.returncode == 130
     assert_gone(client, plan)
+
+
+# --- restart after reboot: --restart, launcher ps, launcher stop -----------------
+
+
+def launcher_cli(*args: str) -> subprocess.CompletedProcess:
+    """The real `launcher` command of this checkout, against the real daemon."""
+    env = dict(os.environ, PYTHONPATH=str(docker_env.REPO))
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_restart_policy_keeps_serving_and_ps_stop_end_it(client, image, models, capsys):
+    """`--restart unless-stopped`: once healthy the launcher returns and leaves
+    the container to the daemon, which starts it again when it ends (here the
+    stand-in exits by itself after 3 s; a reboot is the daemon starting again,
+    which this shared daemon cannot do in a test). `launcher ps` lists it;
+    `launcher stop` ends and removes it."""
+    plan = make_plan(models, image, env={"FAKE_VLLM_MODE": "exit-after-ready", "FAKE_VLLM_READY_S": "3"})
+    name = rt.container_name(plan.recipe)
+    try:
+        assert rt.run(plan, wait_timeout=60, client=client, gpus=None, restart="unless-stopped") == 0
+        _, err = capsys.readouterr()
+        assert f"launcher stop {name}" in err
+        container = client.containers.get(name)
+        assert container.attrs["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            container.reload()
+            if container.attrs["RestartCount"] >= 1 and container.status == "running" and rt._healthy(
+                    f"http://127.0.0.1:{plan.port}/health"):
+                break
+            time.sleep(0.5)
+        assert container.attrs["RestartCount"] >= 1, "the daemon did not start the container again"
+        listed = json.loads(launcher_cli("ps", "--json").stdout)
+        [row] = [r for r in listed if r["name"] == name]
+        assert (row["restart"], row["recipe"], row["endpoint"]) == (
+            "unless-stopped", plan.recipe, f"http://127.0.0.1:{plan.port}/v1")
+        table = launcher_cli("ps").stdout
+        assert name in table and "unless-stopped" in table
+        stopped = launcher_cli("stop", plan.recipe)  # a recipe name finds its container
+        assert stopped.returncode == 0, stopped.stderr
+        assert f"stopped and removed: {name}" in stopped.stdout
+        assert_gone(client, plan)
+        assert name not in launcher_cli("ps").stdout
+    finally:
+        for c in docker_env.containers_named(client, name):
+            c.remove(force=True)
+
+
+def test_a_second_start_names_launcher_stop(client, image, models):
+    plan = make_plan(models, image)
+    name = rt.container_name(plan.recipe)
+    try:
+        assert rt.run(plan, wait_timeout=60, client=client, gpus=None, restart="always") == 0
+        with pytest.raises(LauncherError) as err:
+            rt.run(plan, wait_timeout=5, client=client, gpus=None, restart="always")
+        assert err.value.message == f"a container named {name} is already running"
+        assert err.value.hint == f"stop it first: launcher stop {name}"
+    finally:
+        for c in docker_env.containers_named(client, name):
+            c.remove(force=True)
+
+
+def test_stop_touches_only_launcher_containers(client, image):
+    """A container the launcher did not start (no label) is refused by name and
+    left running. (`stop --all` is not run here: the daemon is shared with
+    other checkouts' tests.)"""
+    other = client.containers.run(image, ["sh", "-c", "sleep 60"], detach=True,
+                                  name=f"wt-docker-foreign-{uuid.uuid4().hex[:8]}")
+    try:
+        refused = launcher_cli("stop", other.name)
+        assert refused.returncode == 2
+        assert f"error: container {other.name} was not started by the launcher" in refused.stderr
+        missing = launcher_cli("stop", "no-such-recipe-here")
+        assert "error: no launcher container named no-such-recipe-here" in missing.stderr
+        assert "name the container(s) to stop, or pass --all" in launcher_cli("stop").stderr
+        other.reload()
+        assert other.status == "running"
+    finally:
+        other.remove(force=True)
+
+
+def test_hf_token_home_and_offline_reach_the_container(client, image, models, tmp_path, monkeypatch):
+    """HF_TOKEN (a secret: in the container's env, never in the spec or the
+    printed command), HF_HUB_OFFLINE, and the host's HF_HOME (mounted, with the
+    hub login's token file) reach the container as planned from the shell."""
+    from launcher import plan as plans
+    from launcher.hardware import HostInfo
+
+    hf_home = tmp_path / "hf-home"
+    (hf_home / "hub").mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    environ = {"HF_TOKEN": "hf_TopSecretToken42", "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
+    ctx = plans.Context(host=HostInfo(system="Linux", machine="x86_64", wsl=False), environ=environ,
+                        installed_vllm=None, installed_transformers=None)
+    plan = plans.resolve(plans.Request(recipe="gemma4-moe-dflash", runtime="docker", image=image,
+                                       model=str(models / "target"), drafter=str(models / "drafter"),
+                                       profile="rtx5090", port=docker_env.free_port()), ctx)
+    spec = rt.container_spec(plan, gpus=None)
+    assert "HF_TOKEN" in spec["secret_env"] and "HF_TOKEN" not in spec["env"]
+    assert spec["env"]["HF_HUB_OFFLINE"] == "1" and spec["env"]["HF_HOME"] == rt.HF_HOME_MOUNT
+    printed = rt.format_container_spec(spec)
+    assert "HF_TOKEN=***" in printed and "-e HF_TOKEN " in printed and "hf_TopSecretToken42" not in printed
+    attrs, env = created(client, plan, spec)
+    assert (env["HF_TOKEN"], env["HF_HUB_OFFLINE"], env["HF_HOME"]) == ("hf_TopSecretToken42", "1", "/cache/huggingface")
+    mounts = {m["Target"]: (m["Source"], m["ReadOnly"]) for m in attrs["HostConfig"]["Mounts"]}
+    assert mounts["/cache/huggingface"] == (str(hf_home), True)  # both models are local folders

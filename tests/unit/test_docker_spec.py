@@ -171,3 +171,55 @@ def test_cli_dry_run_prints_the_spec_without_a_daemon(models, tmp_path):
     assert "vllm serve /models/gemma-4-26B-A4B-it-NVFP4" in proc.stdout
     assert "VLLM_API_KEY=***" in proc.stdout
     assert "sk-never-printed" not in proc.stdout + proc.stderr
+
+
+def test_restart_policy_detaches_in_spec_and_docker_run_line(models):
+    plan = plan_for(models / "target")
+    assert rt.container_spec(plan)["restart"] == "no"
+    spec = rt.container_spec(plan, restart="unless-stopped")
+    assert spec["restart"] == "unless-stopped"
+    assert spec["labels"]["org.vllm-sm12x.endpoint"] == "http://127.0.0.1:8000/v1"
+    text = rt.format_container_spec(spec)
+    assert "docker run -d --restart unless-stopped --name vllm-sm12x-gemma4-moe-dflash" in text
+    assert "--rm" not in text
+    assert "restart     unless-stopped  (detached; launcher ps / launcher stop)" in text
+
+
+def test_unknown_restart_policy_is_refused(models):
+    with pytest.raises(LauncherError) as err:
+        rt.container_spec(plan_for(models / "target"), restart="sometimes")
+    assert err.value.message == "--restart 'sometimes' is not a docker restart policy"
+    assert err.value.hint == "use no, unless-stopped, always, on-failure"
+
+
+def test_download_without_a_host_hf_cache_makes_one(models, tmp_path):
+    """A Hub id means a download: it goes to the host's HF_HOME (created at
+    start), not into the container where it would be lost."""
+    spec = rt.container_spec(plan_for(Path("google/gemma-4-26B-A4B-it")))
+    [hf] = spec["mounts"]
+    assert (hf["source"], hf["target"], hf["read_only"], hf["create"]) == (str(tmp_path / "hf"), rt.HF_HOME_MOUNT, False, True)
+    rt._require_mount_sources(spec)
+    assert (tmp_path / "hf").is_dir()
+
+
+def _cli(args, env):
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
+                          env=dict(os.environ, **env), cwd=REPO, timeout=120)
+
+
+def test_cli_restart_and_hf_environment_in_the_dry_run(models, tmp_path):
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/nobody.sock", "MODELS_DIR": str(models),
+           "HF_TOKEN": "hf_NeverPrinted99", "HF_HUB_OFFLINE": "1"}
+    proc = _cli(["serve", "--recipe", "gemma4-moe-dflash", "--runtime", "docker", "--dry-run",
+                 "--restart", "unless-stopped"], env)
+    assert "docker run -d --restart unless-stopped" in proc.stdout, proc.stdout + proc.stderr
+    assert "HF_HUB_OFFLINE=1" in proc.stdout
+    assert "HF_TOKEN=***" in proc.stdout and "-e HF_TOKEN" in proc.stdout
+    assert "hf_NeverPrinted99" not in proc.stdout + proc.stderr
+
+
+def test_cli_restart_needs_the_docker_runtime(models, tmp_path):
+    proc = _cli(["serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--restart", "unless-stopped"],
+                {"MODELS_DIR": str(models)})
+    assert proc.returncode == 2
+    assert "error: --restart needs --runtime docker" in proc.stderr
