@@ -1,0 +1,173 @@
+"""Runs Gemma 4's attention backend choice from a vLLM 0.21.0 tree, without torch.
+
+Usage: ``python gemma4_per_layer_probe.py CODE_ROOT``; prints one JSON object
+with what each scenario observed (the test decides what is right).
+
+What runs is the real source, cut out of the tree with ``ast`` (the helpers
+of ``tests/integration/series_0_21_0_probe.py``):
+
+* ``Gemma4Config.verify_and_update_config`` and, where the tree has it,
+  ``_gemma4_serves_text_only`` (``vllm/model_executor/models/config.py``);
+* ``ModelConfig.is_mm_prefix_lm`` over the real ``ModelArchitectureConfig``
+  (``vllm/config/model.py``, ``vllm/config/model_arch.py``);
+* ``MultiModalConfig.get_limit_per_prompt`` (``vllm/config/multimodal.py``)
+  on a stand-in holding the parsed limits (objects with ``count``, as vLLM
+  parses ``--limit-mm-per-prompt``);
+* ``_large_head_attn_backend`` and the ``Attention(...)`` call of
+  ``Gemma4Attention.__init__`` (``vllm/model_executor/models/gemma4.py``).
+
+Stand-ins: the backend registry enum (members named as vLLM's, ``get_class``
+returns a class named after the backend), ``get_current_vllm_config``, the
+logger. A subprocess, because the stand-ins register ``vllm`` names.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import json
+import logging
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.integration.series_0_21_0_probe import (  # noqa: E402
+    _class,
+    _class_source,
+    _exec,
+    _function,
+    _install_stand_ins,
+    _method,
+    _module,
+    _target,
+    model_config_classes,
+)
+
+CONFIG_PY = "vllm/model_executor/models/config.py"
+GEMMA4_PY = "vllm/model_executor/models/gemma4.py"
+MULTIMODAL_PY = "vllm/config/multimodal.py"
+
+
+class AttentionBackendEnum(enum.Enum):
+    FLASH_ATTN = "FLASH_ATTN"
+    TRITON_ATTN = "TRITON_ATTN"
+    FLEX_ATTENTION = "FLEX_ATTENTION"
+
+    def get_class(self) -> type:
+        return type(f"{self.value}Backend", (), {"name": self.value})
+
+
+def _install_registry() -> None:
+    mod = types.ModuleType("vllm.v1.attention.backends.registry")
+    mod.AttentionBackendEnum = AttentionBackendEnum
+    mod.MambaAttentionBackendEnum = enum.Enum("M", "MAMBA2")
+    sys.modules[mod.__name__] = mod
+
+
+def multimodal_config_class(code_root: Path) -> type:
+    cls = _class(_module(code_root / MULTIMODAL_PY), "MultiModalConfig")
+    ns: dict = {}
+    _exec(_class_source("MultiModalConfig", "", [_method(cls, "get_limit_per_prompt")]), ns)
+    return ns["MultiModalConfig"]
+
+
+def gemma4_config_class(code_root: Path) -> type:
+    module = _module(code_root / CONFIG_PY)
+    ns: dict = {"logger": logging.getLogger("gemma4-config"), "replace": dataclasses.replace,
+                "VerifyAndUpdateConfig": object}
+    helper = _function(module, "_gemma4_serves_text_only")
+    if helper is not None:
+        _exec(ast.unparse(helper), ns)
+    cls = _class(module, "Gemma4Config")
+    cls.bases = [ast.Name("VerifyAndUpdateConfig")]
+    _exec(ast.unparse(cls), ns)
+    return ns["Gemma4Config"]
+
+
+def _mm_config(cls: type, limits: dict | None, language_model_only=False, embeds=False):
+    obj = object.__new__(cls)
+    obj.language_model_only = language_model_only
+    obj.enable_mm_embeds = embeds
+    obj.limit_per_prompt = {k: types.SimpleNamespace(count=v) for k, v in (limits or {}).items()}
+    return obj
+
+
+# name -> (multimodal config kwargs or None for no multimodal config,
+#          audio tower present, head_dim, global_head_dim, explicit backend)
+SCENARIOS = {
+    "multimodal": ({"limits": {}}, False, 256, 512, None),
+    "image_only_off": ({"limits": {"image": 0}}, False, 256, 512, None),
+    "all_limits_zero": ({"limits": {"image": 0, "video": 0}}, False, 256, 512, None),
+    "language_model_only": ({"limits": {}, "language_model_only": True}, False, 256, 512, None),
+    "no_multimodal_config": (None, False, 256, 512, None),
+    "audio_tower_audio_open": ({"limits": {"image": 0, "video": 0}}, True, 256, 512, None),
+    "audio_tower_all_zero": ({"limits": {"image": 0, "video": 0, "audio": 0}}, True, 256, 512, None),
+    "all_zero_with_mm_embeds": ({"limits": {"image": 0, "video": 0}, "embeds": True}, False, 256, 512, None),
+    "text_only_user_backend": ({"limits": {}, "language_model_only": True}, False, 256, 512, "FLASH_ATTN"),
+    "multimodal_user_backend": ({"limits": {}}, False, 256, 512, "FLASH_ATTN"),
+    "uniform_head_dim_text_only": ({"limits": {}, "language_model_only": True}, False, 256, 256, None),
+}
+
+
+def verify_scenarios(code_root: Path) -> dict:
+    model_config_cls, arch_cls, _ = model_config_classes(code_root)
+    mm_cls = multimodal_config_class(code_root)
+    gemma4 = gemma4_config_class(code_root)
+    out = {}
+    for name, (mm, audio, head_dim, global_head_dim, backend) in SCENARIOS.items():
+        target, arch = _target(model_config_cls, arch_cls, mm_prefix=True)
+        target.multimodal_config = None if mm is None else _mm_config(
+            mm_cls, mm["limits"], mm.get("language_model_only", False), mm.get("embeds", False))
+        target.hf_config = types.SimpleNamespace(audio_config={} if audio else None)
+        target.hf_text_config = types.SimpleNamespace(head_dim=head_dim, global_head_dim=global_head_dim)
+        attention = types.SimpleNamespace(
+            backend=None if backend is None else AttentionBackendEnum[backend])
+        vllm_config = types.SimpleNamespace(model_config=target, attention_config=attention)
+        gemma4.verify_and_update_config(vllm_config)
+        out[name] = {
+            "backend": None if attention.backend is None else attention.backend.name,
+            "is_mm_prefix_lm": target.is_mm_prefix_lm,
+            "arch_other_fields_kept": dataclasses.replace(
+                target.model_arch_config, is_mm_prefix_lm=True) == arch,
+        }
+    return out
+
+
+def layer_backends(code_root: Path) -> dict:
+    module = _module(code_root / GEMMA4_PY)
+    init = _method(_class(module, "Gemma4Attention"), "__init__")
+    call = next(n for n in ast.walk(init) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name) and n.func.id == "Attention")
+    keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+    out: dict = {"attention_call_attn_backend": keywords.get("attn_backend")}
+    helper = _function(module, "_large_head_attn_backend")
+    if helper is None:
+        out["helper_present"] = False
+        return out
+    current = types.SimpleNamespace(attention_config=types.SimpleNamespace(backend=None))
+    ns: dict = {"get_current_vllm_config": lambda: current}
+    _exec(ast.unparse(helper), ns)
+    choose = ns["_large_head_attn_backend"]
+    rows = []
+    for backend in (None, AttentionBackendEnum.TRITON_ATTN, AttentionBackendEnum.FLASH_ATTN):
+        current.attention_config.backend = backend
+        for head_dim in (256, 512):
+            chosen = choose(head_dim)
+            rows.append([None if backend is None else backend.name, head_dim,
+                         None if chosen is None else chosen.name])
+    out.update(helper_present=True, rows=rows)
+    return out
+
+
+def main(code_root: str) -> None:
+    code = Path(code_root)
+    _install_stand_ins(code)
+    _install_registry()
+    print(json.dumps({"verify": verify_scenarios(code), "layers": layer_backends(code)}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
