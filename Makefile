@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.test-deps-stamp
 RECIPE ?= gemma4-moe-dflash
 PYTEST_ARGS ?=
 
-.PHONY: venv test-venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof
+.PHONY: venv test-venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof bench-gpu
 
 # The launcher alone: what `make serve` needs.
 $(STAMP): pyproject.toml
@@ -71,6 +71,12 @@ gpu-stage: venv
 gpu-proof: gpu-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh proof stock patched
+
+## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time
+## benchmark at Gemma 4 26B-A4B widths, write tests/gpu/results/bench.{json,md} (tests/gpu/README.md)
+bench-gpu: gpu-stage
+	bash tests/gpu/remote.sh receive
+	OUT=tests/gpu/results bash tests/gpu/remote.sh bench
 
 clean:
 	rm -rf $(VENV) dist .pytest_cache

@@ -152,11 +152,32 @@ EOF
     tar -C "$WORK" -czf "$OUT/logs.tar.gz" "${logs[@]}"
 }
 
+bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results under $OUT
+    local t0=$SECONDS budget=${BENCH_BUDGET_S:-525}
+    install
+    mkdir -p "$OUT" "$WORK/bench"
+    patched_site > "$WORK/bench/patch-apply.txt"
+    [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
+        || echo "warning: no _vllm_fa2_C.abi3.so in $SITE: the FA2 runs will fail" >&2
+    if [ ! -f "$MODELS/bench/bench-shapes.json" ]; then
+        PYTHONPATH=$SITE "$PY" tests/gpu/make_bench_checkpoints.py "$MODELS/bench"
+    fi
+    local extra=()
+    [ -n "${BENCH_RUNS:-}" ] && extra+=(--runs "$BENCH_RUNS")
+    "$PY" tests/gpu/bench_steps.py --models "$MODELS/bench" --site "$SITE_PATCHED:$SITE" \
+        --out "$WORK/bench" --deadline-s $((budget - (SECONDS - t0))) --series-hash "$(series_hash)" "${extra[@]}" \
+        || echo "bench_steps.py exited $?" >&2
+    cp "$WORK/bench/bench.json" "$WORK/bench/bench.md" "$OUT/" 2>/dev/null || true
+    cp "$WORK"/bench/run-*.json "$OUT/" 2>/dev/null || true
+    tar -C "$WORK/bench" -czf "$OUT/bench-logs.tar.gz" logs patch-apply.txt
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
     receive) receive ;;
     install) install ;;
     proof) proof "$@" ;;
+    bench) bench_run ;;
     *) echo "usage: $0 receive|install|proof [stock] [patched]" >&2; exit 2 ;;
 esac
