@@ -369,6 +369,7 @@ class Bench:
         for d in (self.control, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         self.records: dict[str, dict] = {}
+        self.max_running = 0
         self.started = time.time()
         self.meta = {"device": _device_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "command": "bash tests/gpu/remote.sh bench", "series_hash": args.series_hash,
@@ -389,11 +390,14 @@ class Bench:
         result = self.out / f"run-{run.name}.json"
         log = self.logs / f"{run.name}.log"
         spec = {"run": run.name, "models": str(self.args.models), "result": str(result), "control": str(self.control)}
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+        cmd = self.child_cmd(spec)
         with log.open("w") as fh:
             proc = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         self.log(f"start {run.name} (pid {proc.pid})")
         return Child(run, proc, result, log)
+
+    def child_cmd(self, spec: dict) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
 
     def finish(self, c: Child, why: str | None = None) -> None:
         if c.proc.poll() is None:
@@ -426,10 +430,12 @@ class Bench:
         queue, running = list(runs), []
         measuring: Child | None = None
         while queue or running:
-            while (queue and len(running) < self.args.parallel and self.left_s() > MIN_TIME_FOR_A_RUN_S
+            min_left = getattr(self.args, "min_run_s", MIN_TIME_FOR_A_RUN_S)
+            while (queue and len(running) < self.args.parallel and self.left_s() > min_left
                    and self.fits(queue[0], running)):
                 running.append(self.start(queue.pop(0)))
-            if queue and not running and self.left_s() <= MIN_TIME_FOR_A_RUN_S:
+                self.max_running = max(self.max_running, len(running))
+            if queue and not running and self.left_s() <= min_left:
                 for run in queue:
                     self.records[run.name] = {"run": run.name, "ok": False,
                                               "error": f"not started: {self.left_s():.0f}s left"}
