@@ -134,7 +134,7 @@ def steps_ms(records: dict[str, dict]) -> dict:
     out: dict = {}
     for run in bs.RUNS:
         rec = records.get(run.name)
-        if not rec or not rec.get("ok"):
+        if not rec or not rec.get("phases"):  # a run cut mid-way still gives its finished phases
             continue
         d = out.setdefault(run.target, {"decode": {}, "verify": {}, "draft": {}})
         if run.drafter is None and run.locked:
@@ -232,7 +232,7 @@ def per_layer_backend(records: dict[str, dict], lossless_fn) -> dict:
     locked, patched = records.get("bf16-decode-locked"), records.get("bf16-decode-per-layer")
     out: dict = {"patch_id": bs.PER_LAYER_PATCH_ID, "decode_speedup": {}, "decode_speedup_gpu": {},
                  "decode_ms": {}, "lossless": None, "goal": ">= 1.3x decode throughput at 16k, batch 1"}
-    if not (locked and locked.get("ok") and patched and patched.get("ok")):
+    if not (locked and locked.get("phases") and patched and patched.get("phases")):
         out["missing"] = "both bf16-decode-locked and bf16-decode-per-layer must finish"
         return out
     base_runs, cand_runs = [], []

@@ -15,11 +15,12 @@ What one engine measures (``child``), in order, writing its record after
 each phase so that a cut call keeps what finished:
 
 * ``decode-b{B}`` / ``verify-b{B}`` for B in 1, 4, 16, 32: B prompts of 64
-  tokens; a warm-up call (max_tokens 1, fills the prefix cache), a short
-  call (``WALL_SHORT_TOKENS``) and a long call, both then equally served by
-  the prefix cache; the long call is timed step by step with CUDA events
-  (bench_report.py says which events and how they become step times), the
-  difference of the two wall times over their difference in engine steps is
+  tokens; a call with max_tokens 1 (fills the prefix cache), a short warm-up
+  call (``WALL_SHORT_TOKENS``; kernels compiled on first use), a long call
+  and the short call again, all then equally served by the prefix cache; the
+  long call is timed step by step with CUDA events (bench_report.py says
+  which events and how they become step times); the difference of the long
+  and the second short wall time over their difference in engine steps is
   the wall-clock time per step;
 * ``ctx-{2k,16k,64k}`` (decode engines with ``contexts``): one prompt that
   long, batch 1, 64 greedy tokens with raw top-2 logits: the per-layer
@@ -190,13 +191,15 @@ def _timed_phase(llm, timer, SamplingParams, prompts, max_tokens: int, *, logpro
         return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False, logprobs=logprobs)
 
     llm.generate(inputs, params(1), use_tqdm=False)
-    walls = {}
-    for label, n in (("short", bs.WALL_SHORT_TOKENS), ("long", max_tokens)):
+    walls, outs = {}, None
+    # The first short call only warms up (kernels compiled on first use); the second is timed.
+    for label, n in (("warm", bs.WALL_SHORT_TOKENS), ("long", max_tokens), ("short", bs.WALL_SHORT_TOKENS)):
         timer.active = label == "long"
         calls, t0 = timer.calls, time.perf_counter()
-        outs = llm.generate(inputs, params(n), use_tqdm=False)
+        result = llm.generate(inputs, params(n), use_tqdm=False)
         walls[label] = (time.perf_counter() - t0, timer.calls - calls)
         timer.active = False
+        outs = result if label == "long" else outs
     steps = timer.collect()
     generated = [len(o.outputs[0].token_ids) for o in outs]
     phase = {"batch": len(prompts), "prompt_len": len(prompts[0]), "max_tokens": max_tokens, "steps": steps,
@@ -262,24 +265,43 @@ def measure(llm, run: bs.EngineRun, record: dict, out: Path) -> None:
         record["phases"][f"{kind}-b{b}"] = phase
         _write(out, record)
     if run.contexts:
-        for i, (label, n) in enumerate(bs.CONTEXTS.items()):
-            prompt = _prompts(1, n - bs.CONTEXT_DECODE_TOKENS, 200 + i)
-            phase = _timed_phase(llm, timer, SamplingParams, prompt, bs.CONTEXT_DECODE_TOKENS, logprobs=2)
-            phase["forward_tokens"] = 1
-            record["phases"][f"ctx-{label}"] = phase
-            _write(out, record)
-        rng = random.Random(300)
-        short = [_prompts(1, rng.randrange(50, 1500), 300 + j)[0] for j in range(8)]
-        params = SamplingParams(temperature=0.0, max_tokens=bs.CONTEXT_DECODE_TOKENS, ignore_eos=True,
-                                detokenize=False, logprobs=2)
-        outs = llm.generate([{"prompt_token_ids": p} for p in short], params, use_tqdm=False)
-        record["phases"]["lossless-short"] = {"outputs": [_output(p, o) for p, o in zip(short, outs)]}
-        _write(out, record)
+        _optional(record, out, "contexts", lambda: _contexts(llm, timer, SamplingParams, record, out))
     if run.profile:
-        for b in (1, 16):
-            prof = _profile_phase(torch, llm, timer, SamplingParams, _prompts(b, bs.DECODE_PROMPT_LEN, 400 + b))
-            record["profile"][f"{kind}-b{b}"] = prof
-            _write(out, record)
+        _optional(record, out, "profile", lambda: _profiles(torch, llm, timer, SamplingParams, kind, record, out))
+
+
+def _optional(record: dict, out: Path, what: str, fn) -> None:
+    """A failure here is recorded and the engine's step times still count."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        record.setdefault("errors", {})[what] = f"{type(exc).__name__}: {exc}"
+        _write(out, record)
+
+
+def _contexts(llm, timer, SamplingParams, record: dict, out: Path) -> None:
+    """Batch 1 at 2k/16k/64k tokens of context, and eight shorter prompts: raw top-2 logits."""
+    for i, (label, n) in enumerate(bs.CONTEXTS.items()):
+        prompt = _prompts(1, n - bs.CONTEXT_DECODE_TOKENS, 200 + i)
+        phase = _timed_phase(llm, timer, SamplingParams, prompt, bs.CONTEXT_DECODE_TOKENS, logprobs=2)
+        phase["forward_tokens"] = 1
+        record["phases"][f"ctx-{label}"] = phase
+        _write(out, record)
+    rng = random.Random(300)
+    short = [_prompts(1, rng.randrange(50, 1500), 300 + j)[0] for j in range(8)]
+    params = SamplingParams(temperature=0.0, max_tokens=bs.CONTEXT_DECODE_TOKENS, ignore_eos=True,
+                            detokenize=False, logprobs=2)
+    outs = llm.generate([{"prompt_token_ids": p} for p in short], params, use_tqdm=False)
+    record["phases"]["lossless-short"] = {"outputs": [_output(p, o) for p, o in zip(short, outs)]}
+    _write(out, record)
+
+
+def _profiles(torch, llm, timer, SamplingParams, kind: str, record: dict, out: Path) -> None:
+    for b in (1, 16):
+        prof = _profile_phase(torch, llm, timer, SamplingParams, _prompts(b, bs.DECODE_PROMPT_LEN, 400 + b))
+        record["profile"][f"{kind}-b{b}"] = prof
+        _write(out, record)
 
 
 def child(spec: dict) -> int:
