@@ -17,8 +17,8 @@ of ``tests/integration/series_0_21_0_probe.py``):
   ``Gemma4Attention.__init__`` (``vllm/model_executor/models/gemma4.py``).
 
 Stand-ins: the backend registry enum (members named as vLLM's, ``get_class``
-returns a class named after the backend), ``get_current_vllm_config``, the
-logger. A subprocess, because the stand-ins register ``vllm`` names.
+returns a class named after the backend), ``current_platform`` (CUDA or not,
+per scenario), ``get_current_vllm_config``, the logger. A subprocess, because the stand-ins register ``vllm`` names.
 """
 
 from __future__ import annotations
@@ -60,11 +60,18 @@ class AttentionBackendEnum(enum.Enum):
         return type(f"{self.value}Backend", (), {"name": self.value})
 
 
+PLATFORM = {"cuda": True}
+current_platform = types.SimpleNamespace(is_cuda=lambda: PLATFORM["cuda"])
+
+
 def _install_registry() -> None:
     mod = types.ModuleType("vllm.v1.attention.backends.registry")
     mod.AttentionBackendEnum = AttentionBackendEnum
     mod.MambaAttentionBackendEnum = enum.Enum("M", "MAMBA2")
     sys.modules[mod.__name__] = mod
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = current_platform
+    sys.modules[platforms.__name__] = platforms
 
 
 def multimodal_config_class(code_root: Path) -> type:
@@ -96,8 +103,9 @@ def _mm_config(cls: type, limits: dict | None, language_model_only=False, embeds
 
 
 # name -> (multimodal config kwargs or None for no multimodal config,
-#          audio tower present, head_dim, global_head_dim, explicit backend)
+#          audio tower present, head_dim, global_head_dim, explicit backend[, on CUDA])
 SCENARIOS = {
+    "language_model_only_not_cuda": ({"limits": {}, "language_model_only": True}, False, 256, 512, None, False),
     "multimodal": ({"limits": {}}, False, 256, 512, None),
     "image_only_off": ({"limits": {"image": 0}}, False, 256, 512, None),
     "all_limits_zero": ({"limits": {"image": 0, "video": 0}}, False, 256, 512, None),
@@ -117,7 +125,8 @@ def verify_scenarios(code_root: Path) -> dict:
     mm_cls = multimodal_config_class(code_root)
     gemma4 = gemma4_config_class(code_root)
     out = {}
-    for name, (mm, audio, head_dim, global_head_dim, backend) in SCENARIOS.items():
+    for name, (mm, audio, head_dim, global_head_dim, backend, *cuda) in SCENARIOS.items():
+        PLATFORM["cuda"] = cuda[0] if cuda else True
         target, arch = _target(model_config_cls, arch_cls, mm_prefix=True)
         target.multimodal_config = None if mm is None else _mm_config(
             mm_cls, mm["limits"], mm.get("language_model_only", False), mm.get("embeds", False))

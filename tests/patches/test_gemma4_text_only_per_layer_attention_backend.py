@@ -36,6 +36,7 @@ PROBE_EXTRA = ["vllm/utils/math_utils.py", "vllm/config/model.py", "vllm/config/
                "vllm/config/multimodal.py"]
 TEXT_ONLY = ("all_limits_zero", "language_model_only", "no_multimodal_config", "audio_tower_all_zero")
 MULTIMODAL = ("multimodal", "image_only_off", "audio_tower_audio_open", "all_zero_with_mm_embeds")
+NOT_CUDA = "language_model_only_not_cuda"
 
 pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
@@ -76,7 +77,7 @@ def test_applies_alone_and_compiles(layout, tmp_path):
     check_applies_alone(VERSION, _patch(), layout, tmp_path)
 
 
-@pytest.mark.parametrize("scenario", TEXT_ONLY + MULTIMODAL)
+@pytest.mark.parametrize("scenario", TEXT_ONLY + MULTIMODAL + (NOT_CUDA,))
 def test_released_locks_every_layer_to_triton_and_keeps_mm_prefix(released, scenario):
     assert released["verify"][scenario]["backend"] == "TRITON_ATTN"
     assert released["verify"][scenario]["is_mm_prefix_lm"] is True
@@ -97,6 +98,11 @@ def test_patched_text_only_lifts_the_lock_and_the_mm_prefix(patched, scenario):
 @pytest.mark.parametrize("scenario", MULTIMODAL)
 def test_patched_multimodal_serving_is_as_released(released, patched, scenario):
     assert patched["verify"][scenario] == released["verify"][scenario]
+
+
+def test_patched_other_platforms_keep_the_lock_without_mm_prefix(patched):
+    assert patched["verify"][NOT_CUDA]["backend"] == "TRITON_ATTN"
+    assert patched["verify"][NOT_CUDA]["is_mm_prefix_lm"] is False
 
 
 def test_patched_explicit_backend_is_kept_and_text_only_drops_mm_prefix(released, patched):
