@@ -1,7 +1,10 @@
 """Runs Gemma 4's attention backend choice from a vLLM 0.21.0 tree, without torch.
 
-Usage: ``python gemma4_per_layer_probe.py CODE_ROOT``; prints one JSON object
-with what each scenario observed (the test decides what is right).
+Usage: ``python gemma4_per_layer_probe.py CODE_ROOT [0.21.0|0.33.0]``; prints
+one JSON object with what each scenario observed (the test decides what is
+right). 0.33.0's Gemma4Config reads the per-layer head sizes from
+``model_arch_config[i]`` and ``ModelConfig.supports_multimodal_inputs``, which
+are given directly (stand-ins), together with FA4 / CUDA / XPU per scenario.
 
 What runs is the real source, cut out of the tree with ``ast`` (the helpers
 of ``tests/integration/series_0_21_0_probe.py``):
@@ -60,8 +63,10 @@ class AttentionBackendEnum(enum.Enum):
         return type(f"{self.value}Backend", (), {"name": self.value})
 
 
-PLATFORM = {"cuda": True}
-current_platform = types.SimpleNamespace(is_cuda=lambda: PLATFORM["cuda"])
+PLATFORM = {"cuda": True, "xpu": False, "fa4": False}
+current_platform = types.SimpleNamespace(
+    is_cuda=lambda: PLATFORM["cuda"], is_xpu=lambda: PLATFORM["xpu"],
+    is_device_capability_family=lambda family: family == 90)
 
 
 def _install_registry() -> None:
@@ -72,6 +77,9 @@ def _install_registry() -> None:
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = current_platform
     sys.modules[platforms.__name__] = platforms
+    fa_utils = types.ModuleType("vllm.v1.attention.backends.fa_utils")
+    fa_utils.is_fa_version_supported = lambda version: version == 4 and PLATFORM["fa4"]
+    sys.modules[fa_utils.__name__] = fa_utils
 
 
 def multimodal_config_class(code_root: Path) -> type:
@@ -171,12 +179,89 @@ def layer_backends(code_root: Path) -> dict:
     return out
 
 
-def main(code_root: str) -> None:
+# ---------------------------------------------------------------- 0.33.0
+
+# name -> (FA4, CUDA, XPU, multimodal inputs possible, explicit backend)
+SCENARIOS_0_33_0 = {
+    "text_only": (False, True, False, False, None),
+    "multimodal": (False, True, False, True, None),
+    "text_only_not_cuda": (False, False, False, False, None),
+    "text_only_xpu": (False, False, True, False, None),
+    "text_only_fa4": (True, True, False, False, None),
+    "text_only_user_backend": (False, True, False, False, "FLASH_ATTN"),
+}
+
+
+class _ArchConfig:
+    """model_arch_config indexed per layer, as 0.33.0's Gemma4Config reads it."""
+
+    def __init__(self, head_sizes: list[int]):
+        self.head_sizes = head_sizes
+        self.total_num_hidden_layers = len(head_sizes)
+
+    def __getitem__(self, i: int):
+        return types.SimpleNamespace(head_size=self.head_sizes[i])
+
+
+def verify_scenarios_0_33_0(code_root: Path) -> dict:
+    module = _module(code_root / CONFIG_PY)
+    ns: dict = {"logger": logging.getLogger("gemma4-config"), "VerifyAndUpdateConfig": object}
+    cls = _class(module, "Gemma4Config")
+    cls.bases = [ast.Name("VerifyAndUpdateConfig")]
+    _exec(ast.unparse(cls), ns)
+    kinds = ["sliding_attention"] * 5 + ["full_attention"]
+    out = {}
+    for name, (fa4, cuda, xpu, multimodal, backend) in SCENARIOS_0_33_0.items():
+        PLATFORM.update(cuda=cuda, xpu=xpu, fa4=fa4)
+        model_config = types.SimpleNamespace(
+            model_arch_config=_ArchConfig([512 if k == "full_attention" else 256 for k in kinds]),
+            hf_text_config=types.SimpleNamespace(layer_types=kinds),
+            supports_multimodal_inputs=multimodal)
+        attention = types.SimpleNamespace(
+            backend=None if backend is None else AttentionBackendEnum[backend], flash_attn_version=None)
+        vllm_config = types.SimpleNamespace(model_config=model_config, attention_config=attention,
+                                            cache_config=types.SimpleNamespace(cache_dtype="auto"))
+        ns["Gemma4Config"].verify_and_update_config(vllm_config)
+        out[name] = {"backend": None if attention.backend is None else attention.backend.name,
+                     "flash_attn_version": attention.flash_attn_version}
+    return out
+
+
+def layer_backends_0_33_0(code_root: Path) -> dict:
+    module = _module(code_root / GEMMA4_PY)
+    init = _method(_class(module, "Gemma4Attention"), "__init__")
+    call = next(n for n in ast.walk(init) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name) and n.func.id == "Attention")
+    out: dict = {"attention_call_attn_backend": {k.arg: ast.unparse(k.value) for k in call.keywords}.get("attn_backend")}
+    helper = _function(module, "_large_head_attn_backend")
+    if helper is None:
+        return out | {"helper_present": False}
+    attention = types.SimpleNamespace(backend=None, backend_per_kind={})
+    ns: dict = {"get_current_vllm_config": lambda: types.SimpleNamespace(attention_config=attention),
+                "current_platform": current_platform}
+    _exec(ast.unparse(helper), ns)
+    rows = []
+    for backend, per_kind, cuda, fa4 in ((None, {}, True, False), ("TRITON_ATTN", {}, True, False),
+                                         (None, {"full_attention": "FLASH_ATTN"}, True, False),
+                                         (None, {}, False, False), (None, {}, True, True)):
+        attention.backend = None if backend is None else AttentionBackendEnum[backend]
+        attention.backend_per_kind = per_kind
+        PLATFORM.update(cuda=cuda, xpu=False, fa4=fa4)
+        for head_dim in (256, 512):
+            chosen = ns["_large_head_attn_backend"](head_dim)
+            rows.append([backend, bool(per_kind), cuda, fa4, head_dim, None if chosen is None else chosen.name])
+    return out | {"helper_present": True, "rows": rows}
+
+
+def main(code_root: str, version: str = "0.21.0") -> None:
     code = Path(code_root)
     _install_stand_ins(code)
     _install_registry()
-    print(json.dumps({"verify": verify_scenarios(code), "layers": layer_backends(code)}))
+    if version == "0.33.0":
+        print(json.dumps({"verify": verify_scenarios_0_33_0(code), "layers": layer_backends_0_33_0(code)}))
+    else:
+        print(json.dumps({"verify": verify_scenarios(code), "layers": layer_backends(code)}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
