@@ -36,11 +36,15 @@ Projected (not measured): the DFlash speed-up ``tau * T_decode30 /
 (T_draft + T_verify30)`` for acceptance lengths tau = 2..8 and the
 published ones (PR #41703 on a B200: 7.73 on HumanEval, 4.25 on MT-Bench).
 
-Breakdown: kernel times from ``torch.profiler`` over a few steps,
-classified by kernel name (attention, MoE, other forward), the LM head from
-its events; ``coverage`` is the profiled kernel time per step over the
-measured step time, so a profile that missed kernels (e.g. inside CUDA
-graphs) shows as low coverage rather than as a wrong split.
+Breakdown: kernel times from ``torch.profiler`` over 8 steady steps, those
+launched inside the target forward (a ``bench::forward`` range around
+``_model_forward``) classified by kernel name (attention, MoE, other), which
+splits the measured forward time; the LM head and the drafter from their
+events, the rest of the step (sampling, input preparation) by difference.
+``coverage`` is the profiled kernel time per step over the measured forward
+time, so a profile that missed kernels (e.g. inside CUDA graphs) shows as
+low coverage rather than as a wrong split. Without range grouping, every
+kernel of the step is classified (``kernel_scope`` "step").
 """
 
 from __future__ import annotations
@@ -199,19 +203,25 @@ def breakdown(records: dict[str, dict]) -> dict:
             if not phase or not prof.get("steps"):
                 continue
             m = phase_ms(phase)
+            # Kernels inside the target forward when the profile could group them by range;
+            # otherwise every kernel of the step (then a drafter's kernels are mixed in).
+            forward = (prof.get("ranges") or {}).get("forward")
+            rows = forward or prof.get("kernels", [])
             sums = {"attention": 0.0, "moe": 0.0, "other": 0.0}
-            for name, total_us, _count in prof.get("kernels", []):
+            for name, total_us, _count in rows:
                 sums[classify(name)] += total_us / 1000.0 / prof["steps"]
-            out[f"{run.name}/{phase_name}"] = _split(m, sums, prof)
+            res = _split(m, sums, prof, "forward" if forward else "step")
+            out[f"{run.name}/{phase_name}"] = res
     return out
 
 
-def _split(m: dict, sums: dict, prof: dict) -> dict:
+def _split(m: dict, sums: dict, prof: dict, scope: str) -> dict:
     step, fwd, logits = m.get("step_ms"), m.get("forward_ms"), m.get("logits_ms") or 0.0
     draft = m.get("propose_ms") or 0.0
     kernels = sum(sums.values())
-    res: dict = {"kernels_ms_per_step": {k: round(v, 4) for k, v in sums.items()},
-                 "coverage": round(kernels / step, 3) if step else None,
+    against = fwd if scope == "forward" else step
+    res: dict = {"kernel_scope": scope, "kernels_ms_per_step": {k: round(v, 4) for k, v in sums.items()},
+                 "coverage": round(kernels / against, 3) if against else None,
                  "lm_head_ms": logits, "draft_ms": draft, "top_kernels": prof.get("kernels", [])[:12]}
     if step and fwd and kernels:
         # Forward time split by the kernel mix; what lies outside the forward, LM head and

@@ -110,23 +110,26 @@ class StepTimer:
         self.calls = 0
         self._wrap(runner, "execute_model", self._on_step_start, None)
         self._wrap(runner, "sample_tokens", None, self._on_step_end)
-        self._wrap(runner, "_model_forward", *self._span("forward", count_tokens=True))
-        self._wrap(runner.model, "compute_logits", *self._span("logits"))
+        self._wrap(runner, "_model_forward", *self._span("forward", count_tokens=True), label="forward")
+        self._wrap(runner.model, "compute_logits", *self._span("logits"), label="logits")
         if getattr(runner, "drafter", None) is not None:
-            self._wrap(runner.drafter, "propose", *self._span("propose"))
+            self._wrap(runner.drafter, "propose", *self._span("propose"), label="propose")
 
     def _event(self):
         ev = self.torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 
-    @staticmethod
-    def _wrap(obj, name: str, before, after) -> None:
+    def _wrap(self, obj, name: str, before, after, label: str | None = None) -> None:
+        """Replace ``obj.name``; under a profiler, its kernels are grouped as ``bench::label``."""
         original = getattr(obj, name)
 
         def wrapped(*args, **kwargs):
             token = before(args, kwargs) if before else None
             try:
+                if label and self.profiler is not None:
+                    with self.torch.profiler.record_function(f"bench::{label}"):
+                        return original(*args, **kwargs)
                 return original(*args, **kwargs)
             finally:
                 if after:
@@ -214,8 +217,24 @@ def _timed_phase(llm, timer, SamplingParams, prompts, max_tokens: int, *, logpro
     return phase
 
 
+def _kernel_rows(totals: dict[str, list[float]]) -> list[list]:
+    return sorted(([name, round(us, 2), int(n)] for name, (us, n) in totals.items()), key=lambda r: -r[1])
+
+
+def _kernels_under(evt, totals: dict[str, list[float]]) -> None:
+    """Every device kernel launched inside a CPU range (its ops and runtime calls, recursively)."""
+    for k in getattr(evt, "kernels", []) or []:
+        row = totals.setdefault(k.name, [0.0, 0])
+        row[0] += float(k.duration)
+        row[1] += 1
+    for child in getattr(evt, "cpu_children", []) or []:
+        _kernels_under(child, totals)
+
+
 def _profile_phase(torch, llm, timer, SamplingParams, prompts) -> dict:
-    """Kernel times (name, total us, calls) over 8 steady steps."""
+    """Kernel times (name, total us, calls) over 8 steady steps: all of them, and those
+    inside each timed range (``bench::forward``, ``bench::logits``, ``bench::propose``)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, schedule
 
     got: dict = {}
@@ -224,20 +243,25 @@ def _profile_phase(torch, llm, timer, SamplingParams, prompts) -> dict:
         rows = []
         for evt in prof.key_averages():
             us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-            if us:
+            if us and getattr(evt, "device_type", None) == DeviceType.CUDA:
                 rows.append([evt.key, round(float(us), 2), int(evt.count)])
         got["kernels"] = sorted(rows, key=lambda r: -r[1])
+        ranges: dict[str, dict] = {}
+        for evt in prof.events():
+            if evt.name.startswith("bench::"):
+                _kernels_under(evt, ranges.setdefault(evt.name.removeprefix("bench::"), {}))
+        got["ranges"] = {k: _kernel_rows(v) for k, v in ranges.items()}
 
     active = 8
-    with profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=3, warmup=2, active=active, repeat=1),
-                 on_trace_ready=ready) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 schedule=schedule(wait=3, warmup=2, active=active, repeat=1), on_trace_ready=ready) as prof:
         timer.profiler = prof
         try:
             params = SamplingParams(temperature=0.0, max_tokens=3 + 2 + active + 4, ignore_eos=True, detokenize=False)
             llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         finally:
             timer.profiler = None
-    return {"steps": active if got else 0, "kernels": got.get("kernels", [])}
+    return {"steps": active if got else 0, "kernels": got.get("kernels", []), "ranges": got.get("ranges", {})}
 
 
 def _write(path: Path, record: dict) -> None:

@@ -262,6 +262,18 @@ def test_breakdown_splits_the_forward_by_kernel_mix():
     assert sum(b["per_30_layers_share"].values()) == pytest.approx(1.0, abs=0.01)
 
 
+def test_breakdown_prefers_the_kernels_inside_the_target_forward():
+    recs = _records()
+    recs["bf16-dflash-fa3"]["profile"] = {"verify-b1": {"steps": 1, "kernels": [["flash_fwd_kernel", 9000.0, 5]],
+                                                         "ranges": {"forward": [["kernel_unified_attention_2d", 2000.0, 6],
+                                                                                ["fused_moe_kernel", 4000.0, 6]]}}}
+    b = br.breakdown(recs)["bf16-dflash-fa3/verify-b1"]
+    assert b["kernel_scope"] == "forward"  # the drafter's flash kernels stay out of the target's split
+    assert b["coverage"] == pytest.approx(6.0 / 8.0)
+    assert b["per_30_layers_ms"]["attention"] == pytest.approx(8.0 / 3 * 5, abs=1e-3)
+    assert b["per_30_layers_ms"]["drafter"] == 4.0
+
+
 def test_classify_kernel_names():
     assert br.classify("flash_fwd_splitkv_kernel") == "attention"
     assert br.classify("_fwd_kernel_unified_attention_3d") == "attention"
