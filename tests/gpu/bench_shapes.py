@@ -335,7 +335,7 @@ class EngineRun:
             "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
             # The KV cache is sized here, so vLLM skips its free-memory profile:
             # engines start side by side. The utilization only has to fit at start.
-            "kv_cache_memory_bytes": self.kv_cache_bytes, "gpu_memory_utilization": 0.1,
+            "kv_cache_memory_bytes": self.kv_cache_bytes, "gpu_memory_utilization": 0.2,
             "compilation_config": {"cudagraph_capture_sizes": self.capture_sizes},
         }
         attention: dict = {}
