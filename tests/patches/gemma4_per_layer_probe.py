@@ -153,13 +153,17 @@ def verify_scenarios(code_root: Path) -> dict:
     return out
 
 
-def layer_backends(code_root: Path) -> dict:
-    module = _module(code_root / GEMMA4_PY)
+def _attention_call_backend(module: ast.Module) -> str | None:
+    """The ``attn_backend=`` argument of the ``Attention(...)`` call in Gemma4Attention.__init__."""
     init = _method(_class(module, "Gemma4Attention"), "__init__")
     call = next(n for n in ast.walk(init) if isinstance(n, ast.Call)
                 and isinstance(n.func, ast.Name) and n.func.id == "Attention")
-    keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
-    out: dict = {"attention_call_attn_backend": keywords.get("attn_backend")}
+    return {k.arg: ast.unparse(k.value) for k in call.keywords}.get("attn_backend")
+
+
+def layer_backends(code_root: Path) -> dict:
+    module = _module(code_root / GEMMA4_PY)
+    out: dict = {"attention_call_attn_backend": _attention_call_backend(module)}
     helper = _function(module, "_large_head_attn_backend")
     if helper is None:
         out["helper_present"] = False
@@ -204,11 +208,7 @@ class _ArchConfig:
 
 
 def verify_scenarios_0_33_0(code_root: Path) -> dict:
-    module = _module(code_root / CONFIG_PY)
-    ns: dict = {"logger": logging.getLogger("gemma4-config"), "VerifyAndUpdateConfig": object}
-    cls = _class(module, "Gemma4Config")
-    cls.bases = [ast.Name("VerifyAndUpdateConfig")]
-    _exec(ast.unparse(cls), ns)
+    gemma4 = gemma4_config_class(code_root)
     kinds = ["sliding_attention"] * 5 + ["full_attention"]
     out = {}
     for name, (fa4, cuda, xpu, multimodal, backend) in SCENARIOS_0_33_0.items():
@@ -221,7 +221,7 @@ def verify_scenarios_0_33_0(code_root: Path) -> dict:
             backend=None if backend is None else AttentionBackendEnum[backend], flash_attn_version=None)
         vllm_config = types.SimpleNamespace(model_config=model_config, attention_config=attention,
                                             cache_config=types.SimpleNamespace(cache_dtype="auto"))
-        ns["Gemma4Config"].verify_and_update_config(vllm_config)
+        gemma4.verify_and_update_config(vllm_config)
         out[name] = {"backend": None if attention.backend is None else attention.backend.name,
                      "flash_attn_version": attention.flash_attn_version}
     return out
@@ -229,10 +229,7 @@ def verify_scenarios_0_33_0(code_root: Path) -> dict:
 
 def layer_backends_0_33_0(code_root: Path) -> dict:
     module = _module(code_root / GEMMA4_PY)
-    init = _method(_class(module, "Gemma4Attention"), "__init__")
-    call = next(n for n in ast.walk(init) if isinstance(n, ast.Call)
-                and isinstance(n.func, ast.Name) and n.func.id == "Attention")
-    out: dict = {"attention_call_attn_backend": {k.arg: ast.unparse(k.value) for k in call.keywords}.get("attn_backend")}
+    out: dict = {"attention_call_attn_backend": _attention_call_backend(module)}
     helper = _function(module, "_large_head_attn_backend")
     if helper is None:
         return out | {"helper_present": False}

@@ -22,16 +22,13 @@ lossless tokens) is tests/gpu/bench_steps.py's ``per_layer_backend`` record.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.patching.series import load_series
 from launcher.paths import patches_dir
-from tests.integration.patch_trees import check_applies_alone, pristine, series_applied_tree
+from tests.integration.patch_trees import check_applies_alone, pristine, run_probe, series_applied_tree
 
 VERSION = "0.21.0"
 PATCH_ID = "gemma4-text-only-per-layer-attention-backend"
@@ -46,10 +43,7 @@ pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
 
 def _probe(code_root: Path, version: str = VERSION) -> dict:
-    run = subprocess.run([sys.executable, str(PROBE), str(code_root), version], capture_output=True,
-                         text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
+    return run_probe(PROBE, code_root, version)
 
 
 @pytest.fixture(scope="module")
