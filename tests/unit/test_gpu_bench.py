@@ -398,3 +398,87 @@ def test_deadline_leaves_later_runs_unstarted(tmp_path):
     bench = bench_steps.Bench(args)
     bench.loop(list(bs.RUNS[:2]))
     assert all(r["error"].startswith("not started") for r in bench.records.values())
+
+
+# ----------------------------------------------------------------- step timing (stand-in engine)
+
+# The engine and CUDA events need a GPU; these stand-ins call the runner methods
+# the way vLLM 0.21.0's engine core does (execute_model -> _model_forward ->
+# model.compute_logits, then sample_tokens -> drafter.propose), so the timer's
+# wrapping and bookkeeping and the phase records run for real.
+
+
+class _Event:
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return 1000.0 * (other.t - self.t)
+
+
+class _Torch:
+    cuda = SimpleNamespace(Event=_Event, synchronize=lambda: None)
+    profiler = None
+
+
+class _Runner:
+    def __init__(self, spec_tokens: int):
+        self.spec = spec_tokens
+        self.model = SimpleNamespace(compute_logits=lambda h: time.sleep(0.0005))
+        self.drafter = SimpleNamespace(propose=lambda *a: time.sleep(0.001)) if spec_tokens else None
+        self.batch = None
+
+    def _model_forward(self, input_ids=None, positions=None, **kw):
+        time.sleep(0.002)
+
+    def execute_model(self, tokens: int):
+        import torch
+
+        self._model_forward(input_ids=torch.zeros(tokens, dtype=torch.long))
+        self.model.compute_logits(None)
+
+    def sample_tokens(self, grammar=None):
+        if self.drafter is not None:
+            self.drafter.propose()
+
+
+class _LLM:
+    def __init__(self, runner):
+        self.runner = runner
+
+    def generate(self, inputs, params, use_tqdm=False):
+        b, per_seq = len(inputs), 1 + self.runner.spec
+        self.runner.execute_model(b * len(inputs[0]["prompt_token_ids"]))  # prefill
+        self.runner.sample_tokens()
+        for _ in range(params.max_tokens - 1):
+            self.runner.execute_model(b * per_seq)
+            self.runner.sample_tokens()
+        out = SimpleNamespace(token_ids=list(range(params.max_tokens)), logprobs=None)
+        return [SimpleNamespace(outputs=[out]) for _ in inputs]
+
+
+def _sampling_params(**kw):
+    return SimpleNamespace(**kw)
+
+
+@pytest.mark.parametrize("spec_tokens", (0, 15))
+def test_timed_phase_records_steady_steps_and_wall_clock(spec_tokens):
+    import bench_steps
+
+    runner = _Runner(spec_tokens)
+    timer = bench_steps.StepTimer(_Torch, runner)
+    prompts = bench_steps._prompts(4, bs.DECODE_PROMPT_LEN, 1)
+    phase = bench_steps._timed_phase(_LLM(runner), timer, _sampling_params, prompts, 20)
+    phase["forward_tokens"] = 4 * (1 + spec_tokens)
+    assert phase["steps_long"] == 20 and phase["steps_short"] == bs.WALL_SHORT_TOKENS
+    assert len(phase["steps"]) == 20 and phase["steps"][0]["forward_tokens"] == 4 * bs.DECODE_PROMPT_LEN
+    assert phase["tokens_per_step"] == 1.0
+    m = br.phase_ms(phase)
+    assert m["steps"] == 19 - br.SKIP_STEPS
+    assert m["step_ms"] >= m["forward_ms"] + m["logits_ms"] > 0
+    assert (m["propose_ms"] is not None) == bool(spec_tokens)
+    assert m["wall_ms"] > 0
+    assert timer.steps == []  # collected
