@@ -321,7 +321,8 @@ def _projection_md(proj: dict) -> list[str]:
     out = ["## Projected DFlash speed-up (not measured)", "", f"`{proj['formula']}`; "
            f"published acceptance: HumanEval {PUBLISHED_TAUS['humaneval']}, MT-Bench "
            f"{PUBLISHED_TAUS['mt-bench']} ({PUBLISHED_SOURCE}).", "",
-           "| target | drafter | batch | " + " | ".join(f"τ={c}" for c in cols) + " |",
+           "| target | drafter | batch | " + " | ".join(
+               f"τ={PUBLISHED_TAUS[c]} ({c})" if c in PUBLISHED_TAUS else f"τ={c}" for c in cols) + " |",
            "|---|---|---|" + "---|" * len(cols)]
     for dtype, by_backend in proj.items():
         if not isinstance(by_backend, dict) or dtype == "published":
@@ -339,6 +340,8 @@ def _per_layer_md(plb: dict) -> list[str]:
     for label, ms in plb.get("decode_ms", {}).items():
         out.append(f"| {label} | {_fmt(ms['locked']['wall_ms'], 3)} | {_fmt(ms['per_layer']['wall_ms'], 3)} | "
                    f"{_fmt(plb['decode_speedup'].get(label), 3)} | {_fmt(plb['decode_speedup_gpu'].get(label), 3)} |")
+    backends = plb.get("backends") or {}
+    out += ["", f"Backends: locked {backends.get('locked')}; per-layer {backends.get('per_layer')}."]
     return out + ["", f"Lossless against the lock (within bf16 ties): {plb.get('lossless')}", ""]
 
 
