@@ -456,7 +456,12 @@ class Bench:
         rec["log_tail"] = c.log.read_text(errors="replace").splitlines()[-30:] if c.log.exists() else []
         self.records[c.run.name] = rec
         self.log(f"{c.run.name}: {'ok' if rec.get('ok') else 'FAILED ' + str(rec.get('error'))} "
-                 f"(init {rec.get('init_s')}s, measure {rec.get('measure_s')}s)")
+                 f"(init {rec.get('init_s')}s, measure {rec.get('measure_s')}s) backends {rec.get('backend_summary')}")
+        for name, phase in (rec.get("phases") or {}).items():
+            if phase.get("steps"):
+                m = bench_report.phase_ms(phase)
+                print(f"    {name:14s} step {m['step_ms']} ms (forward {m['forward_ms']}, logits {m['logits_ms']}, "
+                      f"propose {m['propose_ms']}), wall {m['wall_ms']} ms/step, {m['steps']} steps", flush=True)
         self.report()
 
     def report(self) -> None:
@@ -545,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
               f"GPU {args.gpu_gib:.0f} GiB")
     bench.loop(runs)
     bench.report()
+    print((args.out / "bench.md").read_text(), flush=True)
     bench.log(f"wrote {args.out / 'bench.json'} and bench.md")
     return 0
 
