@@ -478,47 +478,62 @@ class Bench:
         return used + run.weight_gib + run.kv_cache_bytes / GIB + 4 <= budget
 
     def loop(self, runs: list[bs.EngineRun]) -> None:
-        queue, running = list(runs), []
-        measuring: Child | None = None
-        while queue or running:
-            min_left = getattr(self.args, "min_run_s", MIN_TIME_FOR_A_RUN_S)
-            while (queue and len(running) < self.args.parallel and self.left_s() > min_left
-                   and self.fits(queue[0], running)):
-                running.append(self.start(queue.pop(0)))
-                self.max_running = max(self.max_running, len(running))
-            if queue and not running and self.left_s() <= min_left:
-                for run in queue:
-                    self.records[run.name] = {"run": run.name, "ok": False,
-                                              "error": f"not started: {self.left_s():.0f}s left"}
-                queue = []
-                self.report()
-            for c in list(running):
-                done = (self.control / f"{c.run.name}.done").exists() or c.proc.poll() is not None
-                why = None
-                if not done and c is not measuring and c.running_s() > START_TIMEOUT_S:
-                    why = f"engine start exceeded {START_TIMEOUT_S}s"
-                if not done and c is measuring and time.time() - c.measuring_since > MEASURE_TIMEOUT_S:
-                    why = f"measurement exceeded {MEASURE_TIMEOUT_S}s"
-                if not done and self.left_s() <= 0:
-                    why = "deadline"
-                if done or why:
-                    if c is measuring:
-                        measuring = None
-                        for other in running:
-                            other.signal(signal.SIGCONT)
-                    self.finish(c, why)
-                    running.remove(c)
-            if measuring is None:
-                ready = [c for c in running if (self.control / f"{c.run.name}.ready").exists()]
-                if ready:
-                    measuring = ready[0]
-                    for other in running:
-                        if other is not measuring:
-                            other.signal(signal.SIGSTOP)
-                    measuring.measuring_since = time.time()
-                    (self.control / f"{measuring.run.name}.go").touch()
-                    self.log(f"measure {measuring.run.name} ({len(running) - 1} other engine(s) paused)")
+        """Start engines side by side; lend the GPU to one ready engine at a time.
+
+        New engines start only while none measures, and before the next one
+        is chosen, so every engine but the measuring one is stopped."""
+        self.queue, self.running, self.measuring = list(runs), [], None
+        while self.queue or self.running:
+            self._reap()
+            if self.measuring is None:
+                self._start_more()
+                self._lend_gpu()
             time.sleep(0.5)
+
+    def _start_more(self) -> None:
+        min_left = getattr(self.args, "min_run_s", MIN_TIME_FOR_A_RUN_S)
+        while (self.queue and len(self.running) < self.args.parallel and self.left_s() > min_left
+               and self.fits(self.queue[0], self.running)):
+            self.running.append(self.start(self.queue.pop(0)))
+            self.max_running = max(self.max_running, len(self.running))
+        if self.queue and not self.running and self.left_s() <= min_left:
+            for run in self.queue:
+                self.records[run.name] = {"run": run.name, "ok": False,
+                                          "error": f"not started: {self.left_s():.0f}s left"}
+            self.queue = []
+            self.report()
+
+    def _why_stop(self, c: Child) -> str | None:
+        if c is not self.measuring and c.running_s() > START_TIMEOUT_S:
+            return f"engine start exceeded {START_TIMEOUT_S}s"
+        if c is self.measuring and time.time() - c.measuring_since > MEASURE_TIMEOUT_S:
+            return f"measurement exceeded {MEASURE_TIMEOUT_S}s"
+        return "deadline" if self.left_s() <= 0 else None
+
+    def _reap(self) -> None:
+        for c in list(self.running):
+            done = (self.control / f"{c.run.name}.done").exists() or c.proc.poll() is not None
+            why = None if done else self._why_stop(c)
+            if not (done or why):
+                continue
+            if c is self.measuring:
+                self.measuring = None
+                for other in self.running:
+                    other.signal(signal.SIGCONT)
+            self.finish(c, why)
+            self.running.remove(c)
+
+    def _lend_gpu(self) -> None:
+        ready = [c for c in self.running if (self.control / f"{c.run.name}.ready").exists()]
+        if not ready:
+            return
+        self.measuring = ready[0]
+        for other in self.running:
+            if other is not self.measuring:
+                other.signal(signal.SIGSTOP)
+        self.measuring.measuring_since = time.time()
+        (self.control / f"{self.measuring.run.name}.go").touch()
+        self.log(f"measure {self.measuring.run.name} ({len(self.running) - 1} other engine(s) paused)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -341,8 +341,9 @@ FAKE_CHILD = textwrap.dedent("""
     spec = json.loads(sys.argv[1]); control = Path(spec["control"]); name = spec["run"]
     beat = control / f"{name}.beat"
     def heartbeat():
+        tmp = beat.with_suffix(".tmp")
         while True:
-            beat.write_text(str(time.time())); time.sleep(0.02)
+            tmp.write_text(str(time.time())); tmp.replace(beat); time.sleep(0.02)
     threading.Thread(target=heartbeat, daemon=True).start()
     time.sleep(0.3 + 0.1 * len(name) % 3)
     if name == "bf16-dflash-flex":
@@ -350,6 +351,7 @@ FAKE_CHILD = textwrap.dedent("""
     (control / f"{name}.ready").touch()
     while not (control / f"{name}.go").exists():
         time.sleep(0.05)
+    time.sleep(0.1)  # a write already in a system call when the others were stopped still lands
     others = [p for p in control.glob("*.beat") if p != beat]
     before = {p: p.read_text() for p in others}
     time.sleep(0.4)
