@@ -484,3 +484,16 @@ def test_timed_phase_records_steady_steps_and_wall_clock(spec_tokens):
     assert (m["propose_ms"] is not None) == bool(spec_tokens)
     assert m["wall_ms"] > 0
     assert timer.steps == []  # collected
+
+
+def test_configs_parse_in_transformers_as_vllm_021_reads_them(tiny):
+    from transformers import AutoConfig
+
+    target = AutoConfig.from_pretrained(tiny / "gemma4-bench-bf16")
+    text = target.get_text_config()
+    # vLLM 0.21.0 reads these from the text config (FACTS.md: transformers <= 5.13 keeps them there)
+    assert (text.head_dim, text.global_head_dim, text.attention_k_eq_v) == (256, 512, True)
+    assert text.layer_types.count("full_attention") == 1 and text.use_bidirectional_attention == "vision"
+    drafter = AutoConfig.from_pretrained(tiny / "dflash-bench")
+    assert drafter.model_type == "qwen3" and drafter.num_hidden_layers == 5
+    assert drafter.dflash_config["target_layer_ids"] == [0, 1, 2, 3, 4]
