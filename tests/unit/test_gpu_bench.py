@@ -497,3 +497,21 @@ def test_configs_parse_in_transformers_as_vllm_021_reads_them(tiny):
     drafter = AutoConfig.from_pretrained(tiny / "dflash-bench")
     assert drafter.model_type == "qwen3" and drafter.num_hidden_layers == 5
     assert drafter.dflash_config["target_layer_ids"] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_profile_phase_groups_kernels_by_timed_range():
+    """The profiler schedule, the step hook and the bench:: ranges, on the CPU profiler
+    (no kernels without a GPU: what is checked is that the ranges are found)."""
+    import torch
+    import bench_steps
+
+    class TorchWithProfiler(_Torch):
+        profiler = torch.profiler
+
+    runner = _Runner(15)
+    timer = bench_steps.StepTimer(TorchWithProfiler, runner)
+    prof = bench_steps._profile_phase(torch, _LLM(runner), timer, _sampling_params, bench_steps._prompts(2, 8, 1))
+    assert prof["steps"] == 8
+    assert set(prof["ranges"]) == {"forward", "logits", "propose"}
+    assert timer.profiler is None
