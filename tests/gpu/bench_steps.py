@@ -456,7 +456,8 @@ class Bench:
         rec["log_tail"] = c.log.read_text(errors="replace").splitlines()[-30:] if c.log.exists() else []
         self.records[c.run.name] = rec
         self.log(f"{c.run.name}: {'ok' if rec.get('ok') else 'FAILED ' + str(rec.get('error'))} "
-                 f"(init {rec.get('init_s')}s, measure {rec.get('measure_s')}s) backends {rec.get('backend_summary')}")
+                 f"(init {rec.get('init_s', '-')} s, measure {rec.get('measure_s', '-')} s) "
+                 f"backends {rec.get('backend_summary')}")
         for name, phase in (rec.get("phases") or {}).items():
             if phase.get("steps"):
                 m = bench_report.phase_ms(phase)
