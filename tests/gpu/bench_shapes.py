@@ -38,6 +38,9 @@ What the benchmark changes, and why
   layers 1..5 of the 6): its ``fc`` input is 5 x 2816 wide instead of
   6 x 2816. ``fc`` only sees the hidden states of newly accepted tokens, so
   this is a small matmul either way. Every other drafter width is real.
+  vLLM 0.21.0 runs the drafter's four sliding layers as full attention
+  (sliding DFlash layers came in 0.25.0, FACTS.md); at the benchmark's
+  short contexts (under the 2048 window) that changes nothing.
 * The vision tower is a token one (it is never built: every multimodal limit
   is 0), special token ids are the released ones.
 * Weights are random (std ``INIT_STD``); the norms after each attention and
