@@ -262,12 +262,22 @@ def per_layer_backend(records: dict[str, dict], lossless_fn) -> dict:
             base_runs += lp["outputs"]
             cand_runs += pp["outputs"]
     out["short_context_decode_ms"] = {"locked": decode_times(locked), "per_layer": decode_times(patched)}
+    out["noise_floor"] = _noise_floor(locked, lossless_fn)
     out["backends"] = {"locked": locked.get("backend_summary"), "per_layer": patched.get("backend_summary")}
     if base_runs:
         verdict = lossless_fn({"ok": True, "outputs": base_runs}, {"ok": True, "outputs": cand_runs})
         out["lossless"] = verdict["lossless"]
         out["lossless_detail"] = verdict
     return out
+
+
+def _noise_floor(record: dict, lossless_fn) -> dict | None:
+    """The locked engine against itself: batched vs one prompt at a time."""
+    batched = (record["phases"].get("lossless-short") or {}).get("outputs")
+    alone = (record["phases"].get("lossless-short-alone") or {}).get("outputs")
+    if not (batched and alone):
+        return None
+    return lossless_fn({"ok": True, "outputs": batched}, {"ok": True, "outputs": alone})
 
 
 def build(records: dict[str, dict], meta: dict, lossless_fn) -> dict:
@@ -342,7 +352,9 @@ def _per_layer_md(plb: dict) -> list[str]:
                    f"{_fmt(plb['decode_speedup'].get(label), 3)} | {_fmt(plb['decode_speedup_gpu'].get(label), 3)} |")
     backends = plb.get("backends") or {}
     out += ["", f"Backends: locked {backends.get('locked')}; per-layer {backends.get('per_layer')}."]
-    return out + ["", f"Lossless against the lock (within bf16 ties): {plb.get('lossless')}", ""]
+    floor = plb.get("noise_floor") or {}
+    return out + ["", f"Lossless against the lock (within bf16 ties): {plb.get('lossless')}; "
+                  f"the locked engine against itself (batched vs alone): {floor.get('lossless')}", ""]
 
 
 def _breakdown_md(bd: dict) -> list[str]:

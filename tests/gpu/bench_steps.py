@@ -25,7 +25,8 @@ each phase so that a cut call keeps what finished:
 * ``ctx-{2k,16k,64k}`` (decode engines with ``contexts``): one prompt that
   long, batch 1, 64 greedy tokens with raw top-2 logits: the per-layer
   backend comparison and its lossless record (with ``lossless-short``:
-  eight shorter prompts, untimed);
+  eight shorter prompts, untimed, batched and again one at a time, the
+  engine against itself: the comparison's noise floor);
 * ``profile`` (engines with ``profile``): torch.profiler over 8 steady steps
   at batch 1 and 16, kernel times by name (the breakdown).
 
@@ -318,6 +319,10 @@ def _contexts(llm, timer, SamplingParams, record: dict, out: Path) -> None:
                             detokenize=False, logprobs=2)
     outs = llm.generate([{"prompt_token_ids": p} for p in short], params, use_tqdm=False)
     record["phases"]["lossless-short"] = {"outputs": [_output(p, o) for p, o in zip(short, outs)]}
+    # The same prompts one at a time: how far the engine moves from itself with another
+    # batch shape (the noise floor of the lossless comparison).
+    alone = [llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in short]
+    record["phases"]["lossless-short-alone"] = {"outputs": [_output(p, o) for p, o in zip(short, alone)]}
     _write(out, record)
 
 

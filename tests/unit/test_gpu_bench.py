@@ -297,7 +297,11 @@ def test_json_shape_and_per_layer_backend():
     for label in bs.CONTEXTS:
         locked["phases"][f"ctx-{label}"] = _ctx_phase(8.0, 0.66, [5, 6, 7])
         patched["phases"][f"ctx-{label}"] = _ctx_phase(5.0, 0.38, [5, 6, 7])
+    for rec, toks in ((locked, [5, 6, 7]), (patched, [5, 6, 7])):
+        rec["phases"]["lossless-short"] = {"outputs": _ctx_phase(1.0, 1.0, toks)["outputs"]}
+    locked["phases"]["lossless-short-alone"] = {"outputs": _ctx_phase(1.0, 1.0, [5, 6, 8])["outputs"]}
     doc = br.build(recs, {"device": "GPU X"}, verdict)
+    assert doc["per_layer_backend"]["noise_floor"]["lossless"] is False  # 8 vs 7: not a tie
     assert {"ratios", "steps_ms", "projection", "per_layer_backend", "device", "vllm", "breakdown"} <= set(doc)
     plb = doc["per_layer_backend"]
     assert plb["patch_id"] == bs.PER_LAYER_PATCH_ID
