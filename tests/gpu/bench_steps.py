@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     args.gpu_gib = _gpu_total_gib()
     if args.parallel is None:
-        args.parallel = 4 if args.gpu_gib > 100 else 3
+        args.parallel = 4  # memory permitting (Bench.fits); more would only share 16 CPU cores thinner
     bench = Bench(args)
     bench.log(f"{len(runs)} engine runs, {args.parallel} starting side by side, deadline {args.deadline_s:.0f}s, "
               f"GPU {args.gpu_gib:.0f} GiB")
