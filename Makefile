@@ -13,7 +13,7 @@ VLLM_PYTHON ?=
 SERVE_VLLM := $(if $(VLLM_PYTHON),--vllm-python $(VLLM_PYTHON))
 PYTEST_ARGS ?=
 
-.PHONY: venv test-venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof
+.PHONY: venv test-venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof bench-gpu
 
 # The launcher alone: what `make serve` needs.
 $(STAMP): pyproject.toml
@@ -100,6 +100,12 @@ gpu-realshape-stage: gpu-stage test-venv
 gpu-realshape: gpu-realshape-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape
+
+## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time
+## benchmark at Gemma 4 26B-A4B widths, write tests/gpu/results/bench.{json,md} (tests/gpu/README.md)
+bench-gpu: gpu-stage
+	bash tests/gpu/remote.sh receive
+	OUT=tests/gpu/results bash tests/gpu/remote.sh bench
 
 clean:
 	rm -rf $(VENV) dist .pytest_cache

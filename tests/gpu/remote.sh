@@ -308,6 +308,26 @@ quantize_rs() { # the NVFP4 real-shape target by `launcher quantize` on this GPU
         --device cuda --calib-samples 8 --calib-seq-len 64 --force 2>&1 | grep -v "^Registered\|Loading weights" | tail -15
 }
 
+bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results under $OUT
+    local t0=$SECONDS budget=${BENCH_BUDGET_S:-525}
+    install
+    mkdir -p "$OUT" "$WORK/bench"
+    patched_site > "$WORK/bench/patch-apply.txt"
+    [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
+        || echo "warning: no _vllm_fa2_C.abi3.so in $SITE: the FA2 runs will fail" >&2
+    if [ ! -f "$MODELS/bench/bench-shapes.json" ]; then
+        PYTHONPATH=$SITE "$PY" tests/gpu/make_bench_checkpoints.py "$MODELS/bench"
+    fi
+    local extra=()
+    [ -n "${BENCH_RUNS:-}" ] && extra+=(--runs "$BENCH_RUNS")
+    "$PY" tests/gpu/bench_steps.py --models "$MODELS/bench" --site "$SITE_PATCHED:$SITE" \
+        --out "$WORK/bench" --deadline-s $((budget - (SECONDS - t0))) --series-hash "$(series_hash)" "${extra[@]}" \
+        || echo "bench_steps.py exited $?" >&2
+    cp "$WORK/bench/bench.json" "$WORK/bench/bench.md" "$OUT/" 2>/dev/null || true
+    cp "$WORK"/bench/run-*.json "$OUT/" 2>/dev/null || true
+    tar -C "$WORK/bench" -czf "$OUT/bench-logs.tar.gz" logs patch-apply.txt
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -317,7 +337,8 @@ case "$cmd" in
     proof) proof "$@" ;;
     realshape) realshape ;;
     determinism) determinism ;;
+    bench) bench_run ;;
     stability) stability ;;
     quantize-rs) quantize_rs ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|determinism" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|determinism|bench" >&2; exit 2 ;;
 esac

@@ -11,7 +11,10 @@ with their modes.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from launcher.pypi import unpacked
@@ -106,3 +109,11 @@ def series_applied_tree(version: str, dest: Path, extra=()) -> Path:
     report = engine.apply(tree)
     assert {r.outcome for r in report.results} == {"applied"}
     return tree
+
+
+def run_probe(probe: Path, code_root: Path, *args: str) -> dict:
+    """Run a probe script on a tree in its own interpreter; its one JSON line."""
+    run = subprocess.run([sys.executable, str(probe), str(code_root), *args], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)

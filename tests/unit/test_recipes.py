@@ -9,7 +9,7 @@ import pytest
 from launcher import recipe as recipes
 from launcher.errors import LauncherError
 
-SHIPPED = ["gemma4-moe-dflash", "gemma4-moe", "gemma4-31b-dflash", "gemma4-e4b"]
+SHIPPED = ["gemma4-moe-dflash", "gemma4-moe-dflash-text", "gemma4-moe", "gemma4-31b-dflash", "gemma4-e4b"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)

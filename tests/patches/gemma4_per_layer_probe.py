@@ -1,0 +1,264 @@
+"""Runs Gemma 4's attention backend choice from a vLLM 0.21.0 tree, without torch.
+
+Usage: ``python gemma4_per_layer_probe.py CODE_ROOT [0.21.0|0.33.0]``; prints
+one JSON object with what each scenario observed (the test decides what is
+right). 0.33.0's Gemma4Config reads the per-layer head sizes from
+``model_arch_config[i]`` and ``ModelConfig.supports_multimodal_inputs``, which
+are given directly (stand-ins), together with FA4 / CUDA / XPU per scenario.
+
+What runs is the real source, cut out of the tree with ``ast`` (the helpers
+of ``tests/integration/series_0_21_0_probe.py``):
+
+* ``Gemma4Config.verify_and_update_config`` and, where the tree has it,
+  ``_gemma4_serves_text_only`` (``vllm/model_executor/models/config.py``);
+* ``ModelConfig.is_mm_prefix_lm`` over the real ``ModelArchitectureConfig``
+  (``vllm/config/model.py``, ``vllm/config/model_arch.py``);
+* ``MultiModalConfig.get_limit_per_prompt`` (``vllm/config/multimodal.py``)
+  on a stand-in holding the parsed limits (objects with ``count``, as vLLM
+  parses ``--limit-mm-per-prompt``);
+* ``_large_head_attn_backend`` and the ``Attention(...)`` call of
+  ``Gemma4Attention.__init__`` (``vllm/model_executor/models/gemma4.py``).
+
+Stand-ins: the backend registry enum (members named as vLLM's, ``get_class``
+returns a class named after the backend), ``current_platform`` (CUDA or not,
+per scenario), ``get_current_vllm_config``, the logger. A subprocess, because the stand-ins register ``vllm`` names.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import json
+import logging
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.integration.series_0_21_0_probe import (  # noqa: E402
+    _class,
+    _class_source,
+    _exec,
+    _function,
+    _install_stand_ins,
+    _method,
+    _module,
+    _target,
+    model_config_classes,
+)
+
+CONFIG_PY = "vllm/model_executor/models/config.py"
+GEMMA4_PY = "vllm/model_executor/models/gemma4.py"
+MULTIMODAL_PY = "vllm/config/multimodal.py"
+
+
+class AttentionBackendEnum(enum.Enum):
+    FLASH_ATTN = "FLASH_ATTN"
+    TRITON_ATTN = "TRITON_ATTN"
+    FLEX_ATTENTION = "FLEX_ATTENTION"
+
+    def get_class(self) -> type:
+        return type(f"{self.value}Backend", (), {"name": self.value})
+
+
+PLATFORM = {"cuda": True, "xpu": False, "fa4": False}
+current_platform = types.SimpleNamespace(
+    is_cuda=lambda: PLATFORM["cuda"], is_xpu=lambda: PLATFORM["xpu"],
+    is_device_capability_family=lambda family: family == 90)
+
+
+def _install_registry() -> None:
+    mod = types.ModuleType("vllm.v1.attention.backends.registry")
+    mod.AttentionBackendEnum = AttentionBackendEnum
+    mod.MambaAttentionBackendEnum = enum.Enum("M", "MAMBA2")
+    sys.modules[mod.__name__] = mod
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = current_platform
+    sys.modules[platforms.__name__] = platforms
+    fa_utils = types.ModuleType("vllm.v1.attention.backends.fa_utils")
+    fa_utils.is_fa_version_supported = lambda version: version == 4 and PLATFORM["fa4"]
+    sys.modules[fa_utils.__name__] = fa_utils
+
+
+def multimodal_config_class(code_root: Path) -> type:
+    cls = _class(_module(code_root / MULTIMODAL_PY), "MultiModalConfig")
+    ns: dict = {}
+    _exec(_class_source("MultiModalConfig", "", [_method(cls, "get_limit_per_prompt")]), ns)
+    return ns["MultiModalConfig"]
+
+
+def gemma4_config_class(code_root: Path) -> type:
+    module = _module(code_root / CONFIG_PY)
+    ns: dict = {"logger": logging.getLogger("gemma4-config"), "replace": dataclasses.replace,
+                "VerifyAndUpdateConfig": object}
+    helper = _function(module, "_gemma4_serves_text_only")
+    if helper is not None:
+        _exec(ast.unparse(helper), ns)
+    cls = _class(module, "Gemma4Config")
+    cls.bases = [ast.Name("VerifyAndUpdateConfig")]
+    _exec(ast.unparse(cls), ns)
+    return ns["Gemma4Config"]
+
+
+def _mm_config(cls: type, limits: dict | None, language_model_only=False, embeds=False):
+    obj = object.__new__(cls)
+    obj.language_model_only = language_model_only
+    obj.enable_mm_embeds = embeds
+    obj.limit_per_prompt = {k: types.SimpleNamespace(count=v) for k, v in (limits or {}).items()}
+    return obj
+
+
+# name -> (multimodal config kwargs or None for no multimodal config,
+#          audio tower present, head_dim, global_head_dim, explicit backend[, on CUDA])
+SCENARIOS = {
+    "language_model_only_not_cuda": ({"limits": {}, "language_model_only": True}, False, 256, 512, None, False),
+    "multimodal": ({"limits": {}}, False, 256, 512, None),
+    "image_only_off": ({"limits": {"image": 0}}, False, 256, 512, None),
+    "all_limits_zero": ({"limits": {"image": 0, "video": 0}}, False, 256, 512, None),
+    "language_model_only": ({"limits": {}, "language_model_only": True}, False, 256, 512, None),
+    "no_multimodal_config": (None, False, 256, 512, None),
+    "audio_tower_audio_open": ({"limits": {"image": 0, "video": 0}}, True, 256, 512, None),
+    "audio_tower_all_zero": ({"limits": {"image": 0, "video": 0, "audio": 0}}, True, 256, 512, None),
+    "all_zero_with_mm_embeds": ({"limits": {"image": 0, "video": 0}, "embeds": True}, False, 256, 512, None),
+    "text_only_user_backend": ({"limits": {}, "language_model_only": True}, False, 256, 512, "FLASH_ATTN"),
+    "multimodal_user_backend": ({"limits": {}}, False, 256, 512, "FLASH_ATTN"),
+    "uniform_head_dim_text_only": ({"limits": {}, "language_model_only": True}, False, 256, 256, None),
+}
+
+
+def verify_scenarios(code_root: Path) -> dict:
+    model_config_cls, arch_cls, _ = model_config_classes(code_root)
+    mm_cls = multimodal_config_class(code_root)
+    gemma4 = gemma4_config_class(code_root)
+    out = {}
+    for name, (mm, audio, head_dim, global_head_dim, backend, *cuda) in SCENARIOS.items():
+        PLATFORM["cuda"] = cuda[0] if cuda else True
+        target, arch = _target(model_config_cls, arch_cls, mm_prefix=True)
+        target.multimodal_config = None if mm is None else _mm_config(
+            mm_cls, mm["limits"], mm.get("language_model_only", False), mm.get("embeds", False))
+        target.hf_config = types.SimpleNamespace(audio_config={} if audio else None)
+        target.hf_text_config = types.SimpleNamespace(head_dim=head_dim, global_head_dim=global_head_dim)
+        attention = types.SimpleNamespace(
+            backend=None if backend is None else AttentionBackendEnum[backend])
+        vllm_config = types.SimpleNamespace(model_config=target, attention_config=attention)
+        gemma4.verify_and_update_config(vllm_config)
+        out[name] = {
+            "backend": None if attention.backend is None else attention.backend.name,
+            "is_mm_prefix_lm": target.is_mm_prefix_lm,
+            "arch_other_fields_kept": dataclasses.replace(
+                target.model_arch_config, is_mm_prefix_lm=True) == arch,
+        }
+    return out
+
+
+def _attention_call_backend(module: ast.Module) -> str | None:
+    """The ``attn_backend=`` argument of the ``Attention(...)`` call in Gemma4Attention.__init__."""
+    init = _method(_class(module, "Gemma4Attention"), "__init__")
+    call = next(n for n in ast.walk(init) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name) and n.func.id == "Attention")
+    return {k.arg: ast.unparse(k.value) for k in call.keywords}.get("attn_backend")
+
+
+def layer_backends(code_root: Path) -> dict:
+    module = _module(code_root / GEMMA4_PY)
+    out: dict = {"attention_call_attn_backend": _attention_call_backend(module)}
+    helper = _function(module, "_large_head_attn_backend")
+    if helper is None:
+        out["helper_present"] = False
+        return out
+    current = types.SimpleNamespace(attention_config=types.SimpleNamespace(backend=None))
+    ns: dict = {"get_current_vllm_config": lambda: current}
+    _exec(ast.unparse(helper), ns)
+    choose = ns["_large_head_attn_backend"]
+    rows = []
+    for backend in (None, AttentionBackendEnum.TRITON_ATTN, AttentionBackendEnum.FLASH_ATTN):
+        current.attention_config.backend = backend
+        for head_dim in (256, 512):
+            chosen = choose(head_dim)
+            rows.append([None if backend is None else backend.name, head_dim,
+                         None if chosen is None else chosen.name])
+    out.update(helper_present=True, rows=rows)
+    return out
+
+
+# ---------------------------------------------------------------- 0.33.0
+
+# name -> (FA4, CUDA, XPU, multimodal inputs possible, explicit backend)
+SCENARIOS_0_33_0 = {
+    "text_only": (False, True, False, False, None),
+    "multimodal": (False, True, False, True, None),
+    "text_only_not_cuda": (False, False, False, False, None),
+    "text_only_xpu": (False, False, True, False, None),
+    "text_only_fa4": (True, True, False, False, None),
+    "text_only_user_backend": (False, True, False, False, "FLASH_ATTN"),
+}
+
+
+class _ArchConfig:
+    """model_arch_config indexed per layer, as 0.33.0's Gemma4Config reads it."""
+
+    def __init__(self, head_sizes: list[int]):
+        self.head_sizes = head_sizes
+        self.total_num_hidden_layers = len(head_sizes)
+
+    def __getitem__(self, i: int):
+        return types.SimpleNamespace(head_size=self.head_sizes[i])
+
+
+def verify_scenarios_0_33_0(code_root: Path) -> dict:
+    gemma4 = gemma4_config_class(code_root)
+    kinds = ["sliding_attention"] * 5 + ["full_attention"]
+    out = {}
+    for name, (fa4, cuda, xpu, multimodal, backend) in SCENARIOS_0_33_0.items():
+        PLATFORM.update(cuda=cuda, xpu=xpu, fa4=fa4)
+        model_config = types.SimpleNamespace(
+            model_arch_config=_ArchConfig([512 if k == "full_attention" else 256 for k in kinds]),
+            hf_text_config=types.SimpleNamespace(layer_types=kinds),
+            supports_multimodal_inputs=multimodal)
+        attention = types.SimpleNamespace(
+            backend=None if backend is None else AttentionBackendEnum[backend], flash_attn_version=None)
+        vllm_config = types.SimpleNamespace(model_config=model_config, attention_config=attention,
+                                            cache_config=types.SimpleNamespace(cache_dtype="auto"))
+        gemma4.verify_and_update_config(vllm_config)
+        out[name] = {"backend": None if attention.backend is None else attention.backend.name,
+                     "flash_attn_version": attention.flash_attn_version}
+    return out
+
+
+def layer_backends_0_33_0(code_root: Path) -> dict:
+    module = _module(code_root / GEMMA4_PY)
+    out: dict = {"attention_call_attn_backend": _attention_call_backend(module)}
+    helper = _function(module, "_large_head_attn_backend")
+    if helper is None:
+        return out | {"helper_present": False}
+    attention = types.SimpleNamespace(backend=None, backend_per_kind={})
+    ns: dict = {"get_current_vllm_config": lambda: types.SimpleNamespace(attention_config=attention),
+                "current_platform": current_platform}
+    _exec(ast.unparse(helper), ns)
+    rows = []
+    for backend, per_kind, cuda, fa4 in ((None, {}, True, False), ("TRITON_ATTN", {}, True, False),
+                                         (None, {"full_attention": "FLASH_ATTN"}, True, False),
+                                         (None, {}, False, False), (None, {}, True, True)):
+        attention.backend = None if backend is None else AttentionBackendEnum[backend]
+        attention.backend_per_kind = per_kind
+        PLATFORM.update(cuda=cuda, xpu=False, fa4=fa4)
+        for head_dim in (256, 512):
+            chosen = ns["_large_head_attn_backend"](head_dim)
+            rows.append([backend, bool(per_kind), cuda, fa4, head_dim, None if chosen is None else chosen.name])
+    return out | {"helper_present": True, "rows": rows}
+
+
+def main(code_root: str, version: str = "0.21.0") -> None:
+    code = Path(code_root)
+    _install_stand_ins(code)
+    _install_registry()
+    if version == "0.33.0":
+        print(json.dumps({"verify": verify_scenarios_0_33_0(code), "layers": layer_backends_0_33_0(code)}))
+    else:
+        print(json.dumps({"verify": verify_scenarios(code), "layers": layer_backends(code)}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

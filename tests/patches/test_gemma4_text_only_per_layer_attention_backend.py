@@ -1,0 +1,164 @@
+"""Patch gemma4-text-only-per-layer-attention-backend (0.21.0 and 0.33.0), stock vs patched.
+
+The released vLLM 0.21.0 wheel (from PyPI through ``launcher.pypi``) and the
+same files with the whole 0.21.0 series applied by the project's engine go
+through ``gemma4_per_layer_probe.py``, which runs the real
+``Gemma4Config.verify_and_update_config``, ``ModelConfig.is_mm_prefix_lm``,
+``MultiModalConfig.get_limit_per_prompt`` and ``_large_head_attn_backend``
+cut out of each tree (no torch here; the probe lists its stand-ins).
+
+Released: every Gemma 4 with head dims 256/512 gets TRITON_ATTN on all
+layers and keeps the multimodal prefix, text-only or not. Patched: where no
+multimodal input can arrive, the backend stays unset (the sliding layers
+select their own) and is_mm_prefix_lm is off, while the 512-dim layers are
+given TRITON_ATTN; everything multimodal is as released. 0.33.0 (whose
+is_mm_prefix_lm is already off for text-only serving) forces TRITON_ATTN only
+without FA4; patched, text-only serving on CUDA without FA4 keeps the backend
+unset, and FA4, XPU, other platforms and multimodal serving are as released.
+What a GPU run
+adds (FLASH_ATTN really selected for the sliding layers, the decode speed-up,
+lossless tokens) is tests/gpu/bench_steps.py's ``per_layer_backend`` record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.patching.series import load_series
+from launcher.paths import patches_dir
+from tests.integration.patch_trees import check_applies_alone, pristine, run_probe, series_applied_tree
+
+VERSION = "0.21.0"
+PATCH_ID = "gemma4-text-only-per-layer-attention-backend"
+PROBE = Path(__file__).with_name("gemma4_per_layer_probe.py")
+PROBE_EXTRA = ["vllm/utils/math_utils.py", "vllm/config/model.py", "vllm/config/model_arch.py",
+               "vllm/config/multimodal.py"]
+TEXT_ONLY = ("all_limits_zero", "language_model_only", "no_multimodal_config", "audio_tower_all_zero")
+MULTIMODAL = ("multimodal", "image_only_off", "audio_tower_audio_open", "all_zero_with_mm_embeds")
+NOT_CUDA = "language_model_only_not_cuda"
+
+pytestmark = pytest.mark.network  # first run downloads the release from PyPI
+
+
+def _probe(code_root: Path, version: str = VERSION) -> dict:
+    return run_probe(PROBE, code_root, version)
+
+
+@pytest.fixture(scope="module")
+def released() -> dict:
+    return _probe(pristine(VERSION, "site-packages"))
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory) -> dict:
+    return _probe(series_applied_tree(VERSION, tmp_path_factory.mktemp("patched"), PROBE_EXTRA))
+
+
+def _patch(version: str = VERSION):
+    series = load_series(patches_dir() / "vllm" / version)
+    return next(p for p in series.patches if p.id == PATCH_ID)
+
+
+@pytest.mark.parametrize("version", (VERSION, "0.33.0"))
+def test_patch_is_in_the_series_with_its_header(version):
+    patch = _patch(version)
+    assert patch.headers["Upstream-Status"].startswith("Pending")
+    assert "#38891" in patch.headers["Upstream-Status"]
+    assert "TRITON_ATTN" in patch.headers["Fixes"]
+    assert {fp.path for fp in patch.files} == {"vllm/model_executor/models/config.py",
+                                               "vllm/model_executor/models/gemma4.py"}
+
+
+@pytest.mark.parametrize("version", (VERSION, "0.33.0"))
+@pytest.mark.parametrize("layout", ("site-packages", "source"))
+def test_applies_alone_and_compiles(version, layout, tmp_path):
+    check_applies_alone(version, _patch(version), layout, tmp_path)
+
+
+@pytest.mark.parametrize("scenario", TEXT_ONLY + MULTIMODAL + (NOT_CUDA,))
+def test_released_locks_every_layer_to_triton_and_keeps_mm_prefix(released, scenario):
+    assert released["verify"][scenario]["backend"] == "TRITON_ATTN"
+    assert released["verify"][scenario]["is_mm_prefix_lm"] is True
+
+
+def test_released_gemma4_attention_takes_the_selector_choice(released):
+    assert released["layers"] == {"attention_call_attn_backend": None, "helper_present": False}
+
+
+@pytest.mark.parametrize("scenario", TEXT_ONLY)
+def test_patched_text_only_lifts_the_lock_and_the_mm_prefix(patched, scenario):
+    seen = patched["verify"][scenario]
+    assert seen["backend"] is None
+    assert seen["is_mm_prefix_lm"] is False
+    assert seen["arch_other_fields_kept"] is True
+
+
+@pytest.mark.parametrize("scenario", MULTIMODAL)
+def test_patched_multimodal_serving_is_as_released(released, patched, scenario):
+    assert patched["verify"][scenario] == released["verify"][scenario]
+
+
+def test_patched_other_platforms_keep_the_lock_without_mm_prefix(patched):
+    assert patched["verify"][NOT_CUDA]["backend"] == "TRITON_ATTN"
+    assert patched["verify"][NOT_CUDA]["is_mm_prefix_lm"] is False
+
+
+def test_patched_explicit_backend_is_kept_and_text_only_drops_mm_prefix(released, patched):
+    # A user's backend wins as before; text-only, FLASH_ATTN is then no longer refused.
+    assert patched["verify"]["multimodal_user_backend"] == released["verify"]["multimodal_user_backend"]
+    assert patched["verify"]["text_only_user_backend"]["backend"] == "FLASH_ATTN"
+    assert patched["verify"]["text_only_user_backend"]["is_mm_prefix_lm"] is False
+
+
+def test_patched_uniform_head_dims_get_no_backend_either_way(released, patched):
+    assert released["verify"]["uniform_head_dim_text_only"]["backend"] is None
+    assert patched["verify"]["uniform_head_dim_text_only"]["backend"] is None
+
+
+def test_patched_large_head_layers_get_triton_only_without_a_backend(patched):
+    layers = patched["layers"]
+    assert layers["attention_call_attn_backend"] == "_large_head_attn_backend(self.head_dim)"
+    rows = {(backend, head): chosen for backend, head, chosen in layers["rows"]}
+    assert rows[(None, 512)] == "TRITON_ATTN"  # full layers, lock lifted
+    assert rows[(None, 256)] is None  # sliding layers select their own backend
+    for backend in ("TRITON_ATTN", "FLASH_ATTN"):  # a set backend applies to every layer
+        assert rows[(backend, 512)] is None and rows[(backend, 256)] is None
+
+
+# ------------------------------------------------------------------ 0.33.0
+
+
+@pytest.fixture(scope="module")
+def released_0_33_0() -> dict:
+    return _probe(pristine("0.33.0", "site-packages"), "0.33.0")
+
+
+@pytest.fixture(scope="module")
+def patched_0_33_0(tmp_path_factory) -> dict:
+    tree = series_applied_tree("0.33.0", tmp_path_factory.mktemp("patched33"), ["vllm/utils/math_utils.py"])
+    return _probe(tree, "0.33.0")
+
+
+def test_0_33_0_released_locks_text_only_serving_without_fa4(released_0_33_0):
+    assert released_0_33_0["verify"]["text_only"]["backend"] == "TRITON_ATTN"
+    assert released_0_33_0["layers"] == {"attention_call_attn_backend": None, "helper_present": False}
+
+
+def test_0_33_0_patched_text_only_on_cuda_lifts_the_lock(released_0_33_0, patched_0_33_0):
+    assert patched_0_33_0["verify"]["text_only"] == {"backend": None, "flash_attn_version": None}
+    for scenario in ("multimodal", "text_only_not_cuda", "text_only_xpu", "text_only_fa4", "text_only_user_backend"):
+        assert patched_0_33_0["verify"][scenario] == released_0_33_0["verify"][scenario], scenario
+
+
+def test_0_33_0_large_head_layers_get_triton_only_when_nothing_else_decides(patched_0_33_0):
+    layers = patched_0_33_0["layers"]
+    assert layers["attention_call_attn_backend"] == "_large_head_attn_backend(self.head_dim)"
+    chosen = {tuple(row[:5]): row[5] for row in layers["rows"]}
+    assert chosen[(None, False, True, False, 512)] == "TRITON_ATTN"
+    assert chosen[(None, False, True, False, 256)] is None
+    # a set backend, a per-kind map, another platform, or FA4: the selector decides as before
+    for key in (("TRITON_ATTN", False, True, False), (None, True, True, False), (None, False, False, False),
+                (None, False, True, True)):
+        assert chosen[(*key, 512)] is None, key
