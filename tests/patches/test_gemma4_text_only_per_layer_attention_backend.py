@@ -29,6 +29,7 @@ import pytest
 from launcher.patching.series import load_series
 from launcher.paths import patches_dir
 from tests.integration.patch_trees import check_applies_alone, pristine, run_probe, series_applied_tree
+from tests.patches.conftest import on_stock
 
 VERSION = "0.21.0"
 PATCH_ID = "gemma4-text-only-per-layer-attention-backend"
@@ -53,6 +54,8 @@ def released() -> dict:
 
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory) -> dict:
+    if on_stock():  # test_patch_tests.py: the same tests must fail on the released tree
+        return _probe(pristine(VERSION, "site-packages"))
     return _probe(series_applied_tree(VERSION, tmp_path_factory.mktemp("patched"), PROBE_EXTRA))
 
 
@@ -137,6 +140,8 @@ def released_0_33_0() -> dict:
 
 @pytest.fixture(scope="module")
 def patched_0_33_0(tmp_path_factory) -> dict:
+    if on_stock():
+        return _probe(pristine("0.33.0", "site-packages"), "0.33.0")
     tree = series_applied_tree("0.33.0", tmp_path_factory.mktemp("patched33"), ["vllm/utils/math_utils.py"])
     return _probe(tree, "0.33.0")
 
