@@ -185,6 +185,7 @@ def resolve(req: Request, ctx: Context) -> Plan:
         reasons=reasons,
     )
     _safety(plan, rec, ctx, req.extra_args)
+    _drafter_kernel_risk(plan, rec)
     from launcher import checks
 
     checks.run_all(plan, rec, ctx)
@@ -331,6 +332,27 @@ def _spec_config(d, drafter: Path) -> dict:
 
 def _num(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _drafter_kernel_risk(plan: Plan, rec) -> None:
+    """The Spark's FA2 is the kernel of an open device-side assert (vLLM #50707).
+
+    On sm_12x FLASH_ATTN means FA2; non-causal DFlash draft attention on FA2
+    served lossless on the GPU proof (FA2 on Hopper, tests/gpu/results/
+    realshape.md), but #50707 reports `_vllm_fa2_C.varlen_fwd` asserting on a
+    GB10 (sm_121) and no sm_121 card was at hand to check. The recipe keeps
+    FLASH_ATTN (the only drafter backend the series serves lossless there);
+    the plan says what to watch for and what to try.
+    """
+    if plan.profile != "dgx-spark" or rec.drafter is None:
+        return
+    if (rec.drafter.attention_backend or "flash_attn") != "flash_attn":
+        return
+    plan.warnings.append(
+        "DGX Spark: the drafter runs FLASH_ATTN, i.e. FlashAttention 2 on sm_121, where vLLM #50707 reports a "
+        "device-side assert in _vllm_fa2_C.varlen_fwd at start-up; if you see it, serve without the drafter "
+        "(--set drafter=) and report it (tests/gpu/README.md, 'sm_12x kernels')"
+    )
 
 
 def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:

@@ -175,3 +175,13 @@ def test_decode_batch_beyond_the_captured_cuda_graphs_is_named(models):
     # 0.33.0 captures the uniform decode sizes itself.
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0", sets=unsized), make_ctx(GB10))
     assert not any("CUDA graphs" in w for w in plan.warnings)
+
+
+def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(models):
+    from tests.unit.conftest import GB10
+
+    spark = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(GB10))
+    (warning,) = [w for w in spark.warnings if "#50707" in w]
+    assert "FlashAttention 2 on sm_121" in warning and "--set drafter=" in warning
+    rtx = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
+    assert not [w for w in rtx.warnings if "#50707" in w]
