@@ -108,7 +108,7 @@ def test_every_recipe_variable_is_read_by_the_release(name, version, gpu, tmp_pa
         assert f'"{key}"' in text, f"{name}: {key} is read by no file of vLLM {version}"
 
 
-def _literal_values(path, name: str) -> set[str]:
+def _literal_values_in(path, name: str) -> set[str]:
     """The strings of ``name = Literal[...]`` in a released file."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
@@ -125,7 +125,7 @@ def test_moe_intent_renders_as_the_flag_0_21_0_reads_first(tmp_path, monkeypatch
     assert "VLLM_USE_FLASHINFER_MOE_FP4" not in plan.env
     # Every intent value is a MoEBackend of 0.21.0's KernelConfig (what --moe-backend parses into).
     intents = set(recipes.MoeBackend.__args__) - {"auto"}
-    assert intents <= _literal_values(root / "config" / "kernel.py", "MoEBackend")
+    assert intents <= _literal_values_in(root / "config" / "kernel.py", "MoEBackend")
     # The NvFP4 oracle maps cutlass to vLLM's own CUTLASS kernels, and reads the
     # flag before VLLM_USE_FLASHINFER_MOE_FP4 (which only removes FlashInfer).
     oracle = (root / "model_executor" / "layers" / "fused_moe" / "oracle" / "nvfp4.py").read_text()
