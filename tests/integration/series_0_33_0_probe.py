@@ -319,7 +319,8 @@ def v2_dflash(code_root: Path, model_config_cls, arch_cls) -> dict:
     return facts
 
 
-def main(code_root: str) -> None:
+def main(code_root: str, mtp: bool = True) -> None:
+    """``mtp=False`` (``--no-mtp``): trees without the Gemma4 MTP patch (0.26-0.29 series)."""
     code = Path(code_root)
     model_config_cls, arch_cls, methods = model_config_class(code)
     out: dict[str, Any] = {"model_config_methods": methods}
@@ -331,10 +332,11 @@ def main(code_root: str) -> None:
         out["without_mm_prefix_lm_on_text_only_is_self"] = text_only.without_mm_prefix_lm() is text_only
     out["v1_dflash"] = v1_dflash(code, model_config_cls, arch_cls)
     out["v2_dflash"] = v2_dflash(code, model_config_cls, arch_cls)
-    out["v1_gemma4_mtp"] = [[s, t, v1_gemma4_mtp(code, s, t)] for s, t in MTP_CASES]
-    out["v2_gemma4_mtp"] = [[s, t, v2_gemma4_mtp(code, s, t)] for s, t in MTP_CASES]
+    if mtp:
+        out["v1_gemma4_mtp"] = [[s, t, v1_gemma4_mtp(code, s, t)] for s, t in MTP_CASES]
+        out["v2_gemma4_mtp"] = [[s, t, v2_gemma4_mtp(code, s, t)] for s, t in MTP_CASES]
     print(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], mtp="--no-mtp" not in sys.argv[2:])

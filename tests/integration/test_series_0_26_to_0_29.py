@@ -49,11 +49,18 @@ pytestmark = pytest.mark.network  # first run downloads the releases from PyPI
 # ------------------------------------------------------------------ the series
 
 
+# In the 0.33.0 series but not here (NOTES.md of each release says why): the
+# Gemma 4 MTP backend refusal does not apply without a port (the earlier
+# "explicit wins" version was dropped, not shipped), and the text-only
+# per-layer backend lift serves only the text recipe, which lists 0.21.0/0.33.0.
+NOT_PORTED = {"gemma4-mtp-explicit-attention-backend", "gemma4-text-only-per-layer-attention-backend"}
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_same_fix_ids_as_the_0_33_0_series_with_full_headers(version):
     series = SERIES[version]
     reference = load_series(patches_dir() / "vllm" / "0.33.0")
-    assert [p.id for p in series.patches] == [p.id for p in reference.patches]
+    assert [p.id for p in series.patches] == [p.id for p in reference.patches if p.id not in NOT_PORTED]
     assert [p.id for p in series.build_patches] == ["cmake-keep-sm121"]
     assert sorted(p.name for p in series.patches) == sorted(p.name for p in series.path.glob("*.patch"))
     seen: dict[str, str] = {}
@@ -94,7 +101,9 @@ def release(request, tmp_path_factory):
 
 
 def _probe(code_root: Path) -> dict:
-    run = subprocess.run([sys.executable, str(PROBE), str(code_root)], capture_output=True, text=True, timeout=120)
+    # No MTP sections: these series leave the Gemma4 MTP patch out (NOT_PORTED).
+    run = subprocess.run([sys.executable, str(PROBE), str(code_root), "--no-mtp"], capture_output=True, text=True,
+                         timeout=120)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 
@@ -120,20 +129,6 @@ def test_released_drafter_inherits_the_mm_prefix_flag_patched_one_does_not(probe
 def test_released_v1_clear_edits_the_target_arch_config_but_not_the_cached_flag(probes):
     seen = probes["released"]["v1_dflash"]
     assert seen["target_arch_is_mm_prefix_lm"] is False and seen["target_is_mm_prefix_lm"] is True
-
-
-def _backends(rows, runner):
-    return {(s, t): (r["backend"] if runner == "v2_gemma4_mtp" else r) for s, t, r in rows}
-
-
-@pytest.mark.parametrize("runner", ["v1_gemma4_mtp", "v2_gemma4_mtp"])
-def test_gemma4_mtp_explicit_backend_wins(probes, runner):
-    released = _backends(probes["released"][runner], runner)
-    patched = _backends(probes["patched"][runner], runner)
-    assert released[("FLASH_ATTN", "TRITON_ATTN")] == "TRITON_ATTN"
-    assert patched[("FLASH_ATTN", "TRITON_ATTN")] == "FLASH_ATTN"
-    for unset in [(None, "TRITON_ATTN"), (None, None)]:
-        assert patched[unset] == released[unset] == unset[1]
 
 
 # ------------------------------------------------ Gemma 4 DFlash, scoped to the base classes
