@@ -36,7 +36,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import time
 import traceback
@@ -372,12 +371,7 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     res_file, log_file = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
     cmd = [sys.executable, __file__, "--child", spec.name, "--models", str(models),
            "--token-limit", str(token_limit), "--result", str(res_file)]
-    with log_file.open("w") as lf:
-        try:
-            rc = subprocess.run(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+    rc = run_modes.run_logged(cmd, env, log_file, timeout)
     text = log_file.read_text(errors="replace")
     raw = json.loads(res_file.read_text()) if res_file.exists() else {
         "name": spec.name, "ok": False, "error": {"root_cause": f"child exit {rc}"}}

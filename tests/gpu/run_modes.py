@@ -237,6 +237,16 @@ def parse_log(text: str) -> dict:
             "log_error_line": error_line, "log_forced_triton": forced}
 
 
+def run_logged(cmd: list[str], env: dict, log_file: Path, timeout: float) -> int | str:
+    """Run one child with its output in ``log_file``; its exit code, or "timeout"."""
+    with log_file.open("w") as lf:
+        try:
+            return subprocess.run(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return "timeout"
+
+
 def run_round(models: Path, site: str | None, label: str, logs: Path,
               deadline_s: float | None = None, modes: tuple[str, ...] = MODES,
               drafters: list[str] | None = None) -> dict:
@@ -285,12 +295,7 @@ def run_round(models: Path, site: str | None, label: str, logs: Path,
             timeout = CHILD_TIMEOUT_S
             if deadline_s is not None:
                 timeout = max(60, min(timeout, deadline_s + 60 - (t0 - started)))
-            with log_file.open("w") as lf:
-                try:
-                    rc = subprocess.run(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT,
-                                        timeout=timeout).returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
+            rc = run_logged(cmd, env, log_file, timeout)
             log_text = log_file.read_text(errors="replace")
             if res_file.exists():
                 res = json.loads(res_file.read_text())

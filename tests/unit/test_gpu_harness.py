@@ -8,20 +8,7 @@ vLLM 0.21.0 run on an H100 (tests/gpu/results).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU_DIR / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
+from tests.unit.gpu_scripts import load as _load
 
 mc = _load("make_checkpoints")
 rm = _load("run_modes")

@@ -7,20 +7,9 @@ verdicts must refuse a moving reference and name divergences by concurrency.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU_DIR / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
+from tests.unit.gpu_scripts import load as _load
 
 mc = _load("make_checkpoints")
 rs = _load("realshape")
