@@ -347,7 +347,10 @@ def child(spec: dict) -> int:
         target = Path(spec["models"]) / ("gemma4-bench-nvfp4" if run.target == "nvfp4" else "gemma4-bench-bf16")
         drafter = str(Path(spec["models"]) / "dflash-bench") if run.drafter else None
         kwargs = run.engine_kwargs(str(target), drafter)
-        record["engine_kwargs"] = kwargs
+        # A copy taken before LLM(): vLLM adds config objects to the
+        # speculative_config dict it is given (seen on the H200: "Object of
+        # type ModelConfig is not JSON serializable" for every DFlash run).
+        record["engine_kwargs"] = json.loads(json.dumps(kwargs, default=str))
         llm = LLM(**kwargs)
         record["init_s"] = round(time.time() - t0, 1)
         record["backends"] = _backends(llm)
