@@ -66,7 +66,8 @@ def test_nearest_series_of_a_newer_release_reports_the_port_needed(tmp_path):
     check = drift.check_release("0.29.0", ["PyPI newest"], patches_root=root)
     assert check.series == "0.27.1"  # two minor releases away; 0.33.0 is four
     assert _by_patch(check)["gemma4-dflash-embed-scale-logit-softcap"] == {"conflicts"}
-    assert _by_patch(check)["gemma4-mtp-explicit-attention-backend"] == {"applies"}
+    assert _by_patch(check)["dflash-drafter-own-mm-prefix-config"] == {"conflicts"}
+    assert _by_patch(check)["cmake-keep-sm121"] == {"applies"}
 
 
 @pytest.mark.parametrize("text", [
