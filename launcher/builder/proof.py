@@ -109,7 +109,7 @@ def run(opts: ProofRun, echo: Echo) -> Path:
     if p.target.requires_build_patch and spec.without_build_patch:
         extra["without_build_patch"] = without_build_patch(p, src.tree, spec, env, venv_python, echo)
     if opts.flashinfer and p.target.flashinfer_cuda_arch_list:
-        extra["flashinfer"] = flashinfer_proof(p, venv_python, env, opts.root / "flashinfer", echo)
+        extra["flashinfer"] = flashinfer_proof(p, venv_python, env, work / "flashinfer", echo)
 
     seconds: dict[str, list[float]] = {}
     for rec in records + samples:
