@@ -371,6 +371,11 @@ def compile_target(build_dir: Path, obj: str, env: dict, log: Path, echo: Echo) 
     return got
 
 
+def _log_for(build_dir: Path, obj: str) -> Path:
+    """One log per object, named after its whole path (two Marlin objects share a file name)."""
+    return build_dir.parent / "logs" / f"{build_dir.name}-{obj.replace('/', '_')}.log"
+
+
 def inspect(obj: Path, tool: Path) -> tuple[list[str], str]:
     dump = subprocess.run([str(tool), str(obj)], capture_output=True, text=True, timeout=600)
     if dump.returncode != 0:
@@ -383,7 +388,7 @@ def inspect(obj: Path, tool: Path) -> tuple[list[str], str]:
 def compile_object(build_dir: Path, objects: list[str], source: str, env: dict, tool: Path, role: str, klass: str,
                    expected: list[str], echo: Echo) -> dict:
     obj = find_object(objects, source)
-    got = compile_target(build_dir, obj, env, build_dir.parent / "logs" / f"{Path(source).name}.log", echo)
+    got = compile_target(build_dir, obj, env, _log_for(build_dir, obj), echo)
     codes, host = inspect(build_dir / obj, tool)
     rec = proof_report.object_record(source=source, role=role, klass=klass, codes=codes, expected=expected,
                                      compile_s=got.seconds, peak_rss_mb=got.peak_rss_mb, host_code=host)
@@ -397,7 +402,7 @@ def compile_sample(build_dir: Path, objects: list[str], sample: proof_report.Cla
     hits = [o for o in objects if re.search(sample.match, o)]
     if not hits:
         raise LauncherError(f"no object of the generated build matches {sample.match!r}")
-    got = compile_target(build_dir, hits[0], env, build_dir.parent / "logs" / f"{Path(hits[0]).name}.log", echo)
+    got = compile_target(build_dir, hits[0], env, _log_for(build_dir, hits[0]), echo)
     return {"object": hits[0], "class": sample.klass, "compile_s": round(got.seconds, 1),
             "peak_rss_mb": round(got.peak_rss_mb)}
 

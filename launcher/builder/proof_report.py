@@ -81,22 +81,16 @@ class ProofFile(_Strict):
     flashinfer: dict[str, FlashinferProof]
 
     def for_vllm(self, version: str) -> VllmProof:
-        try:
-            return self.vllm[version]
-        except KeyError:
-            raise LauncherError(
-                f"build/proof.yaml has no object list for vLLM {version}",
-                hint=f"proved versions: {', '.join(self.vllm)}",
-            ) from None
+        return _entry(self.vllm, version, f"an object list for vLLM {version}")
 
     def for_flashinfer(self, version: str) -> FlashinferProof:
-        try:
-            return self.flashinfer[version]
-        except KeyError:
-            raise LauncherError(
-                f"build/proof.yaml has no FlashInfer kernel family for flashinfer {version}",
-                hint=f"proved versions: {', '.join(self.flashinfer)}",
-            ) from None
+        return _entry(self.flashinfer, version, f"a FlashInfer kernel family for flashinfer {version}")
+
+
+def _entry(table: dict, version: str, what: str):
+    if version not in table:
+        raise LauncherError(f"build/proof.yaml has no {what}", hint=f"proved versions: {', '.join(table)}")
+    return table[version]
 
 
 @functools.lru_cache(maxsize=2)
