@@ -268,7 +268,7 @@ def configure(tree: Path, build_dir: Path, env: dict, python: Path, shim_dir: Pa
     if build_dir.exists():
         shutil.rmtree(build_dir)  # a fresh configure each run, so configure_s is a real one
     build_dir.mkdir(parents=True)
-    log = build_dir.parent / "logs" / "configure.log"
+    log = build_dir.parent / "logs" / f"configure-{build_dir.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     echo(f"configure: {python.name} setup.py build_ext (vLLM's own CMake configure; log {log})")
     run_env = {**env, "PATH": f"{shim_dir}{os.pathsep}{env['PATH']}"}
