@@ -62,6 +62,7 @@ def _rules():
 def test_classify_first_rule_wins():
     objs = [
         "vllm-flash-attn/CMakeFiles/_vllm_fa2_C.dir/csrc/flash_attn/src/flash_fwd_hdim256_bf16_sm80.cu.o",
+        "vllm-flash-attn/CMakeFiles/_vllm_fa3_C.dir/hopper/instantiations/flash_fwd_hdim256_bf16_paged_sm90.cu.o",
         "CMakeFiles/_C.dir/csrc/quantization/marlin/marlin.cu.o",
         "CMakeFiles/_moe_C.dir/csrc/moe/torch_bindings.cpp.o",
         "CMakeFiles/_C_stable_libtorch.dir/csrc/libtorch_stable/quantization/fp4/nvfp4_scaled_mm_sm120_kernels.cu.o",
@@ -69,7 +70,7 @@ def test_classify_first_rule_wins():
         "CMakeFiles/_C.dir/csrc/something.c.o",
     ]
     assert proof_report.classify(objs, _rules()) == {
-        "flash-attn": 1, "marlin": 1, "cxx": 1, "cutlass": 1, "cuda": 1, "other": 1}
+        "fa3": 1, "fa2": 1, "marlin": 1, "cxx": 1, "cutlass": 1, "cuda": 1, "other": 1}
 
 
 def test_extrapolate_arithmetic_and_unmeasured_classes():
