@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -111,14 +110,7 @@ def run(opts: ProofRun, echo: Echo) -> Path:
     if opts.flashinfer and p.target.flashinfer_cuda_arch_list:
         extra["flashinfer"] = flashinfer_proof(p, venv_python, env, work / "flashinfer", echo)
 
-    seconds: dict[str, list[float]] = {}
-    for rec in records + samples:
-        seconds.setdefault(rec["class"], []).append(rec["compile_s"])
-    counts = proof_report.classify(objects, spec.classes)
-    host_jobs = job_counts(p.target, data.jobs).max_jobs
-    extrapolation = proof_report.extrapolate(counts, seconds, host_jobs)
-    extrapolation["hours_by_jobs"] = {str(j): proof_report.extrapolate(counts, seconds, j)["hours"]
-                                      for j in sorted({host_jobs, 16, 20})}
+    extrapolation = full_build(objects, spec.classes, records + samples, job_counts(p.target, data.jobs).max_jobs)
     out = proof_report.result(
         vllm=version, target=p.target.name, configure_s=configure_s, objects=records, extrapolation=extrapolation,
         class_samples=samples,
@@ -143,6 +135,19 @@ def run(opts: ProofRun, echo: Echo) -> Path:
     if bad:
         raise LauncherError(f"codes differ from the plan for: {', '.join(bad)}", hint=f"see {path}")
     return path
+
+
+def full_build(objects: list[str], rules: list[proof_report.ClassRule], timed: list[dict], host_jobs: int) -> dict:
+    """Extrapolate the whole generated build from the timed objects, at this host's jobs and at
+    16 / 20 jobs (a 16-core workstation, a Spark's 20 cores) with the same per-object times."""
+    seconds: dict[str, list[float]] = {}
+    for rec in timed:
+        seconds.setdefault(rec["class"], []).append(rec["compile_s"])
+    counts = proof_report.classify(objects, rules)
+    out = proof_report.extrapolate(counts, seconds, host_jobs)
+    out["hours_by_jobs"] = {str(j): proof_report.extrapolate(counts, seconds, j)["hours"]
+                            for j in sorted({host_jobs, 16, 20})}
+    return out
 
 
 # ------------------------------------------------------------------ environment

@@ -178,3 +178,14 @@ def test_committed_result_shape(path):
     if "without_build_patch" in data:
         unpatched = data["without_build_patch"]["objects"][0]["codes"]
         assert unpatched != planned
+
+
+def test_full_build_uses_every_timed_object_of_a_class():
+    objs = ["CMakeFiles/_C.dir/csrc/a.cu.o", "CMakeFiles/_C.dir/csrc/b.cu.o", "CMakeFiles/_C.dir/csrc/quantization/marlin/m.cu.o"]
+    timed = [{"class": "cuda", "compile_s": 10.0}, {"class": "cuda", "compile_s": 30.0},
+             {"class": "marlin", "compile_s": 100.0}]
+    got = proof.full_build(objs, _rules(), timed, host_jobs=2)
+    # 2 cuda objects x 20 s + 1 marlin object x 100 s = 140 s serial
+    assert got["serial_h"] == round(140 / 3600, 2)
+    assert got["hours_by_jobs"]["2"] == got["hours"] == round(70 / 3600, 2)
+    assert set(got["hours_by_jobs"]) == {"2", "16", "20"}
