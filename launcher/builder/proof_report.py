@@ -81,10 +81,10 @@ class ProofFile(_Strict):
     flashinfer: dict[str, FlashinferProof]
 
     def for_vllm(self, version: str) -> VllmProof:
-        return _entry(self.vllm, version, f"an object list for vLLM {version}")
+        return _entry(self.vllm, version, f"object list for vLLM {version}")
 
     def for_flashinfer(self, version: str) -> FlashinferProof:
-        return _entry(self.flashinfer, version, f"a FlashInfer kernel family for flashinfer {version}")
+        return _entry(self.flashinfer, version, f"FlashInfer kernel family for flashinfer {version}")
 
 
 def _entry(table: dict, version: str, what: str):

@@ -189,3 +189,14 @@ def test_full_build_uses_every_timed_object_of_a_class():
     assert got["serial_h"] == round(140 / 3600, 2)
     assert got["hours_by_jobs"]["2"] == got["hours"] == round(70 / 3600, 2)
     assert set(got["hours_by_jobs"]) == {"2", "16", "20"}
+
+
+def test_unproved_version_is_refused_before_anything_runs(tmp_path):
+    """0.33.0 has no object list yet: the proof stops at once, touching nothing."""
+    from launcher.errors import LauncherError
+
+    opts = proof.ProofRun(target="linux-amd64", vllm_version="0.33.0", root=tmp_path / "root",
+                          sources=tmp_path / "sources", results_dir=tmp_path / "results")
+    with pytest.raises(LauncherError, match="no object list for vLLM 0.33.0"):
+        proof.run(opts, lambda line: None)
+    assert not (tmp_path / "root").exists() and not (tmp_path / "results").exists()
