@@ -74,6 +74,13 @@ image-overlay: venv
 wheels: venv
 	$(BIN)/launcher build wheels --target $(or $(TARGET),linux-amd64) $(if $(VLLM_VERSION),--vllm-version $(VLLM_VERSION)) --output-dir dist $(ARGS)
 
+## make build-proof TARGET=linux-amd64|linux-arm64 [VLLM_VERSION=0.21.0|0.33.0] [ARGS=--no-flashinfer]
+## -> vLLM's real CMake configure + the sm_12x recipe objects compiled and checked with cuobjdump;
+##    build/results/build-proof-<version>-<target>.json (about an hour on 2 cores; not part of make test)
+.PHONY: build-proof
+build-proof: venv
+	$(BIN)/launcher build proof --target $(or $(TARGET),linux-amd64) $(if $(VLLM_VERSION),--vllm-version $(VLLM_VERSION)) $(ARGS)
+
 ## make gpu-stage: pack vLLM 0.21.0 + missing runtime wheels into .stage/ parts (<= 50 MB each)
 gpu-stage: venv
 	$(BIN)/python tests/gpu/stage.py

@@ -111,3 +111,23 @@ def wheels_cmd(
             first = next(r for r in pre.reasons if r.blocking)
             raise LauncherError(f"preflight failed: {first.message}", hint=first.hint)
     wheels.build(p, preflight=pre, stop_before_compile=stop_before_compile, echo=typer.echo)
+
+
+@app.command("proof")
+def proof_cmd(
+    target: str = _TARGET,
+    vllm_version: Optional[str] = _VERSION,
+    root: Optional[Path] = typer.Option(
+        None, "--root", help="build venv, work trees and source copies (default ~/.cache/vllm-sm12x-build)"),
+    sources: Optional[Path] = typer.Option(
+        None, "--sources", help="local copies of what vLLM's configure fetches from GitHub (default <root>/sources)"),
+    results_dir: Path = typer.Option(Path("build/results"), "--results-dir", help="where the result JSON goes"),
+    flashinfer: bool = typer.Option(True, "--flashinfer/--no-flashinfer", help="also compile one FlashInfer family"),
+) -> None:
+    """Configure vLLM for real and compile the sm_12x objects the recipe runs; check their codes with cuobjdump."""
+    from launcher.builder import proof
+
+    base = root or proof.default_root()
+    opts = proof.ProofRun(target=target, vllm_version=vllm_version, root=base, sources=sources or base / "sources",
+                          results_dir=results_dir, flashinfer=flashinfer)
+    proof.run(opts, typer.echo)

@@ -23,6 +23,7 @@ def test_wheel_ships_recipes_patches_and_targets(tmp_path):
         assert f"launcher/_data/{s}" in names
     assert "launcher/_data/build/targets.yaml" in names
     assert "launcher/bench/prompts.jsonl" in names  # `launcher bench`'s bundled prompt set
+    assert "launcher/_data/build/proof.yaml" in names
 
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
