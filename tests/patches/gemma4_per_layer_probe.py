@@ -128,6 +128,19 @@ SCENARIOS = {
 }
 
 
+def rederived_mm_prefix(code_root: Path, hf_text_config) -> bool:
+    """The flag as ``vllm_config.with_hf_config()`` derives it again for the
+    language model (init_vllm_registered_model): the released
+    ``Gemma4ModelArchConfigConvertor.is_mm_prefix_lm``, run from its source."""
+    path = code_root / "vllm" / "transformers_utils" / "model_arch_config_convertor.py"
+    module = ast.parse(path.read_text())
+    cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "Gemma4ModelArchConfigConvertor")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "is_mm_prefix_lm")
+    ns: dict = {}
+    exec(compile(ast.Module([fn], []), str(path), "exec"), ns)
+    return bool(ns["is_mm_prefix_lm"](types.SimpleNamespace(hf_text_config=hf_text_config)))
+
+
 def verify_scenarios(code_root: Path) -> dict:
     model_config_cls, arch_cls, _ = model_config_classes(code_root)
     mm_cls = multimodal_config_class(code_root)
@@ -139,7 +152,8 @@ def verify_scenarios(code_root: Path) -> dict:
         target.multimodal_config = None if mm is None else _mm_config(
             mm_cls, mm["limits"], mm.get("language_model_only", False), mm.get("embeds", False))
         target.hf_config = types.SimpleNamespace(audio_config={} if audio else None)
-        target.hf_text_config = types.SimpleNamespace(head_dim=head_dim, global_head_dim=global_head_dim)
+        target.hf_text_config = types.SimpleNamespace(head_dim=head_dim, global_head_dim=global_head_dim,
+                                                      use_bidirectional_attention="vision")
         attention = types.SimpleNamespace(
             backend=None if backend is None else AttentionBackendEnum[backend])
         vllm_config = types.SimpleNamespace(model_config=target, attention_config=attention)
@@ -147,6 +161,7 @@ def verify_scenarios(code_root: Path) -> dict:
         out[name] = {
             "backend": None if attention.backend is None else attention.backend.name,
             "is_mm_prefix_lm": target.is_mm_prefix_lm,
+            "rederived_is_mm_prefix_lm": rederived_mm_prefix(code_root, target.hf_text_config),
             "arch_other_fields_kept": dataclasses.replace(
                 target.model_arch_config, is_mm_prefix_lm=True) == arch,
         }

@@ -35,6 +35,7 @@ VERSION = "0.21.0"
 PATCH_ID = "gemma4-text-only-per-layer-attention-backend"
 PROBE = Path(__file__).with_name("gemma4_per_layer_probe.py")
 PROBE_EXTRA = ["vllm/utils/math_utils.py", "vllm/config/model.py", "vllm/config/model_arch.py",
+               "vllm/transformers_utils/model_arch_config_convertor.py",
                "vllm/config/multimodal.py"]
 TEXT_ONLY = ("all_limits_zero", "language_model_only", "no_multimodal_config", "audio_tower_all_zero")
 MULTIMODAL = ("multimodal", "image_only_off", "audio_tower_audio_open", "all_zero_with_mm_embeds")
@@ -96,6 +97,15 @@ def test_patched_text_only_lifts_the_lock_and_the_mm_prefix(patched, scenario):
     assert seen["backend"] is None
     assert seen["is_mm_prefix_lm"] is False
     assert seen["arch_other_fields_kept"] is True
+
+
+@pytest.mark.parametrize("scenario", TEXT_ONLY)
+def test_patched_text_only_mm_prefix_stays_off_for_the_language_models_own_config(patched, scenario):
+    """Seen on an H200: the lock was lifted, yet the sliding layers chose
+    TRITON_ATTN out of [TRITON_ATTN, FLEX_ATTENTION], because the language
+    model is built under vllm_config.with_hf_config(), which derives
+    is_mm_prefix_lm again from use_bidirectional_attention."""
+    assert patched["verify"][scenario]["rederived_is_mm_prefix_lm"] is False
 
 
 @pytest.mark.parametrize("scenario", MULTIMODAL)
