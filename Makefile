@@ -91,21 +91,19 @@ gpu-proof: gpu-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh proof stock patched
 
-## make gpu-realshape: the real-shape proof (issue 11): stage the bundle, FA2 and the NVFP4
-## real-shape checkpoint made here by `launcher quantize`, then on a GPU host run every
-## configuration (tests/gpu/README.md, "Real-shape proof"); results in tests/gpu/results/realshape.*
-RS_MODELS ?= .stage/models-rs
+## make gpu-realshape: the real-shape proof (issue 11) on a GPU host with this checkout:
+## stage the bundle, FA2 and the modelopt wheels, then on the GPU: the bf16-stability search
+## (picks the norm scale), `launcher quantize` of the NVFP4 target, every run of realshape.py
+## (RUNS=a,b narrows; tests/gpu/README.md, "Real-shape proof"); results in tests/gpu/results/realshape.*
 .PHONY: gpu-realshape-stage gpu-realshape
-gpu-realshape-stage: gpu-stage test-venv
-	test -f $(RS_MODELS)/shapes.json || $(BIN)/python tests/gpu/make_checkpoints.py $(RS_MODELS) --set realshape
-	test -f $(RS_MODELS)/gemma4-a4b-r30-nvfp4/hf_quant_config.json || $(BIN)/launcher quantize \
-		--model $(RS_MODELS)/gemma4-a4b-r30 --out $(RS_MODELS)/gemma4-a4b-r30-nvfp4 \
-		--device cpu --calib-samples 8 --calib-seq-len 64 --force
+gpu-realshape-stage: gpu-stage
 	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2
-	$(BIN)/python tests/gpu/stage.py --extras $(RS_MODELS)/gemma4-a4b-r30-nvfp4 --extras-name extras-nvfp4 --no-fa2
+	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-quant --no-fa2 --quant-wheels
 
 gpu-realshape: gpu-realshape-stage
 	bash tests/gpu/remote.sh receive
+	OUT=tests/gpu/results bash tests/gpu/remote.sh stability
+	bash tests/gpu/remote.sh quantize-rs
 	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape
 
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time

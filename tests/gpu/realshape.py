@@ -61,8 +61,9 @@ PROMPT_LENGTHS = [300, 5, 70, 150, 40, 129, 200, 64, 260, 12, 100, 65, 180, 33, 
 MAX_TOKENS = [96, 64, 48, 80, 96, 64, 72, 56, 96, 48, 64, 80, 56, 72, 64, 48, 88]
 CHILD_TIMEOUT_S = 420
 
-_LINEAR = re.compile(r"Using (\w+) for NVFP4 GEMM|Using (\w*NvFp4LinearKernel)|(\w+NvFp4LinearKernel)")
-_MOE = re.compile(r"Using '?(\w+)'? NvFp4 MoE backend|NvFp4 MoE backend[^\w]+'?(\w+)")
+# vLLM 0.21.0's own lines (kernels/linear/__init__.py, fused_moe/oracle/nvfp4.py).
+_LINEAR = re.compile(r"Using (\w+) for NVFP4 GEMM")
+_MOE = re.compile(r"Using '(\w+)' NvFp4 MoE backend")
 
 
 @dataclass(frozen=True)
@@ -264,8 +265,8 @@ def _backend(names: dict) -> str | None:
 
 
 def _quant_backends(log_text: str) -> dict:
-    linear = sorted({next(g for g in m.groups() if g) for m in _LINEAR.finditer(log_text)})
-    moe = sorted({next(g for g in m.groups() if g) for m in _MOE.finditer(log_text)})
+    linear = sorted({m.group(1) for m in _LINEAR.finditer(log_text)})
+    moe = sorted({m.group(1) for m in _MOE.finditer(log_text)})
     return {"linear_backend": linear or None, "moe_backend": moe or None}
 
 
@@ -377,8 +378,7 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
         "name": spec.name, "ok": False, "error": {"root_cause": f"child exit {rc}"}}
     raw["exit"] = rc
     raw.update(run_modes.parse_log(text))
-    raw["log_text_for_backends"] = [ln for ln in text.splitlines()
-                                    if "NvFp4" in ln or "NVFP4" in ln or "Marlin" in ln][:20]
+    raw["log_text_for_backends"] = [ln for ln in text.splitlines() if "NvFp4" in ln or "NVFP4" in ln][:20]
     raw["log_tail"] = text.splitlines()[-30:]
     return raw
 

@@ -280,7 +280,7 @@ rs_models() { # the real-shape checkpoints on the device (RS_POST_NORM overrides
 stability() { # bf16 vs fp32 greedy agreement of candidate real-shape targets, on the GPU;
     # the largest scale with full agreement and no near-ties becomes the real-shape target's
     install
-    local scale dir line best="" bestagree=-1 agree total near
+    local scale dir line best="" fallback="" bestagree=-1 agree total near
     : > "$WORK/stability.txt"
     for scale in ${RS_SCALES:-0.3 0.15 0.08}; do
         dir=/tmp/models-stab-$scale

@@ -85,9 +85,30 @@ def download_wheels(dest: Path) -> list[Path]:
     return wheels
 
 
-def _requirements() -> list[str]:
+QUANT_REQUIREMENTS = Path(__file__).with_name("quantize-requirements.txt")
+SDIST_ONLY = {"antlr4-python3-runtime"}
+
+
+def download_quant_wheels(dest: Path) -> Path:
+    """The wheels (and one pure-Python sdist) that ``launcher quantize`` needs on the GPU host."""
+    dest.mkdir(parents=True, exist_ok=True)
+    pins = _requirements(QUANT_REQUIREMENTS)
+    binary = [p for p in pins if p.split("==")[0] not in SDIST_ONLY]
+    source = [p for p in pins if p.split("==")[0] in SDIST_ONLY]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
+           "--abi", "none", "-d", str(dest), *binary]
+    for plat in PLATFORMS:
+        cmd += ["--platform", plat]
+    subprocess.run(cmd, check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:",
+                    "-d", str(dest), *source], check=True)
+    return dest
+
+
+def _requirements(path: Path = REQUIREMENTS) -> list[str]:
     return [
-        line.strip() for line in REQUIREMENTS.read_text().splitlines()
+        line.strip() for line in path.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
 
@@ -186,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fa2", action="store_true", help="leave FA2 out of the extra bundle")
     parser.add_argument("--wheels", type=Path,
                         help="a folder of wheels/sdists for $SITE_QUANT (e.g. modelopt to quantize there)")
+    parser.add_argument("--quant-wheels", action="store_true",
+                        help="download quantize-requirements.txt into --out/quant-wheels and pack it as --wheels")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -193,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.extras_name.startswith("extras"):
             parser.error("--extras-name must start with 'extras' (remote.sh installs extras*)")
         wheel = None if args.no_fa2 else vllm_wheel()
-        manifest = pack_extras(wheel, args.extras, out, args.extras_name, args.wheels)
+        wheels = download_quant_wheels(out / "quant-wheels") if args.quant_wheels else args.wheels
+        manifest = pack_extras(wheel, args.extras, out, args.extras_name, wheels)
         print(f"{args.extras_name}: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
         return 0
     wheel = vllm_wheel()
