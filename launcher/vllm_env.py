@@ -86,7 +86,7 @@ def resolve(python: str | None = None, *, environ: dict[str, str] | None = None)
             raise LauncherError(f"--vllm-python {python}: no such file",
                                 hint="give the python executable of the environment that has vLLM")
         return inspect(found, "--vllm-python")
-    own = inspect(sys.executable, "the launcher's Python")
+    own = _own()
     if own.has_vllm:
         return own
     script = shutil.which("vllm", path=(environ or os.environ).get("PATH"))
@@ -95,6 +95,19 @@ def resolve(python: str | None = None, *, environ: dict[str, str] | None = None)
         if interpreter:
             return inspect(interpreter, f"`vllm` on PATH: {script}")
     return None
+
+
+def _own() -> VllmEnv:
+    """The launcher's own interpreter, read in-process (no subprocess for every plan)."""
+    from importlib import util
+
+    from launcher import versions
+
+    spec = util.find_spec("vllm")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return VllmEnv(python=sys.executable, source="the launcher's Python", vllm_version=versions.installed("vllm"),
+                   transformers_version=versions.installed("transformers"),
+                   package_dir=locations[0] if locations else None)
 
 
 def script_interpreter(script: Path) -> str | None:
