@@ -81,42 +81,68 @@ class RunSpec:
     batch_invariant: bool = False
     diagnostic: bool = False
     concurrency: tuple[int, ...] = CONCURRENCY
+    # True: the multimodal recipe (gemma4-moe-dflash): the target keeps its
+    # mm-prefix. False: text-only serving (gemma4-moe-dflash-text), where the
+    # series' per-layer backend patch puts the sliding layers on FLASH_ATTN.
+    mm_prefix: bool = True
+    # Diagnosis only: spec_probe hooks with CUDA_LAUNCH_BLOCKING=1, and the
+    # async scheduler switched (None keeps vLLM's default).
+    probe: bool = False
+    async_scheduling: bool | None = None
 
     def key(self) -> dict:
         return {"series": self.series, "mode": self.mode, "quantization": self.quant,
                 "drafter_backend": self.drafter_backend or ("auto" if self.mode == "dflash" else None),
                 "flash_attn_version": self.flash_attn_version, "cuda_graphs": self.cuda_graphs,
-                "kv_blocks": self.kv_blocks, "batch_invariant": self.batch_invariant}
+                "kv_blocks": self.kv_blocks, "batch_invariant": self.batch_invariant,
+                "mm_prefix": self.mm_prefix, "probe": self.probe,
+                "async_scheduling": self.async_scheduling}
 
 
 def _runs() -> list[RunSpec]:
     # Ranked: what the done-when needs first (FA2 + CUDA graphs + NVFP4, the
-    # references they are judged against), then stock vs patched, then diagnosis.
+    # references they are judged against), then stock vs patched, then the
+    # text-only recipe, then diagnosis.
     # One 512-token request needs ~176 blocks (0.21.0's startup check): 192 keeps
     # about two requests' worth, so 17 concurrent ones fill the pool.
     small_pool = 192
+    nvfp4 = "modelopt-nvfp4"
     return [
-        RunSpec("ref-nvfp4", "patched", "reference", "modelopt-nvfp4"),
-        RunSpec("patched-fa2-nvfp4", "patched", "dflash", "modelopt-nvfp4", "flash_attn", 2),
+        RunSpec("ref-nvfp4", "patched", "reference", nvfp4),
+        RunSpec("patched-fa2-nvfp4", "patched", "dflash", nvfp4, "flash_attn", 2),
         RunSpec("ref-bf16", "patched", "reference"),
         RunSpec("patched-fa2-bf16", "patched", "dflash", "bf16", "flash_attn", 2),
         RunSpec("patched-auto-fa2-bf16", "patched", "dflash", "bf16", None, 2),
+        RunSpec("patched-auto-fa2-nvfp4", "patched", "dflash", nvfp4, None, 2),
+        RunSpec("patched-fa2-bf16-smallkv", "patched", "dflash", "bf16", "flash_attn", 2,
+                kv_blocks=small_pool, concurrency=(17,)),
+        RunSpec("patched-fa2-nvfp4-smallkv", "patched", "dflash", nvfp4, "flash_attn", 2,
+                kv_blocks=small_pool, concurrency=(17,)),
         RunSpec("stock-fa-bf16", "stock", "dflash", "bf16", "flash_attn", 2),
         RunSpec("stock-auto-bf16", "stock", "dflash", "bf16", None, 2),
         RunSpec("stock-auto-bf16-smallkv", "stock", "dflash", "bf16", None, 2, kv_blocks=small_pool,
                 concurrency=(17,)),
-        RunSpec("patched-fa2-bf16-smallkv", "patched", "dflash", "bf16", "flash_attn", 2,
+        RunSpec("stock-auto-nvfp4-smallkv", "stock", "dflash", nvfp4, None, 2,
                 kv_blocks=small_pool, concurrency=(17,)),
-        RunSpec("patched-auto-fa2-nvfp4", "patched", "dflash", "modelopt-nvfp4", None, 2),
-        RunSpec("stock-auto-nvfp4-smallkv", "stock", "dflash", "modelopt-nvfp4", None, 2,
-                kv_blocks=small_pool, concurrency=(17,)),
-        RunSpec("stock-fa-nvfp4", "stock", "dflash", "modelopt-nvfp4", "flash_attn", 2),
+        RunSpec("stock-fa-nvfp4", "stock", "dflash", nvfp4, "flash_attn", 2),
+        # The text-only recipe (gemma4-moe-dflash-text): sliding layers on FA2.
+        RunSpec("ref-nvfp4-text", "patched", "reference", nvfp4, None, 2, mm_prefix=False),
+        RunSpec("patched-fa2-nvfp4-text", "patched", "dflash", nvfp4, "flash_attn", 2,
+                mm_prefix=False),
+        RunSpec("ref-bf16-text", "patched", "reference", "bf16", None, 2, mm_prefix=False),
+        RunSpec("patched-fa2-bf16-text", "patched", "dflash", "bf16", "flash_attn", 2,
+                mm_prefix=False),
         RunSpec("patched-fa3-bf16", "patched", "dflash", "bf16", "flash_attn", None),
-        # Diagnosis of the NVFP4 + FA2 + CUDA-graph device-side assert: without
-        # graphs, and on FA3.
-        RunSpec("patched-fa2-nvfp4-eager", "patched", "dflash", "modelopt-nvfp4", "flash_attn", 2,
+        # Diagnosis of the NVFP4 + CUDA-graph device-side assert: with the
+        # probe (spec_probe.py) and CUDA_LAUNCH_BLOCKING, with the async
+        # scheduler off, without graphs, and on FA3.
+        RunSpec("diag-fa2-nvfp4-probe", "patched", "dflash", nvfp4, "flash_attn", 2,
+                diagnostic=True, probe=True),
+        RunSpec("diag-fa2-nvfp4-sync", "patched", "dflash", nvfp4, "flash_attn", 2,
+                diagnostic=True, async_scheduling=False),
+        RunSpec("patched-fa2-nvfp4-eager", "patched", "dflash", nvfp4, "flash_attn", 2,
                 cuda_graphs=False, diagnostic=True),
-        RunSpec("patched-fa3-nvfp4", "patched", "dflash", "modelopt-nvfp4", "flash_attn", None,
+        RunSpec("patched-fa3-nvfp4", "patched", "dflash", nvfp4, "flash_attn", None,
                 diagnostic=True),
         RunSpec("patched-fa2-bf16-eager", "patched", "dflash", "bf16", "flash_attn", 2, cuda_graphs=False),
         RunSpec("refbatch-bf16", "patched", "reference-batched", diagnostic=True),
@@ -148,11 +174,18 @@ def engine_kwargs(spec: RunSpec, models: Path) -> dict:
         # prompts with caching on). The DFlash runs keep caching on, as served.
         enable_prefix_caching=spec.mode == "dflash",
         max_num_seqs=1 if spec.mode == "reference" else max(CONCURRENCY),
-        # Text-only prompts: no HF processor or tokenizer needed; the target
-        # stays the multimodal model and keeps is_mm_prefix_lm.
+        # Token-id prompts: no HF processor or tokenizer needed. Image and
+        # video limits at 0 alone make vLLM serve text only, and then the
+        # series' per-layer backend patch turns the target's mm-prefix off;
+        # with enable_mm_embeds (vLLM's embedding-only mode: the multimodal
+        # path stays live, no encoder is profiled) the target keeps it, as
+        # the multimodal recipe serves it.
         limit_mm_per_prompt={"image": 0, "video": 0},
+        enable_mm_embeds=spec.mm_prefix,
         enforce_eager=not spec.cuda_graphs,
     )
+    if spec.async_scheduling is not None:
+        kwargs["async_scheduling"] = spec.async_scheduling
     if spec.cuda_graphs:
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": CAPTURE_SIZES}
     if spec.flash_attn_version is not None:
@@ -196,6 +229,12 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         from vllm import LLM, SamplingParams
 
         result["vllm_version"] = vllm.__version__
+        if spec.probe:
+            import spec_probe
+
+            shapes = json.loads((models / "shapes.json").read_text())
+            spec_probe.install(os.environ["REALSHAPE_PROBE_OUT"], shapes["vocab"],
+                               shapes.get("max_position_embeddings", 4096))
         llm = LLM(**engine_kwargs(spec, models))
         result["init_s"] = round(time.time() - t0, 1)
         result.update(run_modes._inspect(llm))
@@ -259,6 +298,14 @@ def judge(reference: dict | None, run: dict) -> dict:
             "identical": identical, "divergences": divergences}
 
 
+def reference_for(spec: RunSpec) -> RunSpec | None:
+    """The one-at-a-time reference a run is judged against: same quantization
+    and the same multimodal semantics (text-only moves the target's sliding
+    layers to FLASH_ATTN, so its reference must run them there too)."""
+    return next((r for r in RUNS.values() if r.mode == "reference" and r.series == "patched"
+                 and r.quant == spec.quant and r.mm_prefix == spec.mm_prefix), None)
+
+
 def _backend(names: dict) -> str | None:
     kinds = sorted(set(names.values()))
     return "+".join(kinds) if kinds else None
@@ -294,6 +341,10 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
         "wall_s": raw.get("wall_s"),
         **_quant_backends("\n".join(raw.get("log_text_for_backends", []))),
     }
+    if raw.get("assert_lines"):
+        rec["assert_lines"] = raw["assert_lines"]
+    if raw.get("probe") is not None:
+        rec["probe"] = raw["probe"][:12]
     if spec.mode == "dflash":
         v = judge(reference, raw)
         rec["lossless"] = v.get("lossless")
@@ -310,10 +361,15 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
 def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     """Records with the same configuration (vllm, series, key fields) are replaced."""
     def ident(r: dict) -> tuple:
-        return (r.get("vllm"), r.get("series"), json.dumps(r.get("target"), sort_keys=True),
+        # A patched record replaces the same configuration's record of an
+        # older series hash: the file holds the newest run of each, and its
+        # "series" field says which series that was.
+        series = "stock" if r.get("series") == "stock" else "patched"
+        return (r.get("vllm"), series, json.dumps(r.get("target"), sort_keys=True),
                 r.get("drafter_layers"), r.get("mode"), r.get("quantization"),
                 r.get("drafter_backend"), r.get("flash_attn_version"), r.get("cuda_graphs"),
-                r.get("kv_blocks"), r.get("batch_invariant"))
+                r.get("kv_blocks"), r.get("batch_invariant"), r.get("mm_prefix", True),
+                r.get("probe", False), r.get("async_scheduling"))
     fresh = {ident(r) for r in new}
     return [r for r in existing if ident(r) not in fresh] + new
 
@@ -327,8 +383,8 @@ def markdown(records: list[dict], meta: dict) -> str:
         "hidden 128; drafter: 5 layers (4 sliding + 1 full). Lossless = identical to the one-at-a-time "
         "reference, or first divergence on a reference tie (tests/gpu/README.md).",
         "",
-        "| vLLM | series | run | quant | drafter backend (asked → got) | FA | graphs | KV blocks | ok | lossless | error / divergences |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vLLM | series | run | inputs | quant | drafter backend (asked → got) | target backend | FA | graphs | KV blocks | ok | lossless | error / divergences |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         series = r["series"] if r["series"] == "stock" else f"series {str(r['series'])[:8]}"
@@ -350,7 +406,9 @@ def markdown(records: list[dict], meta: dict) -> str:
             detail = "two passes identical" if det.get("stable") else f"passes differ: prompts {det.get('prompts_differing')}"
         label = r["name"] + (" (diagnostic)" if r.get("diagnostic") else "")
         lines.append(
-            f"| {r.get('vllm')} | {series} | {label} | {r.get('quantization')} | {asked} → {got} | "
+            f"| {r.get('vllm')} | {series} | {label} | "
+            f"{'mm-prefix' if r.get('mm_prefix', True) else 'text-only'} | {r.get('quantization')} | "
+            f"{asked} → {got} | {r.get('target_backend_observed') or '-'} | "
             f"{r.get('flash_attn_version') or '-'} | {'on' if r.get('cuda_graphs') else 'eager'} | "
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | "
             f"{'yes' if r.get('ok') else 'no'} | {r.get('lossless')} | {detail} |")
@@ -370,6 +428,10 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     if spec.batch_invariant:
         env["VLLM_BATCH_INVARIANT"] = "1"
     res_file, log_file = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
+    probe_file = logs / f"{spec.name}.probe.jsonl"
+    if spec.probe:
+        env.update(CUDA_LAUNCH_BLOCKING="1", REALSHAPE_PROBE_OUT=str(probe_file))
+        probe_file.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", spec.name, "--models", str(models),
            "--token-limit", str(token_limit), "--result", str(res_file)]
     rc = run_modes.run_logged(cmd, env, log_file, timeout)
@@ -380,6 +442,11 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     raw.update(run_modes.parse_log(text))
     raw["log_text_for_backends"] = [ln for ln in text.splitlines() if "NvFp4" in ln or "NVFP4" in ln][:20]
     raw["log_tail"] = text.splitlines()[-30:]
+    if probe_file.exists():
+        raw["probe"] = [json.loads(ln) for ln in probe_file.read_text().splitlines() if ln.strip()]
+    # The failing kernel and the lines around a device-side assert.
+    raw["assert_lines"] = [ln for ln in text.splitlines()
+                           if "Assertion" in ln or "index out of bounds" in ln][:10]
     return raw
 
 
@@ -432,8 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in RUNS:
             continue
         spec = RUNS[name]
-        ref_spec = next((r for r in RUNS.values() if r.mode == "reference"
-                         and r.series == "patched" and r.quant == spec.quant), None)
+        ref_spec = reference_for(spec)
         reference = raws.get(ref_spec.name) if ref_spec else None
         records.append(record(spec, raw, reference, meta))
     if args.out:
