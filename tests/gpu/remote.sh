@@ -219,7 +219,12 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     rs_models
-    [ -d "$SITE_PATCHED/vllm" ] || patched_site | tee "$WORK/patch-apply.txt"
+    # Rebuilt when the series in this checkout changed since (a fix between calls).
+    local src
+    src=$(cat patches/vllm/0.21.0/* 2>/dev/null | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$SITE_PATCHED/.series-src" 2>/dev/null)" != "$src" ]; then
+        patched_site | tee "$WORK/patch-apply.txt" && echo "$src" > "$SITE_PATCHED/.series-src"
+    fi
     realshape_meta "$WORK/rs-meta.json"
     if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
         cp tests/gpu/results/realshape.json "$OUT/"
