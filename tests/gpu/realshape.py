@@ -137,9 +137,9 @@ def _runs() -> list[RunSpec]:
         # probe (spec_probe.py) and CUDA_LAUNCH_BLOCKING, with the async
         # scheduler off, without graphs, and on FA3.
         RunSpec("diag-fa2-nvfp4-probe", "patched", "dflash", nvfp4, "flash_attn", 2,
-                diagnostic=True, probe=True),
+                diagnostic=True, probe=True, mm_prefix=False),
         RunSpec("diag-fa2-nvfp4-sync", "patched", "dflash", nvfp4, "flash_attn", 2,
-                diagnostic=True, async_scheduling=False),
+                diagnostic=True, async_scheduling=False, mm_prefix=False),
         RunSpec("patched-fa2-nvfp4-eager", "patched", "dflash", nvfp4, "flash_attn", 2,
                 cuda_graphs=False, diagnostic=True),
         RunSpec("patched-fa3-nvfp4", "patched", "dflash", nvfp4, "flash_attn", None,
@@ -174,14 +174,13 @@ def engine_kwargs(spec: RunSpec, models: Path) -> dict:
         # prompts with caching on). The DFlash runs keep caching on, as served.
         enable_prefix_caching=spec.mode == "dflash",
         max_num_seqs=1 if spec.mode == "reference" else max(CONCURRENCY),
-        # Token-id prompts: no HF processor or tokenizer needed. Image and
-        # video limits at 0 alone make vLLM serve text only, and then the
-        # series' per-layer backend patch turns the target's mm-prefix off;
-        # with enable_mm_embeds (vLLM's embedding-only mode: the multimodal
-        # path stays live, no encoder is profiled) the target keeps it, as
-        # the multimodal recipe serves it.
+        # Token-id prompts: no HF processor or tokenizer needed (vLLM's
+        # multimodal input path wants a tokenizer even for token prompts, so
+        # the limits stay at 0). The target stays the multimodal model; with
+        # the full series the per-layer backend patch reads limits of 0 as
+        # text-only serving and turns its mm-prefix off, so the mm-prefix runs
+        # use the series without that patch (remote.sh mm_patches_root).
         limit_mm_per_prompt={"image": 0, "video": 0},
-        enable_mm_embeds=spec.mm_prefix,
         enforce_eager=not spec.cuda_graphs,
     )
     if spec.async_scheduling is not None:
@@ -323,7 +322,9 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
     rec = {
         "name": spec.name, **spec.key(),
         "vllm": raw.get("vllm_version") or meta.get("vllm"),
-        "series": "stock" if spec.series == "stock" else meta.get("series_hash"),
+        "series": "stock" if spec.series == "stock" else (
+            meta.get("series_hash_mm") or meta.get("series_hash") if spec.mm_prefix
+            else meta.get("series_hash")),
         "target": {"sliding": 25, "full": 5},
         "drafter_layers": 5 if spec.mode == "dflash" else None,
         "drafter_backend_observed": _backend(backends.get("drafter", {})),
@@ -344,7 +345,7 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
     if raw.get("assert_lines"):
         rec["assert_lines"] = raw["assert_lines"]
     if raw.get("probe") is not None:
-        rec["probe"] = raw["probe"][:12]
+        rec["probe_reports"] = raw["probe"][:12]
     if spec.mode == "dflash":
         v = judge(reference, raw)
         rec["lossless"] = v.get("lossless")
@@ -457,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-limit", type=int, default=4080)
     parser.add_argument("--models", type=Path, required=True)
     parser.add_argument("--site-stock")
-    parser.add_argument("--site-patched")
+    parser.add_argument("--site-patched", help="vLLM with the whole series (text-only runs)")
+    parser.add_argument("--site-patched-mm", help="vLLM with the series less the text-only patch "
+                        "(mm-prefix runs; default: --site-patched)")
     parser.add_argument("--runs", help=f"comma-separated, from {list(RUNS)} (default: all, ranked)")
     parser.add_argument("--raw-dir", type=Path, help="per-run raw results and logs")
     parser.add_argument("--out", type=Path, help="realshape.json to merge into")
@@ -484,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         if left < 45:
             print(f"[{name}] skipped: deadline", flush=True)
             continue
-        site = args.site_stock if spec.series == "stock" else args.site_patched
+        site = (args.site_stock if spec.series == "stock"
+                else args.site_patched_mm if spec.mm_prefix and args.site_patched_mm
+                else args.site_patched)
         print(f"[{name}] ...", flush=True)
         t0 = time.time()
         raw = run_one(spec, args.models, site, raw_dir, token_limit, min(CHILD_TIMEOUT_S, left + 30))

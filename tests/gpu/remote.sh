@@ -90,13 +90,14 @@ install() {
     PYTHONPATH=$SITE "$PY" -c 'import vllm, transformers, torch; print("vllm", vllm.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
 }
 
-patched_site() {
-    rm -rf "$SITE_PATCHED" && mkdir -p "$SITE_PATCHED"
-    cp -a "$SITE/vllm" "$SITE"/vllm-*.dist-info "$SITE_PATCHED/"
-    PYTHONPATH=.:$SITE "$PY" - "$SITE_PATCHED" <<'EOF'
+patched_site() { # patched_site [DEST [PATCHES_ROOT]]: a copy of vLLM with the series applied
+    local dest=${1:-$SITE_PATCHED} root=${2:-}
+    rm -rf "$dest" && mkdir -p "$dest"
+    cp -a "$SITE/vllm" "$SITE"/vllm-*.dist-info "$dest/"
+    PYTHONPATH=.:$SITE "$PY" - "$dest" "$root" <<'EOF'
 import sys
 from launcher.patching.engine import apply
-r = apply(sys.argv[1])
+r = apply(sys.argv[1], patches_root=sys.argv[2] or None)
 print(r.message)
 print("series hash", r.series_hash)
 for p in r.results:
@@ -104,8 +105,21 @@ for p in r.results:
 EOF
 }
 
-series_hash() {
-    PYTHONPATH=.:$SITE "$PY" -c 'from launcher.patching.engine import status; s = status(__import__("sys").argv[1]); print(s.series_hash)' "$SITE_PATCHED" 2>/dev/null || true
+series_hash() { # series_hash [SITE [PATCHES_ROOT]]
+    PYTHONPATH=.:$SITE "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); print(s.series_hash)' "${1:-$SITE_PATCHED}" "${2:-}" 2>/dev/null || true
+}
+
+SITE_PATCHED_MM=${SITE_PATCHED_MM:-/tmp/site-patched-mm}
+MM_PATCHES=${MM_PATCHES:-/tmp/patches-mm}
+
+mm_patches_root() { # the series without gemma4-text-only-per-layer-attention-backend
+    # Token-id prompts need the multimodal limits at 0, which that patch reads
+    # as text-only serving. With images allowed (the gemma4-moe-dflash recipe)
+    # it changes nothing, so the multimodal recipe's runs use the series
+    # without it; their records carry that series' own hash.
+    rm -rf "$MM_PATCHES" && cp -a patches "$MM_PATCHES"
+    rm -f "$MM_PATCHES"/vllm/0.21.0/*-gemma4-text-only-per-layer-attention-backend.patch
+    sed -i '/gemma4-text-only-per-layer-attention-backend/d' "$MM_PATCHES/vllm/0.21.0/series"
 }
 
 proof() {
@@ -200,13 +214,15 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
 }
 
 realshape_meta() { # realshape_meta OUT.json: date, GPU, versions, series hash, command
-    PYTHONPATH=$SITE "$PY" - "$1" "$WORK/gpu.txt" "$(series_hash)" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" <<'EOF'
+    PYTHONPATH=$SITE "$PY" - "$1" "$WORK/gpu.txt" "$(series_hash)" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
+        "$(series_hash "$SITE_PATCHED_MM" "$MM_PATCHES")" <<'EOF'
 import datetime, json, sys
 import torch, vllm
 json.dump({
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     "gpu": open(sys.argv[2]).read().strip(), "vllm": vllm.__version__, "torch": torch.__version__,
     "series_hash": sys.argv[3] or None,
+    "series_hash_mm": sys.argv[5] or None,
     "post_norm_scale": sys.argv[4] or None,
     "command": "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')",
 }, open(sys.argv[1], "w"), indent=1)
@@ -221,9 +237,11 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
     rs_models
     # Rebuilt when the series in this checkout changed since (a fix between calls).
     local src
-    src=$(cat patches/vllm/0.21.0/* 2>/dev/null | sha256sum | cut -d' ' -f1)
+    src=$(find patches/vllm/0.21.0 -type f -print0 | sort -z | xargs -0 cat | sha256sum | cut -d" " -f1)
     if [ "$(cat "$SITE_PATCHED/.series-src" 2>/dev/null)" != "$src" ]; then
         patched_site | tee "$WORK/patch-apply.txt" && echo "$src" > "$SITE_PATCHED/.series-src"
+        mm_patches_root
+        patched_site "$SITE_PATCHED_MM" "$MM_PATCHES" | tee "$WORK/patch-apply-mm.txt"
     fi
     realshape_meta "$WORK/rs-meta.json"
     if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
@@ -232,7 +250,7 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
     local extra=()
     [ -n "${RUNS:-}" ] && extra+=(--runs "$RUNS")
     "$PY" tests/gpu/realshape.py --models "$MODELS_RS" --site-stock "$SITE" \
-        --site-patched "$SITE_PATCHED:$SITE" --raw-dir "$WORK/realshape-raw" --meta "$WORK/rs-meta.json" \
+        --site-patched "$SITE_PATCHED:$SITE" --site-patched-mm "$SITE_PATCHED_MM:$SITE" --raw-dir "$WORK/realshape-raw" --meta "$WORK/rs-meta.json" \
         --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
         "${extra[@]}"
     tar -C "$WORK" -czf "$OUT/realshape-logs.tar.gz" realshape-raw

@@ -130,11 +130,14 @@ def _bindings(node: ast.Import | ast.ImportFrom, siblings: dict[str, dict]) -> d
     return out
 
 
-def load(tree: Path, rel: str, siblings: dict[str, dict] | None = None) -> dict:
+def load(tree: Path, rel: str, siblings: dict[str, dict] | None = None,
+         overrides: dict[str, object] | None = None) -> dict:
     """Execute ``tree/rel`` (a module of vllm/model_executor/models) and return its namespace.
 
     ``siblings`` maps relative module names (``qwen3_dflash``) to namespaces
     returned before, so ``from .qwen3_dflash import X`` gets the real class.
+    ``overrides`` replace imported names before the module body runs (a
+    stand-in base class, a decorator that must return what it wraps).
     """
     siblings = siblings or {}
     module = ast.parse((tree / rel).read_text(encoding="utf-8"))
@@ -146,6 +149,7 @@ def load(tree: Path, rel: str, siblings: dict[str, dict] | None = None) -> dict:
                 ns.update(_bindings(node, siblings))
         else:
             body.append(node)
+    ns.update(overrides or {})
     code = compile(ast.Module(body=body, type_ignores=[]), str(tree / rel), "exec",
                    flags=__future__.annotations.compiler_flag, dont_inherit=True)
     exec(code, ns)
