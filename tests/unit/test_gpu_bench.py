@@ -309,6 +309,9 @@ def test_json_shape_and_per_layer_backend():
     # wall per step: (0.66 - 0.1) / 56 vs (0.38 - 0.1) / 56
     assert plb["decode_speedup"]["16k"] == pytest.approx(0.56 / 0.28, rel=1e-3)
     assert plb["decode_speedup_gpu"]["16k"] == pytest.approx(8.0 / 5.0)
+    # Both forwards take 5 ms: no kernel speed-up; at 30 layers 8 + 4*5 vs 5 + 4*5.
+    assert plb["decode_speedup_forward"]["16k"] == pytest.approx(1.0)
+    assert plb["decode_speedup_30"]["16k"] == pytest.approx(28.0 / 25.0, rel=1e-3)
     assert plb["lossless"] is True
     json.dumps(doc)
     md = br.markdown(doc)
