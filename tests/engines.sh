@@ -48,6 +48,9 @@ ensure_tools() {
     # docker.io ships the CLI too; a docker CLI already on PATH is fine.
     static_busybox || missing+=(busybox-static)
     command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+    # tests/unit/test_gpu_abi_check.py compiles small shared libraries and reads them with nm.
+    command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+    command -v nm >/dev/null 2>&1 || missing+=(binutils)
     if [ ${#missing[@]} -gt 0 ]; then
         is_root || { log "missing ${missing[*]} and not root: install them (apt-get install ${missing[*]})"; exit 1; }
         apt_install "${missing[@]}"
