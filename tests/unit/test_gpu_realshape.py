@@ -150,3 +150,32 @@ def test_quant_backends_are_read_from_vllm_log_lines():
             "INFO [nvfp4.py:184] Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['MARLIN']")
     assert rs._quant_backends(text) == {"linear_backend": ["MarlinNvFp4LinearKernel"],
                                         "moe_backend": ["MARLIN"]}
+
+
+def test_a_newer_series_replaces_a_patched_record_and_semantics_stay_apart():
+    base = {"vllm": "0.21.0", "target": {"sliding": 25, "full": 5}, "drafter_layers": 5,
+            "mode": "dflash", "quantization": "modelopt-nvfp4", "drafter_backend": "flash_attn",
+            "flash_attn_version": 2, "cuda_graphs": True, "kv_blocks": None, "batch_invariant": False}
+    old = [dict(base, series="e5d55c3a", ok=False),  # before 0009: the assert
+           dict(base, series="stock", ok=False)]
+    new = [dict(base, series="5529b176", mm_prefix=True, ok=True),
+           dict(base, series="9496c6ec", mm_prefix=False, ok=True)]
+    merged = rs.merge(old, new)
+    # The stale patched record is gone, stock stays, and the text-only run does
+    # not replace the multimodal one (a record without the field is mm-prefix).
+    assert [(r["series"], r.get("mm_prefix")) for r in merged] == [
+        ("stock", None), ("5529b176", True), ("9496c6ec", False)]
+
+
+def test_each_semantics_records_its_own_series_and_reference():
+    meta = {"series_hash": "whole", "series_hash_mm": "less-text-only"}
+    mm = rs.record(rs.RUNS["patched-fa2-nvfp4"], {"ok": True, "groups": {}}, None, meta)
+    text = rs.record(rs.RUNS["patched-fa2-nvfp4-text"], {"ok": True, "groups": {}}, None, meta)
+    assert (mm["series"], mm["mm_prefix"]) == ("less-text-only", True)
+    assert (text["series"], text["mm_prefix"]) == ("whole", False)
+    # A text-only run moves the target's sliding layers to FLASH_ATTN: its reference
+    # must too, with the same forced FA version; the multimodal one keeps TRITON.
+    ref_text = rs.reference_for(rs.RUNS["patched-fa2-nvfp4-text"])
+    assert (ref_text.name, ref_text.mm_prefix, ref_text.flash_attn_version) == ("ref-nvfp4-text", False, 2)
+    assert rs.reference_for(rs.RUNS["patched-fa2-nvfp4"]).name == "ref-nvfp4"
+    assert rs.reference_for(rs.RUNS["patched-fa2-bf16-text"]).name == "ref-bf16-text"
