@@ -105,8 +105,12 @@ for p in r.results:
 EOF
 }
 
-series_hash() { # series_hash [SITE [PATCHES_ROOT]]
-    PYTHONPATH=.:$SITE "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); print(s.series_hash)' "${1:-$SITE_PATCHED}" "${2:-}" 2>/dev/null || true
+series_hash() { # series_hash [SITE [PATCHES_ROOT]]: the hash stamped into SITE when it was patched
+    PYTHONPATH=.:$SITE "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); print((s.stamp or {}).get("series_hash") or "")' "${1:-$SITE_PATCHED}" "${2:-}" 2>/dev/null || true
+}
+
+site_is_current() { # site_is_current SITE [PATCHES_ROOT]: patched with this checkout's series
+    [ -d "$1/vllm" ] && PYTHONPATH=.:$SITE "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); sys.exit(0 if s.stamp and s.stamp.get("series_hash") == s.series_hash else 1)' "$1" "${2:-}" 2>/dev/null
 }
 
 SITE_PATCHED_MM=${SITE_PATCHED_MM:-/tmp/site-patched-mm}
@@ -235,14 +239,12 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     rs_models
-    # Rebuilt when the series in this checkout changed since (a fix between calls).
-    local src
-    src=$(find patches/vllm/0.21.0 -type f -print0 | sort -z | xargs -0 cat | sha256sum | cut -d" " -f1)
-    if [ "$(cat "$SITE_PATCHED/.series-src" 2>/dev/null)" != "$src" ]; then
-        patched_site | tee "$WORK/patch-apply.txt" && echo "$src" > "$SITE_PATCHED/.series-src"
-        mm_patches_root
-        patched_site "$SITE_PATCHED_MM" "$MM_PATCHES" | tee "$WORK/patch-apply-mm.txt"
-    fi
+    # Rebuilt when the series in this checkout changed since (a fix between calls):
+    # the patch engine's stamp says which series a tree carries.
+    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    mm_patches_root
+    site_is_current "$SITE_PATCHED_MM" "$MM_PATCHES" \
+        || patched_site "$SITE_PATCHED_MM" "$MM_PATCHES" | tee "$WORK/patch-apply-mm.txt"
     realshape_meta "$WORK/rs-meta.json"
     if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
         cp tests/gpu/results/realshape.json "$OUT/"
