@@ -42,12 +42,15 @@ def dynamic_symbols(lib: Path, defined: bool) -> set[str]:
     return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
 
 
-def system_library(name: str) -> Path | None:
+def system_libraries(names: list[str]) -> list[Path]:
+    """The x86-64 paths of ``names`` in the dynamic linker's cache (one ``ldconfig -p``)."""
     out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False).stdout
+    found: dict[str, Path] = {}
     for line in out.splitlines():
-        if line.strip().startswith(name + " ") and "x86-64" in line:
-            return Path(line.rsplit("=>", 1)[1].strip())
-    return None
+        name = line.strip().split(" ", 1)[0]
+        if name in names and "x86-64" in line and name not in found:
+            found[name] = Path(line.rsplit("=>", 1)[1].strip())
+    return list(found.values())
 
 
 def exported(libs: list[Path]) -> set[str]:
@@ -76,7 +79,7 @@ def check(vllm_wheel: Path, torch_wheel: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         exts = _unpack(vllm_wheel, r"\.so$", Path(tmp) / "vllm")
         torch_libs = _unpack(torch_wheel, r"^torch/lib/[^/]+\.so(\.\d+)*$", Path(tmp) / "torch")
-        system = [p for p in (system_library(n) for n in SYSTEM_LIBS) if p]
+        system = system_libraries(SYSTEM_LIBS)
         missing = unresolved(exts, exported(torch_libs) | exported(system))
     return {"vllm_wheel": vllm_wheel.name, "torch_wheel": torch_wheel.name,
             "extensions": len(missing), "loads": sorted(k for k, v in missing.items() if not v),

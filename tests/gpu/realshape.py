@@ -316,15 +316,21 @@ def _quant_backends(log_text: str) -> dict:
     return {"linear_backend": linear or None, "moe_backend": moe or None}
 
 
+def _series_of(spec: RunSpec, meta: dict) -> str | None:
+    """The hash of the tree a patched run used: mm-prefix runs use the series
+    less the text-only patch where remote.sh built one."""
+    if spec.mm_prefix and meta.get("series_hash_mm"):
+        return meta["series_hash_mm"]
+    return meta.get("series_hash")
+
+
 def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict:
     """One results record (the issue's fields plus what explains them)."""
     backends = raw.get("backends") or {}
     rec = {
         "name": spec.name, **spec.key(),
         "vllm": raw.get("vllm_version") or meta.get("vllm"),
-        "series": "stock" if spec.series == "stock" else (
-            meta.get("series_hash_mm") or meta.get("series_hash") if spec.mm_prefix
-            else meta.get("series_hash")),
+        "series": "stock" if spec.series == "stock" else _series_of(spec, meta),
         "target": {"sliding": 25, "full": 5},
         "drafter_layers": 5 if spec.mode == "dflash" else None,
         "drafter_backend_observed": _backend(backends.get("drafter", {})),
