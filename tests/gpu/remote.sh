@@ -345,6 +345,8 @@ bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results unde
     fi
     local extra=()
     [ -n "${BENCH_RUNS:-}" ] && extra+=(--runs "$BENCH_RUNS")
+    # Several calls on one warm machine add up to one report (bench_steps.py --keep-earlier)
+    [ "${BENCH_KEEP:-1}" = 1 ] && extra+=(--keep-earlier)
     "$PY" tests/gpu/bench_steps.py --models "$MODELS/bench" --site "$SITE_PATCHED:$SITE" \
         --out "$WORK/bench" --deadline-s $((budget - (SECONDS - t0))) --series-hash "$(series_hash)" "${extra[@]}" \
         || echo "bench_steps.py exited $?" >&2

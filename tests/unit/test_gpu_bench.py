@@ -409,6 +409,27 @@ def test_deadline_leaves_later_runs_unstarted(tmp_path):
     assert all(r["error"].startswith("not started") for r in bench.records.values())
 
 
+def test_keep_earlier_takes_only_records_of_the_same_device_and_series(tmp_path):
+    import bench_steps
+
+    args = SimpleNamespace(out=tmp_path / "out", models=tmp_path, site=None, series_hash="abc",
+                           deadline_s=60, parallel=1, gpu_gib=80.0)
+    bench = bench_steps.Bench(args)
+    bench.meta["device"] = "NVIDIA H200, 143771 MiB"
+
+    def earlier(name, **over):
+        rec = {"run": name, "ok": True, "bench_device": bench.meta["device"], "series_hash": "abc", **over}
+        (args.out / f"run-{name}.json").write_text(json.dumps(rec))
+
+    earlier("bf16-decode-locked")
+    earlier("nvfp4-decode-locked", series_hash="old")               # another series
+    earlier("bf16-dflash-fa2", bench_device="NVIDIA H100, 81559 MiB")  # another machine
+    earlier("bf16-dflash-flex", ok=False)                            # failed earlier
+    earlier("bf16-dflash-fa3")                                       # rerun by this call
+    bench.keep_earlier({"bf16-dflash-fa3"})
+    assert set(bench.records) == {"bf16-decode-locked"}
+
+
 # ----------------------------------------------------------------- step timing (stand-in engine)
 
 # The engine and CUDA events need a GPU; these stand-ins call the runner methods
