@@ -205,28 +205,53 @@ def breakdown(records: dict[str, dict]) -> dict:
             m = phase_ms(phase)
             # Kernels inside the target forward when the profile could group them by range;
             # otherwise every kernel of the step (then a drafter's kernels are mixed in).
-            forward = (prof.get("ranges") or {}).get("forward")
-            rows = forward or prof.get("kernels", [])
+            forward = kernel_rows((prof.get("ranges") or {}).get("forward") or [])
+            rows = forward or kernel_rows(prof.get("kernels", []))
             sums = {"attention": 0.0, "moe": 0.0, "other": 0.0}
             for name, total_us, _count in rows:
                 sums[classify(name)] += total_us / 1000.0 / prof["steps"]
-            res = _split(m, sums, prof, "forward" if forward else "step")
+            res = _split(m, sums, prof, "forward" if forward else "step", drafter=run.drafter is not None)
             out[f"{run.name}/{phase_name}"] = res
     return out
 
 
-def _split(m: dict, sums: dict, prof: dict, scope: str) -> dict:
+def kernel_rows(rows: list) -> list:
+    """Device rows that are kernels or copies: the profiler also lists its step markers
+    (``ProfilerStep#N``) and our ``bench::`` ranges as device rows, each spanning many
+    kernels, which would count those kernels twice."""
+    return [r for r in rows if not (r[0].startswith("ProfilerStep") or r[0].startswith("bench::"))]
+
+
+def _layer_split(sums: dict, fwd: float, scope: str) -> dict:
+    """The target forward's time by kernel kind, at the benchmark's depth.
+
+    Inside the forward range the kernels are the forward's, so its measured time
+    is split by their mix. Over a whole step (no range grouping, e.g. kernels
+    replayed from a CUDA graph) attention and MoE kernels still run only in the
+    forward when there is no drafter, so their totals count as measured and the
+    rest of the forward time is "other"."""
+    kernels = sum(sums.values())
+    if scope == "forward":
+        return {k: fwd * v / kernels for k, v in sums.items()}
+    return {"attention": sums["attention"], "moe": sums["moe"],
+            "other": max(fwd - sums["attention"] - sums["moe"], 0.0)}
+
+
+def _split(m: dict, sums: dict, prof: dict, scope: str, drafter: bool = False) -> dict:
     step, fwd, logits = m.get("step_ms"), m.get("forward_ms"), m.get("logits_ms") or 0.0
     draft = m.get("propose_ms") or 0.0
     kernels = sum(sums.values())
     against = fwd if scope == "forward" else step
     res: dict = {"kernel_scope": scope, "kernels_ms_per_step": {k: round(v, 4) for k, v in sums.items()},
                  "coverage": round(kernels / against, 3) if against else None,
-                 "lm_head_ms": logits, "draft_ms": draft, "top_kernels": prof.get("kernels", [])[:12]}
+                 "lm_head_ms": logits, "draft_ms": draft, "top_kernels": kernel_rows(prof.get("kernels", []))[:12]}
+    if scope == "step" and drafter:
+        # The drafter's attention and dense kernels would be counted as the target's.
+        res["split"] = "none: kernels not grouped by range and a drafter ran in the same step"
+        return res
     if step and fwd and kernels:
-        # Forward time split by the kernel mix; what lies outside the forward, LM head and
-        # drafter (sampler, input preparation) is "rest".
-        layers = {k: fwd * v / kernels for k, v in sums.items()}
+        # What lies outside the forward, LM head and drafter (sampler, input preparation) is "rest".
+        layers = _layer_split(sums, fwd, scope)
         rest = max(step - fwd - logits - draft, 0.0)
         per30 = {"attention": layers["attention"] * SCALE_TO_30, "moe": layers["moe"] * SCALE_TO_30,
                  "other_forward": layers["other"] * SCALE_TO_30, "lm_head": logits, "drafter": draft,
@@ -332,17 +357,31 @@ def markdown(doc: dict) -> str:
             drafts = [_fmt(d["draft"][k].get(b)) for k in sorted(d.get("draft", {}))]
             lines.append(f"| {b} | {_fmt(dec)} | {_fmt(d['verify'].get(b))} | " + " | ".join(drafts) + " |")
         lines.append("")
-    lines += _projection_md(doc["projection"]) + _per_layer_md(doc["per_layer_backend"])
+    lines += _ratios_md(doc["ratios"])
+    lines += _projection_md(doc["projection"], doc["ratios"]) + _per_layer_md(doc["per_layer_backend"])
     lines += _breakdown_md(doc["breakdown"])
     return "\n".join(lines) + "\n"
 
 
-def _projection_md(proj: dict) -> list[str]:
+def _ratios_md(ratios: dict) -> list[str]:
+    out = ["## Ratios (measured, 30-layer target steps)", "",
+           "| target | drafter | batch | draft / verify | verify / decode | drafter step from |",
+           "|---|---|---|---|---|---|"]
+    for dtype, by_backend in ratios.items():
+        for backend, by_batch in by_backend.items():
+            for b, r in by_batch.items():
+                out.append(f"| {dtype} | {backend} | {b} | {_fmt(r['draft_over_verify'], 3)} | "
+                           f"{_fmt(r['verify_over_decode'], 3)} | {r['draft_from']} engine |")
+    return out + ["", "The drafter is bf16 in both recipes; where no NVFP4 engine ran a drafter "
+                  "backend, its step time comes from the bf16 engine.", ""]
+
+
+def _projection_md(proj: dict, ratios: dict) -> list[str]:
     cols = [str(t) for t in TAUS] + list(PUBLISHED_TAUS)
     out = ["## Projected DFlash speed-up (not measured)", "", f"`{proj['formula']}`; "
            f"published acceptance: HumanEval {PUBLISHED_TAUS['humaneval']}, MT-Bench "
            f"{PUBLISHED_TAUS['mt-bench']} ({PUBLISHED_SOURCE}).", "",
-           "| target | drafter | batch | " + " | ".join(
+           "| target | drafter (step from) | batch | " + " | ".join(
                f"τ={PUBLISHED_TAUS[c]} ({c})" if c in PUBLISHED_TAUS else f"τ={c}" for c in cols) + " |",
            "|---|---|---|" + "---|" * len(cols)]
     for dtype, by_backend in proj.items():
@@ -350,7 +389,8 @@ def _projection_md(proj: dict) -> list[str]:
             continue
         for backend, by_batch in by_backend.items():
             for b, row in by_batch.items():
-                out.append(f"| {dtype} | {backend} | {b} | " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
+                src = ((ratios.get(dtype) or {}).get(backend) or {}).get(b, {}).get("draft_from", dtype)
+                out.append(f"| {dtype} | {backend} ({src}) | {b} | " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
     return out + [""]
 
 
@@ -375,8 +415,40 @@ def _per_layer_md(plb: dict) -> list[str]:
 def _breakdown_md(bd: dict) -> list[str]:
     out = ["## Where the time goes (30-layer shares)", ""]
     for key, b in bd.items():
-        share = b.get("per_30_layers_share")
+        share, ms = b.get("per_30_layers_share"), b.get("per_30_layers_ms") or {}
         if share:
-            out.append(f"- {key} (coverage {b['coverage']}): " +
-                       ", ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))
+            out.append(f"- {key} ({b['kernel_scope']} kernels, coverage {b['coverage']}): " +
+                       ", ".join(f"{k} {_fmt(ms.get(k))} ms ({100 * v:.0f}%)" for k, v in share.items()))
+        elif b.get("split"):
+            out.append(f"- {key}: no split ({b['split'].removeprefix('none: ')})")
     return out + [""]
+
+
+def rerender(doc: dict, records: dict[str, dict]) -> dict:
+    """``doc`` with its breakdown recomputed from ``records`` (the engines' full records,
+    which bench.json leaves out) and every other part kept: for a report whose code
+    changed after the GPU run."""
+    return {**doc, "breakdown": breakdown(records) or doc.get("breakdown", {})}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="re-render bench.md (and the breakdown) from bench.json")
+    parser.add_argument("bench_json", type=Path)
+    parser.add_argument("records", type=Path, nargs="*", help="run-*.json files of the same call(s)")
+    args = parser.parse_args(argv)
+    doc = json.loads(args.bench_json.read_text())
+    records = {}
+    for path in args.records:
+        rec = json.loads(path.read_text())
+        records[rec["run"]] = rec
+    doc = rerender(doc, records)
+    args.bench_json.write_text(json.dumps(doc, indent=1) + "\n")
+    args.bench_json.with_suffix(".md").write_text(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

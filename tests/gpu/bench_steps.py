@@ -232,6 +232,28 @@ def _kernels_under(evt, totals: dict[str, list[float]]) -> None:
         _kernels_under(child, totals)
 
 
+def group_by_device_ranges(events: list[tuple[str, float, float]]) -> dict[str, dict[str, list[float]]]:
+    """Kernels (name, start, end on the device clock) grouped by the ``bench::`` range
+    they ran in, the innermost one where ranges nest.
+
+    The ranges are the profiler's device-side copies of our ``record_function``
+    spans. Kernels replayed from a CUDA graph have no CPU parent op to follow,
+    but they do run inside those device-side spans."""
+    ranges = sorted(((n.removeprefix("bench::"), a, b) for n, a, b in events if n.startswith("bench::")),
+                    key=lambda r: r[2] - r[1])
+    totals: dict[str, dict[str, list[float]]] = {}
+    for name, start, end in events:
+        if name.startswith(("bench::", "ProfilerStep")):
+            continue
+        label = next((r for r, a, b in ranges if a <= start < b), None)
+        if label is None:
+            continue
+        row = totals.setdefault(label, {}).setdefault(name, [0.0, 0])
+        row[0] += end - start
+        row[1] += 1
+    return totals
+
+
 def _profile_phase(torch, llm, timer, SamplingParams, prompts) -> dict:
     """Kernel times (name, total us, calls) over 8 steady steps: all of them, and those
     inside each timed range (``bench::forward``, ``bench::logits``, ``bench::propose``)."""
@@ -247,10 +269,15 @@ def _profile_phase(torch, llm, timer, SamplingParams, prompts) -> dict:
             if us and getattr(evt, "device_type", None) == DeviceType.CUDA:
                 rows.append([evt.key, round(float(us), 2), int(evt.count)])
         got["kernels"] = sorted(rows, key=lambda r: -r[1])
-        ranges: dict[str, dict] = {}
-        for evt in prof.events():
-            if evt.name.startswith("bench::"):
-                _kernels_under(evt, ranges.setdefault(evt.name.removeprefix("bench::"), {}))
+        device = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+                  if getattr(e, "device_type", None) == DeviceType.CUDA]
+        ranges = group_by_device_ranges(device)
+        got["range_grouping"] = "device-time"
+        if not ranges:  # no device-side ranges: follow each CPU range's ops to their kernels
+            got["range_grouping"] = "cpu-tree"
+            for evt in prof.events():
+                if evt.name.startswith("bench::"):
+                    _kernels_under(evt, ranges.setdefault(evt.name.removeprefix("bench::"), {}))
         got["ranges"] = {k: _kernel_rows(v) for k, v in ranges.items()}
 
     active = 8
@@ -262,7 +289,8 @@ def _profile_phase(torch, llm, timer, SamplingParams, prompts) -> dict:
             llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         finally:
             timer.profiler = None
-    return {"steps": active if got else 0, "kernels": got.get("kernels", []), "ranges": got.get("ranges", {})}
+    return {"steps": active if got else 0, "kernels": got.get("kernels", []), "ranges": got.get("ranges", {}),
+            "range_grouping": got.get("range_grouping")}
 
 
 def _write(path: Path, record: dict) -> None:

@@ -351,8 +351,8 @@ bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results unde
         --out "$WORK/bench" --deadline-s $((budget - (SECONDS - t0))) --series-hash "$(series_hash)" "${extra[@]}" \
         || echo "bench_steps.py exited $?" >&2
     cp "$WORK/bench/bench.json" "$WORK/bench/bench.md" "$OUT/" 2>/dev/null || true
-    cp "$WORK"/bench/run-*.json "$OUT/" 2>/dev/null || true
-    tar -C "$WORK/bench" -czf "$OUT/bench-logs.tar.gz" logs patch-apply.txt
+    # The engines' full records travel in one archive: $OUT brings back at most 8 files
+    (cd "$WORK/bench" && tar -czf "$OUT/bench-logs.tar.gz" logs patch-apply.txt run-*.json)
 }
 
 cmd=${1:-}

@@ -251,15 +251,28 @@ def test_nvfp4_projection_borrows_the_bf16_drafter_time():
 def test_breakdown_splits_the_forward_by_kernel_mix():
     recs = _records()
     recs["bf16-decode-locked"]["profile"] = {"decode-b1": {"steps": 2, "kernels": [
+        ["ProfilerStep*", 20000.0, 2], ["bench::forward", 12000.0, 2],  # markers, not kernels
         ["kernel_unified_attention_2d", 2000.0, 12], ["fused_moe_kernel", 6000.0, 12],
         ["nvjet_gemm", 2000.0, 24]]}}
     b = br.breakdown(recs)["bf16-decode-locked/decode-b1"]
+    assert b["kernel_scope"] == "step"
     assert b["kernels_ms_per_step"] == {"attention": 1.0, "moe": 3.0, "other": 1.0}
     assert b["coverage"] == pytest.approx(0.5)
-    # forward 6 ms split 1:3:1, times 5 layers-blocks; LM head 1 ms; rest 10 - 6 - 1 = 3 ms
-    assert b["per_30_layers_ms"] == {"attention": 6.0, "moe": 18.0, "other_forward": 6.0, "lm_head": 1.0,
+    assert [r[0] for r in b["top_kernels"]] == ["kernel_unified_attention_2d", "fused_moe_kernel", "nvjet_gemm"]
+    # Step scope, no drafter: attention 1 ms and MoE 3 ms as measured, the other 2 ms of the
+    # 6 ms forward is "other"; times 5 layer-blocks. LM head 1 ms; rest 10 - 6 - 1 = 3 ms.
+    assert b["per_30_layers_ms"] == {"attention": 5.0, "moe": 15.0, "other_forward": 10.0, "lm_head": 1.0,
                                      "drafter": 0.0, "rest": 3.0}
     assert sum(b["per_30_layers_share"].values()) == pytest.approx(1.0, abs=0.01)
+
+
+def test_breakdown_gives_no_split_when_drafter_kernels_are_mixed_in():
+    recs = _records()
+    recs["bf16-dflash-fa3"]["profile"] = {"verify-b1": {"steps": 1, "kernels": [
+        ["flash_fwd_kernel", 9000.0, 5], ["fused_moe_kernel", 4000.0, 6]]}}
+    b = br.breakdown(recs)["bf16-dflash-fa3/verify-b1"]
+    assert b["kernel_scope"] == "step" and "per_30_layers_ms" not in b
+    assert b["split"].startswith("none")
 
 
 def test_breakdown_prefers_the_kernels_inside_the_target_forward():
@@ -428,6 +441,20 @@ def test_keep_earlier_takes_only_records_of_the_same_device_and_series(tmp_path)
     earlier("bf16-dflash-fa3")                                       # rerun by this call
     bench.keep_earlier({"bf16-dflash-fa3"})
     assert set(bench.records) == {"bf16-decode-locked"}
+
+
+def test_kernels_are_grouped_by_the_innermost_device_range_they_ran_in():
+    import bench_steps
+
+    events = [("ProfilerStep#5", 0.0, 100.0),
+              ("bench::forward", 10.0, 40.0), ("fused_moe_kernel", 12.0, 20.0), ("nvjet_gemm", 20.0, 30.0),
+              ("bench::logits", 45.0, 50.0), ("nvjet_gemm", 45.0, 49.0),
+              ("bench::propose", 60.0, 90.0), ("bench::forward", 62.0, 70.0),  # a nested range
+              ("flash_fwd_kernel", 63.0, 66.0), ("argmax_kernel", 80.0, 81.0),
+              ("sampler_kernel", 95.0, 96.0)]  # outside every range
+    got = bench_steps.group_by_device_ranges(events)
+    assert got == {"forward": {"fused_moe_kernel": [8.0, 1], "nvjet_gemm": [10.0, 1], "flash_fwd_kernel": [3.0, 1]},
+                   "logits": {"nvjet_gemm": [4.0, 1]}, "propose": {"argmax_kernel": [1.0, 1]}}
 
 
 # ----------------------------------------------------------------- step timing (stand-in engine)
