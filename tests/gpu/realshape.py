@@ -72,7 +72,7 @@ class RunSpec:
 
     name: str
     series: str  # "stock" | "patched"
-    mode: str  # "reference" | "reference-batched" | "dflash"
+    mode: str  # "reference" | "reference-batched" | "dflash" | "init" (engine start only)
     quant: str = "bf16"  # "bf16" | "modelopt-nvfp4"
     drafter_backend: str | None = None  # None (auto) | "flash_attn"
     flash_attn_version: int | None = None  # forced FA version (2 as on sm_12x)
@@ -89,9 +89,16 @@ class RunSpec:
     # async scheduler switched (None keeps vLLM's default).
     probe: bool = False
     async_scheduling: bool | None = None
+    # The release the run needs (remote.sh realshape / realshape-v33 run one each).
+    vllm: str = "0.21.0"
+    # Images allowed per prompt. Token-id prompts cannot pass vLLM's multimodal
+    # input path without a tokenizer, so a run that allows images only starts
+    # the engine (mode "init"): enough to see which backends the drafter gets.
+    image_limit: int = 0
 
     def key(self) -> dict:
         return {"series": self.series, "mode": self.mode, "quantization": self.quant,
+                "image_limit": self.image_limit,
                 "drafter_backend": self.drafter_backend or ("auto" if self.mode == "dflash" else None),
                 "flash_attn_version": self.flash_attn_version, "cuda_graphs": self.cuda_graphs,
                 "kv_blocks": self.kv_blocks, "batch_invariant": self.batch_invariant,
@@ -148,6 +155,30 @@ def _runs() -> list[RunSpec]:
         RunSpec("refbatch-bf16", "patched", "reference-batched", diagnostic=True),
         RunSpec("refbatch-bf16-invariant", "patched", "reference-batched", batch_invariant=True,
                 diagnostic=True),
+        *_runs_v33(nvfp4),
+    ]
+
+
+def _runs_v33(nvfp4: str) -> list[RunSpec]:
+    """vLLM 0.33.0 (issue 12). With image and video limits of 0, 0.33.0 itself
+    turns the target's mm-prefix off (``ModelConfig._supports_multimodal_for_mm_prefix``),
+    so these runs are text-only serving (``mm_prefix=False``) on the whole
+    series; the multimodal recipe's seed error needs images allowed, which only
+    an engine start can show here (``image_limit=1``, mode "init")."""
+    v = "0.33.0"
+    return [
+        RunSpec("v33-ref-bf16", "patched", "reference", "bf16", None, 2, mm_prefix=False, vllm=v),
+        RunSpec("v33-patched-fa2-bf16", "patched", "dflash", "bf16", "flash_attn", 2, mm_prefix=False, vllm=v),
+        RunSpec("v33-ref-nvfp4", "patched", "reference", nvfp4, None, 2, mm_prefix=False, vllm=v),
+        RunSpec("v33-patched-fa2-nvfp4", "patched", "dflash", nvfp4, "flash_attn", 2, mm_prefix=False, vllm=v),
+        RunSpec("v33-stock-fa2-bf16-images", "stock", "init", "bf16", "flash_attn", 2, image_limit=1, vllm=v),
+        RunSpec("v33-patched-fa2-bf16-images", "patched", "init", "bf16", "flash_attn", 2, image_limit=1,
+                vllm=v),
+        RunSpec("v33-stock-fa2-bf16", "stock", "dflash", "bf16", "flash_attn", 2, mm_prefix=False, vllm=v),
+        RunSpec("v33-stock-fa2-nvfp4", "stock", "dflash", nvfp4, "flash_attn", 2, mm_prefix=False, vllm=v),
+        RunSpec("v33-stock-fa2-nvfp4-images", "stock", "init", nvfp4, "flash_attn", 2, image_limit=1, vllm=v),
+        RunSpec("v33-patched-fa2-nvfp4-images", "patched", "init", nvfp4, "flash_attn", 2, image_limit=1,
+                vllm=v),
     ]
 
 
@@ -180,9 +211,12 @@ def engine_kwargs(spec: RunSpec, models: Path) -> dict:
         # the full series the per-layer backend patch reads limits of 0 as
         # text-only serving and turns its mm-prefix off, so the mm-prefix runs
         # use the series without that patch (remote.sh mm_patches_root).
-        limit_mm_per_prompt={"image": 0, "video": 0},
+        limit_mm_per_prompt={"image": spec.image_limit, "video": 0},
         enforce_eager=not spec.cuda_graphs,
     )
+    if spec.image_limit:
+        # The encoder's memory profile runs the HF processor, which needs a tokenizer.
+        kwargs["skip_mm_profiling"] = True
     if spec.async_scheduling is not None:
         kwargs["async_scheduling"] = spec.async_scheduling
     if spec.cuda_graphs:
@@ -247,6 +281,8 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
                                 for _ in range(2)]
         elif spec.mode == "reference-batched":
             result["passes"] = [_generate(llm, params, toks) for _ in range(2)]
+        elif spec.mode == "init":
+            pass
         else:
             result["groups"] = {str(c): _generate(llm, params, toks[:c]) for c in spec.concurrency}
         result["generate_s"] = round(time.time() - t1, 2)
@@ -302,7 +338,8 @@ def reference_for(spec: RunSpec) -> RunSpec | None:
     and the same multimodal semantics (text-only moves the target's sliding
     layers to FLASH_ATTN, so its reference must run them there too)."""
     return next((r for r in RUNS.values() if r.mode == "reference" and r.series == "patched"
-                 and r.quant == spec.quant and r.mm_prefix == spec.mm_prefix), None)
+                 and r.quant == spec.quant and r.mm_prefix == spec.mm_prefix and r.vllm == spec.vllm),
+                None)
 
 
 def _backend(names: dict) -> str | None:
@@ -341,7 +378,7 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
         "concurrency": list(spec.concurrency) if spec.mode == "dflash" else None,
         "capture_sizes": raw.get("capture_sizes"),
         "num_kv_blocks": raw.get("num_kv_blocks"),
-        "kv_cache_groups": [{k: g[k] for k in ("gid", "spec", "block_size", "head_size")}
+        "kv_cache_groups": [{k: g.get(k) for k in ("gid", "spec", "block_size", "head_size", "sliding_window")}
                             | {"layers": len(g["layers"]), "drafter_layers": len(g["drafter_layers"])}
                             for g in raw.get("kv_cache_groups") or []],
         "num_kv_cache_tensors": raw.get("num_kv_cache_tensors"),
@@ -360,7 +397,7 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
     else:
         rec["lossless"] = None
         rec["divergences"] = []
-        if raw.get("ok"):
+        if raw.get("ok") and spec.mode != "init":
             rec["determinism"] = passes_agree(raw["passes"])
     return rec
 
@@ -376,7 +413,7 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
                 r.get("drafter_layers"), r.get("mode"), r.get("quantization"),
                 r.get("drafter_backend"), r.get("flash_attn_version"), r.get("cuda_graphs"),
                 r.get("kv_blocks"), r.get("batch_invariant"), r.get("mm_prefix", True),
-                r.get("probe", False), r.get("async_scheduling"))
+                r.get("probe", False), r.get("async_scheduling"), r.get("image_limit", 0))
     fresh = {ident(r) for r in new}
     return [r for r in existing if ident(r) not in fresh] + new
 
@@ -408,18 +445,26 @@ def markdown(records: list[dict], meta: dict) -> str:
                 detail += f"; {len(divs)} divergent (ties: {sum(d['tie'] for d in divs)}, max gap {worst:.3g})"
             if v.get("reason"):
                 detail += f"; {v['reason']}"
+        elif r.get("mode") == "init":
+            detail = "engine started (images allowed: start only)" if r.get("ok") else "-"
         else:
             det = r.get("determinism") or {}
             detail = "two passes identical" if det.get("stable") else f"passes differ: prompts {det.get('prompts_differing')}"
         label = r["name"] + (" (diagnostic)" if r.get("diagnostic") else "")
         lines.append(
             f"| {r.get('vllm')} | {series} | {label} | "
-            f"{'mm-prefix' if r.get('mm_prefix', True) else 'text-only'} | {r.get('quantization')} | "
+            f"{_inputs(r)} | {r.get('quantization')} | "
             f"{asked} → {got} | {r.get('target_backend_observed') or '-'} | "
             f"{r.get('flash_attn_version') or '-'} | {'on' if r.get('cuda_graphs') else 'eager'} | "
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | "
             f"{'yes' if r.get('ok') else 'no'} | {r.get('lossless')} | {detail} |")
     return "\n".join(lines) + "\n"
+
+
+def _inputs(r: dict) -> str:
+    if r.get("image_limit"):
+        return f"images allowed ({r['image_limit']})"
+    return "mm-prefix" if r.get("mm_prefix", True) else "text-only"
 
 
 # ------------------------------------------------------------------- parent
@@ -473,15 +518,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--md", type=Path)
     parser.add_argument("--meta", type=Path)
     parser.add_argument("--deadline-s", type=float, default=540)
+    parser.add_argument("--vllm", default="0.21.0", help="the release under --site-*: only its runs")
     args = parser.parse_args(argv)
     if args.child:
         res = run_child(RUNS[args.child], args.models, args.token_limit)
         args.result.write_text(json.dumps(res) + "\n")
         return 0
-    names = args.runs.split(",") if args.runs else list(RUNS)
+    names = args.runs.split(",") if args.runs else [n for n, r in RUNS.items() if r.vllm == args.vllm]
     unknown = set(names) - set(RUNS)
     if unknown:
         parser.error(f"unknown run(s) {sorted(unknown)}")
+    other = sorted(n for n in names if RUNS[n].vllm != args.vllm)
+    if other:
+        parser.error(f"run(s) {other} need another vLLM than --vllm {args.vllm}")
     meta = json.loads(args.meta.read_text()) if args.meta else {}
     raw_dir = args.raw_dir or Path("/tmp/realshape-raw")
     raw_dir.mkdir(parents=True, exist_ok=True)
@@ -507,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in sorted(raw_dir.glob("*.raw.json"))}
     records = []
     for name, raw in raws.items():
-        if name not in RUNS:
+        if name not in RUNS or RUNS[name].vllm != args.vllm:
             continue
         spec = RUNS[name]
         ref_spec = reference_for(spec)

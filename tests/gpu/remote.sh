@@ -46,7 +46,7 @@ assemble() { # assemble STEM: print STEM's part paths in order, after checking t
 receive() { # copy the carried parts of every bundle (bundle.*, extras*.*) to $BUNDLE_DIR
     mkdir -p "$BUNDLE_DIR"
     local manifest stem part
-    for manifest in "$STAGE"/bundle.json "$STAGE"/extras*.json; do
+    for manifest in "$STAGE"/bundle*.json "$STAGE"/extras*.json; do
         [ -f "$manifest" ] || continue
         cp "$manifest" "$BUNDLE_DIR/"
         stem=$(basename "$manifest" .json)
@@ -72,28 +72,42 @@ for manifest in sorted(d.glob("*.json")):
 EOF
 }
 
-install() {
-    if [ -f "$SITE/.bundle-installed" ]; then
-        echo "bundle already installed in $SITE"; return 0
+install_bundle() { # install_bundle STEM SITE REQUIREMENTS: one staged vLLM into its own folder (once)
+    local stem=$1 site=$2 reqs=$3 parts
+    if [ -f "$site/.bundle-installed" ]; then
+        echo "$stem already installed in $site"; return 0
     fi
-    local parts
-    parts=$(assemble bundle) || return 1
-    rm -rf "$WORK/bundle" && mkdir -p "$WORK/bundle" "$SITE"
+    parts=$(assemble "$stem") || return 1
+    rm -rf "$WORK/$stem" && mkdir -p "$WORK/$stem" "$site"
     # shellcheck disable=SC2086
-    cat $parts | xz -d | tar -x -C "$WORK/bundle"
+    cat $parts | xz -d | tar -x -C "$WORK/$stem"
     # Exact pins from the requirements file: a stale wheel in the bundle is ignored.
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" --find-links "$WORK/bundle/wheels" -r tests/gpu/bundle-requirements.txt
-    cp -a "$WORK/bundle/site/." "$SITE/"
-    rm -rf "$WORK/bundle"
-    touch "$SITE/.bundle-installed"
-    PYTHONPATH=$SITE "$PY" -c 'import vllm, transformers, torch; print("vllm", vllm.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
+        --target "$site" --find-links "$WORK/$stem/wheels" -r "$reqs"
+    cp -a "$WORK/$stem/site/." "$site/"
+    rm -rf "${WORK:?}/$stem"
+    touch "$site/.bundle-installed"
+    PYTHONPATH=$site "$PY" -c 'import vllm, transformers, torch; print("vllm", vllm.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
 }
 
-patched_site() { # patched_site [DEST [PATCHES_ROOT]]: a copy of vLLM with the series applied
-    local dest=${1:-$SITE_PATCHED} root=${2:-}
+install() { # vLLM 0.21.0 and its wheels into $SITE
+    install_bundle bundle "$SITE" tests/gpu/bundle-requirements.txt
+}
+
+# vLLM 0.33.0 on the image's torch 2.11 (issue 12): its own folder, only the wheels the
+# image lacks for it; FA2 travels inside its bundle (stage.py --vllm 0.33.0 --with-fa2).
+V33=0.33.0
+SITE33=${SITE33:-/tmp/site-$V33}
+SITE33_PATCHED=${SITE33_PATCHED:-/tmp/site-$V33-patched}
+
+install_v33() {
+    install_bundle "bundle-$V33" "$SITE33" "tests/gpu/bundle-requirements-$V33.txt"
+}
+
+patched_site() { # patched_site [DEST [PATCHES_ROOT [FROM_SITE]]]: a copy of vLLM with the series applied
+    local dest=${1:-$SITE_PATCHED} root=${2:-} from=${3:-$SITE}
     rm -rf "$dest" && mkdir -p "$dest"
-    cp -a "$SITE/vllm" "$SITE"/vllm-*.dist-info "$dest/"
+    cp -a "$from/vllm" "$from"/vllm-*.dist-info "$dest/"
     PYTHONPATH=.:$SITE "$PY" - "$dest" "$root" <<'EOF'
 import sys
 from launcher.patching.engine import apply
@@ -217,9 +231,10 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
     [ "$found" = 1 ] || echo "no extras*.json carried (stage.py --extras): FA2 absent, FLASH_ATTN runs FA3"
 }
 
-realshape_meta() { # realshape_meta OUT.json: date, GPU, versions, series hash, command
-    PYTHONPATH=$SITE "$PY" - "$1" "$WORK/gpu.txt" "$(series_hash)" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
-        "$(series_hash "$SITE_PATCHED_MM" "$MM_PATCHES")" <<'EOF'
+realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM]: date, GPU, versions, series hashes, command
+    local site=${2:-$SITE} hash=${3-$(series_hash)} hash_mm=${4-$(series_hash "$SITE_PATCHED_MM" "$MM_PATCHES")}
+    PYTHONPATH=$site "$PY" - "$1" "$WORK/gpu.txt" "$hash" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
+        "$hash_mm" <<'EOF'
 import datetime, json, sys
 import torch, vllm
 json.dump({
@@ -256,6 +271,30 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
         --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
         "${extra[@]}"
     tar -C "$WORK" -czf "$OUT/realshape-logs.tar.gz" realshape-raw
+}
+
+realshape_v33() { # the real-shape proof on vLLM 0.33.0 (issue 12); RUNS narrows it
+    install   # 0.21.0's transformers 5.13.1 writes the checkpoints; 0.33.0 must load them on 5.17
+    extras
+    install_v33
+    mkdir -p "$OUT" "$WORK"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    rs_models
+    site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+    # 0.33.0 reads image/video limits of 0 as text-only serving (is_mm_prefix_lm off),
+    # so its runs use the whole series; no series-less-0004 tree is needed.
+    realshape_meta "$WORK/rs-meta-v33.json" "$SITE33" "$(series_hash "$SITE33_PATCHED")" ""
+    if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
+        cp tests/gpu/results/realshape.json "$OUT/"
+    fi
+    local extra=()
+    [ -n "${RUNS:-}" ] && extra+=(--runs "$RUNS")
+    "$PY" tests/gpu/realshape.py --vllm "$V33" --models "$MODELS_RS" --site-stock "$SITE33" \
+        --site-patched "$SITE33_PATCHED:$SITE33" --raw-dir "$WORK/realshape-raw-v33" --meta "$WORK/rs-meta-v33.json" \
+        --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
+        "${extra[@]}"
+    tar -C "$WORK" -czf "$OUT/realshape-logs-v33.tar.gz" realshape-raw-v33 patch-apply-v33.txt 2>/dev/null \
+        || tar -C "$WORK" -czf "$OUT/realshape-logs-v33.tar.gz" realshape-raw-v33
 }
 
 determinism() { # run-to-run determinism of the batched no-drafter target (tests/gpu/README.md)
@@ -363,6 +402,8 @@ case "$cmd" in
     extras) extras ;;
     proof) proof "$@" ;;
     realshape) realshape ;;
+    install-v33) install_v33 ;;
+    realshape-v33) realshape_v33 ;;
     determinism) determinism ;;
     bench) bench_run ;;
     stability) stability ;;

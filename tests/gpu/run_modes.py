@@ -84,8 +84,10 @@ def _inspect(llm) -> dict:
         runner = _runner(llm)
     except Exception as exc:  # recorded, not fatal: outputs still count
         return {"inspect_error": f"{type(exc).__name__}: {exc}"}
-    drafter = getattr(runner, "drafter", None)
-    draft_names = set(getattr(drafter, "_draft_attn_layer_names", set()) or set())
+    # 0.21.0's GPUModelRunner keeps a drafter; 0.33.0's V2 runner a speculator.
+    drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    draft_names = set(getattr(drafter, "_draft_attn_layer_names", None)
+                      or getattr(drafter, "draft_attn_layer_names", None) or set())
     ctx = runner.vllm_config.compilation_config.static_forward_context
     target, draft = {}, {}
     for name, layer in ctx.items():
@@ -103,6 +105,7 @@ def _inspect(llm) -> dict:
             "spec": type(spec).__name__,
             "block_size": getattr(spec, "block_size", None),
             "head_size": getattr(spec, "head_size", None),
+            "sliding_window": getattr(spec, "sliding_window", None),
             "layers": list(group.layer_names),
             "drafter_layers": sorted(set(group.layer_names) & draft_names),
         })

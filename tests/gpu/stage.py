@@ -46,9 +46,11 @@ PLATFORMS = [
 ]
 
 
-def wheel_member_dropped(name: str) -> bool:
+def wheel_member_dropped(name: str, keep_fa2: bool = False) -> bool:
     """True for wheel members the device bundle leaves out (see module docstring)."""
     if name.endswith("vllm_flash_attn/_vllm_fa2_C.abi3.so"):
+        return not keep_fa2
+    if name == "vllm/vllm-rs":  # 0.33.0's Rust front end, only for `vllm-rs serve`
         return True
     if "/vllm_flash_attn/cute/" in f"/{name}":
         return True
@@ -57,26 +59,42 @@ def wheel_member_dropped(name: str) -> bool:
     return False
 
 
-def vllm_wheel() -> Path:
+def vllm_wheel(version: str = VLLM_VERSION) -> Path:
     sys.path.insert(0, str(REPO))
     from launcher import pypi
 
-    return pypi.fetch("vllm", VLLM_VERSION, "wheel")
+    return pypi.fetch("vllm", version, "wheel")
 
 
-def download_wheels(dest: Path) -> list[Path]:
+def requirements_for(version: str) -> Path:
+    """0.21.0's pins are ``bundle-requirements.txt``; another version's are
+    ``bundle-requirements-<version>.txt`` (what the device image lacks for it)."""
+    if version == VLLM_VERSION:
+        return REQUIREMENTS
+    path = REQUIREMENTS.with_name(f"bundle-requirements-{version}.txt")
+    if not path.exists():
+        raise SystemExit(f"no {path.name}: list the wheels vLLM {version} needs beyond the device image first")
+    return path
+
+
+def bundle_stem(version: str) -> str:
+    """``bundle`` for 0.21.0 (what the proof's calls carry), ``bundle-<version>`` otherwise."""
+    return "bundle" if version == VLLM_VERSION else f"bundle-{version}"
+
+
+def download_wheels(dest: Path, requirements: Path = REQUIREMENTS) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "pip", "download", "-q", "--no-deps",
         "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-        "--abi", "cp312", "-d", str(dest), "-r", str(REQUIREMENTS),
+        "--abi", "cp312", "--abi", "abi3", "--abi", "none", "-d", str(dest), "-r", str(requirements),
     ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
     subprocess.run(cmd, check=True)
     # The cache may hold other versions from earlier pins: take exactly the pinned ones.
     wanted = {(_norm(name), version) for name, version in
-              (line.split("==") for line in _requirements())}
+              (line.split("==") for line in _requirements(requirements))}
     wheels = [w for w in sorted(dest.glob("*.whl"))
               if (_norm(w.name.split("-")[0]), w.name.split("-")[1]) in wanted]
     missing = {n for n, _ in wanted} - {_norm(w.name.split("-")[0]) for w in wheels}
@@ -117,14 +135,14 @@ def _norm(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
 
 
-def build_tree(wheel: Path, wheels: list[Path], tree: Path) -> None:
+def build_tree(wheel: Path, wheels: list[Path], tree: Path, keep_fa2: bool = False) -> None:
     if tree.exists():
         shutil.rmtree(tree)
     site = tree / "site"
     site.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
-            if info.is_dir() or wheel_member_dropped(info.filename):
+            if info.is_dir() or wheel_member_dropped(info.filename, keep_fa2):
                 continue
             zf.extract(info, site)
     (tree / "wheels").mkdir()
@@ -132,9 +150,9 @@ def build_tree(wheel: Path, wheels: list[Path], tree: Path) -> None:
         shutil.copy2(w, tree / "wheels" / w.name)
 
 
-def pack(tree: Path, out: Path) -> Path:
-    tarball = out / "bundle.tar.xz"
-    raw = out / "bundle.tar"
+def pack(tree: Path, out: Path, stem: str = "bundle") -> Path:
+    tarball = out / f"{stem}.tar.xz"
+    raw = out / f"{stem}.tar"
     with tarfile.open(raw, "w") as tf:
         for top in ("site", "wheels"):
             tf.add(tree / top, arcname=top)
@@ -142,7 +160,7 @@ def pack(tree: Path, out: Path) -> Path:
     return tarball
 
 
-def split(tarball: Path, out: Path, stem: str = "bundle") -> dict:
+def split(tarball: Path, out: Path, stem: str = "bundle", version: str = VLLM_VERSION) -> dict:
     """Cut ``tarball`` into ``<stem>.<suffix>.partNN`` files plus ``<stem>.json`` (checksums)."""
     for old in out.glob(f"{tarball.name}.part*"):
         old.unlink()
@@ -157,7 +175,7 @@ def split(tarball: Path, out: Path, stem: str = "bundle") -> dict:
             parts.append({"name": name, "bytes": len(chunk),
                           "sha256": hashlib.sha256(chunk).hexdigest()})
             index += 1
-    manifest = {"vllm": VLLM_VERSION, "sha256": whole.hexdigest(),
+    manifest = {"vllm": version, "sha256": whole.hexdigest(),
                 "bytes": tarball.stat().st_size, "parts": parts}
     (out / f"{stem}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -209,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a folder of wheels/sdists for $SITE_QUANT (e.g. modelopt to quantize there)")
     parser.add_argument("--quant-wheels", action="store_true",
                         help="download quantize-requirements.txt into --out/quant-wheels and pack it as --wheels")
+    parser.add_argument("--vllm", default=VLLM_VERSION,
+                        help=f"the vLLM release to bundle (default {VLLM_VERSION}; others are bundle-<version>)")
+    parser.add_argument("--with-fa2", action="store_true",
+                        help="keep _vllm_fa2_C in the bundle (instead of an extras-fa2 bundle)")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -220,14 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         manifest = pack_extras(wheel, args.extras, out, args.extras_name, wheels)
         print(f"{args.extras_name}: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
         return 0
-    wheel = vllm_wheel()
-    wheels = download_wheels(out / "wheels-cache")
-    build_tree(wheel, wheels, out / "tree")
-    tarball = pack(out / "tree", out)
-    manifest = split(tarball, out)
+    stem = bundle_stem(args.vllm)
+    wheel = vllm_wheel(args.vllm)
+    wheels = download_wheels(out / "wheels-cache", requirements_for(args.vllm))
+    build_tree(wheel, wheels, out / "tree", keep_fa2=args.with_fa2)
+    tarball = pack(out / "tree", out, stem)
+    manifest = split(tarball, out, stem, args.vllm)
     tarball.unlink()
     shutil.rmtree(out / "tree")
-    print(f"bundle: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
+    print(f"{stem}: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
     for p in manifest["parts"]:
         print(f"  {p['name']}  {p['bytes'] / 1e6:.1f} MB")
     return 0

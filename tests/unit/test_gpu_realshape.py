@@ -179,3 +179,47 @@ def test_each_semantics_records_its_own_series_and_reference():
     assert (ref_text.name, ref_text.mm_prefix, ref_text.flash_attn_version) == ("ref-nvfp4-text", False, 2)
     assert rs.reference_for(rs.RUNS["patched-fa2-nvfp4"]).name == "ref-nvfp4"
     assert rs.reference_for(rs.RUNS["patched-fa2-bf16-text"]).name == "ref-bf16-text"
+
+
+def test_v33_runs_are_judged_by_v33_references_and_only_image_runs_allow_images():
+    v33 = [r for r in rs.RUNS.values() if r.vllm == "0.33.0"]
+    assert {r.series for r in v33} == {"stock", "patched"}
+    assert {r.quant for r in v33} == {"bf16", "modelopt-nvfp4"}
+    for r in v33:
+        if r.mode == "dflash":
+            ref = rs.reference_for(r)
+            assert (ref.vllm, ref.quant, ref.mm_prefix) == ("0.33.0", r.quant, False)
+            assert rs.engine_kwargs(r, Path("/m"))["limit_mm_per_prompt"] == {"image": 0, "video": 0}
+            assert r.cuda_graphs and r.flash_attn_version == 2
+    images = [r for r in v33 if r.image_limit]
+    assert images and all(r.mode == "init" and r.mm_prefix for r in images)
+    kw = rs.engine_kwargs(images[0], Path("/m"))
+    assert kw["limit_mm_per_prompt"]["image"] == 1 and kw["skip_mm_profiling"] is True
+    assert "skip_mm_profiling" not in rs.engine_kwargs(rs.RUNS["ref-bf16"], Path("/m"))
+    # The 0.21.0 references stay 0.21.0's.
+    assert rs.reference_for(rs.RUNS["patched-fa2-bf16"]).vllm == "0.21.0"
+
+
+def test_a_call_runs_only_its_own_release(tmp_path, capsys):
+    models = tmp_path / "m"
+    models.mkdir()
+    (models / "shapes.json").write_text('{"prompt_token_limit": 100}')
+    try:
+        rs.main(["--models", str(models), "--vllm", "0.33.0", "--runs", "ref-bf16"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("a 0.21.0 run was accepted for --vllm 0.33.0")
+    assert "need another vLLM" in capsys.readouterr().err
+
+
+def test_an_engine_start_record_says_so_and_carries_sliding_windows():
+    raw = {"ok": True, "vllm_version": "0.33.0",
+           "kv_cache_groups": [{"gid": 0, "spec": "SlidingWindowSpec", "block_size": 16, "head_size": 128,
+                                "sliding_window": 128, "layers": ["d.0"], "drafter_layers": ["d.0"]}]}
+    rec = rs.record(rs.RUNS["v33-patched-fa2-bf16-images"], raw, None, {"series_hash": "h33"})
+    assert rec["vllm"] == "0.33.0" and rec["series"] == "h33" and rec["image_limit"] == 1
+    assert rec["kv_cache_groups"] == [{"gid": 0, "spec": "SlidingWindowSpec", "block_size": 16, "head_size": 128,
+                                       "sliding_window": 128, "layers": 1, "drafter_layers": 1}]
+    assert rec["lossless"] is None
+    assert "engine started" in rs.markdown([rec], {})
