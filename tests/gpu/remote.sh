@@ -289,6 +289,10 @@ realshape_v33() { # the real-shape proof on vLLM 0.33.0 (issue 12); RUNS narrows
     fi
     local extra=()
     [ -n "${RUNS:-}" ] && extra+=(--runs "$RUNS")
+    # 0.33.0 captures every CUDA graph twice at start (once to measure its memory); on
+    # torch 2.11 with cold Triton caches the first pass took 156 s of a 4-minute start.
+    # The KV pool is sized by gpu_memory_utilization either way.
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0} \
     "$PY" tests/gpu/realshape.py --vllm "$V33" --models "$MODELS_RS" --site-stock "$SITE33" \
         --site-patched "$SITE33_PATCHED:$SITE33" --raw-dir "$WORK/realshape-raw-v33" --meta "$WORK/rs-meta-v33.json" \
         --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
