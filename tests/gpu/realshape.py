@@ -240,13 +240,33 @@ def _generate(llm, params, batch: list[list[int]]) -> list[dict]:
     return [run_modes._output_record(p, o) for p, o in zip(batch, outs)]
 
 
-def _engine_facts(llm) -> dict:
+def start_engine_core(kwargs: dict):
+    """The engine core alone: model runner, drafter, KV cache and CUDA graphs, as
+    ``LLM(**kwargs)`` builds them, without LLM's front end. With images allowed
+    the front end first builds the model's HF processor, which needs a tokenizer
+    that the random checkpoints lack; the drafter's backend is chosen in the core.
+    Returns (engine core, its model runner)."""
+    from vllm.config import AttentionConfig, CompilationConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.executor import Executor
+
+    kw = dict(kwargs)
+    # LLM() turns these dicts into config objects before EngineArgs sees them.
+    for key, cls in (("compilation_config", CompilationConfig), ("attention_config", AttentionConfig)):
+        if isinstance(kw.get(key), dict):
+            kw[key] = cls(**kw[key])
+    config = EngineArgs(**kw).create_engine_config()
+    core = EngineCore(config, Executor.get_class(config), log_stats=False)
+    return core, core.model_executor.driver_worker.worker.model_runner
+
+
+def _engine_facts(runner) -> dict:
     facts: dict = {}
     try:
-        cfg = llm.llm_engine.vllm_config
+        cfg = runner.vllm_config
         facts["capture_sizes"] = list(cfg.compilation_config.cudagraph_capture_sizes or [])
         facts["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
-        runner = run_modes._runner(llm)
         kv = getattr(runner, "kv_cache_config", None)
         facts["num_kv_blocks"] = getattr(kv, "num_blocks", None)
     except Exception as exc:  # recorded, not fatal
@@ -268,10 +288,19 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
             shapes = json.loads((models / "shapes.json").read_text())
             spec_probe.install(os.environ["REALSHAPE_PROBE_OUT"], shapes["vocab"],
                                shapes.get("max_position_embeddings", 4096))
+        if spec.mode == "init":
+            _core, runner = start_engine_core(engine_kwargs(spec, models))
+            result["init_s"] = round(time.time() - t0, 1)
+            result["started"] = "engine core (no front end)"
+            result.update(run_modes.inspect_runner(runner))
+            result.update(_engine_facts(runner))
+            result["ok"] = True
+            result["wall_s"] = round(time.time() - t0, 1)
+            return result
         llm = LLM(**engine_kwargs(spec, models))
         result["init_s"] = round(time.time() - t0, 1)
         result.update(run_modes._inspect(llm))
-        result.update(_engine_facts(llm))
+        result.update(_engine_facts(run_modes._runner(llm)))
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=2,
                                  detokenize=False) for m in MAX_TOKENS]
         toks = prompts(token_limit)
@@ -281,8 +310,6 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
                                 for _ in range(2)]
         elif spec.mode == "reference-batched":
             result["passes"] = [_generate(llm, params, toks) for _ in range(2)]
-        elif spec.mode == "init":
-            pass
         else:
             result["groups"] = {str(c): _generate(llm, params, toks[:c]) for c in spec.concurrency}
         result["generate_s"] = round(time.time() - t1, 2)
@@ -446,7 +473,7 @@ def markdown(records: list[dict], meta: dict) -> str:
             if v.get("reason"):
                 detail += f"; {v['reason']}"
         elif r.get("mode") == "init":
-            detail = "engine started (images allowed: start only)" if r.get("ok") else "-"
+            detail = "engine core started (images allowed: start only)" if r.get("ok") else "-"
         else:
             det = r.get("determinism") or {}
             detail = "two passes identical" if det.get("stable") else f"passes differ: prompts {det.get('prompts_differing')}"

@@ -79,11 +79,16 @@ def _runner(llm):
 
 
 def _inspect(llm) -> dict:
-    info: dict = {}
     try:
         runner = _runner(llm)
     except Exception as exc:  # recorded, not fatal: outputs still count
         return {"inspect_error": f"{type(exc).__name__}: {exc}"}
+    return inspect_runner(runner)
+
+
+def inspect_runner(runner) -> dict:
+    """Attention backend per layer (target / drafter) and the KV cache groups of a model runner."""
+    info: dict = {}
     # 0.21.0's GPUModelRunner keeps a drafter; 0.33.0's V2 runner a speculator.
     drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
     draft_names = set(getattr(drafter, "_draft_attn_layer_names", None)
