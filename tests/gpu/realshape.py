@@ -72,7 +72,7 @@ class RunSpec:
 
     name: str
     series: str  # "stock" | "patched"
-    mode: str  # "reference" | "reference-batched" | "dflash" | "init" (engine start only)
+    mode: str  # "reference" | "reference-batched" | "dflash" | "init" (target and drafter loaded, no KV cache)
     quant: str = "bf16"  # "bf16" | "modelopt-nvfp4"
     drafter_backend: str | None = None  # None (auto) | "flash_attn"
     flash_attn_version: int | None = None  # forced FA version (2 as on sm_12x)
@@ -93,7 +93,7 @@ class RunSpec:
     vllm: str = "0.21.0"
     # Images allowed per prompt. Token-id prompts cannot pass vLLM's multimodal
     # input path without a tokenizer, so a run that allows images only starts
-    # the engine (mode "init"): enough to see which backends the drafter gets.
+    # the models (mode "init"): enough to see which backends the drafter gets.
     image_limit: int = 0
 
     def key(self) -> dict:
@@ -164,7 +164,7 @@ def _runs_v33(nvfp4: str) -> list[RunSpec]:
     turns the target's mm-prefix off (``ModelConfig._supports_multimodal_for_mm_prefix``),
     so these runs are text-only serving (``mm_prefix=False``) on the whole
     series; the multimodal recipe's seed error needs images allowed, which only
-    an engine start can show here (``image_limit=1``, mode "init")."""
+    a model load can show here (``image_limit=1``, mode "init")."""
     v = "0.33.0"
     return [
         RunSpec("v33-ref-bf16", "patched", "reference", "bf16", None, 2, mm_prefix=False, vllm=v),
@@ -225,7 +225,7 @@ def engine_kwargs(spec: RunSpec, models: Path) -> dict:
         kwargs["attention_config"] = {"flash_attn_version": spec.flash_attn_version}
     if spec.kv_blocks is not None:
         kwargs["num_gpu_blocks_override"] = spec.kv_blocks
-    if spec.mode == "dflash":
+    if spec.mode in ("dflash", "init"):
         sc = {"method": "dflash", "model": str(models / DRAFTER),
               "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
         if spec.drafter_backend:
@@ -241,14 +241,14 @@ def _generate(llm, params, batch: list[list[int]]) -> list[dict]:
 
 
 def start_engine_core(kwargs: dict):
-    """The engine core alone: model runner, drafter, KV cache and CUDA graphs, as
-    ``LLM(**kwargs)`` builds them, without LLM's front end. With images allowed
-    the front end first builds the model's HF processor, which needs a tokenizer
-    that the random checkpoints lack; the drafter's backend is chosen in the core.
-    Returns (engine core, its model runner)."""
+    """The executor alone: the model runner with the target and the drafter loaded,
+    as ``LLM(**kwargs)`` builds them, without LLM's front end or the scheduler. With
+    images allowed both build the model's HF processor, which needs a tokenizer that
+    the random checkpoints lack (seen on the H200: the front end, then the
+    scheduler's encoder budget). Each layer picks its attention backend at load.
+    Returns (executor, its model runner)."""
     from vllm.config import AttentionConfig, CompilationConfig
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.core import EngineCore
     from vllm.v1.executor import Executor
 
     kw = dict(kwargs)
@@ -257,8 +257,10 @@ def start_engine_core(kwargs: dict):
         if isinstance(kw.get(key), dict):
             kw[key] = cls(**kw[key])
     config = EngineArgs(**kw).create_engine_config()
-    core = EngineCore(config, Executor.get_class(config), log_stats=False)
-    return core, core.model_executor.driver_worker.worker.model_runner
+    # The executor loads the target and the drafter (each layer picks its attention
+    # backend there); EngineCore's scheduler would then build the HF processor.
+    executor = Executor.get_class(config)(config)
+    return executor, executor.driver_worker.worker.model_runner
 
 
 def _engine_facts(runner) -> dict:
@@ -291,7 +293,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         if spec.mode == "init":
             _core, runner = start_engine_core(engine_kwargs(spec, models))
             result["init_s"] = round(time.time() - t0, 1)
-            result["started"] = "engine core (no front end)"
+            result["started"] = "executor (models loaded; no KV cache, no scheduler)"
             result.update(run_modes.inspect_runner(runner))
             result.update(_engine_facts(runner))
             result["ok"] = True
@@ -473,7 +475,7 @@ def markdown(records: list[dict], meta: dict) -> str:
             if v.get("reason"):
                 detail += f"; {v['reason']}"
         elif r.get("mode") == "init":
-            detail = "engine core started (images allowed: start only)" if r.get("ok") else "-"
+            detail = "target and drafter loaded (images allowed: load only, no KV cache)" if r.get("ok") else "-"
         else:
             det = r.get("determinism") or {}
             detail = "two passes identical" if det.get("stable") else f"passes differ: prompts {det.get('prompts_differing')}"

@@ -222,4 +222,4 @@ def test_an_engine_start_record_says_so_and_carries_sliding_windows():
     assert rec["kv_cache_groups"] == [{"gid": 0, "spec": "SlidingWindowSpec", "block_size": 16, "head_size": 128,
                                        "sliding_window": 128, "layers": 1, "drafter_layers": 1}]
     assert rec["lossless"] is None
-    assert "engine core started" in rs.markdown([rec], {})
+    assert "target and drafter loaded" in rs.markdown([rec], {})
