@@ -92,8 +92,8 @@ class RunSpec:
     # The release the run needs (remote.sh realshape / realshape-v33 run one each).
     vllm: str = "0.21.0"
     # Images allowed per prompt. Token-id prompts cannot pass vLLM's multimodal
-    # input path without a tokenizer, so a run that allows images only starts
-    # the models (mode "init"): enough to see which backends the drafter gets.
+    # input path without a tokenizer, so a run that allows images only loads
+    # the target and the drafter (mode "init"): enough to see which backends the drafter gets.
     image_limit: int = 0
 
     def key(self) -> dict:
