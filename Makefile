@@ -106,6 +106,16 @@ gpu-realshape: gpu-realshape-stage
 	bash tests/gpu/remote.sh quantize-rs
 	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape
 
+## make gpu-realshape-v33: the real-shape proof on vLLM 0.33.0 (issue 12) on a GPU host with
+## torch 2.11: stage 0.33.0 (+ FA2) beside the 0.21.0 bundle, then every v33-* run of realshape.py
+## (RUNS=a,b narrows; tests/gpu/README.md, "vLLM 0.33.0 on the GPU host")
+.PHONY: gpu-realshape-v33
+gpu-realshape-v33: gpu-realshape-stage
+	$(BIN)/python tests/gpu/stage.py --vllm 0.33.0 --with-fa2
+	bash tests/gpu/remote.sh receive
+	RS_POST_NORM=$${RS_POST_NORM:-0.15} bash tests/gpu/remote.sh quantize-rs
+	RS_POST_NORM=$${RS_POST_NORM:-0.15} OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-v33
+
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time
 ## benchmark at Gemma 4 26B-A4B widths, write tests/gpu/results/bench.{json,md} (tests/gpu/README.md)
 bench-gpu: gpu-stage
