@@ -240,7 +240,7 @@ def _generate(llm, params, batch: list[list[int]]) -> list[dict]:
     return [run_modes._output_record(p, o) for p, o in zip(batch, outs)]
 
 
-def start_engine_core(kwargs: dict):
+def load_models_only(kwargs: dict):
     """The executor alone: the model runner with the target and the drafter loaded,
     as ``LLM(**kwargs)`` builds them, without LLM's front end or the scheduler. With
     images allowed both build the model's HF processor, which needs a tokenizer that
@@ -291,7 +291,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
             spec_probe.install(os.environ["REALSHAPE_PROBE_OUT"], shapes["vocab"],
                                shapes.get("max_position_embeddings", 4096))
         if spec.mode == "init":
-            _core, runner = start_engine_core(engine_kwargs(spec, models))
+            _executor, runner = load_models_only(engine_kwargs(spec, models))
             result["init_s"] = round(time.time() - t0, 1)
             result["started"] = "executor (models loaded; no KV cache, no scheduler)"
             result.update(run_modes.inspect_runner(runner))
