@@ -469,10 +469,11 @@ class Bench:
         One call cannot start every engine inside the device's 10-minute limit,
         yet every ratio must come from one machine: a record counts only when
         it names the same device and series hash as this call."""
+        known = {r.name for r in bs.RUNS}
         for path in sorted(self.out.glob("run-*.json")):
             rec = json.loads(path.read_text())
             name = rec.get("run")
-            if name in rerun or name not in {r.name for r in bs.RUNS}:
+            if name in rerun or name not in known:
                 continue
             same = (rec.get("bench_device") == self.meta["device"]
                     and rec.get("series_hash") == self.meta["series_hash"])

@@ -96,6 +96,10 @@ class RunSpec:
     # the target and the drafter (mode "init"): enough to see which backends the drafter gets.
     image_limit: int = 0
 
+    @property
+    def has_drafter(self) -> bool:
+        return self.mode in ("dflash", "init")
+
     def key(self) -> dict:
         return {"series": self.series, "mode": self.mode, "quantization": self.quant,
                 "image_limit": self.image_limit,
@@ -225,7 +229,7 @@ def engine_kwargs(spec: RunSpec, models: Path) -> dict:
         kwargs["attention_config"] = {"flash_attn_version": spec.flash_attn_version}
     if spec.kv_blocks is not None:
         kwargs["num_gpu_blocks_override"] = spec.kv_blocks
-    if spec.mode in ("dflash", "init"):
+    if spec.has_drafter:
         sc = {"method": "dflash", "model": str(models / DRAFTER),
               "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
         if spec.drafter_backend:
@@ -291,23 +295,21 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
             spec_probe.install(os.environ["REALSHAPE_PROBE_OUT"], shapes["vocab"],
                                shapes.get("max_position_embeddings", 4096))
         if spec.mode == "init":
-            _executor, runner = load_models_only(engine_kwargs(spec, models))
-            result["init_s"] = round(time.time() - t0, 1)
+            llm, (_executor, runner) = None, load_models_only(engine_kwargs(spec, models))
             result["started"] = "executor (models loaded; no KV cache, no scheduler)"
-            result.update(run_modes.inspect_runner(runner))
-            result.update(_engine_facts(runner))
-            result["ok"] = True
-            result["wall_s"] = round(time.time() - t0, 1)
-            return result
-        llm = LLM(**engine_kwargs(spec, models))
+        else:
+            llm = LLM(**engine_kwargs(spec, models))
+            runner = run_modes._runner(llm)
         result["init_s"] = round(time.time() - t0, 1)
-        result.update(run_modes._inspect(llm))
-        result.update(_engine_facts(run_modes._runner(llm)))
+        result.update(run_modes.inspect_runner(runner))
+        result.update(_engine_facts(runner))
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=2,
                                  detokenize=False) for m in MAX_TOKENS]
         toks = prompts(token_limit)
         t1 = time.time()
-        if spec.mode == "reference":
+        if llm is None:
+            pass  # models loaded: nothing to generate
+        elif spec.mode == "reference":
             result["passes"] = [[_generate(llm, [params[i]], [p])[0] for i, p in enumerate(toks)]
                                 for _ in range(2)]
         elif spec.mode == "reference-batched":
@@ -398,7 +400,7 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
         "vllm": raw.get("vllm_version") or meta.get("vllm"),
         "series": "stock" if spec.series == "stock" else _series_of(spec, meta),
         "target": {"sliding": 25, "full": 5},
-        "drafter_layers": 5 if spec.mode == "dflash" else None,
+        "drafter_layers": 5 if spec.has_drafter else None,
         "drafter_backend_observed": _backend(backends.get("drafter", {})),
         "target_backend_observed": _backend(backends.get("target", {})),
         "ok": bool(raw.get("ok")),
@@ -433,16 +435,16 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
 
 def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     """Records with the same configuration (vllm, series, key fields) are replaced."""
+    # RunSpec.key()'s fields; a record written before a field existed had its default.
+    defaults = RunSpec("", "patched", "reference").key()
+
     def ident(r: dict) -> tuple:
         # A patched record replaces the same configuration's record of an
         # older series hash: the file holds the newest run of each, and its
         # "series" field says which series that was.
         series = "stock" if r.get("series") == "stock" else "patched"
-        return (r.get("vllm"), series, json.dumps(r.get("target"), sort_keys=True),
-                r.get("drafter_layers"), r.get("mode"), r.get("quantization"),
-                r.get("drafter_backend"), r.get("flash_attn_version"), r.get("cuda_graphs"),
-                r.get("kv_blocks"), r.get("batch_invariant"), r.get("mm_prefix", True),
-                r.get("probe", False), r.get("async_scheduling"), r.get("image_limit", 0))
+        return (r.get("vllm"), series, json.dumps(r.get("target"), sort_keys=True), r.get("drafter_layers"),
+                *(r.get(k, d) for k, d in defaults.items() if k != "series"))
     fresh = {ident(r) for r in new}
     return [r for r in existing if ident(r) not in fresh] + new
 

@@ -261,16 +261,21 @@ realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
     site_is_current "$SITE_PATCHED_MM" "$MM_PATCHES" \
         || patched_site "$SITE_PATCHED_MM" "$MM_PATCHES" | tee "$WORK/patch-apply-mm.txt"
     realshape_meta "$WORK/rs-meta.json"
+    realshape_py realshape-raw rs-meta.json --site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE" \
+        --site-patched-mm "$SITE_PATCHED_MM:$SITE"
+    tar -C "$WORK" -czf "$OUT/realshape-logs.tar.gz" realshape-raw
+}
+
+realshape_py() { # realshape_py RAW_DIR META ARGS..: realshape.py's runs (RUNS narrows), merged into $OUT
+    local raw=$1 meta=$2 extra=()
+    shift 2
     if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
         cp tests/gpu/results/realshape.json "$OUT/"
     fi
-    local extra=()
     [ -n "${RUNS:-}" ] && extra+=(--runs "$RUNS")
-    "$PY" tests/gpu/realshape.py --models "$MODELS_RS" --site-stock "$SITE" \
-        --site-patched "$SITE_PATCHED:$SITE" --site-patched-mm "$SITE_PATCHED_MM:$SITE" --raw-dir "$WORK/realshape-raw" --meta "$WORK/rs-meta.json" \
+    "$PY" tests/gpu/realshape.py --models "$MODELS_RS" --raw-dir "$WORK/$raw" --meta "$WORK/$meta" \
         --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
-        "${extra[@]}"
-    tar -C "$WORK" -czf "$OUT/realshape-logs.tar.gz" realshape-raw
+        "$@" "${extra[@]}"
 }
 
 realshape_v33() { # the real-shape proof on vLLM 0.33.0 (issue 12); RUNS narrows it
@@ -284,21 +289,13 @@ realshape_v33() { # the real-shape proof on vLLM 0.33.0 (issue 12); RUNS narrows
     # 0.33.0 reads image/video limits of 0 as text-only serving (is_mm_prefix_lm off),
     # so its runs use the whole series; no series-less-0004 tree is needed.
     realshape_meta "$WORK/rs-meta-v33.json" "$SITE33" "$(series_hash "$SITE33_PATCHED")" ""
-    if [ ! -f "$OUT/realshape.json" ] && [ -f tests/gpu/results/realshape.json ]; then
-        cp tests/gpu/results/realshape.json "$OUT/"
-    fi
-    local extra=()
-    [ -n "${RUNS:-}" ] && extra+=(--runs "$RUNS")
     # 0.33.0 captures every CUDA graph twice at start (once to measure its memory); on
     # torch 2.11 with cold Triton caches the first pass took 156 s of a 4-minute start.
     # The KV pool is sized by gpu_memory_utilization either way.
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0} \
-    "$PY" tests/gpu/realshape.py --vllm "$V33" --models "$MODELS_RS" --site-stock "$SITE33" \
-        --site-patched "$SITE33_PATCHED:$SITE33" --raw-dir "$WORK/realshape-raw-v33" --meta "$WORK/rs-meta-v33.json" \
-        --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
-        "${extra[@]}"
-    tar -C "$WORK" -czf "$OUT/realshape-logs-v33.tar.gz" realshape-raw-v33 patch-apply-v33.txt 2>/dev/null \
-        || tar -C "$WORK" -czf "$OUT/realshape-logs-v33.tar.gz" realshape-raw-v33
+        realshape_py realshape-raw-v33 rs-meta-v33.json --vllm "$V33" --site-stock "$SITE33" \
+        --site-patched "$SITE33_PATCHED:$SITE33"
+    tar -C "$WORK" -czf "$OUT/realshape-logs-v33.tar.gz" realshape-raw-v33
 }
 
 determinism() { # run-to-run determinism of the batched no-drafter target (tests/gpu/README.md)

@@ -82,16 +82,19 @@ def bundle_stem(version: str) -> str:
     return "bundle" if version == VLLM_VERSION else f"bundle-{version}"
 
 
-def download_wheels(dest: Path, requirements: Path = REQUIREMENTS) -> list[Path]:
+def _download_binaries(dest: Path, *what: str) -> None:
+    """``pip download`` of wheels for the device's interpreter (cp312, manylinux x86_64)."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-        "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-        "--abi", "cp312", "--abi", "abi3", "--abi", "none", "-d", str(dest), "-r", str(requirements),
-    ]
-    for p in PLATFORMS:
-        cmd += ["--platform", p]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
+           "--abi", "none", "-d", str(dest), *what]
+    for plat in PLATFORMS:
+        cmd += ["--platform", plat]
     subprocess.run(cmd, check=True)
+
+
+def download_wheels(dest: Path, requirements: Path = REQUIREMENTS) -> list[Path]:
+    _download_binaries(dest, "-r", str(requirements))
     # The cache may hold other versions from earlier pins: take exactly the pinned ones.
     wanted = {(_norm(name), version) for name, version in
               (line.split("==") for line in _requirements(requirements))}
@@ -109,16 +112,10 @@ SDIST_ONLY = {"antlr4-python3-runtime"}
 
 def download_quant_wheels(dest: Path) -> Path:
     """The wheels (and one pure-Python sdist) that ``launcher quantize`` needs on the GPU host."""
-    dest.mkdir(parents=True, exist_ok=True)
     pins = _requirements(QUANT_REQUIREMENTS)
     binary = [p for p in pins if p.split("==")[0] not in SDIST_ONLY]
     source = [p for p in pins if p.split("==")[0] in SDIST_ONLY]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
-           "--abi", "none", "-d", str(dest), *binary]
-    for plat in PLATFORMS:
-        cmd += ["--platform", plat]
-    subprocess.run(cmd, check=True)
+    _download_binaries(dest, *binary)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:",
                     "-d", str(dest), *source], check=True)
     return dest
