@@ -159,12 +159,15 @@ SETS = {
 }
 
 
-def gemma4_config_dict(shape: TargetShape) -> dict:
-    """The target's config.json content (a Gemma4Config)."""
+def gemma4_config_dict(shape: TargetShape, vocab: int = VOCAB, ids: dict | None = None,
+                       max_positions: int = 4096) -> dict:
+    """The target's config.json content (a Gemma4Config). ``ids``: the special-token
+    ids (SPECIAL_IDS plus pad/eos/bos) of the vocabulary the target is built for."""
+    ids = {**SPECIAL_IDS, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, **(ids or {})}
     text = {
         "model_type": "gemma4_text",
-        "vocab_size": VOCAB,
-        "vocab_size_per_layer_input": VOCAB,
+        "vocab_size": vocab,
+        "vocab_size_per_layer_input": vocab,
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
         "num_hidden_layers": shape.num_layers,
@@ -175,7 +178,7 @@ def gemma4_config_dict(shape: TargetShape) -> dict:
         "global_head_dim": 512,
         "attention_k_eq_v": True,
         "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": max_positions,
         "rms_norm_eps": 1e-6,
         "sliding_window": shape.sliding_window,
         "layer_types": shape.layer_types,
@@ -189,9 +192,9 @@ def gemma4_config_dict(shape: TargetShape) -> dict:
         "moe_intermediate_size": shape.moe_intermediate_size,
         "tie_word_embeddings": True,
         "initializer_range": INIT_STD,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "bos_token_id": 2,
+        "pad_token_id": ids["pad_token_id"],
+        "eos_token_id": ids["eos_token_id"],
+        "bos_token_id": ids["bos_token_id"],
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {
@@ -222,16 +225,17 @@ def gemma4_config_dict(shape: TargetShape) -> dict:
         "audio_config": None,
         "initializer_range": INIT_STD,
         "tie_word_embeddings": True,
-        **SPECIAL_IDS,
+        **{k: ids[k] for k in SPECIAL_IDS},
     }
 
 
-def drafter_config_dict(shape: DrafterShape) -> dict:
+def drafter_config_dict(shape: DrafterShape, vocab: int = VOCAB, mask_token_id: int = MASK_TOKEN_ID,
+                        max_positions: int = 4096) -> dict:
     """The drafter's config.json content (qwen3-style DFlash)."""
     cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
-        "vocab_size": VOCAB,
+        "vocab_size": vocab,
         "hidden_size": shape.hidden_size,
         "intermediate_size": 512,
         "num_hidden_layers": shape.num_layers,
@@ -239,14 +243,14 @@ def drafter_config_dict(shape: DrafterShape) -> dict:
         "num_key_value_heads": shape.num_key_value_heads,
         "head_dim": shape.head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": max_positions,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
         "attention_bias": False,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "dflash_config": {
-            "mask_token_id": MASK_TOKEN_ID,
+            "mask_token_id": mask_token_id,
             "target_layer_ids": list(shape.target_layer_ids),
         },
     }
@@ -323,7 +327,9 @@ def write_target(shape: TargetShape, out: Path) -> None:
     )
 
 
-def write_drafter(shape: DrafterShape, out: Path) -> None:
+def write_drafter(shape: DrafterShape, out: Path, config: dict | None = None) -> None:
+    """Random weights; ``config`` overrides the drafter_config_dict(shape) default
+    (another vocabulary or mask token)."""
     import torch
     from safetensors.torch import save_file
 
@@ -331,7 +337,7 @@ def write_drafter(shape: DrafterShape, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_file(_drafter_tensors(shape, generator), str(out / "model.safetensors"),
               metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(drafter_config_dict(shape), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config or drafter_config_dict(shape), indent=2) + "\n")
 
 
 def shapes_manifest(which: str = "proof") -> dict:

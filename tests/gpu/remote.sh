@@ -373,6 +373,45 @@ quantize_rs() { # the NVFP4 real-shape target by `launcher quantize` on this GPU
         --device cuda --calib-samples 8 --calib-seq-len 64 --force 2>&1 | grep -v "^Registered\|Loading weights" | tail -15
 }
 
+MODELS_TRAINED=${MODELS_TRAINED:-/tmp/models-trained}
+TRAINED=$MODELS_TRAINED/trained-a4b-r30
+
+train_target() { # the trained target (issue 23): corpus, tokenizer, training, drafter, NVFP4 copy
+    install
+    extras
+    mkdir -p "$OUT" "$WORK"
+    if [ ! -f "$MODELS_TRAINED/shapes.json" ]; then
+        # The bundle's transformers 5.13.1 writes the config vLLM 0.21.0 reads.
+        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$MODELS_TRAINED" \
+            ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} 2>&1 | tee "$WORK/train.log" | grep -v "Writing model shards" \
+            || { echo "training failed or missed the perplexity bar (train.log)" >&2; cp "$WORK/train.log" "$OUT/"; }
+    fi
+    [ -f "$TRAINED/train-record.json" ] || { echo "no trained target" >&2; return 1; }
+    cp "$TRAINED/train-record.json" "$OUT/"
+    if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ]; then
+        PYTHONPATH=.:$SITE_QUANT:$SITE "$PY" -m launcher quantize --model "$TRAINED" --out "$TRAINED-nvfp4" \
+            --device cuda --calib-file "$MODELS_TRAINED/calib.jsonl" --calib-samples 32 --calib-seq-len 512 \
+            --force 2>&1 | grep -v "^Registered\|Loading weights" | tail -15
+    fi
+    # vLLM reads the run's prompts and the record from the NVFP4 folder too.
+    cp "$TRAINED/prompts.json" "$TRAINED/train-record.json" "$TRAINED-nvfp4/" 2>/dev/null || true
+}
+
+realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole series (RUNS narrows)
+    install
+    extras
+    mkdir -p "$OUT" "$WORK"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
+    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
+    local names
+    names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained))')}
+    MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py realshape-raw-trained rs-meta-trained.json \
+        --site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE"
+    tar -C "$WORK" -czf "$OUT/realshape-logs-trained.tar.gz" realshape-raw-trained
+}
+
 bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results under $OUT
     local t0=$SECONDS budget=${BENCH_BUDGET_S:-525}
     install
@@ -409,5 +448,7 @@ case "$cmd" in
     bench) bench_run ;;
     stability) stability ;;
     quantize-rs) quantize_rs ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|determinism|bench" >&2; exit 2 ;;
+    train-target) train_target ;;
+    realshape-trained) realshape_trained ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|realshape-trained" >&2; exit 2 ;;
 esac

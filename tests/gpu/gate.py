@@ -1,0 +1,46 @@
+"""The non-degeneracy gate: a GPU record proves something only if its outputs say something.
+
+The first real-shape targets copied their last prompt token forever; a
+lossless verdict between two constant sequences cannot fail. Every record of
+the trained-target proof therefore carries this block, computed from the
+generated token ids (and the raw top-2 logits where the run kept them), and
+a verdict counts as proof only when the block passes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+
+# Never lower these (issue 23); raise them when the pilot shows more is reachable.
+MAX_CONSTANT_SEQUENCES = 0
+MIN_MEDIAN_DISTINCT_FRACTION = 0.2
+
+
+def nondegenerate(outputs: list[dict]) -> dict:
+    """``outputs``: records with ``token_ids`` and optionally ``top`` (per position, [token, logit, rank])."""
+    seqs = [o["token_ids"] for o in outputs if o.get("token_ids")]
+    fractions = [len(set(s)) / len(s) for s in seqs]
+    near = 0
+    for o in outputs:
+        for pos in o.get("top") or []:
+            first, second = compare._ranked(pos)
+            if first is not None and second is not None and compare.is_tie(first[1], second[1]):
+                near += 1
+    return {
+        "sequences": len(seqs),
+        "constant_sequences": sum(1 for s in seqs if len(set(s)) == 1),
+        "median_distinct_fraction": round(statistics.median(fractions), 4) if fractions else 0.0,
+        "near_ties": near,
+    }
+
+
+def passes(block: dict | None) -> bool:
+    """True when the outputs are worth comparing (no constant sequence, enough distinct tokens)."""
+    return bool(block) and block["sequences"] > 0 \
+        and block["constant_sequences"] <= MAX_CONSTANT_SEQUENCES \
+        and block["median_distinct_fraction"] >= MIN_MEDIAN_DISTINCT_FRACTION

@@ -1,0 +1,432 @@
+"""Train the GPU proof's target: Gemma 4 26B-A4B's layer mix, small, on real text (issue 23).
+
+Why: a random deep target is either chaotic in bf16 or, scaled down until bf16
+and fp32 agree, a fixed point that copies its last prompt token forever (every
+reference of the earlier real-shape proof did). A lossless verdict on such a
+target cannot fail. A trained language model gives diverse, confident greedy
+output, so a wrong token from a broken verify, rollback or KV layout shows.
+
+What it does, in one command on the GPU host (``remote.sh train-target``):
+
+1. corpus: the CPython standard library sources of the interpreter that runs
+   this (``lm_files.collect_corpus``), split into train and held-out files by a
+   hash of the path;
+2. tokenizer: byte-level BPE (``tokenizers``) with Gemma 4's special tokens at
+   fixed small ids, plus the chat template and the Gemma 4 processor files
+   (``lm_files.write_lm_files``);
+3. model: ``Gemma4ForConditionalGeneration``, 30 layers (25 sliding, head_dim
+   256, window 1024 -> 128; 5 full, head_dim 512, K=V), 16 query / 8 KV / 2
+   global KV heads as released, MoE top-8 of 32 experts, a small vision tower;
+4. training: next-token cross entropy on random windows of the train split,
+   AdamW, fp32 master weights with bf16 autocast, fixed seed, fixed step count,
+   deterministic kernels (eager attention; the experts' grouped GEMM below);
+5. evaluation: held-out perplexity against the corpus's unigram perplexity
+   (the bar: at most a third), and bf16 vs fp32 greedy agreement on held-out
+   text (how often the trained model's argmax moves under bf16 rounding);
+6. output: the bf16 checkpoint with tokenizer and processor files, a random
+   DFlash drafter of the public drafter's shape for it, the held-out prompts
+   the proof runs (``prompts.json``), calibration text for ``launcher
+   quantize`` and ``train-record.json`` (loss curve, perplexities,
+   ``target_sha256``).
+
+Needs transformers 5.13.1 (vLLM 0.21.0 reads ``global_head_dim`` from the
+text config, which 5.15+ moves) and a CUDA GPU; about four minutes on an H100.
+``python tests/gpu/train_target.py OUT_DIR [--steps N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lm_files  # noqa: E402
+import make_checkpoints as mc  # noqa: E402
+
+# 26B-A4B's mix at width 256 (released: hidden 2816, 128 experts of 704, dense
+# 2112, vocabulary 262144, window 1024). Experts 128 -> 32 so that each sees
+# enough tokens in a few minutes; top-8 as released.
+TARGET = mc.TargetShape(
+    "trained-a4b-r30", 30, top_k_experts=8, hidden_size=256, num_attention_heads=16,
+    num_key_value_heads=8, num_global_key_value_heads=2, num_experts=32,
+    moe_intermediate_size=128, intermediate_size=256, sliding_window=128)
+# The public drafter's shape (make_checkpoints.REALSHAPE_DRAFTER) at this width;
+# window 2048 scaled by the target's 1/8. Random weights: it proposes, the
+# target verifies (acceptance needs a trained drafter, a later issue).
+DRAFTER = mc.DrafterShape(
+    "dflash-r5-for-trained", TARGET.name, 5, [1, 6, 11, 17, 22, 27], hidden_size=256,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+    layer_types=["sliding_attention"] * 4 + ["full_attention"], sliding_window=256)
+MAX_POSITIONS = 4096
+# Held-out perplexity must be at most this share of the unigram perplexity.
+PPL_BAR = 1 / 3
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One fixed recipe: the same numbers give the same checkpoint on the same GPU kind."""
+
+    seed: int = 20261126
+    steps: int = 240
+    seq_len: int = 1024
+    micro_batch: int = 8
+    accumulation: int = 4  # 32 windows of 1024 tokens per optimizer step
+    lr: float = 2e-3
+    warmup: int = 24
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    eval_windows: int = 64
+    log_every: int = 10
+    vocab_size: int = lm_files.VOCAB_SIZE
+
+
+# ----------------------------------------------------------------- data
+
+
+def encode_docs(tokenizer, docs: list[tuple[str, str]]) -> list[int]:
+    """Every document's ids followed by eos: one stream to draw windows from."""
+    eos = lm_files.CONFIG_IDS["eos_token_id"]
+    ids: list[int] = []
+    for enc in tokenizer.encode_batch([text for _, text in docs], add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(eos)
+    return ids
+
+
+def unigram_perplexity(train: list[int], heldout: list[int], vocab: int) -> float:
+    """Perplexity of held-out tokens under the train split's token frequencies (add-one)."""
+    counts = [1] * vocab
+    for t in train:
+        counts[t] += 1
+    total = sum(counts)
+    nll = -sum(math.log(counts[t] / total) for t in heldout) / len(heldout)
+    return math.exp(nll)
+
+
+def windows(stream, n: int, seq_len: int, rng: random.Random):
+    """``n`` windows of ``seq_len`` tokens (an int64 array): bos, then a random stretch of ``stream``."""
+    import numpy as np
+
+    bos = lm_files.CONFIG_IDS["bos_token_id"]
+    starts = [rng.randrange(0, len(stream) - seq_len) for _ in range(n)]
+    out = np.empty((n, seq_len), dtype=np.int64)
+    out[:, 0] = bos
+    for row, start in enumerate(starts):
+        out[row, 1:] = stream[start:start + seq_len - 1]
+    return out
+
+
+# ---------------------------------------------------------------- model
+
+
+def target_config() -> dict:
+    ids = {k: v for k, v in lm_files.CONFIG_IDS.items() if k != "mask_token_id"}
+    cfg = mc.gemma4_config_dict(TARGET, vocab=lm_files.VOCAB_SIZE, ids=ids, max_positions=MAX_POSITIONS)
+    cfg["text_config"]["initializer_range"] = 0.02
+    cfg["initializer_range"] = 0.02
+    # vLLM sizes image placeholders from the vision config (lm_files.VISION_CONFIG_EXTRA).
+    cfg["vision_config"].update(lm_files.VISION_CONFIG_EXTRA)
+    return cfg
+
+
+def drafter_config() -> dict:
+    return mc.drafter_config_dict(DRAFTER, vocab=lm_files.VOCAB_SIZE,
+                                  mask_token_id=lm_files.CONFIG_IDS["mask_token_id"],
+                                  max_positions=MAX_POSITIONS)
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """Gemma 4's routed experts as two grouped bf16 GEMMs over token copies sorted by expert.
+
+    transformers' own paths either loop over experts (slow: 30 layers x 32
+    experts of small GEMMs) or scatter-add the results (float atomics: not
+    run-to-run deterministic). Here every reduction is a gather or a plain
+    sum, so the same inputs give the same bits.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    tokens, k = top_k_index.shape
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    counts = torch.bincount(flat, minlength=self.num_experts)
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    copies = hidden_states.unsqueeze(1).expand(tokens, k, -1).reshape(tokens * k, -1)[order]
+    copies = copies.to(torch.bfloat16)
+    gate_up = F.grouped_mm(copies, self.gate_up_proj.to(torch.bfloat16).transpose(1, 2), offs=offsets)
+    gate, up = gate_up.chunk(2, dim=-1)
+    down = F.grouped_mm(self.act_fn(gate) * up, self.down_proj.to(torch.bfloat16).transpose(1, 2),
+                        offs=offsets)
+    weighted = down * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(down.dtype)
+    return weighted[inverse].view(tokens, k, -1).sum(dim=1).to(hidden_states.dtype)
+
+
+def build_model(device: str):
+    import torch
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    cfg = target_config()
+    config = Gemma4Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    config.architectures = ["Gemma4ForConditionalGeneration"]
+    model = Gemma4ForConditionalGeneration._from_config(
+        config, attn_implementation="eager", dtype=torch.float32)
+    for layer in model.model.language_model.layers:
+        layer.experts.forward = _experts_forward.__get__(layer.experts)
+    return model.to(device)
+
+
+# ------------------------------------------------------------- training
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _loss(model, batch):
+    import torch
+    import torch.nn.functional as F
+
+    with torch.autocast(batch.device.type, dtype=torch.bfloat16):
+        logits = model(input_ids=batch, use_cache=False).logits
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def train(model, stream: list[int], cfg: TrainConfig, device: str) -> list[dict]:
+    import numpy as np
+    import torch
+
+    rng = random.Random(cfg.seed)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=False, foreach=False)
+    data = np.asarray(stream, dtype=np.int64)
+    curve, t0 = [], time.time()
+    model.train()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        total = 0.0
+        for _ in range(cfg.accumulation):
+            batch = torch.from_numpy(windows(data, cfg.micro_batch, cfg.seq_len, rng)).to(device)
+            loss = _loss(model, batch) / cfg.accumulation
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            curve.append({"step": step, "loss": round(total, 4), "lr": round(lr_at(step, cfg), 6),
+                          "elapsed_s": round(time.time() - t0, 1)})
+            print(f"step {step:4d} loss {total:.4f} ({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    return curve
+
+
+def heldout_perplexity(model, stream: list[int], cfg: TrainConfig, device: str) -> float:
+    import numpy as np
+    import torch
+
+    rng = random.Random(cfg.seed + 1)
+    batches = windows(np.asarray(stream, dtype=np.int64), cfg.eval_windows, cfg.seq_len, rng)
+    losses = []
+    with torch.no_grad():
+        for i in range(0, len(batches), cfg.micro_batch):
+            batch = torch.from_numpy(batches[i:i + cfg.micro_batch]).to(device)
+            losses.append(float(_loss(model, batch)) * len(batch))
+    return math.exp(sum(losses) / len(batches))
+
+
+def bf16_agreement(model, prompts: list[list[int]], device: str) -> dict:
+    """Teacher-forced greedy argmax of the fp32 model vs its bf16 copy on the proof's prompts.
+
+    A near-tie is an fp32 top-1/top-2 gap under one bf16 step at that magnitude
+    (compare.bf16_step): there bf16 may pick either token without being wrong.
+    """
+    import copy
+
+    import torch
+
+    import compare
+
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    agree = total = near = 0
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p], device=device)
+            a = model(input_ids=ids, use_cache=False).logits[0].float()
+            b = bf16(input_ids=ids, use_cache=False).logits[0].float()
+            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+            total += len(p)
+            top2 = torch.topk(a, 2).values.tolist()
+            near += sum(1 for t1, t2 in top2 if t1 - t2 <= compare.bf16_step(max(abs(t1), abs(t2))))
+    del bf16
+    return {"agree": agree, "positions": total, "fp32_near_ties": near}
+
+
+# -------------------------------------------------------------- prompts
+
+# Prompt lengths in tokens, bos included: 16 to 1,500, spread.
+PROMPT_LENGTHS = [16, 300, 40, 1500, 96, 700, 24, 1200, 160, 64, 900, 256, 20, 480, 128, 1000,
+                  48, 360, 200, 800, 32, 600, 1400, 80, 1100, 240, 560]
+# Prompts that share one held-out file's first SHARED_PREFIX tokens, then go on
+# for these many more: prefix-cache hits inside and across concurrent groups.
+SHARED_PREFIX = 640
+SHARED_TAILS = [16, 48, 96, 200, 320, 500, 24, 150, 400]
+MAX_TOKENS = 128
+
+
+def build_prompts(tokenizer, heldout: list[tuple[str, str]], seed: int) -> list[dict]:
+    """Held-out text prompts. Each starts with bos at a line start of its own file;
+    the shared-prefix ones are interleaved so every concurrency group holds some."""
+    bos = lm_files.CONFIG_IDS["bos_token_id"]
+    rng = random.Random(seed)
+    encoded = [(path, enc.ids, enc.offsets) for (path, _), enc in
+               zip(heldout, tokenizer.encode_batch([t for _, t in heldout], add_special_tokens=False))]
+    need = max(PROMPT_LENGTHS + [SHARED_PREFIX + max(SHARED_TAILS)])
+    long_docs = [d for d in encoded if len(d[1]) >= need]
+    rng.shuffle(long_docs)
+    if len(long_docs) < len(PROMPT_LENGTHS) + 1:
+        raise SystemExit(f"held-out split has {len(long_docs)} files of >= {need} tokens; need more")
+    shared_path, shared_ids, _ = long_docs[0]
+    singles = [{"source": path, "start": 0, "token_ids": [bos] + ids[:n - 1]}
+               for (path, ids, _), n in zip(long_docs[1:], PROMPT_LENGTHS)]
+    shared = [{"source": shared_path, "start": 0, "shared_prefix": SHARED_PREFIX,
+               "token_ids": [bos] + shared_ids[:SHARED_PREFIX + tail - 1]} for tail in SHARED_TAILS]
+    prompts: list[dict] = []
+    # Interleave: one shared-prefix prompt after every third single one.
+    for i, p in enumerate(singles):
+        prompts.append(p)
+        if i % 3 == 2 and shared:
+            prompts.append(shared.pop(0))
+    prompts.extend(shared)
+    for p in prompts:
+        p["text"] = tokenizer.decode(p["token_ids"][1:])
+        p["max_tokens"] = MAX_TOKENS
+    return prompts
+
+
+# ---------------------------------------------------------------- output
+
+
+def checkpoint_sha256(folder: Path) -> str:
+    """One hash over every weight, config, tokenizer and processor file (names and contents)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = f.relative_to(folder).as_posix()
+        if rel in ("train-record.json", "prompts.json", "calib.jsonl"):
+            continue
+        h.update(rel.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def save_target(model, tokenizer, out: Path) -> list[str]:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    ids = lm_files.CONFIG_IDS
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"],
+         "pad_token_id": ids["pad_token_id"]}) + "\n")
+    return lm_files.write_lm_files(tokenizer, out, target_config()["vision_config"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="models folder: the target, the drafter and the records go here")
+    parser.add_argument("--steps", type=int, help=f"optimizer steps (default {TrainConfig.steps})")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--stdlib", type=Path, help="corpus root (default: this interpreter's stdlib)")
+    args = parser.parse_args(argv)
+    cfg = TrainConfig() if args.steps is None else dataclasses.replace(TrainConfig(), steps=args.steps)
+
+    import torch
+    import transformers
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    t0 = time.time()
+
+    corpus = lm_files.collect_corpus(args.stdlib)
+    tokenizer = lm_files.train_tokenizer([text for _, text in corpus["train"]], cfg.vocab_size)
+    train_ids = encode_docs(tokenizer, corpus["train"])
+    heldout_ids = encode_docs(tokenizer, corpus["heldout"])
+    unigram = unigram_perplexity(train_ids, heldout_ids, cfg.vocab_size)
+    prompts = build_prompts(tokenizer, corpus["heldout"], cfg.seed)
+    print(f"corpus: {corpus['files']} files, {len(train_ids)} train / {len(heldout_ids)} held-out tokens; "
+          f"unigram perplexity {unigram:.1f}; {len(prompts)} prompts ({time.time() - t0:.0f}s)", flush=True)
+
+    model = build_model(args.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    t_train = time.time()
+    curve = train(model, train_ids, cfg, args.device)
+    train_s = time.time() - t_train
+    ppl = heldout_perplexity(model, heldout_ids, cfg, args.device)
+    agreement = bf16_agreement(model, [p["token_ids"] for p in prompts], args.device)
+    print(f"held-out perplexity {ppl:.2f} (unigram {unigram:.1f}, bar {unigram * PPL_BAR:.1f}); "
+          f"bf16 vs fp32 {agreement}", flush=True)
+
+    target_dir = args.out / TARGET.name
+    save_target(model, tokenizer, target_dir)
+    mc.write_drafter(DRAFTER, args.out / DRAFTER.name, config=drafter_config())
+    (target_dir / "prompts.json").write_text(json.dumps(prompts) + "\n")
+    with (args.out / "calib.jsonl").open("w") as f:
+        for _, text in corpus["train"][:64]:
+            f.write(json.dumps({"text": text[:4000]}) + "\n")
+    record = {
+        "target_name": TARGET.name,
+        "target_sha256": checkpoint_sha256(target_dir),
+        "drafter_name": DRAFTER.name,
+        "corpus": {k: corpus[k] for k in ("python", "stdlib", "sha256", "files", "bytes")},
+        "tokens": {"train": len(train_ids), "heldout": len(heldout_ids)},
+        "tokenizer_sha256": hashlib.sha256((target_dir / "tokenizer.json").read_bytes()).hexdigest(),
+        "vocab_size": cfg.vocab_size,
+        "params": n_params,
+        "train_config": dataclasses.asdict(cfg),
+        "tokens_seen": cfg.steps * cfg.accumulation * cfg.micro_batch * cfg.seq_len,
+        "train_s": round(train_s, 1),
+        "loss_curve": curve,
+        "heldout_perplexity": round(ppl, 3),
+        "unigram_perplexity": round(unigram, 3),
+        "perplexity_ratio": round(ppl / unigram, 5),
+        "perplexity_bar_met": ppl <= unigram * PPL_BAR,
+        "bf16_vs_fp32": agreement,
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "prompts": len(prompts),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    (target_dir / "train-record.json").write_text(json.dumps(record, indent=1) + "\n")
+    shapes = {"set": "trained", "vocab": cfg.vocab_size, "target": TARGET.name, "drafter": DRAFTER.name,
+              "target_sha256": record["target_sha256"], "max_position_embeddings": MAX_POSITIONS,
+              "prompt_token_limit": cfg.vocab_size,
+              "mask_token_id": lm_files.CONFIG_IDS["mask_token_id"]}
+    (args.out / "shapes.json").write_text(json.dumps(shapes, indent=1) + "\n")
+    print(json.dumps({k: record[k] for k in ("target_sha256", "heldout_perplexity", "unigram_perplexity",
+                                             "perplexity_bar_met", "train_s", "wall_s")}), flush=True)
+    return 0 if record["perplexity_bar_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The trained-target proof's CPU parts (issue 23): the gate, the trained runs, the trainer's pieces.
+
+The GPU runs themselves need the device; what can go wrong before them is
+checked here: a gate that passes degenerate output, a verdict against a
+reference of another target, a trained run that would drop images or the
+small KV pool, a trainer whose expert kernel computes something other than
+Gemma 4's experts, or prompts that break the issue's bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.unit.gpu_scripts import load as _load
+
+gate = _load("gate")
+rs = _load("realshape")
+
+
+def _out(tokens, top=None):
+    return {"token_ids": tokens, "top": top or []}
+
+
+# ---------------------------------------------------------------- the gate
+
+
+def test_gate_rejects_a_constant_sequence_and_counts_near_ties():
+    outs = [_out([5] * 128), _out(list(range(128)))]
+    block = gate.nondegenerate(outs)
+    assert block["sequences"] == 2
+    assert block["constant_sequences"] == 1
+    assert not gate.passes(block)
+
+
+def test_gate_rejects_a_loop_of_few_tokens_and_passes_diverse_text():
+    loop = [1, 2, 3, 4] * 32  # 4 distinct of 128: the median fraction is what catches it
+    assert not gate.passes(gate.nondegenerate([_out(loop)] * 3))
+    rngs = [random.Random(i) for i in range(3)]
+    diverse = [_out([r.randrange(1000) for _ in range(128)]) for r in rngs]
+    block = gate.nondegenerate(diverse)
+    assert block["constant_sequences"] == 0 and block["median_distinct_fraction"] > 0.5
+    assert gate.passes(block)
+
+
+def test_gate_near_ties_are_one_bf16_step_gaps():
+    # 10.0 vs 10.0625: one bf16 step at 10 (2**-4); 10.0 vs 10.5: eight steps.
+    tie = [[7, 10.0625, 1], [8, 10.0, 2]]
+    clear = [[7, 10.5, 1], [8, 10.0, 2]]
+    block = gate.nondegenerate([_out([7, 9], [tie, clear])])
+    assert block["near_ties"] == 1
+
+
+# ------------------------------------------------------------ the trained runs
+
+
+def test_done_when_runs_exist_on_0_21_0_with_the_trained_target():
+    for name in ("trained-ref-bf16", "trained-ref-nvfp4", "trained-dflash-fa2-cg-bf16",
+                 "trained-dflash-fa2-cg-nvfp4", "trained-dflash-fa2-cg-bf16-smallkv"):
+        spec = rs.RUNS[name]
+        assert spec.trained and spec.vllm == "0.21.0"
+        if spec.mode == "dflash":
+            assert spec.cuda_graphs and spec.flash_attn_version == 2 and spec.drafter_backend == "flash_attn"
+            assert rs.reference_for(spec).quant == spec.quant
+    assert rs.RUNS["trained-dflash-fa2-cg-bf16"].concurrency == (1, 4, 17, 32)
+
+
+def test_trained_multimodal_runs_allow_images_and_text_only_runs_are_language_model_only():
+    models = Path("/m")
+    mm = rs.trained_engine_kwargs(rs.RUNS["trained-dflash-fa2-cg-bf16"], models)
+    assert mm["limit_mm_per_prompt"]["image"] == 1
+    assert "skip_tokenizer_init" not in mm and "skip_mm_profiling" not in mm
+    assert mm["disable_log_stats"] is False  # preemptions and prefix hits come from the engine's counters
+    assert mm["max_num_seqs"] >= 32 and mm["max_model_len"] >= 1500 + 128 + 16
+    text = rs.trained_engine_kwargs(rs.RUNS["trained-dflash-fa3-cg-bf16-text"], models)
+    assert text["language_model_only"] is True and "limit_mm_per_prompt" not in text
+    assert "attention_config" not in text  # FA3: Hopper's default, not forced
+    small = rs.trained_engine_kwargs(rs.RUNS["trained-dflash-fa2-cg-bf16-smallkv"], models)
+    assert small["num_gpu_blocks_override"] == rs.TRAINED_SMALL_POOL
+
+
+def _ref(tokens, sha="aaa"):
+    return {"ok": True, "target_sha256": sha, "passes": [[_out(t) for t in tokens]] * 2}
+
+
+def test_judge_refuses_a_reference_of_another_target():
+    run = {"ok": True, "target_sha256": "bbb", "groups": {"1": [_out([1, 2, 3])]}}
+    v = rs.judge(_ref([[1, 2, 3]], sha="aaa"), run)
+    assert v["lossless"] is None and "target_sha256" in v["reason"]
+
+
+def test_a_trained_dflash_record_is_proof_only_when_lossless_and_nondegenerate():
+    spec = rs.RUNS["trained-dflash-fa2-cg-bf16"]
+    diverse = [list(range(i, i + 128)) for i in range(3)]
+    good = {"ok": True, "target_sha256": "aaa", "counters": {"preemptions": 0, "prefix_cache_hits": 64},
+            "groups": {"1": [_out(diverse[0])], "3": [_out(t) for t in diverse]}}
+    assert rs.trained_fields(spec, good, _ref(diverse))["proof"] is True
+    constant = [[9] * 128 for _ in range(3)]
+    dull = dict(good, groups={"3": [_out(t) for t in constant]})
+    fields = rs.trained_fields(spec, dull, _ref(constant))
+    assert fields["proof"] is False and fields["nondegenerate"]["constant_sequences"] == 3
+    wrong = dict(good, groups={"3": [_out(diverse[1]), _out(diverse[0]), _out(diverse[2])]})
+    assert rs.trained_fields(spec, wrong, _ref(diverse))["proof"] is False
+
+
+def test_trained_records_do_not_replace_the_random_targets():
+    spec = rs.RUNS["trained-ref-bf16"]
+    raw = _ref([list(range(128))])
+    raw.update(target_name="trained-a4b-r30", counters={})
+    new = rs.record(spec, raw, None, {"series_hash": "h" * 64})
+    old = dict(new, target_kind="random", target_name=rs.RANDOM_TARGET_NAME, name="ref-bf16")
+    merged = rs.merge([old], [new])
+    assert {r["target_kind"] for r in merged} == {"random", "trained"}
+    md = rs.markdown(merged, {})
+    assert "## Trained target" in md and "degenerate" in md
+
+
+def test_engine_counters_map_vllms_metric_names():
+    class M:
+        def __init__(self, name, value=None, values=None):
+            self.name, self.value, self.values = name, value, values
+
+    class LLM:  # stands in for vllm.LLM.get_metrics (no vLLM engine without a GPU)
+        def get_metrics(self):
+            return [M("vllm:num_preemptions", 3.0), M("vllm:prefix_cache_hits", 128.0),
+                    M("vllm:spec_decode_num_accepted_tokens_per_pos", values=[5, 2]), M("vllm:other", 1)]
+
+    got = rs.engine_counters(LLM())
+    assert got == {"preemptions": 3, "prefix_cache_hits": 128, "spec_accepted_per_pos": [5, 2]}
+
+
+# ------------------------------------------------------------- the trainer
+
+torch = pytest.importorskip("torch", reason="the trainer's pieces need torch (the test venv has the CPU build)")
+tt = _load("train_target")
+
+
+def test_unigram_perplexity_of_a_uniform_stream_is_the_vocabulary_size():
+    stream = list(range(50)) * 200
+    assert tt.unigram_perplexity(stream, stream, 50) == pytest.approx(50, rel=1e-3)
+    skewed = [0] * 900 + [1] * 100
+    assert tt.unigram_perplexity(skewed, skewed, 2) < 2
+
+
+def test_windows_are_deterministic_and_start_with_bos():
+    import numpy as np
+
+    stream = np.arange(5000, dtype=np.int64)
+    a = tt.windows(stream, 4, 64, random.Random(1))
+    b = tt.windows(stream, 4, 64, random.Random(1))
+    assert (a == b).all() and a.shape == (4, 64)
+    assert (a[:, 0] == tt.lm_files.CONFIG_IDS["bos_token_id"]).all()
+    assert (np.diff(a[:, 1:], axis=1) == 1).all()
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = tt.TrainConfig(steps=100, warmup=10, lr=1e-3, min_lr_ratio=0.1)
+    assert tt.lr_at(0, cfg) == pytest.approx(1e-4)
+    assert tt.lr_at(9, cfg) == pytest.approx(1e-3)
+    assert tt.lr_at(99, cfg) == pytest.approx(1e-4, rel=0.05)
+
+
+def test_expert_kernel_matches_gemma4s_own_experts():
+    """The trainer swaps transformers' per-expert loop for grouped GEMMs: same function, bf16 rounding apart."""
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextExperts
+
+    cfg = Gemma4TextConfig(hidden_size=64, moe_intermediate_size=32, num_experts=8, top_k_experts=3,
+                           hidden_activation="gelu_pytorch_tanh")
+    cfg._experts_implementation = "eager"
+    experts = Gemma4TextExperts(cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=gen) * 0.1)
+        experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=gen) * 0.1)
+    x = torch.randn(20, 64, generator=gen)
+    weights = torch.softmax(torch.randn(20, 3, generator=gen), -1)
+    index = torch.stack([torch.randperm(8, generator=gen)[:3] for _ in range(20)])
+    with torch.no_grad():
+        want = experts(x, index, weights)
+        got = tt._experts_forward(experts, x, index, weights)
+    assert got.shape == want.shape
+    assert torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert not torch.allclose(got, torch.zeros_like(got))
+
+
+def test_target_config_is_the_26b_a4b_mix_with_the_tokenizers_ids():
+    cfg = tt.target_config()
+    text = cfg["text_config"]
+    assert text["layer_types"].count("sliding_attention") == 25 and text["layer_types"].count("full_attention") == 5
+    assert text["head_dim"] == 256 and text["global_head_dim"] == 512 and text["attention_k_eq_v"]
+    assert text["num_experts"] >= 32 and text["top_k_experts"] == 8
+    assert text["vocab_size"] == tt.lm_files.VOCAB_SIZE
+    ids = tt.lm_files.CONFIG_IDS
+    assert cfg["image_token_id"] == ids["image_token_id"] and text["eos_token_id"] == ids["eos_token_id"]
+    assert cfg["vision_config"]["num_hidden_layers"] >= 1
+    d = tt.drafter_config()
+    assert d["dflash_config"]["mask_token_id"] == ids["mask_token_id"]
+    assert d["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert max(d["dflash_config"]["target_layer_ids"]) < 30
+
+
+def test_prompts_meet_the_issues_bounds(tmp_path):
+    """36 held-out prompts of 16-1,500 tokens, some sharing a long prefix, 128 new tokens each."""
+    rng = random.Random(3)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz_") for _ in range(rng.randrange(3, 9)))
+             for _ in range(300)]
+    docs = [(f"m{i}.py", "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(400)))
+            for i in range(40)]
+    tok = tt.lm_files.train_tokenizer([t for _, t in docs], 600)
+    prompts = tt.build_prompts(tok, docs, seed=1)
+    lengths = [len(p["token_ids"]) for p in prompts]
+    assert len(prompts) >= 32 and min(lengths) >= 16 and max(lengths) <= 1500
+    assert all(p["max_tokens"] >= 128 for p in prompts)
+    shared = [p["token_ids"][:tt.SHARED_PREFIX] for p in prompts if p.get("shared_prefix")]
+    assert len(shared) >= 4 and all(s == shared[0] for s in shared)
+    # Every concurrency group of the proof (the first 4, 17, 32 prompts) holds shared-prefix prompts.
+    assert any(p.get("shared_prefix") for p in prompts[:4])
+    json.dumps(prompts)  # prompts.json must serialise
+    assert math.isclose(sum(1 for p in prompts if p["token_ids"][0] == tt.lm_files.CONFIG_IDS["bos_token_id"]),
+                        len(prompts))
