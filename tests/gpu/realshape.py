@@ -333,6 +333,11 @@ def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
     )
     if spec.mm_prefix:
         kwargs["limit_mm_per_prompt"] = {"image": spec.image_limit, "video": 0}
+        # Found on the H100 (issue 23): with the processor cache on, vLLM 0.21.0 runs
+        # the HF processor on the dummy text alone ("\t<|image|>"), and transformers
+        # 5.13.1's Gemma4Processor.validate_inputs refuses image tokens without images
+        # ("Found 1 <|image|> tokens in the text but no images were passed").
+        kwargs["mm_processor_cache_gb"] = 0
     else:
         kwargs["language_model_only"] = True
     if spec.cuda_graphs:
