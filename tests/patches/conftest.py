@@ -41,6 +41,7 @@ PROBES = Path(__file__).resolve().parent.parent / "integration"
 READS = [
     "vllm/config/model.py",
     "vllm/config/model_arch.py",
+    "vllm/config/vllm.py",
     "vllm/utils/math_utils.py",
     "vllm/v1/kv_cache_interface.py",
     "vllm/v1/core/kv_cache_utils.py",
@@ -55,6 +56,7 @@ READS = [
     "vllm/v1/worker/gpu/spec_decode/dflash/utils.py",
     "vllm/v1/worker/gpu/spec_decode/gemma4/speculator.py",
     "vllm/model_executor/models/qwen3_dflash.py",
+    "vllm/model_executor/models/utils.py",
     "vllm/model_executor/models/qwen3_dflash2.py",
     "vllm/model_executor/models/qwen3_dspark.py",
     "vllm/model_executor/models/qwen3_xpress.py",
