@@ -1,4 +1,4 @@
-"""Regression test for dflash-query-buffers-cover-cudagraph-padding (0.21.0/0009, backport of PR #50065).
+"""Regression test for dflash-query-buffers-cover-cudagraph-padding (0.21.0/0009, 0.26.0/0004; PR #50065).
 
 Runs the real ``DFlashProposer.__init__`` of the tree (loaded from its source
 with ``tests/patches/vllm_source.py``; the base proposer's ``__init__`` is a
@@ -23,7 +23,7 @@ import torch
 from tests.patches.vllm_source import load
 
 PATCH_ID = "dflash-query-buffers-cover-cudagraph-padding"
-VERSIONS = ["0.21.0"]
+VERSIONS = ["0.21.0", "0.26.0"]  # 0.27.1 and later have the fix
 MAX_NUM_SEQS = 17
 NUM_SPECULATIVE_TOKENS = 15  # the recipe's
 MAX_NUM_BATCHED_TOKENS = 8192
