@@ -45,7 +45,7 @@ def test_installed_vllm_sets_the_version(models):
 
 def test_unsupported_vllm_version_blocks(models):
     plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.19.1", transformers="5.13.1"))
-    assert any("supports vLLM 0.21.0, 0.26.0, 0.27.1, 0.29.0, 0.33.0, not 0.19.1; the nearest supported release is 0.21.0" in m
+    assert any("supports vLLM 0.21.0, 0.26.0, 0.27.1, 0.29.0, 0.30.0, 0.31.0, 0.33.0, not 0.19.1; the nearest supported release is 0.21.0" in m
                for m in _blocking(plan, "vllm"))
 
 
@@ -91,7 +91,7 @@ def test_installed_release_between_supported_ones_names_the_nearest(models, inst
 
 
 def test_unsupported_version_asked_for_on_docker_points_at_the_flag(models):
-    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.31.0", runtime="docker"), make_ctx(RTX5090))
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.32.0", runtime="docker"), make_ctx(RTX5090))
     reason = next(r for r in plan.reasons if r.area == "vllm" and r.blocking)
-    assert "the nearest supported release is 0.33.0" in reason.message  # 0.29.0 and 0.33.0 tie: the newer
+    assert "the nearest supported release is 0.33.0" in reason.message  # 0.31.0 and 0.33.0 tie: the newer
     assert reason.hint == "use --vllm-version 0.33.0"
