@@ -180,11 +180,19 @@ def test_decode_batch_beyond_the_captured_cuda_graphs_is_named(models):
     assert not any("CUDA graphs" in w for w in plan.warnings)
 
 
-def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(models):
+@pytest.mark.parametrize(("version", "fallback"), [("0.21.0", "flex_attention"), ("0.26.0", "triton_attn"),
+                                                   ("0.33.0", "triton_attn")])
+def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(models, version, fallback):
     from tests.unit.conftest import GB10
 
-    spark = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(GB10))
+    spark = resolve(Request("gemma4-moe-dflash", vllm_version=version), make_ctx(GB10))
     (warning,) = [w for w in spark.warnings if "#50707" in w]
     assert "FlashAttention 2 on sm_121" in warning and "--set drafter=" in warning
-    rtx = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
+    # The fallback keeps FA2 out of the drafter: TRITON_ATTN runs non-causal attention from 0.26.0.
+    assert f"--set drafter.attention_backend={fallback}" in warning
+    followed = resolve(Request("gemma4-moe-dflash", vllm_version=version,
+                               sets=[f"drafter.attention_backend={fallback}"]), make_ctx(GB10))
+    assert f'"attention_backend":"{fallback}"' in " ".join(followed.argv)
+    assert not [w for w in followed.warnings if "#50707" in w]
+    rtx = resolve(Request("gemma4-moe-dflash", vllm_version=version), make_ctx(RTX5090))
     assert not [w for w in rtx.warnings if "#50707" in w]

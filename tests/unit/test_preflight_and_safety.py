@@ -49,6 +49,19 @@ def test_unsupported_vllm_version_blocks(models):
                for m in _blocking(plan, "vllm"))
 
 
+@pytest.mark.parametrize("vllm", ["0.26.0", "0.27.1"])
+def test_transformers_with_per_layer_head_dim_blocks_vllm_before_0_28(models, vllm):
+    # vLLM #53836 (DGX Spark, 0.27.1): transformers 5.15+ raises on the whole-model head_dim.
+    plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=vllm, transformers="5.15.0"))
+    (message,) = [m for m in _blocking(plan, "vllm") if "AmbiguousGlobalPerLayerAttributeError" in m]
+    assert "#53836" in message and f"vLLM {vllm}" in message
+    older = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=vllm, transformers="5.14.1"))
+    assert not [m for m in _blocking(older, "vllm") if "AmbiguousGlobalPerLayerAttributeError" in m]
+    for fixed in ("0.29.0", "0.30.0", "0.31.0"):
+        later = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=fixed, transformers="5.17.0"))
+        assert not [m for m in _blocking(later, "vllm") if "AmbiguousGlobalPerLayerAttributeError" in m]
+
+
 def test_transformers_too_new_for_0_21(models):
     plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.21.0", transformers="5.17.0"))
     assert any("global_head_dim" in m for m in _blocking(plan, "vllm"))
