@@ -167,12 +167,54 @@ def test_patched_uniform_head_dims_get_no_backend_either_way(released, patched):
 
 def test_patched_large_head_layers_get_triton_only_without_a_backend(patched):
     layers = patched["layers"]
-    assert layers["attention_call_attn_backend"] == "_large_head_attn_backend(self.head_dim)"
     rows = {(backend, head): chosen for backend, head, chosen in layers["rows"]}
     assert rows[(None, 512)] == "TRITON_ATTN"  # full layers, lock lifted
     assert rows[(None, 256)] is None  # sliding layers select their own backend
     for backend in ("TRITON_ATTN", "FLASH_ATTN"):  # a set backend applies to every layer
         assert rows[(backend, 512)] is None and rows[(backend, 256)] is None
+
+
+# ------------------------------------------------------- through the real selector (0.21.0)
+
+SELECTOR_PROBE = Path(__file__).with_name("attention_selector_probe.py")
+SELECTOR_EXTRA = PROBE_EXTRA + ["vllm/platforms/cuda.py", "vllm/platforms/interface.py",
+                                "vllm/v1/attention/selector.py", "vllm/v1/attention/backend.py",
+                                "vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backends/triton_attn.py",
+                                "vllm/v1/attention/backends/flex_attention.py"]
+
+
+@pytest.fixture(scope="module")
+def selected_released() -> dict:
+    return run_probe(SELECTOR_PROBE, pristine(VERSION, "site-packages"))
+
+
+@pytest.fixture(scope="module")
+def selected_patched(tmp_path_factory) -> dict:
+    if on_stock():
+        return run_probe(SELECTOR_PROBE, pristine(VERSION, "site-packages"))
+    tree = single_patch_tree(VERSION, _patch(), tmp_path_factory.mktemp("selector"), extra=SELECTOR_EXTRA)
+    return run_probe(SELECTOR_PROBE, tree)
+
+
+def test_released_selector_refuses_flash_attn_for_the_mm_prefix_with_the_seed_error(selected_released):
+    # The probe runs the real selector: it gives the seed report's message (#43858).
+    assert "partial multimodal token full attention not supported" in selected_released["selector"]["FLASH_ATTN/256/mm"]
+    assert selected_released["selector"]["None/256/text"] == "FLASH_ATTN"
+    assert selected_released["selector"]["None/512/text"] == "TRITON_ATTN"
+
+
+def test_released_text_only_gemma4_runs_every_layer_on_triton(selected_released):
+    seen = selected_released["gemma4_text_only"]
+    assert (seen["configured_backend"], seen["sliding"], seen["full"]) == ("TRITON_ATTN", "TRITON_ATTN", "TRITON_ATTN")
+
+
+def test_patched_text_only_gemma4_sliding_layers_select_flash_attn_full_layers_triton(selected_patched):
+    """From Gemma4Config through Gemma4Attention's attn_backend and the real selector
+    (RTX 5090: FlashAttention 2, no FA4)."""
+    seen = selected_patched["gemma4_text_only"]
+    assert seen["configured_backend"] is None and seen["is_mm_prefix_lm"] is False
+    assert seen["sliding"] == "FLASH_ATTN"
+    assert seen["full"] == "TRITON_ATTN"
 
 
 # ------------------------------------------------------------------ 0.33.0
