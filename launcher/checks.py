@@ -67,11 +67,31 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
             Reason("vllm", f"installed vLLM is {ctx.installed_vllm}, the plan is for {version}",
                    hint="drop --vllm-version or install that version")
         )
-    tf = ctx.installed_transformers
-    if version.release[:2] == (0, 21) and tf and parse_version(tf) >= parse_version("5.15"):
+    _transformers(plan, version, ctx.installed_transformers)
+
+
+# transformers 5.15 keeps Gemma 4's head_dim per layer (per_layer_config) and
+# raises AmbiguousGlobalPerLayerAttributeError when it is read on the whole
+# config; vLLM reads it per layer from 0.28.0 (PR #49797; issue #53836: a DGX
+# Spark on 0.27.1 does not start).
+PER_LAYER_HEAD_DIM_TRANSFORMERS = "5.15"
+PER_LAYER_HEAD_DIM_VLLM = "0.28.0"
+
+
+def _transformers(plan: Plan, version, tf: str | None) -> None:
+    if not tf or parse_version(tf) < parse_version(PER_LAYER_HEAD_DIM_TRANSFORMERS):
+        return
+    if version.release[:2] == (0, 21):
         plan.reasons.append(
             Reason("vllm", f"transformers {tf} drops Gemma 4's global_head_dim, which vLLM 0.21.x reads",
                    hint="pip install 'transformers==5.13.1' 'tokenizers==0.22.2'")
+        )
+    elif version < parse_version(PER_LAYER_HEAD_DIM_VLLM):
+        plan.reasons.append(
+            Reason("vllm", f"transformers {tf} keeps Gemma 4's head_dim per layer, and vLLM {version} reads it for "
+                           "the whole model: it stops at start-up with AmbiguousGlobalPerLayerAttributeError "
+                           f"(vLLM #53836; read per layer from {PER_LAYER_HEAD_DIM_VLLM}, PR #49797)",
+                   hint="pip install 'transformers==5.14.1', or use vLLM 0.29.0 or later")
         )
 
 

@@ -334,24 +334,43 @@ def _num(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+# First release whose TRITON_ATTN runs non-causal attention
+# (TritonAttentionBackend.supports_non_causal); 0.21.0 has only the base's False.
+TRITON_NON_CAUSAL_FROM = "0.26.0"
+
+
 def _drafter_kernel_risk(plan: Plan, rec) -> None:
     """The Spark's FA2 is the kernel of an open device-side assert (vLLM #50707).
 
-    On sm_12x FLASH_ATTN means FA2; non-causal DFlash draft attention on FA2
-    served lossless on the GPU proof (FA2 on Hopper, tests/gpu/results/
-    realshape.md), but #50707 reports `_vllm_fa2_C.varlen_fwd` asserting on a
-    GB10 (sm_121) and no sm_121 card was at hand to check. The recipe keeps
-    FLASH_ATTN (the only drafter backend the series serves lossless there);
-    the plan says what to watch for and what to try.
+    #50707 reports `_vllm_fa2_C.varlen_fwd` asserting at start-up on a GB10
+    (sm_121) for the non-causal DFlash draft attention, on a V1-runner setup;
+    a comment there suggests the V2 runner. On sm_12x FLASH_ATTN means FA2,
+    and FA2 ran this attention lossless in the GPU proof (FA2 forced on
+    Hopper, tests/gpu/results/realshape.md), but no sm_121 card was at hand.
+    So the Spark profile keeps the recipe's FLASH_ATTN: from 0.26.0 the Gemma
+    4 recipes' drafter runs the V2 runner anyway (forced for a mixed
+    sliding/full drafter, the default from 0.29.0), while 0.21.0 has DFlash
+    on V1 only, the reported setup. The warning names the fallback that keeps
+    FA2 out of the drafter on that release: TRITON_ATTN (the target's own
+    backend) where it runs non-causal attention, else FLEX_ATTENTION, whose
+    KV layout the 0.21.0 series reconciles with the target's.
     """
     if plan.profile != "dgx-spark" or rec.drafter is None:
         return
     if (rec.drafter.attention_backend or "flash_attn") != "flash_attn":
         return
+    version = vllm_compat.parse_version(plan.vllm_version)
+    if version >= vllm_compat.parse_version(TRITON_NON_CAUSAL_FROM):
+        runner = f"vLLM {plan.vllm_version} runs this drafter on the V2 runner, the workaround suggested there"
+        fallback = "triton_attn"
+    else:
+        runner = f"vLLM {plan.vllm_version} runs DFlash on the V1 runner only, the setup of that report"
+        fallback = "flex_attention"
     plan.warnings.append(
         "DGX Spark: the drafter runs FLASH_ATTN, i.e. FlashAttention 2 on sm_121, where vLLM #50707 reports a "
-        "device-side assert in _vllm_fa2_C.varlen_fwd at start-up; if you see it, serve without the drafter "
-        "(--set drafter=) and report it (tests/gpu/README.md, 'sm_12x kernels')"
+        f"device-side assert in _vllm_fa2_C.varlen_fwd at start-up ({runner}); if you see it, run the drafter "
+        f"without FA2: --set drafter.attention_backend={fallback} (or serve without the drafter: --set drafter=), "
+        "and report it (tests/gpu/README.md, 'sm_12x kernels')"
     )
 
 

@@ -35,6 +35,7 @@ from launcher.vllm_compat import nearest_release, parse_version
 NGC_VLLM: dict[str, str] = {
     "26.08-py3": "0.27.1",
     "26.09-py3": "0.29.0",
+    "26.10-py3": "0.31.0",
 }
 _NGC_TAG = re.compile(r"^(\d{2})\.(\d{2})-py3$")
 

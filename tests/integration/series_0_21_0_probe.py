@@ -421,7 +421,8 @@ def _block_owner(torch, view, block_dim: int, blocks: int):
     return owner
 
 
-def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: int = 3) -> dict:
+def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: int = 3,
+             draft_layers: int = 5, target_sliding_backend: str = "TRITON_ATTN") -> dict:
     """Allocate and reshape the KV caches of a 26B-A4B-shaped target (TRITON_ATTN) and a
     5-layer drafter (``draft_backend``) with the tree's real runner code on real CPU
     tensors, then check whether block ids of different groups reach the same bytes of
@@ -429,12 +430,22 @@ def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: in
 
     ``share=False`` gives every layer a tensor of its own (what
     --disable-hybrid-kv-cache-manager amounts to for the bytes).
+    ``target_sliding_backend`` is the backend of the target's sliding layers
+    (FLASH_ATTN under gemma4-text-only-per-layer-attention-backend; the full
+    layers stay on TRITON_ATTN); ``draft_layers=0`` leaves the drafter out.
     """
     torch = _real_torch()
     kvi, ns = kv_cache_namespace(code_root)
     attn = backends(code_root)
-    specs = gemma4_specs(kvi, "gemma-4-26B-A4B", 5, dtype=torch.bfloat16)
+    specs = gemma4_specs(kvi, "gemma-4-26B-A4B", draft_layers, dtype=torch.bfloat16)
     draft_names = {n for n in specs if n.startswith("model.")}
+
+    def backend_of(group) -> type:
+        if draft_names & set(group.layer_names):
+            return attn[draft_backend]
+        sliding = isinstance(group.kv_cache_spec, kvi.SlidingWindowSpec)
+        return attn[target_sliding_backend if sliding else "TRITON_ATTN"]
+
     groups = ns["get_kv_cache_groups"](_vllm_config(), dict(specs))
     page = max(g.kv_cache_spec.page_size_bytes for g in groups)
     config = ns["get_kv_cache_config_from_groups"](_vllm_config(), groups, blocks * page * len(groups[0].layer_names))
@@ -449,8 +460,8 @@ def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: in
     runner.device = "cpu"
     runner.attn_groups = [
         [types.SimpleNamespace(
-            backend=attn[draft_backend if draft_names & set(g.layer_names) else "TRITON_ATTN"],
-            layer_names=list(g.layer_names), kv_cache_spec=g.kv_cache_spec, kv_cache_group_id=gid,
+            backend=backend_of(g), layer_names=list(g.layer_names), kv_cache_spec=g.kv_cache_spec,
+            kv_cache_group_id=gid,
         )]
         for gid, g in enumerate(config.kv_cache_groups)
     ]
@@ -476,7 +487,8 @@ def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: in
             if bool(clash.any()):
                 first = int(clash.nonzero()[0])
                 aliased.append([a, int(owners[a][first]), b, int(owners[b][first])])
-    draft_layer = sorted(draft_names)[0]
+    # The first layer of the drafter, or with none the first sliding layer of the target.
+    draft_layer = sorted(draft_names)[0] if draft_names else "language_model.model.layers.0.self_attn.attn"
     target_layer = sorted(set(specs) - draft_names)[0]
     return {
         "groups": len(config.kv_cache_groups),
@@ -720,6 +732,9 @@ def _kv_bytes_cases(code: Path) -> dict:
         "flex_drafter_shared": kv_bytes(code, "FLEX_ATTENTION"),
         "triton_drafter_shared": kv_bytes(code, "TRITON_ATTN"),
         "flash_drafter_own_tensors": kv_bytes(code, "FLASH_ATTN", share=False),
+        # gemma4-text-only-per-layer-attention-backend's own mix, no drafter: sliding
+        # layers FLASH_ATTN, full layers TRITON_ATTN, on the tensors they share.
+        "per_layer_target_shared": kv_bytes(code, "FLASH_ATTN", draft_layers=0, target_sliding_backend="FLASH_ATTN"),
     }
 
 

@@ -49,7 +49,7 @@ def test_a_release_with_its_own_series_is_ok():
 def test_a_release_without_a_series_is_checked_against_the_nearest(tmp_path):
     # 0.26.0 with only the 0.21.0 series to compare: what 0.21.0 fixed that
     # 0.23.0 took upstream must show as upstream, the rest as applies or conflicts.
-    root = _patches_without(tmp_path, "0.26.0", "0.27.1", "0.29.0", "0.33.0")
+    root = _patches_without(tmp_path, "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.33.0")
     check = drift.check_release("0.26.0", ["NGC test"], patches_root=root)
     assert (check.series, check.own_series, check.verdict) == ("0.21.0", False, "no series")
     results = _by_patch(check)
@@ -62,7 +62,7 @@ def test_a_release_without_a_series_is_checked_against_the_nearest(tmp_path):
 
 
 def test_nearest_series_of_a_newer_release_reports_the_port_needed(tmp_path):
-    root = _patches_without(tmp_path, "0.29.0")
+    root = _patches_without(tmp_path, "0.29.0", "0.30.0", "0.31.0")
     check = drift.check_release("0.29.0", ["PyPI newest"], patches_root=root)
     assert check.series == "0.27.1"  # two minor releases away; 0.33.0 is four
     assert _by_patch(check)["gemma4-dflash-embed-scale-logit-softcap"] == {"conflicts"}
@@ -80,8 +80,9 @@ def test_ngc_tag_lists_in_every_form(text):
 
 
 def test_ngc_tags_map_to_releases_and_new_tags_are_flagged():
-    tags = drift.map_ngc_tags(["25.09-py3", "26.08-py3", "26.09-py3", "26.10-py3"])
-    assert [(t.tag, t.vllm) for t in tags] == [("26.08-py3", "0.27.1"), ("26.09-py3", "0.29.0"), ("26.10-py3", None)]
+    tags = drift.map_ngc_tags(["25.09-py3", "26.08-py3", "26.09-py3", "26.10-py3", "26.11-py3"])
+    assert [(t.tag, t.vllm) for t in tags] == [("26.08-py3", "0.27.1"), ("26.09-py3", "0.29.0"),
+                                               ("26.10-py3", "0.31.0"), ("26.11-py3", None)]
     assert "NGC_VLLM" in tags[-1].note
 
 
@@ -96,7 +97,7 @@ def test_watch_checks_each_release_once_and_flags_what_needs_attention(tmp_path)
     assert [(r.version, r.sources) for r in report.releases] == [
         ("0.27.1", ["NGC 26.08-py3"]), ("0.29.0", ["NGC 26.09-py3", "asked for"]), ("0.33.0", ["PyPI newest"])]
     assert not report.needs_attention
-    flagged = drift.watch([], newest="0.33.0", ngc_tags=["26.09-py3", "26.10-py3"])
+    flagged = drift.watch([], newest="0.33.0", ngc_tags=["26.09-py3", "26.11-py3"])
     assert flagged.needs_attention
     missing = drift.watch([], newest="0.29.0", patches_root=_patches_without(tmp_path, "0.29.0"))
     assert missing.needs_attention and missing.releases[0].verdict == "no series"
@@ -110,10 +111,10 @@ def test_cli_drift_json_and_exit_code(tmp_path):
     data = json.loads(result.output)
     assert [r["version"] for r in data["releases"]] == ["0.27.1", "0.29.0"]
     assert {r["verdict"] for r in data["releases"]} == {"ok"}
-    tags.write_text("26.10-py3\n")
+    tags.write_text("26.11-py3\n")
     text = CliRunner().invoke(app, ["patch", "drift", "--no-newest", "--release", "0.27.1", "--ngc-tags", str(tags)])
     assert text.exit_code == 1
-    assert "26.10-py3: vLLM version unknown" in text.output and "needs attention" in text.output
+    assert "26.11-py3: vLLM version unknown" in text.output and "needs attention" in text.output
 
 
 def test_cli_drift_refuses_a_missing_tag_file(tmp_path):
@@ -135,7 +136,7 @@ def test_newest_release_on_pypi_is_a_final_release_at_least_0_33_0():
 
 @pytest.mark.parametrize("layout", ["site-packages", "source"])
 def test_patch_apply_on_an_unsupported_release_names_the_nearest_and_changes_nothing(layout, tmp_path):
-    root = _patches_without(tmp_path, "0.29.0")
+    root = _patches_without(tmp_path, "0.29.0", "0.30.0", "0.31.0")
     tree = mini_tree("0.29.0", layout, tmp_path / "tree", ["vllm/v1/spec_decode/dflash.py"])
     before = snapshot(tree)
     with pytest.raises(LauncherError) as err:

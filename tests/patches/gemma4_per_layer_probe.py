@@ -17,7 +17,13 @@ of ``tests/integration/series_0_21_0_probe.py``):
   on a stand-in holding the parsed limits (objects with ``count``, as vLLM
   parses ``--limit-mm-per-prompt``);
 * ``_large_head_attn_backend`` and the ``Attention(...)`` call of
-  ``Gemma4Attention.__init__`` (``vllm/model_executor/models/gemma4.py``).
+  ``Gemma4Attention.__init__`` (``vllm/model_executor/models/gemma4.py``);
+* for each scenario, the released decision the patch must match:
+  ``MultiModalRegistry.supports_multimodal_inputs``
+  (``vllm/multimodal/registry.py``) over the real
+  ``Gemma4ProcessingInfo.get_supported_mm_limits``
+  (``vllm/model_executor/models/gemma4_mm.py``); the processing info is
+  built from that method alone (its constructor needs the HF processor).
 
 Stand-ins: the backend registry enum (members named as vLLM's, ``get_class``
 returns a class named after the backend), ``current_platform`` (CUDA or not,
@@ -50,6 +56,8 @@ from tests.integration.series_0_21_0_probe import (  # noqa: E402
 )
 
 CONFIG_PY = "vllm/model_executor/models/config.py"
+REGISTRY_PY = "vllm/multimodal/registry.py"
+GEMMA4_MM_PY = "vllm/model_executor/models/gemma4_mm.py"
 GEMMA4_PY = "vllm/model_executor/models/gemma4.py"
 MULTIMODAL_PY = "vllm/config/multimodal.py"
 
@@ -122,6 +130,8 @@ SCENARIOS = {
     "audio_tower_audio_open": ({"limits": {"image": 0, "video": 0}}, True, 256, 512, None),
     "audio_tower_all_zero": ({"limits": {"image": 0, "video": 0, "audio": 0}}, True, 256, 512, None),
     "all_zero_with_mm_embeds": ({"limits": {"image": 0, "video": 0}, "embeds": True}, False, 256, 512, None),
+    "language_model_only_with_mm_embeds": ({"limits": {}, "language_model_only": True, "embeds": True},
+                                           False, 256, 512, None),
     "text_only_user_backend": ({"limits": {}, "language_model_only": True}, False, 256, 512, "FLASH_ATTN"),
     "multimodal_user_backend": ({"limits": {}}, False, 256, 512, "FLASH_ATTN"),
     "uniform_head_dim_text_only": ({"limits": {}, "language_model_only": True}, False, 256, 256, None),
@@ -141,10 +151,47 @@ def rederived_mm_prefix(code_root: Path, hf_text_config) -> bool:
     return bool(ns["is_mm_prefix_lm"](types.SimpleNamespace(hf_text_config=hf_text_config)))
 
 
+class _OnceLogger(logging.Logger):
+    def info_once(self, *args, **kwargs) -> None:
+        pass
+
+    warning_once = info_once
+
+
+def registry_decision(code_root: Path):
+    """``supports(model_config)``: the released MultiModalRegistry.supports_multimodal_inputs
+    for a Gemma 4 model_config, with Gemma4ProcessingInfo's own supported modalities."""
+    registry = _class(_module(code_root / REGISTRY_PY), "MultiModalRegistry")
+    info = _class(_module(code_root / GEMMA4_MM_PY), "Gemma4ProcessingInfo")
+    ns: dict = {"logger": _OnceLogger("registry")}
+    _exec(_class_source("MultiModalRegistry", "", [_method(registry, "supports_multimodal_inputs")]), ns)
+    _exec(_class_source("Gemma4ProcessingInfo", "", [_method(info, "get_supported_mm_limits")]), ns)
+
+    def create_processing_info(model_config, tokenizer=None):
+        processing = object.__new__(ns["Gemma4ProcessingInfo"])
+        processing.get_hf_config = lambda: model_config.hf_config
+        # BaseProcessingInfo.supported_mm_limits is get_supported_mm_limits() (cached).
+        processing.supported_mm_limits = processing.get_supported_mm_limits()
+        return processing
+
+    registry_obj = object.__new__(ns["MultiModalRegistry"])
+    registry_obj._create_processing_info = create_processing_info
+
+    def supports(model_config) -> bool:
+        view = types.SimpleNamespace(
+            is_multimodal_model=model_config.multimodal_config is not None,
+            get_multimodal_config=lambda: model_config.multimodal_config,
+            hf_config=model_config.hf_config, model=model_config.model)
+        return registry_obj.supports_multimodal_inputs(view)
+
+    return supports
+
+
 def verify_scenarios(code_root: Path) -> dict:
     model_config_cls, arch_cls, _ = model_config_classes(code_root)
     mm_cls = multimodal_config_class(code_root)
     gemma4 = gemma4_config_class(code_root)
+    registry_supports = registry_decision(code_root)
     out = {}
     for name, (mm, audio, head_dim, global_head_dim, backend, *cuda) in SCENARIOS.items():
         PLATFORM["cuda"] = cuda[0] if cuda else True
@@ -157,8 +204,10 @@ def verify_scenarios(code_root: Path) -> dict:
         attention = types.SimpleNamespace(
             backend=None if backend is None else AttentionBackendEnum[backend])
         vllm_config = types.SimpleNamespace(model_config=target, attention_config=attention)
+        registry_multimodal = registry_supports(target)  # before verify changes anything
         gemma4.verify_and_update_config(vllm_config)
         out[name] = {
+            "registry_supports_mm_inputs": registry_multimodal,
             "backend": None if attention.backend is None else attention.backend.name,
             "is_mm_prefix_lm": target.is_mm_prefix_lm,
             "rederived_is_mm_prefix_lm": rederived_mm_prefix(code_root, target.hf_text_config),

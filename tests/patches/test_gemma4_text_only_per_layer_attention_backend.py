@@ -28,7 +28,13 @@ import pytest
 
 from launcher.patching.series import load_series
 from launcher.paths import patches_dir
-from tests.integration.patch_trees import check_applies_alone, pristine, run_probe, series_applied_tree
+from tests.integration.patch_trees import (
+    check_applies_alone,
+    pristine,
+    run_probe,
+    series_applied_tree,
+    single_patch_tree,
+)
 from tests.patches.conftest import on_stock
 
 VERSION = "0.21.0"
@@ -36,9 +42,11 @@ PATCH_ID = "gemma4-text-only-per-layer-attention-backend"
 PROBE = Path(__file__).with_name("gemma4_per_layer_probe.py")
 PROBE_EXTRA = ["vllm/utils/math_utils.py", "vllm/config/model.py", "vllm/config/model_arch.py",
                "vllm/transformers_utils/model_arch_config_convertor.py",
-               "vllm/config/multimodal.py"]
+               "vllm/config/multimodal.py", "vllm/multimodal/registry.py",
+               "vllm/model_executor/models/gemma4_mm.py"]
 TEXT_ONLY = ("all_limits_zero", "language_model_only", "no_multimodal_config", "audio_tower_all_zero")
-MULTIMODAL = ("multimodal", "image_only_off", "audio_tower_audio_open", "all_zero_with_mm_embeds")
+MULTIMODAL = ("multimodal", "image_only_off", "audio_tower_audio_open", "all_zero_with_mm_embeds",
+              "language_model_only_with_mm_embeds")
 NOT_CUDA = "language_model_only_not_cuda"
 
 pytestmark = pytest.mark.network  # first run downloads the release from PyPI
@@ -57,7 +65,9 @@ def released() -> dict:
 def patched(tmp_path_factory) -> dict:
     if on_stock():  # test_patch_tests.py: the same tests must fail on the released tree
         return _probe(pristine(VERSION, "site-packages"))
-    return _probe(series_applied_tree(VERSION, tmp_path_factory.mktemp("patched"), PROBE_EXTRA))
+    # This patch alone on the released files (conftest.py's rule), not the whole series.
+    tree = single_patch_tree(VERSION, _patch(), tmp_path_factory.mktemp("patched"), extra=PROBE_EXTRA)
+    return _probe(tree)
 
 
 def _patch(version: str = VERSION):
@@ -113,6 +123,31 @@ def test_patched_multimodal_serving_is_as_released(released, patched, scenario):
     assert patched["verify"][scenario] == released["verify"][scenario]
 
 
+def test_released_registry_takes_mm_embeds_over_language_model_only(released):
+    """The rule the patch must follow, from the released registry itself: with
+    --enable-mm-embeds image embeddings are accepted even under --language-model-only."""
+    assert released["verify"]["language_model_only_with_mm_embeds"]["registry_supports_mm_inputs"] is True
+    assert released["verify"]["language_model_only"]["registry_supports_mm_inputs"] is False
+
+
+def _follows_the_registry(seen: dict) -> None:
+    assert seen["is_mm_prefix_lm"] is seen["registry_supports_mm_inputs"]
+    assert (seen["backend"] is None) is (not seen["registry_supports_mm_inputs"])
+
+
+@pytest.mark.parametrize("scenario", TEXT_ONLY)
+def test_patched_mm_prefix_is_off_where_the_registry_refuses_multimodal_inputs(patched, scenario):
+    _follows_the_registry(patched["verify"][scenario])
+
+
+@pytest.mark.parametrize("scenario", MULTIMODAL)
+def test_patched_lock_and_mm_prefix_kept_where_the_registry_accepts_multimodal_inputs_as_released(
+        patched, scenario):
+    # A cleared mm-prefix while the registry still accepts (embedded) images would give
+    # image tokens causal attention, silently: --language-model-only --enable-mm-embeds.
+    _follows_the_registry(patched["verify"][scenario])
+
+
 def test_patched_other_platforms_keep_the_lock_without_mm_prefix(patched):
     assert patched["verify"][NOT_CUDA]["backend"] == "TRITON_ATTN"
     assert patched["verify"][NOT_CUDA]["is_mm_prefix_lm"] is False
@@ -132,12 +167,54 @@ def test_patched_uniform_head_dims_get_no_backend_either_way(released, patched):
 
 def test_patched_large_head_layers_get_triton_only_without_a_backend(patched):
     layers = patched["layers"]
-    assert layers["attention_call_attn_backend"] == "_large_head_attn_backend(self.head_dim)"
     rows = {(backend, head): chosen for backend, head, chosen in layers["rows"]}
     assert rows[(None, 512)] == "TRITON_ATTN"  # full layers, lock lifted
     assert rows[(None, 256)] is None  # sliding layers select their own backend
     for backend in ("TRITON_ATTN", "FLASH_ATTN"):  # a set backend applies to every layer
         assert rows[(backend, 512)] is None and rows[(backend, 256)] is None
+
+
+# ------------------------------------------------------- through the real selector (0.21.0)
+
+SELECTOR_PROBE = Path(__file__).with_name("attention_selector_probe.py")
+SELECTOR_EXTRA = PROBE_EXTRA + ["vllm/platforms/cuda.py", "vllm/platforms/interface.py",
+                                "vllm/v1/attention/selector.py", "vllm/v1/attention/backend.py",
+                                "vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backends/triton_attn.py",
+                                "vllm/v1/attention/backends/flex_attention.py"]
+
+
+@pytest.fixture(scope="module")
+def selected_released() -> dict:
+    return run_probe(SELECTOR_PROBE, pristine(VERSION, "site-packages"))
+
+
+@pytest.fixture(scope="module")
+def selected_patched(tmp_path_factory) -> dict:
+    if on_stock():
+        return run_probe(SELECTOR_PROBE, pristine(VERSION, "site-packages"))
+    tree = single_patch_tree(VERSION, _patch(), tmp_path_factory.mktemp("selector"), extra=SELECTOR_EXTRA)
+    return run_probe(SELECTOR_PROBE, tree)
+
+
+def test_released_selector_refuses_flash_attn_for_the_mm_prefix_with_the_seed_error(selected_released):
+    # The probe runs the real selector: it gives the seed report's message (#43858).
+    assert "partial multimodal token full attention not supported" in selected_released["selector"]["FLASH_ATTN/256/mm"]
+    assert selected_released["selector"]["None/256/text"] == "FLASH_ATTN"
+    assert selected_released["selector"]["None/512/text"] == "TRITON_ATTN"
+
+
+def test_released_text_only_gemma4_runs_every_layer_on_triton(selected_released):
+    seen = selected_released["gemma4_text_only"]
+    assert (seen["configured_backend"], seen["sliding"], seen["full"]) == ("TRITON_ATTN", "TRITON_ATTN", "TRITON_ATTN")
+
+
+def test_patched_text_only_gemma4_sliding_layers_select_flash_attn_full_layers_triton(selected_patched):
+    """From Gemma4Config through Gemma4Attention's attn_backend and the real selector
+    (RTX 5090: FlashAttention 2, no FA4)."""
+    seen = selected_patched["gemma4_text_only"]
+    assert seen["configured_backend"] is None and seen["is_mm_prefix_lm"] is False
+    assert seen["sliding"] == "FLASH_ATTN"
+    assert seen["full"] == "TRITON_ATTN"
 
 
 # ------------------------------------------------------------------ 0.33.0

@@ -67,3 +67,21 @@ def test_layout_updater_skips_layers_without_kv_cache(seen):
     assert guards["detector"] is False
     k_v_stride, block_stride = guards["decoder_restrided"][:2]
     assert block_stride == 2 * k_v_stride
+
+
+def test_per_layer_target_sliding_blocks_never_reach_bytes_of_full_layer_blocks(seen):
+    """gemma4-text-only-per-layer-attention-backend's own mix, without a drafter:
+    the 256-dim sliding layers on FLASH_ATTN share each raw tensor with a 512-dim
+    full layer on TRITON_ATTN (one layer of every group per tensor)."""
+    kv = seen["kv_bytes"]["per_layer_target_shared"]
+    assert kv["groups"] == 6 and kv["shared_tensors"] == 5
+    assert kv["draft_block_dim"] == 1  # "draft" here: the first sliding layer, FLASH_ATTN
+    assert kv["aliased_pairs"] == 0, kv["example"]
+    k_v_stride, block_stride = kv["draft_stride"][:2]
+    assert block_stride == 2 * k_v_stride
+
+
+def test_released_per_layer_target_mix_aliases_blocks_across_groups(stock):
+    # The released runner lays the FLASH_ATTN sliding layers out (2, num_blocks, ...)
+    # over bytes the TRITON_ATTN full layers read as (num_blocks, 2, ...).
+    assert stock["kv_bytes"]["per_layer_target_shared"]["aliased_pairs"] > 0

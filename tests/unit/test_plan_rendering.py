@@ -144,14 +144,17 @@ FLAG_ENV = {
 }
 
 
-@pytest.mark.parametrize(("version", "fp8_marlin"), [("0.26.0", True), ("0.27.1", True), ("0.29.0", False)])
+@pytest.mark.parametrize(("version", "fp8_marlin"), [("0.26.0", True), ("0.27.1", True), ("0.29.0", False),
+                                                     ("0.30.0", False), ("0.31.0", False)])
 def test_user_setup_on_the_ngc_and_windows_bases(models, version, fp8_marlin):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version=version, runtime="docker"), make_ctx(RTX5090))
     assert plan.env == {**FLAG_ENV, **({"VLLM_TEST_FORCE_FP8_MARLIN": "0"} if fp8_marlin else {})}
     assert plan.argv == _common_args(models) + [
         "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models) + BF16_KV
+    # 0.26.0 also takes the query-buffer fix that 0.27.1 has upstream.
+    extra = ["dflash-query-buffers-cover-cudagraph-padding"] if version == "0.26.0" else []
     assert [p.id for p in plan.patches] == ["dflash-drafter-own-mm-prefix-config",
-                                            "gemma4-dflash-embed-scale-logit-softcap"]
+                                            "gemma4-dflash-embed-scale-logit-softcap", *extra]
     assert not [r for r in plan.reasons if r.area in ("vllm", "patches") and r.blocking]  # a listed release
 
 
@@ -177,11 +180,19 @@ def test_decode_batch_beyond_the_captured_cuda_graphs_is_named(models):
     assert not any("CUDA graphs" in w for w in plan.warnings)
 
 
-def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(models):
+@pytest.mark.parametrize(("version", "fallback"), [("0.21.0", "flex_attention"), ("0.26.0", "triton_attn"),
+                                                   ("0.33.0", "triton_attn")])
+def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(models, version, fallback):
     from tests.unit.conftest import GB10
 
-    spark = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(GB10))
+    spark = resolve(Request("gemma4-moe-dflash", vllm_version=version), make_ctx(GB10))
     (warning,) = [w for w in spark.warnings if "#50707" in w]
     assert "FlashAttention 2 on sm_121" in warning and "--set drafter=" in warning
-    rtx = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
+    # The fallback keeps FA2 out of the drafter: TRITON_ATTN runs non-causal attention from 0.26.0.
+    assert f"--set drafter.attention_backend={fallback}" in warning
+    followed = resolve(Request("gemma4-moe-dflash", vllm_version=version,
+                               sets=[f"drafter.attention_backend={fallback}"]), make_ctx(GB10))
+    assert f'"attention_backend":"{fallback}"' in " ".join(followed.argv)
+    assert not [w for w in followed.warnings if "#50707" in w]
+    rtx = resolve(Request("gemma4-moe-dflash", vllm_version=version), make_ctx(RTX5090))
     assert not [w for w in rtx.warnings if "#50707" in w]

@@ -45,8 +45,21 @@ def test_installed_vllm_sets_the_version(models):
 
 def test_unsupported_vllm_version_blocks(models):
     plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.19.1", transformers="5.13.1"))
-    assert any("supports vLLM 0.21.0, 0.26.0, 0.27.1, 0.29.0, 0.33.0, not 0.19.1; the nearest supported release is 0.21.0" in m
+    assert any("supports vLLM 0.21.0, 0.26.0, 0.27.1, 0.29.0, 0.30.0, 0.31.0, 0.33.0, not 0.19.1; the nearest supported release is 0.21.0" in m
                for m in _blocking(plan, "vllm"))
+
+
+@pytest.mark.parametrize("vllm", ["0.26.0", "0.27.1"])
+def test_transformers_with_per_layer_head_dim_blocks_vllm_before_0_28(models, vllm):
+    # vLLM #53836 (DGX Spark, 0.27.1): transformers 5.15+ raises on the whole-model head_dim.
+    plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=vllm, transformers="5.15.0"))
+    (message,) = [m for m in _blocking(plan, "vllm") if "AmbiguousGlobalPerLayerAttributeError" in m]
+    assert "#53836" in message and f"vLLM {vllm}" in message
+    older = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=vllm, transformers="5.14.1"))
+    assert not [m for m in _blocking(older, "vllm") if "AmbiguousGlobalPerLayerAttributeError" in m]
+    for fixed in ("0.29.0", "0.30.0", "0.31.0"):
+        later = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=fixed, transformers="5.17.0"))
+        assert not [m for m in _blocking(later, "vllm") if "AmbiguousGlobalPerLayerAttributeError" in m]
 
 
 def test_transformers_too_new_for_0_21(models):
@@ -91,7 +104,7 @@ def test_installed_release_between_supported_ones_names_the_nearest(models, inst
 
 
 def test_unsupported_version_asked_for_on_docker_points_at_the_flag(models):
-    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.31.0", runtime="docker"), make_ctx(RTX5090))
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.32.0", runtime="docker"), make_ctx(RTX5090))
     reason = next(r for r in plan.reasons if r.area == "vllm" and r.blocking)
-    assert "the nearest supported release is 0.33.0" in reason.message  # 0.29.0 and 0.33.0 tie: the newer
+    assert "the nearest supported release is 0.33.0" in reason.message  # 0.31.0 and 0.33.0 tie: the newer
     assert reason.hint == "use --vllm-version 0.33.0"

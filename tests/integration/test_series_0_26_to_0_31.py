@@ -1,8 +1,10 @@
-"""The 0.26.0, 0.27.1 and 0.29.0 series, patch by patch, on each released wheel and sdist.
+"""The 0.26.0, 0.27.1, 0.29.0, 0.30.0 and 0.31.0 series, patch by patch, on each released wheel and sdist.
 
-The three releases users run from other bases (SystemPanic's Windows wheels
-at 0.26.0, NGC 26.08 = 0.27.1, NGC 26.09 = 0.29.0) carry the same three
-fixes as the 0.33.0 series, ported to each release's text. As for 0.33.0:
+The releases users run from other bases (SystemPanic's Windows wheels at
+0.26.0 and 0.29.0, NGC 26.08 = 0.27.1, NGC 26.09 = 0.29.0, the vllm-gb10
+Spark image at 0.30.0, NGC 26.10 = 0.31.0) carry the 0.33.0 series' DFlash
+fixes (not its Gemma 4 MTP patch), ported to each release's text; 0.26.0
+also the 0.21.0 series' DFlash query-buffer fix, upstream from 0.27.1. As for 0.33.0:
 each patch goes through the project's engine on its own onto copies of both
 released trees and must compile; the whole series (apply, re-apply, revert,
 CRLF, local edits) is covered for every series by
@@ -36,7 +38,8 @@ from launcher.patching.series import load_series
 from launcher.paths import patches_dir
 from tests.integration.patch_trees import LAYOUTS, check_applies_alone, pristine, series_applied_tree
 
-VERSIONS = ["0.26.0", "0.27.1", "0.29.0"]
+VERSIONS = ["0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0"]
+V2_BY_DEFAULT = ["0.29.0", "0.30.0", "0.31.0"]
 SERIES = {v: load_series(patches_dir() / "vllm" / v) for v in VERSIONS}
 PATCHES = [(v, p) for v in VERSIONS for p in SERIES[v].patches]
 PROBE = Path(__file__).with_name("series_0_33_0_probe.py")
@@ -54,13 +57,16 @@ pytestmark = pytest.mark.network  # first run downloads the releases from PyPI
 # "explicit wins" version was dropped, not shipped), and the text-only
 # per-layer backend lift serves only the text recipe, which lists 0.21.0/0.33.0.
 NOT_PORTED = {"gemma4-mtp-explicit-attention-backend", "gemma4-text-only-per-layer-attention-backend"}
+# Not in the 0.33.0 series because 0.33.0 has the fix; this release lacks it.
+BACKPORTED_HERE = {"0.26.0": ["dflash-query-buffers-cover-cudagraph-padding"]}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_same_fix_ids_as_the_0_33_0_series_with_full_headers(version):
     series = SERIES[version]
     reference = load_series(patches_dir() / "vllm" / "0.33.0")
-    assert [p.id for p in series.patches] == [p.id for p in reference.patches if p.id not in NOT_PORTED]
+    assert [p.id for p in series.patches] == [
+        *(p.id for p in reference.patches if p.id not in NOT_PORTED), *BACKPORTED_HERE.get(version, [])]
     assert [p.id for p in series.build_patches] == ["cmake-keep-sm121"]
     assert sorted(p.name for p in series.patches) == sorted(p.name for p in series.path.glob("*.patch"))
     seen: dict[str, str] = {}
@@ -69,7 +75,10 @@ def test_same_fix_ids_as_the_0_33_0_series_with_full_headers(version):
             assert patch.headers.get(key), f"{patch.name} lacks {key}"
         assert patch.description
         for fp in patch.files:
-            assert fp.path not in seen, f"{fp.path}: {seen.get(fp.path)} and {patch.id}"
+            # A backport of a later release's fix may share a file, in other functions
+            # (each patch still applies alone, test below, and in order, test_patch_series_real).
+            if patch.id not in BACKPORTED_HERE.get(version, []):
+                assert fp.path not in seen, f"{fp.path}: {seen.get(fp.path)} and {patch.id}"
             seen[fp.path] = patch.id
 
 
@@ -277,7 +286,7 @@ def test_released_fixes_that_need_no_patch(version, fact):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_released_runner_choice_puts_the_recipes_on_v2(version):
     text = _function_text(_released(version, "vllm/config/vllm.py"), "use_v2_model_runner", "VllmConfig")
-    if version == "0.29.0":
+    if version in V2_BY_DEFAULT:
         assert "_is_default_v2_model_runner_model" not in text and text.rstrip().endswith("return True")
     else:
         # Gemma 4 26B-A4B is MoE and not a default-V2 architecture: V2 comes from the mixed drafter.
@@ -297,10 +306,11 @@ def test_released_attention_backends_share_one_kv_shape(version):
     assert shapes == {"return (num_blocks, num_kv_heads, block_size, 2 * head_size)"}
 
 
-def test_0_29_0_resolves_one_kv_layout_like_0_33_0():
-    assert "def resolve_kv_cache_layout(" in _released("0.29.0", "vllm/v1/attention/backends/utils.py")
+@pytest.mark.parametrize("version", V2_BY_DEFAULT)
+def test_released_resolves_one_kv_layout_like_0_33_0(version):
+    assert "def resolve_kv_cache_layout(" in _released(version, "vllm/v1/attention/backends/utils.py")
     for backend in ("triton_attn", "flash_attn", "flex_attention"):
-        assert "def get_kv_cache_shape" not in _released("0.29.0", f"vllm/v1/attention/backends/{backend}.py")
+        assert "def get_kv_cache_shape" not in _released(version, f"vllm/v1/attention/backends/{backend}.py")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
