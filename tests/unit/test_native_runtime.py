@@ -183,6 +183,9 @@ def test_health_timeout_exits_non_zero_although_vllm_stops_cleanly(envs, record,
     (["--port", "0"], "--port 0: a TCP port is 1 to 65535"),
     (["--port=-1"], "--port -1: a TCP port is 1 to 65535"),
     (["--host", "not a host"], "--host 'not a host' is neither an IP address nor a host name"),
+    # Issue 28.10: accepted as a host name before.
+    (["--host", "999.1.1.1"], "--host '999.1.1.1' is not an IPv4 address: four numbers 0 to 255"),
+    (["--host", "10.0.0"], "--host '10.0.0' is not an IPv4 address"),
     (["--timeout=-5"], "--timeout -5: seconds to wait must be more than 0"),
 ])
 def test_bad_address_and_timeout_are_refused(args, message, models):
