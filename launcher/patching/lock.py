@@ -39,17 +39,23 @@ WAIT_S = 600.0
 def lock_path(root: Path) -> Path:
     """The lock file for ``root``: in the launcher's cache, else (not writable there) in the temp folder."""
     key = hashlib.sha256(str(root.resolve()).encode("utf-8")).hexdigest()[:20]
-    for folder in (lambda: cache_dir() / "locks",
-                   lambda: Path(tempfile.gettempdir()) / f"vllm-sm12x-locks-{getattr(os, 'getuid', lambda: 0)()}"):
+    for where in ("cache", "temp"):
         try:
-            path = folder()
-            path.mkdir(parents=True, exist_ok=True)
+            folder = _lock_folder(where)
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue
-        if os.access(path, os.W_OK):
-            return path / f"patch-{key}.lock"
+        if os.access(folder, os.W_OK):
+            return folder / f"patch-{key}.lock"
     raise LauncherError(f"no writable folder for the patch lock of {root}",
                         hint="set VLLM_SM12X_CACHE to a folder you can write")
+
+
+def _lock_folder(where: str) -> Path:
+    if where == "cache":
+        return cache_dir() / "locks"  # cache_dir() itself may fail: HOME not ours (sudo -u, a container user)
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"vllm-sm12x-locks-{uid}"
 
 
 def _owner_path(root: Path) -> Path:
