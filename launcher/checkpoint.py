@@ -114,7 +114,21 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         header = json.loads(fh.read(length))
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
+    _check_data_size(path, header, 8 + length)
     return header
+
+
+def _check_data_size(path: Path, header: dict[str, Any], data_start: int) -> None:
+    """A file cut off in its data region (an interrupted copy) has an intact header:
+    its size must still reach the end of the last tensor the header places."""
+    ends = [meta.get("data_offsets", [0, 0])[1] for name, meta in header.items()
+            if name != "__metadata__" and isinstance(meta, dict)]
+    if not all(isinstance(e, int) for e in ends):
+        raise ValueError("header has tensors without integer data_offsets")
+    needed = data_start + max(ends, default=0)
+    size = path.stat().st_size
+    if size < needed:
+        raise ValueError(f"cut off: {size} bytes, but its header places tensor data up to byte {needed}")
 
 
 def read_tensor_index(directory: Path) -> dict[str, TensorMeta]:

@@ -57,6 +57,8 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
         return  # the image carries its own vLLM and transformers
     if not ctx.installed_vllm:
         where = f"in {ctx.vllm.python} ({ctx.vllm.source})" if ctx.vllm else "in this Python nor behind a `vllm` on PATH"
+        if ctx.vllm and ctx.vllm.problem:
+            where += f": {ctx.vllm.problem}"
         plan.reasons.append(
             Reason("vllm", f"no vLLM found {where}",
                    hint="install a vLLM wheel built for sm_12x (launcher build wheels), point --vllm-python at the"

@@ -205,7 +205,7 @@ def recipes_validate(files: list[Path]) -> None:
     failed = 0
     for path in files:
         try:
-            text = path.read_text(encoding="utf-8")
+            text = recipes.read_text(path)
             rec = recipes.parse_recipe(text, str(path))
             problems = recipes.patch_id_problems(rec, text, str(path), _series_ids)
         except OSError as exc:

@@ -13,9 +13,15 @@ def collect(recipe: str | None = None, model: Path | None = None, vllm_python: s
     """The whole report. ``model`` is the target for ``recipe``'s verdict too (not just inspected beside it)."""
     from launcher import vllm_env
 
+    from launcher.errors import LauncherError
+
     host = hardware.probe()
-    env = vllm_env.resolve(vllm_python)
+    try:
+        env, env_error = vllm_env.resolve(vllm_python), None
+    except LauncherError as exc:  # a broken --vllm-python is reported with everything else
+        env, env_error = None, exc.message + (f" ({exc.hint})" if exc.hint else "")
     report: dict = {
+        "asked": {"recipe": recipe, "model": None if model is None else str(model), "vllm_python": vllm_python},
         "os": {"system": host.system, "machine": host.machine, "wsl": host.wsl, "windows": host.system == "Windows",
                "python": platform.python_version()},
         "gpu": {
@@ -29,8 +35,9 @@ def collect(recipe: str | None = None, model: Path | None = None, vllm_python: s
         },
         "packages": versions.all_installed(),
         "torch_cuda": versions.torch_cuda(),
-        "vllm_env": None if env is None else {"python": env.python, "source": env.source,
-                                              "vllm": env.vllm_version, "transformers": env.transformers_version},
+        "vllm_env": {"error": env_error} if env_error else None if env is None else {
+            "python": env.python, "source": env.source, "vllm": env.vllm_version,
+            "transformers": env.transformers_version, "problem": env.problem},
         "patches": _patch_status(env),
         "docker": _docker_status(),
         "image": _image_manifest(),
@@ -47,10 +54,13 @@ def exit_code(report: dict) -> int:
     Asked about a checkpoint: it must load; a recipe: it must fit; neither:
     some recipe must fit. A half-written patch run counts everywhere.
     """
+    asked = report.get("asked", {})
     if report.get("checkpoint", {}).get("blocking"):
         return 1
-    if report["patches"].get("interrupted"):
+    if report["patches"].get("interrupted") or (report.get("vllm_env") or {}).get("error"):
         return 1
+    if asked.get("model") and not asked.get("recipe"):
+        return 0  # --model alone: the checkpoint decides (it loads), whatever the recipes say
     return 0 if any(v["fits"] for v in report["recipes"].values()) else 1
 
 
@@ -145,8 +155,12 @@ def format_report(report: dict) -> str:
     else:
         lines.append(f"gpu       none: {gpu['error']}")
     ve = report.get("vllm_env")
-    if ve:
+    if ve and ve.get("error"):
+        lines.append(f"vLLM env  unusable: {ve['error']}")
+    elif ve:
         lines.append(f"vLLM env  {ve['python']}  [{ve['source']}]  vllm {ve['vllm'] or '-'}  transformers {ve['transformers'] or '-'}")
+        if ve.get("problem"):
+            lines.append(f"          {ve['problem']}")
     pk = report["packages"]
     lines.append("packages  " + "  ".join(f"{k} {v or '-'}" for k, v in pk.items()))
     lines.append(f"torch CUDA {report['torch_cuda'] or '-'}")

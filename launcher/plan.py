@@ -134,6 +134,9 @@ def validate_address(host: str, port: int) -> None:
         return
     except ValueError:
         pass
+    if host.rstrip(".").rsplit(".", 1)[-1].isdigit():
+        # A name never ends in a number (RFC 3696): this was meant as an IPv4 address.
+        raise LauncherError(f"--host {host!r} is not an IPv4 address: four numbers 0 to 255, like 127.0.0.1")
     if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in host.rstrip(".").split(".")):
         raise LauncherError(f"--host {host!r} is neither an IP address nor a host name",
                             hint="e.g. 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or a name like myhost.lan")

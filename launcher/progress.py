@@ -1,4 +1,4 @@
-"""Progress for long work: downloads, build steps, health waits.
+"""Progress for long work: downloads, build steps, health waits, benchmark runs.
 
 Nothing the launcher does for minutes may be silent. On a terminal the
 output is a live rich line (size and rate for downloads, elapsed time and
@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
 
 # Seconds between plain lines when stderr is not a terminal.
 PLAIN_INTERVAL_S = 30.0
@@ -147,6 +148,55 @@ class Download:
             self._progress.stop()
         elif exc_type is None:
             self.console.print(f"  done: {self._line()}", markup=False)
+
+
+class Requests:
+    """Requests of one benchmark run: a live bar (done of total, elapsed), or plain lines.
+
+    ``total`` None: the requests are counted elsewhere (``vllm bench serve``),
+    so only the elapsed time shows. ``advance`` may be called from worker threads.
+    """
+
+    def __init__(self, label: str, total: int | None, *, interval: float = PLAIN_INTERVAL_S):
+        self.label = label
+        self.total = total
+        self.interval = interval
+        self.console = _console()
+        self.done = 0
+        self._lock = threading.Lock()
+        self._start = self._last_plain = time.monotonic()
+        self._progress: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> Requests:
+        self._start = self._last_plain = time.monotonic()
+        if self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+                TimeElapsedColumn(), console=self.console, transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.label, total=self.total)
+        else:
+            of = f"{self.total} requests" if self.total else "requests counted by vllm bench serve"
+            self.console.print(f"{self.label}: {of}", markup=False)
+        return self
+
+    def advance(self) -> None:
+        with self._lock:
+            self.done += 1
+            if self._progress is not None:
+                self._progress.update(self._task, advance=1)
+                return
+            now = time.monotonic()
+            if now - self._last_plain >= self.interval:
+                self._last_plain = now
+                self.console.print(f"  {self.label}: {self.done} of {self.total} requests in "
+                                   f"{fmt_elapsed(now - self._start)}", markup=False)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
 
 def last_line(log: Path, limit: int = 160) -> str:

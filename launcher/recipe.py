@@ -81,6 +81,21 @@ class HubSource(_Strict):
         return bool(COMMIT.match(self.revision))
 
 
+def folder_name(value: str) -> str:
+    """A model's folder under ``$MODELS_DIR``: one path component, never a path.
+
+    ``models pull`` writes into ``$MODELS_DIR/<name>`` and ``serve`` reads it:
+    ``/etc`` or ``../../etc`` would point both outside the models folder.
+    """
+    if value in ("", ".", "..") or value != value.strip():
+        raise ValueError(f"{value!r} is not a folder name")
+    bad = sorted({c for c in value if c in '/\\:' or ord(c) < 32})
+    if bad:
+        raise ValueError(f"{value!r} is not a single folder name under $MODELS_DIR (it holds {' '.join(map(repr, bad))}); "
+                         "use --model / --drafter to point at a folder elsewhere")
+    return value
+
+
 class ModelRef(_Strict):
     """The target model: a folder under the models dir, and where it comes from.
 
@@ -95,6 +110,11 @@ class ModelRef(_Strict):
     format: ModelFormat = "bf16"
     served_names: list[str] = Field(default_factory=list)
 
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, value: str) -> str:
+        return folder_name(value)
+
 
 class Drafter(_Strict):
     """A speculative drafter. DFlash proposes ``num_speculative_tokens`` per
@@ -107,6 +127,11 @@ class Drafter(_Strict):
     method: Literal["dflash", "eagle3", "mtp"] = "dflash"
     num_speculative_tokens: Annotated[int, Field(ge=1, le=64)]
     attention_backend: AttentionBackend | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, value: str) -> str:
+        return folder_name(value)
 
 
 class Intent(_Strict):
@@ -280,18 +305,27 @@ def schema_json() -> str:
 # --- loading -----------------------------------------------------------------
 
 
-def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map each key path in a YAML document to its 1-based line."""
+def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None, seen: set | None = None) -> dict[tuple, int]:
+    """Map each key path in a YAML document to its 1-based line.
+
+    An alias is the node it names, so each node is walked once: walking
+    every path through nested aliases (a "billion laughs" recipe of 1 KB)
+    grows exponentially. Paths below a repeated alias take its parent's line.
+    """
     out = {} if out is None else out
+    seen = set() if seen is None else seen
     out.setdefault(path, node.start_mark.line + 1)
+    if id(node) in seen:
+        return out
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             sub = path + (key.value,)
             out[sub] = key.start_mark.line + 1
-            _line_index(value, sub, out)
+            _line_index(value, sub, out, seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _line_index(item, path + (i,), out)
+            _line_index(item, path + (i,), out, seen)
     return out
 
 
@@ -353,10 +387,21 @@ def patch_id_problems(recipe: Recipe, text: str, source: str, known: Callable[[s
 
 def load_file(path: Path) -> Recipe:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except OSError as exc:
         raise LauncherError(f"cannot read recipe {path}: {exc.strerror}") from None
     return parse_recipe(text, str(path))
+
+
+def read_text(path: Path) -> str:
+    """A recipe file's text; one that is not UTF-8 is a LauncherError naming its line (OSError passes)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise LauncherError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})",
+                            hint="save the recipe as UTF-8") from None
 
 
 def available() -> dict[str, Path]:

@@ -57,6 +57,8 @@ class VllmEnv:
     vllm_version: str | None
     transformers_version: str | None
     package_dir: str | None  # the vllm package folder (for the patch status)
+    #: why no vLLM could be read from what was found (a wrapper script, an interpreter that failed)
+    problem: str | None = None
 
     @property
     def has_vllm(self) -> bool:
@@ -72,10 +74,32 @@ def inspect(python: str, source: str) -> VllmEnv:
                             hint="pass --vllm-python with the python of the environment that has vLLM") from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise LauncherError(f"the Python {python} ({source}) failed to report its packages: {last}")
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise LauncherError(f"the Python {python} ({source}) failed to report its packages: {last}", hint=_HINT)
+    data = _probe_answer(proc.stdout)
+    if data is None:
+        shown = proc.stdout.strip()[:120]
+        raise LauncherError(f"{python} ({source}) is not a Python that reports its packages: given the probe, "
+                            f"it printed {repr(shown) if shown else 'nothing'}", hint=_HINT)
     return VllmEnv(python=data["python"] or python, source=source, vllm_version=data["vllm"],
                    transformers_version=data["transformers"], package_dir=data["package"])
+
+
+_HINT = "pass --vllm-python with the python executable of the environment that has vLLM (e.g. /opt/vllm/bin/python)"
+
+
+def _probe_answer(stdout: str) -> dict | None:
+    """The probe's JSON line; None for anything else (``/bin/true`` prints nothing, a wrapper prints text)."""
+    lines = stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    keys = {"python", "vllm", "transformers", "package"}
+    if not isinstance(data, dict) or not keys <= data.keys():
+        return None
+    if not all(v is None or isinstance(v, str) for v in (data[k] for k in keys)):
+        return None
+    return data
 
 
 def resolve(python: str | None = None, *, environ: dict[str, str] | None = None) -> VllmEnv | None:
@@ -91,10 +115,29 @@ def resolve(python: str | None = None, *, environ: dict[str, str] | None = None)
         return own
     script = shutil.which("vllm", path=(environ or os.environ).get("PATH"))
     if script:
-        interpreter = script_interpreter(Path(script))
-        if interpreter:
-            return inspect(interpreter, f"`vllm` on PATH: {script}")
+        return _behind_script(Path(script))
     return None
+
+
+def _behind_script(script: Path) -> VllmEnv:
+    """The environment behind a ``vllm`` on PATH; what was found there when it is not one."""
+    source = f"`vllm` on PATH: {script}"
+    interpreter = script_interpreter(script)
+    if interpreter is None or not _looks_like_python(interpreter):
+        what = f"a script run by {interpreter}" if interpreter else "not a Python console script"
+        problem = (f"{script} is {what}, so the Python whose vLLM it starts is unknown; {_HINT}")
+        return VllmEnv(python=str(script), source=source, vllm_version=None, transformers_version=None,
+                       package_dir=None, problem=problem)
+    try:
+        return inspect(interpreter, source)
+    except LauncherError as exc:
+        return VllmEnv(python=interpreter, source=source, vllm_version=None, transformers_version=None,
+                       package_dir=None, problem=f"{exc.message}; {_HINT}")
+
+
+def _looks_like_python(interpreter: str) -> bool:
+    # python, python3, python3.12, python.exe, pypy3: what pip writes on a console script's #! line
+    return re.match(r"^(python|pypy)[\d.]*(\.exe)?$", Path(interpreter).name, re.I) is not None
 
 
 def _own() -> VllmEnv:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -39,6 +40,8 @@ def bench(
     from launcher import recipe as recipes
     from launcher.bench import runner
 
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise LauncherError(f"--timeout {timeout:g}: seconds per request must be more than 0")
     rec = recipes.load(recipe)
     if (baseline_url or baseline_result) and not compare_without_drafter:
         raise LauncherError("--baseline-url/--baseline-result need --compare-without-drafter")
@@ -48,22 +51,49 @@ def bench(
         if bool(baseline_url) == bool(baseline_result):
             raise LauncherError("--compare-without-drafter needs one of --baseline-url or --baseline-result",
                                 hint=_NO_BASELINE_HINT.format(name=rec.name))
+    # Everything that can be refused is refused before the first request: a run takes minutes.
+    path = out or Path(f"bench-{rec.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    _check_out(path)
+    earlier = _read_baseline(baseline_result) if compare_without_drafter and baseline_result else None
     key = api_key or os.environ.get("VLLM_API_KEY") or None
     tok = tokenizer or _local_model(rec)
     kwargs = dict(model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
                   tokenizer=tok, timeout=timeout, echo=typer.echo)
-    doc = runner.bench(rec, base_url=url, **kwargs)
+    # Each finished run is written at once, so an error or Ctrl-C later loses none of it.
+    doc = runner.bench(rec, base_url=url, on_run=lambda partial: _write(path, partial), **kwargs)
     if compare_without_drafter:
-        baseline = _baseline(rec, baseline_url, baseline_result, kwargs)
+        if earlier is None:
+            typer.echo("baseline (without the drafter):")
+            earlier = runner.bench(rec, base_url=baseline_url, on_run=lambda partial: _write(
+                path, {**doc, "without_drafter": partial}), **kwargs)
+        baseline = earlier
         _check_pair(doc, baseline)
         doc["without_drafter"] = baseline
         doc["comparison"] = runner.compare(doc, baseline)
         for line in runner.format_comparison(doc["comparison"]):
             typer.echo(line)
-    path = out or Path(f"bench-{rec.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    _write(path, doc)
     typer.echo(f"wrote {path}")
+
+
+def _check_out(path: Path) -> None:
+    """--out must be a file that can be written: checked now, not after the whole run."""
+    if path.is_dir():
+        raise LauncherError(f"--out {path} is a folder", hint="give a file name, e.g. --out bench.json")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise LauncherError(f"--out {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK):
+        raise LauncherError(f"--out {path}: {folder} is not writable")
+
+
+def _write(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _local_model(rec) -> str | None:
@@ -75,12 +105,7 @@ def _local_model(rec) -> str | None:
     return rec.target.hub.repo if rec.target.hub else None
 
 
-def _baseline(rec, url: str | None, result: Path | None, kwargs: dict) -> dict:
-    from launcher.bench import runner
-
-    if url:
-        typer.echo("baseline (without the drafter):")
-        return runner.bench(rec, base_url=url, **kwargs)
+def _read_baseline(result: Path) -> dict:
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -17,6 +17,7 @@ import statistics
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher.bench.workload import Run
@@ -56,11 +57,17 @@ def _post_stream(target: Target, body: dict, timeout: float):
 
 def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, seed: int, ignore_eos: bool,
                 timeout: float) -> RequestResult:
+    """One streamed completion; ``timeout`` bounds the whole request, not each read.
+
+    A server that sends an SSE comment (a keep-alive) every second would
+    otherwise never hit a per-read timeout, and the run would never end.
+    """
     body = {
         "model": target.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
         "seed": seed, "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True},
     }
     start = time.perf_counter()
+    deadline = start + timeout
     result = RequestResult(ok=False, start=start)
     conn = None
     try:
@@ -71,17 +78,23 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
         last = start
         chunks = 0
         for raw in resp:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise TimeoutError(f"no complete answer within --timeout {timeout:g} s")
+            if conn.sock is not None:
+                conn.sock.settimeout(left)  # the next read may not outlast the request's deadline
             line = raw.decode("utf-8", "replace").strip()
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            event = json.loads(data)
-            if event.get("usage"):
-                result.prompt_tokens = int(event["usage"].get("prompt_tokens") or 0)
-                result.output_tokens = int(event["usage"].get("completion_tokens") or 0)
-            if any(c.get("text") for c in event.get("choices") or []):
+            event = _event(data)
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                result.output_tokens = int(usage.get("completion_tokens") or 0)
+            if any(c.get("text") for c in _choices(event)):
                 now = time.perf_counter()
                 if result.ttft is None:
                     result.ttft = now - start
@@ -102,14 +115,35 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
     return result
 
 
+def _event(data: str) -> dict:
+    """One SSE ``data:`` payload, which must be a JSON object (ValueError otherwise)."""
+    event = json.loads(data)
+    if not isinstance(event, dict):
+        raise ValueError(f"an SSE event is not a JSON object: {data[:80]}")
+    return event
+
+
+def _choices(event: dict) -> list[dict]:
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise ValueError(f"an SSE event's choices are not a list of objects: {json.dumps(choices)[:80]}")
+    return choices
+
+
 def run_level(target: Target, run: Run, prompts: list, *, temperature: float, seed: int, ignore_eos: bool,
-              timeout: float) -> dict:
-    """Send every prompt of ``run`` with ``run.concurrency`` in flight; return vllm-style metrics."""
+              timeout: float, on_done: Callable[[RequestResult], None] | None = None) -> dict:
+    """Send every prompt of ``run`` with ``run.concurrency`` in flight; return vllm-style metrics.
+
+    ``on_done`` hears of each finished request (progress), from the worker threads.
+    """
 
     def send(i_prompt):
         i, prompt = i_prompt
-        return one_request(target, prompt, max_tokens=run.workload.output_len, temperature=temperature,
-                           seed=seed + i, ignore_eos=ignore_eos, timeout=timeout)
+        res = one_request(target, prompt, max_tokens=run.workload.output_len, temperature=temperature,
+                          seed=seed + i, ignore_eos=ignore_eos, timeout=timeout)
+        if on_done is not None:
+            on_done(res)
+        return res
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=run.concurrency) as pool:
@@ -119,29 +153,47 @@ def run_level(target: Target, run: Run, prompts: list, *, temperature: float, se
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict:
+    """The keys ``vllm bench serve --save-result`` writes (flat: ``mean_ttft_ms``, ``p99_tpot_ms``, ...),
+    so scripts that read its results read these too."""
     done = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in done)
+    in_tokens = sum(r.prompt_tokens for r in done)
     ttfts = [r.ttft * 1000 for r in done if r.ttft is not None]
     tpots = [(r.latency - r.ttft) * 1000 / (r.output_tokens - 1) for r in done if r.output_tokens > 1 and r.ttft is not None]
     itls = [x * 1000 for r in done for x in r.itls]
-    return {
+    e2els = [r.latency * 1000 for r in done]
+    out = {
         "completed": len(done),
         "failed": len(results) - len(done),
         "errors": sorted({r.error for r in results if r.error})[:5],
-        "duration_s": duration,
-        "total_input_tokens": sum(r.prompt_tokens for r in done),
+        "duration": duration,
+        "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "request_throughput": len(done) / duration if duration > 0 else 0.0,
         "output_throughput": out_tokens / duration if duration > 0 else 0.0,
-        "ttft_ms": _stats(ttfts),
-        "tpot_ms": _stats(tpots),
-        "itl_ms": _stats(itls),
+        "total_token_throughput": (in_tokens + out_tokens) / duration if duration > 0 else 0.0,
     }
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        out.update(stats(name, values))
+    return out
 
 
-def _stats(values: list[float]) -> dict:
+PERCENTILES = (50, 99)
+
+
+def stats(name: str, values: list[float]) -> dict:
+    """mean/median/std/p50/p99 of one metric in ms, named as vllm bench serve names them (None: no value)."""
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms", *(f"p{p}_{name}_ms" for p in PERCENTILES)]
     if not values:
-        return {"mean": None, "median": None, "p99": None}
+        return dict.fromkeys(keys)
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
-    return {"mean": statistics.fmean(values), "median": statistics.median(values), "p99": p99}
+    return dict(zip(keys, [statistics.fmean(values), statistics.median(values), statistics.pstdev(values),
+                           *(_percentile(ordered, p) for p in PERCENTILES)]))
+
+
+def _percentile(ordered: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default, which vllm bench uses)."""
+    rank = (len(ordered) - 1) * p / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -13,6 +13,7 @@ length = 1 + accepted / drafts (the bonus token counted).
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.request
 from dataclasses import dataclass, field
@@ -42,11 +43,13 @@ def parse(text: str) -> SpecCounters | None:
         kind = m.group("name")[len(PREFIX):-len("_total")]
         if kind not in COUNTERS:
             continue
+        found = True
         try:
             value = float(m.group("value"))
         except ValueError:
             continue
-        found = True
+        if not math.isfinite(value):
+            continue  # a NaN or inf counter says nothing about acceptance: read it as absent
         if kind == "num_drafts":
             out.drafts += value
         elif kind == "num_draft_tokens":
@@ -77,6 +80,8 @@ def acceptance(before: SpecCounters | None, after: SpecCounters | None) -> dict 
     drafts = after.drafts - before.drafts
     draft_tokens = after.draft_tokens - before.draft_tokens
     accepted = after.accepted - before.accepted
+    if not all(math.isfinite(v) for v in (drafts, draft_tokens, accepted)):
+        drafts = draft_tokens = accepted = 0.0
     if drafts <= 0 or draft_tokens <= 0:
         return {"drafts": int(drafts), "draft_tokens": int(draft_tokens), "accepted_tokens": int(accepted),
                 "acceptance_rate_pct": None, "mean_acceptance_length": None, "per_position_acceptance": []}

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from launcher import progress
 from launcher.bench import client, metrics, vllm_bench, workload
 from launcher.bench.client import Target
 from launcher.errors import LauncherError
@@ -34,7 +35,11 @@ def server_models(base_url: str, api_key: str | None, timeout: float = 10.0) -> 
     except (OSError, ValueError) as exc:
         raise LauncherError(f"no OpenAI-compatible server answers at {base_url} ({exc})",
                             hint="start one (launcher serve --recipe NAME) or pass --url") from None
-    return [m.get("id") for m in data.get("data") or [] if m.get("id")]
+    listed = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(listed, list):
+        raise LauncherError(f"{base_url}/v1/models answered {json.dumps(data)[:120]}, not an OpenAI model list",
+                            hint="is --url an OpenAI-compatible server (vllm serve)?")
+    return [m["id"] for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]
 
 
 def choose_model(rec: Recipe, served: list[str], wanted: str | None) -> str:
@@ -61,7 +66,9 @@ def pick_client(choice: str) -> str:
 
 
 def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None, profile: str | None,
-          only: list[str] | None, client_choice: str, tokenizer: str | None, timeout: float, echo: Echo) -> dict:
+          only: list[str] | None, client_choice: str, tokenizer: str | None, timeout: float, echo: Echo,
+          on_run: Callable[[dict], None] | None = None) -> dict:
+    """Every run of the recipe's workloads; ``on_run`` gets the document after each run (partial results)."""
     base_url = base_url.rstrip("/")
     runs = workload.runs(rec, profile=profile, only=only)
     kind = pick_client(client_choice)
@@ -83,22 +90,31 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
     echo(f"bench {rec.name} -> {base_url} model {target.model} ({doc['client']}, profile {profile_name}, "
          f"speculative decoding {'on' if spec_before is not None else 'off'})")
     _warm_up(target, rec, timeout)
-    for run in runs:
+    for i, run in enumerate(runs, 1):
         before = metrics.scrape(base_url)
+        label = f"run {i}/{len(runs)} {run.workload.name} c={run.concurrency}"
         if kind == "vllm":
-            measured = vllm_bench.run_level(target, run, tokenizer=tokenizer or target.model, temperature=rec.bench.temperature,
-                                            seed=rec.bench.seed, ignore_eos=rec.bench.ignore_eos, timeout=timeout, echo=echo)
+            with progress.Requests(label, None):
+                measured = vllm_bench.run_level(target, run, tokenizer=tokenizer or target.model,
+                                                temperature=rec.bench.temperature, seed=rec.bench.seed,
+                                                ignore_eos=rec.bench.ignore_eos, timeout=timeout, echo=echo)
         else:
-            measured = client.run_level(target, run, workload.prompts(run, rec.bench.seed), temperature=rec.bench.temperature,
-                                        seed=rec.bench.seed, ignore_eos=rec.bench.ignore_eos, timeout=timeout)
+            with progress.Requests(label, run.num_prompts) as bar:
+                measured = client.run_level(target, run, workload.prompts(run, rec.bench.seed),
+                                            temperature=rec.bench.temperature, seed=rec.bench.seed,
+                                            ignore_eos=rec.bench.ignore_eos, timeout=timeout,
+                                            on_done=lambda _res: bar.advance())
         entry = {
             "workload": run.workload.name, "dataset": run.workload.dataset, "concurrency": run.concurrency,
-            "num_prompts": run.num_prompts, "input_len": run.workload.input_len if run.workload.dataset == "random" else None,
+            "max_concurrency": run.concurrency, "num_prompts": run.num_prompts,
+            "input_len": run.workload.input_len if run.workload.dataset == "random" else None,
             "output_len": run.workload.output_len, **measured,
             "spec_decode": metrics.acceptance(before, metrics.scrape(base_url)),
         }
         doc["runs"].append(entry)
         echo(format_run(entry))
+        if on_run is not None:
+            on_run(doc)
         if entry["completed"] == 0:
             raise LauncherError(f"{run.key}: every request failed: {'; '.join(entry['errors']) or 'no error text'}")
     return doc
@@ -112,8 +128,17 @@ def _warm_up(target: Target, rec: Recipe, timeout: float) -> None:
         raise LauncherError(f"a first request to {target.base_url}/v1/completions failed: {res.error}")
 
 
-def _ms(stats: dict, key: str) -> str:
-    value = stats.get(key)
+def metric(run: dict, stat: str, name: str) -> float | None:
+    """``mean``/``p99``... of ``ttft``/``tpot``... from a run, in ms; also from results written
+    before the flat keys (``{"ttft_ms": {"mean": ...}}``), so older --baseline-result files still compare."""
+    value = run.get(f"{stat}_{name}_ms")
+    if value is None and isinstance(run.get(f"{name}_ms"), dict):
+        value = run[f"{name}_ms"].get(stat)
+    return value if isinstance(value, (int, float)) else None
+
+
+def _ms(run: dict, stat: str, name: str) -> str:
+    value = metric(run, stat, name)
     return "-" if value is None else f"{value:.1f}"
 
 
@@ -122,26 +147,28 @@ def format_run(entry: dict) -> str:
     accept = (f"  accept {spec['acceptance_rate_pct']:.1f}% len {spec['mean_acceptance_length']:.2f}"
               if spec.get("acceptance_rate_pct") is not None else "")
     failed = f"  FAILED {entry['failed']}" if entry.get("failed") else ""
-    return (f"  {entry['workload']:>8} c={entry['concurrency']:<3} out {entry['output_throughput']:8.1f} tok/s  "
-            f"TTFT {_ms(entry['ttft_ms'], 'mean')}/{_ms(entry['ttft_ms'], 'p99')} ms  "
-            f"TPOT {_ms(entry['tpot_ms'], 'mean')} ms{accept}{failed}")
+    out = entry.get("output_throughput")
+    return (f"  {entry['workload']:>8} c={entry['concurrency']:<3} out {out or 0.0:8.1f} tok/s  "
+            f"TTFT mean {_ms(entry, 'mean', 'ttft')} / p99 {_ms(entry, 'p99', 'ttft')} ms  "
+            f"TPOT mean {_ms(entry, 'mean', 'tpot')} / p99 {_ms(entry, 'p99', 'tpot')} ms{accept}{failed}")
 
 
 def compare(with_drafter: dict, without: dict) -> list[dict]:
     """Run by run: the drafter's effect on throughput and latency."""
-    base = {(r["workload"], r["concurrency"]): r for r in without["runs"]}
+    base = {(r.get("workload"), r.get("concurrency")): r for r in without["runs"] if isinstance(r, dict)}
     rows = []
     for run in with_drafter["runs"]:
         other = base.get((run["workload"], run["concurrency"]))
         if other is None:
             continue
-        speedup = run["output_throughput"] / other["output_throughput"] if other["output_throughput"] else None
+        mine, theirs = run.get("output_throughput"), other.get("output_throughput")
+        speedup = mine / theirs if mine is not None and theirs else None
         rows.append({
             "workload": run["workload"], "concurrency": run["concurrency"],
-            "output_tok_s": {"with_drafter": run["output_throughput"], "without": other["output_throughput"]},
+            "output_tok_s": {"with_drafter": mine, "without": theirs},
             "speedup": speedup,
-            "ttft_ms_mean": {"with_drafter": run["ttft_ms"]["mean"], "without": other["ttft_ms"]["mean"]},
-            "tpot_ms_mean": {"with_drafter": run["tpot_ms"]["mean"], "without": other["tpot_ms"]["mean"]},
+            "ttft_ms_mean": {"with_drafter": metric(run, "mean", "ttft"), "without": metric(other, "mean", "ttft")},
+            "tpot_ms_mean": {"with_drafter": metric(run, "mean", "tpot"), "without": metric(other, "mean", "tpot")},
             "mean_acceptance_length": (run.get("spec_decode") or {}).get("mean_acceptance_length"),
         })
     return rows
@@ -154,7 +181,7 @@ def format_comparison(rows: list[dict]) -> list[str]:
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
         al = f"{r['mean_acceptance_length']:.2f}" if r["mean_acceptance_length"] is not None else "-"
         tw, to = r["tpot_ms_mean"]["with_drafter"], r["tpot_ms_mean"]["without"]
-        lines.append(f"  {r['workload']:>8} {r['concurrency']:>4} {r['output_tok_s']['with_drafter']:>11.1f} "
-                     f"{r['output_tok_s']['without']:>9.1f} {sp:>8} {('-' if tw is None else f'{tw:.1f}'):>10} "
+        lines.append(f"  {r['workload']:>8} {r['concurrency']:>4} {r['output_tok_s']['with_drafter'] or 0.0:>11.1f} "
+                     f"{r['output_tok_s']['without'] or 0.0:>9.1f} {sp:>8} {('-' if tw is None else f'{tw:.1f}'):>10} "
                      f"{('-' if to is None else f'{to:.1f}'):>8} {al:>10}")
     return lines

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -68,25 +69,19 @@ def run_level(target: Target, run: Run, *, tokenizer: str, temperature: float, s
         return from_result(json.loads(path.read_text(encoding="utf-8")))
 
 
+_METRIC_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+_TOTALS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+           "output_throughput", "total_token_throughput")
+
+
 def from_result(data: dict) -> dict:
-    """vllm bench serve's saved result -> the built-in client's fields."""
-
-    def stats(name: str) -> dict:
-        return {"mean": data.get(f"mean_{name}_ms"), "median": data.get(f"median_{name}_ms"), "p99": data.get(f"p99_{name}_ms")}
-
-    out = {
-        "completed": data.get("completed"),
-        "failed": data.get("failed", 0),
-        "errors": sorted({e for e in data.get("errors") or [] if e})[:5],
-        "duration_s": data.get("duration"),
-        "total_input_tokens": data.get("total_input_tokens"),
-        "total_output_tokens": data.get("total_output_tokens"),
-        "request_throughput": data.get("request_throughput"),
-        "output_throughput": data.get("output_throughput"),
-        "ttft_ms": stats("ttft"),
-        "tpot_ms": stats("tpot"),
-        "itl_ms": stats("itl"),
-    }
+    """vllm bench serve's saved result, its flat keys as they are (the per-request lists left out)."""
+    if not isinstance(data, dict):
+        raise LauncherError("vllm bench serve saved a result that is not a JSON object")
+    out = {key: data.get(key) for key in _TOTALS}
+    out["failed"] = out["failed"] or 0
+    out["errors"] = sorted({e for e in data.get("errors") or [] if isinstance(e, str) and e})[:5]
+    out.update({k: v for k, v in data.items() if _METRIC_KEY.match(k)})
     if data.get("spec_decode_acceptance_rate") is not None:
         out["vllm_reported_spec_decode"] = {
             "acceptance_rate_pct": data.get("spec_decode_acceptance_rate"),

@@ -84,15 +84,26 @@ def verify_cmd(
             raise typer.Exit(1)
         return
     rec, sources = _sources(recipe, only)
+    absent = [src for src in sources if not src.dest.exists()]
+    if absent:
+        # Nothing to check there: one line each, with the command that fetches it.
+        for src in absent:
+            typer.echo(f"{src.role}: {src.dest} is not there; fetch it with: "
+                       f"launcher models pull --recipe {recipe} --only {src.role}")
+        raise typer.Exit(1)
     outcomes = []
     for src in sources:
         marker = folders.read_marker(src.dest) if src.dest.is_dir() else None
         files = marker.files if marker else {}
         missing = folders.missing_files(src.dest, files) if marker else []
-        state = f"{marker.repo}@{marker.commit[:12]}" if marker else "no record of a pull (checked as found)"
+        state = f"{marker.repo}@{marker.commit[:12]}" if marker else "not pulled by the launcher: checked as found"
         typer.echo(f"{src.role}: {src.dest}  [{state}]" + (f"  missing: {', '.join(missing)}" if missing else ""))
         if missing:
-            raise LauncherError(f"{src.dest} is incomplete", hint=f"launcher models pull --recipe {rec.name}")
+            raise LauncherError(f"{src.dest} is incomplete", hint=f"launcher models pull --recipe {recipe} --only {src.role}")
+        corrupt = folders.hash_mismatches(src.dest, list(files))
+        if corrupt:
+            raise LauncherError(f"{src.dest}: files differ from what the Hub sent: {', '.join(corrupt)}",
+                                hint=f"delete them and run `launcher models pull --recipe {recipe} --only {src.role}`")
         outcomes.append(pull.Outcome(src, marker.commit if marker else "", files))
     if not pull.verify(outcomes, rec.vllm_versions, typer.echo):
         raise typer.Exit(1)

@@ -9,7 +9,9 @@ commit ``models list`` shows.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -65,6 +67,59 @@ def missing_files(folder: Path, files: dict[str, int | None]) -> list[str]:
         elif size is not None and path.stat().st_size != size:
             out.append(f"{name} ({path.stat().st_size} of {size} bytes)")
     return out
+
+
+def pulled_here(folder: Path, name: str, size: int | None) -> bool:
+    """``name`` (from a marker) is a file a pull wrote inside ``folder``.
+
+    Inside: the path, symlinks resolved, stays under the folder, and is a
+    plain file. Written by a pull: the Hub kept its download record for it
+    (an online pull), or it still has the size the marker recorded (a pull
+    filled from the Hub cache keeps no record).
+    """
+    root = folder.resolve()
+    path = folder / name
+    try:
+        inside = path.resolve().is_relative_to(root) and path.resolve() != root
+    except (OSError, ValueError):
+        return False
+    if not inside or path.is_symlink() or not path.is_file():
+        return False
+    if (folder / HUB_STATE / "download" / f"{name}.metadata").is_file():
+        return True
+    return size is not None and path.stat().st_size == size
+
+
+def hash_mismatches(folder: Path, names: list[str]) -> list[str]:
+    """Files whose sha256 differs from the one the Hub gave when it downloaded them.
+
+    For files the Hub keeps in LFS (the weights) that is their ETag, which
+    huggingface_hub records under ``.cache/huggingface/download`` in the
+    folder; files without such a record are left to the size checks.
+    """
+    out = []
+    for name in sorted(names):
+        expected = _recorded_sha256(folder, name)
+        if expected is None or not (folder / name).is_file():
+            continue
+        digest = hashlib.sha256()
+        with (folder / name).open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(block)
+        if digest.hexdigest() != expected:
+            out.append(f"{name} (sha256 {digest.hexdigest()[:12]}, but the Hub's is {expected[:12]})")
+    return out
+
+
+def _recorded_sha256(folder: Path, name: str) -> str | None:
+    # huggingface_hub's local_dir record: commit, ETag, timestamp, one a line.
+    record = folder / HUB_STATE / "download" / f"{name}.metadata"
+    try:
+        lines = record.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    etag = lines[1].strip().strip('"') if len(lines) > 1 else ""
+    return etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None
 
 
 def state(folder: Path, repo: str | None = None, revision: str | None = None) -> str:

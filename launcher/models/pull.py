@@ -161,7 +161,9 @@ def _finish(out: Outcome, echo: Echo) -> None:
         # Another revision pulled here before: drop the files it had and this one has not
         # (vLLM would load a stale shard as part of the checkpoint).
         for name in sorted(set(previous.files) - set(out.files)):
-            (out.src.dest / name).unlink(missing_ok=True)
+            if not folders.pulled_here(out.src.dest, name, previous.files[name]):
+                continue  # the marker is only a file: never let it name what to delete
+            (out.src.dest / name).unlink()
             echo(f"{out.src.role}: removed {name} (from {previous.commit[:12]}, not in {out.commit[:12]})")
     if out.src.role == "target":
         out.repaired = folders.repair_global_head_dim(out.src.dest)

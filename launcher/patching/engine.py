@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from launcher.patching import stamp as stamps
 from launcher.patching.diff import FilePatch, HunkMismatch, apply_file, parse
 from launcher.patching.series import Patch, Series, public_version, series_for
 from launcher.patching import transaction
+from launcher.patching.lock import held_elsewhere, tree_lock
 from launcher.patching.transaction import Transaction, remove_empty_dirs
 from launcher.patching.tree import SITE_PACKAGES, SOURCE, Tree, detect_version, find_tree
 
@@ -51,6 +53,15 @@ __all__ = [
 PathArg = Path | str | None
 #: Beside the stamp: what an unfinished write must put back (launcher.patching.transaction).
 JOURNAL_REL = "vllm/.sm12x-journal.json"
+
+#: Test seam: called with a description before each file a run writes, under
+#: the tree's lock. Tests pause a real run there to race another one against it.
+_pause_hook: Callable[[str], None] | None = None
+
+
+def _before_write(what: str) -> None:
+    if _pause_hook is not None:
+        _pause_hook(what)
 
 
 # ----------------------------------------------------------------- results
@@ -336,8 +347,15 @@ def _ours(stamp: dict | None, tree: Tree) -> dict[str, stamps.StampEntry]:
 
 
 def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathArg = None) -> Report:
-    """Apply the series for the tree's vLLM version: all patches or none."""
-    tree, version, series = _series_context(target, patches_root)
+    """Apply the series for the tree's vLLM version: all patches or none (one run per tree at a time)."""
+    tree = find_tree(target)
+    with tree_lock(tree.root):
+        return _apply(tree, dry_run, patches_root)
+
+
+def _apply(tree: Tree, dry_run: bool, patches_root: PathArg) -> Report:
+    version = detect_version(tree)
+    series = series_for(version, patches_root)
     if dry_run and interrupted(tree):
         raise LauncherError(f"{tree.root} holds the journal of an interrupted patch run; a dry run writes nothing",
                             hint=f"`launcher patch status --target {tree.root}` rolls it back first")
@@ -384,10 +402,12 @@ def apply(target: PathArg = None, *, dry_run: bool = False, patches_root: PathAr
             layout=tree.layout, entries=entries, created_dirs=created,
         )
         for path, data in changes.items():
+            _before_write(path)
             if data is None:
                 tx.remove(tree.path(path))
             else:
                 tx.write(tree.path(path), data, modes.get(path))
+        _before_write(stamps.STAMP_REL)
         if changes or not stamps.same_content(stamp, new_stamp):
             tx.write(stamp_path, stamps.encode(new_stamp), 0o644)
             report.stamp_path = str(stamp_path)
@@ -518,6 +538,24 @@ def recover(tree: Tree) -> list[str]:
         ) from exc
 
 
+def stray_temps(tree: Tree) -> list[str]:
+    """Temp files a patch run killed outright left in the tree (its journal's own, or a file's)."""
+    folders = {tree.path(JOURNAL_REL).parent}
+    stamp = stamps.read_stamp(tree)
+    for entry in stamps.stamp_entries(stamp):
+        folders.update(tree.path(p).parent for p in entry.files)
+    found = []
+    for folder in folders:
+        if folder.is_dir():
+            found += [p for p in folder.glob(f".*{transaction.TMP_SUFFIX}") if p.is_file()]
+    return sorted(p.relative_to(tree.root).as_posix() for p in found)
+
+
+def _strays_note(strays: list[str], removed: bool) -> str:
+    what = f"{len(strays)} temp file(s) of a killed patch run ({', '.join(strays)})"
+    return f"removed {what}" if removed else f"{what} are left: `launcher patch status` removes them"
+
+
 def interrupted(tree: Tree) -> bool:
     """A journal is there: a write died and was not rolled back yet."""
     return tree.path(JOURNAL_REL).exists()
@@ -532,6 +570,11 @@ def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
     """
     del patches_root  # the stamp carries the diffs; kept for a uniform signature
     tree = find_tree(target)
+    with tree_lock(tree.root):
+        return _revert(tree)
+
+
+def _revert(tree: Tree) -> Report:
     version = detect_version(tree)
     recovered = recover(tree)
     stamp = stamps.read_stamp(tree)
@@ -566,6 +609,7 @@ def revert(target: PathArg = None, *, patches_root: PathArg = None) -> Report:
     with _writing(tree) as tx:
         tx.prepare([tree.path(p) for p in changes] + [tree.path(stamps.STAMP_REL)])
         for path, data in changes.items():
+            _before_write(path)
             if data is None:
                 tx.remove(tree.path(path))
             else:
@@ -594,10 +638,24 @@ def status(target: PathArg = None, *, patches_root: PathArg = None, recover_inte
     a killed apply/revert left; without it (doctor, serve's preflight, which
     only read) such a tree is reported as interrupted.
     """
-    tree, version, series = _series_context(target, patches_root)
+    tree = find_tree(target)
+    if recover_interrupted:
+        with tree_lock(tree.root):
+            return _status(tree, patches_root, recover_interrupted=True)
+    return _status(tree, patches_root, recover_interrupted=False)
+
+
+def _status(tree: Tree, patches_root: PathArg, recover_interrupted: bool) -> SeriesStatus:
+    version = detect_version(tree)
+    series = series_for(version, patches_root)
     pending = interrupted(tree)
+    live = pending and not recover_interrupted and held_elsewhere(tree.root)
+    strays = [] if pending else stray_temps(tree)
+    if strays and recover_interrupted:
+        for rel in strays:
+            tree.path(rel).unlink(missing_ok=True)
     recovered = recover(tree) if pending and recover_interrupted else []
-    pending = pending and not recover_interrupted
+    pending = pending and not recover_interrupted and not live
     stamp = stamps.read_stamp(tree)
     ours = _ours(stamp, tree)
     patches = series.for_layout(tree.layout)
@@ -620,6 +678,10 @@ def status(target: PathArg = None, *, patches_root: PathArg = None, recover_inte
         notes.insert(0, _recovered_note(recovered).rstrip("; "))
     if pending:
         notes.insert(0, f"an interrupted patch run left {JOURNAL_REL}: `launcher patch status` rolls it back")
+    if live:
+        notes.insert(0, "another patch run is writing this tree now: what is shown may change when it ends")
+    if strays:
+        notes.insert(0, _strays_note(strays, removed=recover_interrupted))
     return SeriesStatus(tree, version, series.version, series.hash, out, stamp, notes, interrupted=pending)
 
 

@@ -69,6 +69,11 @@ class QuantizeConfig:
             raise LauncherError("--out must differ from --model", hint="write the NVFP4 checkpoint to a new folder")
         if out.resolve().is_relative_to(model.resolve()):
             raise LauncherError(f"--out {out} lies inside --model {model}", hint="write it next to the model instead")
+        if model.resolve().is_relative_to(out.resolve()):
+            # Publishing renames --out away and deletes it: the source model
+            # (and anything beside it in --out) would go with it.
+            raise LauncherError(f"--out {out} contains --model {model}; replacing it would delete the model",
+                                hint="write the NVFP4 checkpoint to a folder of its own, next to the model")
         if out.exists() and not out.is_dir():
             raise LauncherError(f"--out {out} exists and is not a directory")
         if out.is_dir() and any(out.iterdir()) and not self.force:

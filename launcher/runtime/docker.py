@@ -306,7 +306,10 @@ def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
     for k, v in redact.env(spec["env"]).items():
         groups.append("-e " + shlex.quote(f"{k}={v}"))
     for k in spec["secret_env"]:
-        groups.append(f"-e {k}")  # taken from the caller's environment, never written out
+        # Never written out, so it comes from the shell that runs the line. A bare `-e NAME`
+        # passes nothing where the shell lacks it (a key given with --api-key), and vLLM would
+        # serve with no key: the shell refuses to run the line instead.
+        groups.append(f'-e "{k}=${{{k}:?export {k} first: the launcher never prints it}}"')
     groups.append(shlex.quote(spec["image"]))
     groups.extend(flag_groups(redact.argv(spec["command"])))
     return groups
@@ -340,7 +343,7 @@ def connect(timeout: float = 60):
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, ValueError, OSError) as exc:  # ValueError: a DOCKER_HOST it cannot parse
         raise LauncherError(
             f"cannot reach the Docker daemon at {where}: {_short(exc)}",
             hint="start it (sudo systemctl start docker) or point DOCKER_HOST at one; "

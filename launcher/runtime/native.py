@@ -64,6 +64,9 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
         return proc.wait()
     except KeyboardInterrupt:
         return _stop(proc)
+    except BaseException:
+        _stop(proc)  # whatever failed here, the vLLM started here must not outlive the launcher
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -178,9 +181,20 @@ def first_chat(plan: Plan, url: str) -> str:
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             data = json.load(resp)
-        return data["choices"][0]["message"]["content"]
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         return f"<chat request failed: {exc}>"
+    return _reply_text(data)
+
+
+def _reply_text(data: object) -> str:
+    """The first choice's message, or what the reply was instead (a server may answer in any shape)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content
+    return f"<unexpected chat reply: {json.dumps(data)[:200]}>"
 
 
 def _served_names(argv: list[str]) -> list[str]:

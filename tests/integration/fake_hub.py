@@ -6,7 +6,7 @@ here. Never the internet: ``huggingface_hub`` is pointed at it with
 Routes (as huggingface_hub 1.x calls them):
   GET  /api/models/<owner>/<name>/revision/<rev>   repo info: the commit ("sha")
   GET  /api/models/<owner>/<name>/tree/<rev>       file listing with sizes
-  HEAD /<owner>/<name>/resolve/<rev>/<path>        X-Repo-Commit, ETag, Content-Length
+  HEAD /<owner>/<name>/resolve/<rev>/<path>        X-Repo-Commit, ETag (X-Linked-Etag: sha256 for *.safetensors), Content-Length
   GET  /<owner>/<name>/resolve/<rev>/<path>        the bytes (Range requests answered with 206)
 Errors carry the Hub's ``X-Error-Code`` header (RepoNotFound, RevisionNotFound, GatedRepo).
 """
@@ -132,6 +132,8 @@ class FakeHub(LocalHTTP):
                 data = repo.files[name]
                 headers = {"X-Repo-Commit": commit, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
                            "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+                if name.endswith(".safetensors"):  # the Hub stores these in LFS: their sha256 is the linked ETag
+                    headers["X-Linked-Etag"] = f'"{hashlib.sha256(data).hexdigest()}"'
                 if method == "HEAD":
                     headers["Content-Length"] = str(repo.size(name))
                     return self._send(200, b"", headers, head=True)

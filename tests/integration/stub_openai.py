@@ -30,6 +30,12 @@ class Behaviour:
     drafter: bool = False
     num_spec_tokens: int = 15
     api_key: str | None = None
+    # Misbehaviours a real server may show (issue 28.6):
+    keepalives: int = 0  # SSE comments sent before the first token, one every keepalive_s
+    keepalive_s: float = 0.05
+    models_body: object = None  # answer /v1/models with this JSON instead of the model list
+    event_form: str = "object"  # "list": events are JSON lists; "string-choices": choices hold strings
+    fail_after: int | None = None  # completions after this many answer HTTP 500
 
 
 class StubServer(LocalHTTP):
@@ -99,7 +105,8 @@ class StubServer(LocalHTTP):
                     self.wfile.write(body)
                 elif self.path == "/v1/models":
                     if self._authorized():
-                        self._json(200, {"object": "list", "data": [{"id": stub.b.model, "object": "model"}]})
+                        self._json(200, stub.b.models_body if stub.b.models_body is not None else
+                                   {"object": "list", "data": [{"id": stub.b.model, "object": "model"}]})
                 else:
                     self._json(404, {"error": "not found"})
 
@@ -115,6 +122,8 @@ class StubServer(LocalHTTP):
                     engine = stub.completions % 2
                 if body.get("model") != stub.b.model:
                     return self._json(404, {"error": f"model {body.get('model')} does not exist"})
+                if stub.b.fail_after is not None and stub.completions > stub.b.fail_after:
+                    return self._json(500, {"error": "the engine died"})
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
@@ -123,6 +132,10 @@ class StubServer(LocalHTTP):
                 prompt = body["prompt"]
                 prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
                 left = int(body["max_tokens"])
+                for _ in range(stub.b.keepalives):
+                    self.wfile.write(b": keep-alive\n\n")
+                    self.wfile.flush()
+                    time.sleep(stub.b.keepalive_s)
                 time.sleep(stub.b.ttft_s)
                 first = True
                 while left > 0:
@@ -140,6 +153,10 @@ class StubServer(LocalHTTP):
                 self.wfile.flush()
 
             def _event(self, data: dict) -> None:
+                if stub.b.event_form == "list":
+                    data = [data]
+                elif stub.b.event_form == "string-choices":
+                    data = {**data, "choices": [c.get("text", "") for c in data.get("choices", [])]}
                 self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 

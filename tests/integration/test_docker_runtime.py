@@ -354,7 +354,7 @@ def test_hf_token_home_and_offline_reach_the_container(client, image, models, tm
     assert "HF_TOKEN" in spec["secret_env"] and "HF_TOKEN" not in spec["env"]
     assert spec["env"]["HF_HUB_OFFLINE"] == "1" and spec["env"]["HF_HOME"] == rt.HF_HOME_MOUNT
     printed = rt.format_container_spec(spec)
-    assert "HF_TOKEN=***" in printed and "-e HF_TOKEN " in printed and "hf_TopSecretToken42" not in printed
+    assert "HF_TOKEN=***" in printed and "-e \"HF_TOKEN=${HF_TOKEN:?" in printed and "hf_TopSecretToken42" not in printed
     attrs, env = created(client, plan, spec)
     assert (env["HF_TOKEN"], env["HF_HUB_OFFLINE"], env["HF_HOME"]) == ("hf_TopSecretToken42", "1", "/cache/huggingface")
     mounts = {m["Target"]: (m["Source"], m["ReadOnly"]) for m in attrs["HostConfig"]["Mounts"]}

@@ -308,3 +308,73 @@ def test_serve_on_missing_models_names_the_pull_command(tmp_path):
     proc = launcher(["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], tmp=tmp_path, hub_url="http://127.0.0.1:9")
     assert proc.returncode == 1
     assert proc.stdout.count("fetch it with: launcher models pull --recipe gemma4-moe-dflash") == 2
+
+
+def test_a_new_revision_removes_only_files_the_pull_wrote_inside_its_folder(hub, tmp_path):
+    """Issue 28.4: the marker listed ../../precious.txt, and the next pull deleted it."""
+    target = hub.repos[TARGET_REPO]
+    recipe = write_recipe(tmp_path, target)
+    assert launcher(["models", "pull", "--recipe", str(recipe), "--only", "target"], tmp=tmp_path, hub_url=hub.url).returncode == 0
+    tdir = tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4"
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    beside = tmp_path / "models" / "other-model"
+    beside.mkdir()
+    (beside / "model.safetensors").write_bytes(b"weights")
+    (tdir / "notes.txt").write_text("the user's own notes")
+    (tdir / "escape").symlink_to(beside)
+    marker = json.loads((tdir / ".launcher-source.json").read_text())
+    marker["files"].update({"../../precious.txt": 7, str(precious): 7, "../other-model/model.safetensors": 7,
+                            "escape/model.safetensors": 7, "notes.txt": None})
+    (tdir / ".launcher-source.json").write_text(json.dumps(marker))
+
+    del target.files["chat_template.jinja"]  # a file the first pull did write
+    proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target", "--revision", "main"],
+                    tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert precious.read_text() == "keep me"
+    assert (beside / "model.safetensors").read_bytes() == b"weights"
+    assert (tdir / "notes.txt").read_text() == "the user's own notes"
+    assert not (tdir / "chat_template.jinja").exists()
+    assert "removed chat_template.jinja" in proc.stdout and "precious" not in proc.stdout
+
+
+def test_verify_with_nothing_pulled_prints_one_line_per_folder_with_its_pull_command(hub, tmp_path):
+    """Issue 29.6: ten blocks and "[no record of a pull (checked as found)]" for folders that are not there."""
+    recipe = write_recipe(tmp_path, hub.repos[TARGET_REPO])
+    proc = launcher(["models", "verify", "--recipe", str(recipe)], tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 1
+    lines = proc.stdout.strip().splitlines()
+    models = tmp_path / "models"
+    assert lines == [
+        f"target: {models / 'gemma-4-26B-A4B-it-NVFP4'} is not there; fetch it with: "
+        f"launcher models pull --recipe {recipe} --only target",
+        f"drafter: {models / 'gemma-4-26B-A4B-it-DFlash'} is not there; fetch it with: "
+        f"launcher models pull --recipe {recipe} --only drafter",
+    ]
+    assert not hub.seen  # verify never touched the Hub
+
+
+def test_verify_catches_weights_cut_off_or_changed_after_the_pull(hub, tmp_path):
+    """Issue 28.7: a safetensors file cut off in its data region (or altered) passed `models verify`."""
+    recipe = write_recipe(tmp_path, hub.repos[TARGET_REPO])
+    assert launcher(["models", "pull", "--recipe", str(recipe)], tmp=tmp_path, hub_url=hub.url).returncode == 0
+    weights = tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4" / "model.safetensors"
+    original = weights.read_bytes()
+
+    # Same size, one byte of tensor data changed: only the hash the Hub gave can tell.
+    weights.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
+    proc = launcher(["models", "verify", "--recipe", str(recipe)], tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode != 0
+    assert "model.safetensors (sha256" in proc.stderr and "differ from what the Hub sent" in proc.stderr
+
+    # Cut off in the data region, with the marker's size edited to match (the size check alone passes).
+    weights.write_bytes(original[: len(original) - 16])
+    marker_path = weights.parent / ".launcher-source.json"
+    marker = json.loads(marker_path.read_text())
+    marker["files"]["model.safetensors"] = len(original) - 16
+    marker_path.write_text(json.dumps(marker))
+    (weights.parent / ".cache").rename(tmp_path / "hub-state")  # and no Hub record: the header check alone
+    proc = launcher(["models", "verify", "--recipe", str(recipe)], tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 1
+    assert "cut off" in proc.stdout and "model.safetensors" in proc.stdout

@@ -21,7 +21,7 @@ SERVER = textwrap.dedent("""\
     port = int(argv[argv.index("--port") + 1])
     with open(os.environ["FAKE_RECORD"], "w") as fh:
         json.dump({"argv": argv, "env": dict(os.environ), "python": sys.executable,
-                   "version": VERSION}, fh)
+                   "version": VERSION, "pid": os.getpid()}, fh)
     if os.environ.get("FAKE_EXIT"):
         sys.exit(int(os.environ["FAKE_EXIT"]))
     if os.environ.get("FAKE_NEVER_READY"):
@@ -38,6 +38,7 @@ SERVER = textwrap.dedent("""\
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             auth = self.headers.get("Authorization")
             out = json.dumps({"choices": [{"message": {"content": "hi from " + body["model"] + " " + str(auth)}}]}).encode()
+            out = os.environ.get("FAKE_CHAT_REPLY", "").encode() or out  # a server answering in another shape
             self.send_response(200); self.send_header("Content-Length", str(len(out))); self.end_headers()
             self.wfile.write(out)
             served.append(1)

@@ -287,6 +287,26 @@ def test_corrupt_safetensors_named(tmp_path):
     assert any("model.safetensors" in r.message and "not readable" in r.message for r in blocking(reasons))
 
 
+def _cut(file: Path, keep_fraction: float) -> None:
+    """Truncate a safetensors file inside its data region, header intact (an interrupted copy)."""
+    (length,) = struct.unpack("<Q", file.read_bytes()[:8])
+    data = file.read_bytes()
+    data_bytes = len(data) - 8 - length
+    assert data_bytes > 2
+    file.write_bytes(data[: 8 + length + int(data_bytes * keep_fraction)])
+
+
+def test_safetensors_cut_off_in_its_data_region_blocks_target_and_drafter(tmp_path):
+    """Issue 28.7: the header still parsed, so a truncated file passed verify and preflight."""
+    target = nvfp4_target(tmp_path / "t")
+    _cut(target / "model.safetensors", 0.5)
+    _, reasons = inspect_target(target, expected_format=None, vllm_version="0.21.0")
+    assert any("model.safetensors" in r.message and "cut off" in r.message for r in blocking(reasons))
+    drafter = make_drafter(tmp_path / "d")
+    _cut(drafter / "model.safetensors", 0.9)
+    assert any("cut off" in r.message for r in blocking(inspect_drafter(drafter, target=TARGET)))
+
+
 def test_sharded_index_is_followed(tmp_path):
     root = tmp_path / "sharded"
     root.mkdir()

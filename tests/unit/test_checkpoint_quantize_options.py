@@ -210,3 +210,28 @@ def test_global_head_dim_left_alone_when_present(tmp_path):
     before = (out / "config.json").read_bytes()
     assert restore_global_head_dim(src, out) is None
     assert (out / "config.json").read_bytes() == before
+
+
+def test_out_containing_model_refused_before_anything_loads(tmp_path, monkeypatch):
+    """Issue 28.2: --out M/parent with --model M/parent/model --force renamed the parent away and deleted it."""
+    from launcher.quantize import pipeline
+
+    parent = tmp_path / "models" / "parent"
+    parent.mkdir(parents=True)
+    model = model_dir(parent)
+    sibling = parent / "sibling-model"
+    sibling.mkdir()
+    (sibling / "config.json").write_text("{}")
+
+    def must_not_load():
+        raise AssertionError("the heavy stack was imported before the overlap was refused")
+
+    monkeypatch.setattr(pipeline, "import_stack", must_not_load)
+    for out in (parent, tmp_path / "models", tmp_path):
+        with pytest.raises(LauncherError, match="contains --model"):
+            pipeline.run(QuantizeConfig(model=model, out=out, force=True), echo=lambda _msg: None)
+    # A symlinked --out that resolves to the parent is the same overlap.
+    (tmp_path / "link").symlink_to(parent)
+    with pytest.raises(LauncherError, match="contains --model"):
+        QuantizeConfig(model=model, out=tmp_path / "link", force=True).validate()
+    assert (model / "config.json").is_file() and (sibling / "config.json").is_file()

@@ -214,7 +214,7 @@ def test_cli_restart_and_hf_environment_in_the_dry_run(models, tmp_path):
                  "--restart", "unless-stopped"], env)
     assert "docker run -d --restart unless-stopped" in proc.stdout, proc.stdout + proc.stderr
     assert "HF_HUB_OFFLINE=1" in proc.stdout
-    assert "HF_TOKEN=***" in proc.stdout and "-e HF_TOKEN" in proc.stdout
+    assert "HF_TOKEN=***" in proc.stdout and "-e \"HF_TOKEN=${HF_TOKEN:?" in proc.stdout
     assert "hf_NeverPrinted99" not in proc.stdout + proc.stderr
 
 
@@ -223,3 +223,34 @@ def test_cli_restart_needs_the_docker_runtime(models, tmp_path):
                 {"MODELS_DIR": str(models)})
     assert proc.returncode == 2
     assert "error: --restart needs --runtime docker" in proc.stderr
+
+
+def test_pasted_docker_run_line_never_serves_without_the_key(models, tmp_path):
+    """Issue 28.10: `-e VLLM_API_KEY` took the key from the pasting shell, which lacks a key given with
+    --api-key: the container served with no key. The line is run for real by bash; `docker` is a
+    stand-in that records its arguments (no daemon here)."""
+    plan = plan_for(models / "target", api_key="sk-live-abcdef")
+    text = rt.format_container_spec(rt.container_spec(plan))
+    line = text.split("  as docker run:\n", 1)[1]
+    assert "sk-live-abcdef" not in line
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    (bin_dir / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    without = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, timeout=60)
+    assert without.returncode != 0 and without.stdout == ""  # docker never ran
+    assert "export VLLM_API_KEY first" in without.stderr
+    with_key = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60,
+                              env={**env, "VLLM_API_KEY": "sk-from-the-shell"})
+    assert with_key.returncode == 0, with_key.stderr
+    args = json.loads(with_key.stdout)
+    assert "VLLM_API_KEY=sk-from-the-shell" in args
+
+
+def test_unparsable_docker_host_is_one_clear_error(tmp_path):
+    """Issue 28.10: DOCKER_HOST=tcp://127.0.0.1:99999 gave a ValueError traceback."""
+    proc = subprocess.run([sys.executable, "-m", "launcher", "ps"], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, DOCKER_HOST="tcp://127.0.0.1:99999"), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "cannot reach the Docker daemon at tcp://127.0.0.1:99999" in proc.stderr

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -182,6 +183,9 @@ def test_health_timeout_exits_non_zero_although_vllm_stops_cleanly(envs, record,
     (["--port", "0"], "--port 0: a TCP port is 1 to 65535"),
     (["--port=-1"], "--port -1: a TCP port is 1 to 65535"),
     (["--host", "not a host"], "--host 'not a host' is neither an IP address nor a host name"),
+    # Issue 28.10: accepted as a host name before.
+    (["--host", "999.1.1.1"], "--host '999.1.1.1' is not an IPv4 address: four numbers 0 to 255"),
+    (["--host", "10.0.0"], "--host '10.0.0' is not an IPv4 address"),
     (["--timeout=-5"], "--timeout -5: seconds to wait must be more than 0"),
 ])
 def test_bad_address_and_timeout_are_refused(args, message, models):
@@ -200,3 +204,40 @@ def test_make_serve_passes_vllm_python(tmp_path):
     out = subprocess.run(["make", "-n", "-C", repo, "serve", "VLLM_PYTHON=/opt/vllm/bin/python", f"VENV={tmp_path}/v"],
                          capture_output=True, text=True, timeout=60).stdout
     assert "launcher serve --recipe gemma4-moe-dflash --vllm-python /opt/vllm/bin/python" in out
+
+
+@pytest.mark.parametrize("reply", ['{"choices": []}', '[1, 2]', '{"choices": ["hi"]}', '{"choices": [{"message": null}]}'])
+def test_a_first_chat_reply_of_another_shape_is_reported_not_raised(reply, envs, record, models, monkeypatch, capsys):
+    """Issue 28.5: `{"choices": []}` or a JSON list raised IndexError/TypeError in first_chat."""
+    monkeypatch.setenv("FAKE_CHAT_REPLY", reply)
+    plan = _plan(vllm_env.resolve(str(envs["a"])))
+    assert native.run(plan, wait=True, timeout=30) == 3  # it served, then exited as the stand-in does
+    assert f"(first reply: '<unexpected chat reply: {json.dumps(json.loads(reply))}>')" in capsys.readouterr().out
+
+
+def test_a_failure_after_the_start_stops_the_child(envs, record, models, monkeypatch):
+    """Issue 28.5: an exception after vLLM started left it running on the port.
+
+    The failure is injected (wait_ready raises), standing for any bug past the start.
+    """
+    import psutil
+
+    monkeypatch.setenv("FAKE_NEVER_READY", "1")
+
+    def broken(plan, proc, timeout):
+        while not record.exists():  # the child is up and running
+            assert proc.poll() is None
+            time.sleep(0.02)
+        raise RuntimeError("injected failure while waiting")
+
+    monkeypatch.setattr(native, "wait_ready", broken)
+    plan = _plan(vllm_env.resolve(str(envs["a"])))
+    with pytest.raises(RuntimeError, match="injected failure"):
+        native.run(plan, wait=True, timeout=30)
+    pid = json.loads(record.read_text())["pid"]
+    try:
+        alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        assert not alive, "the vLLM child outlived the launcher"
+    finally:
+        if psutil.pid_exists(pid):
+            psutil.Process(pid).kill()

@@ -89,3 +89,62 @@ def test_recipe_file_by_path(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text(GOOD.replace("name: x", "name: mine"))
     assert recipes.load(str(path)).name == "mine"
+
+
+@pytest.mark.parametrize("name", ["/etc", "../../etc", "..", ".", "a/b", "a\\b", "C:evil", "", " m"])
+@pytest.mark.parametrize("role", ["target", "drafter"])
+def test_model_names_are_one_folder_under_models_dir(role, name):
+    """Issue 28.3: `name: /etc` and `name: ../../etc` validated, and `models pull` wrote outside $MODELS_DIR."""
+    if role == "target":
+        text = GOOD.replace("target: {name: m}", f"target: {{name: {json.dumps(name)}}}")
+    else:
+        text = GOOD + f"drafter: {{name: {json.dumps(name)}, num_speculative_tokens: 4}}\n"
+    with pytest.raises(LauncherError, match=rf"field {role}.name: .*(folder name|single folder name)"):
+        recipes.parse_recipe(text, "r.yaml")
+
+
+def test_set_cannot_move_a_model_outside_models_dir():
+    rec = recipes.load("gemma4-moe-dflash")
+    for dotted in ("target.name", "drafter.name"):
+        with pytest.raises(LauncherError, match=rf"--set {dotted}=../../../etc: field {dotted}"):
+            recipes.set_field(rec, dotted, "../../../etc")
+    assert recipes.set_field(rec, "target.name", "my-own-nvfp4").target.name == "my-own-nvfp4"
+
+
+def _alias_bomb(depth: int, width: int) -> str:
+    lines = ["a0: &a0 [x]"]
+    for level in range(1, depth):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * width) + "]")
+    return GOOD + "\n".join(lines) + f"\nserve: {{extra_args: *a{depth - 1}}}\n"
+
+
+def test_line_index_walks_each_alias_once():
+    """Issue 28.9: the line index walked every path through nested aliases (width ** depth entries)."""
+    import yaml
+
+    small = _alias_bomb(depth=5, width=8)  # 8 ** 4 = 4096 paths through the aliases, 12 distinct nodes
+    index = recipes._line_index(yaml.compose(small, Loader=yaml.SafeLoader))
+    assert len(index) < 200
+
+
+def test_a_1kb_alias_bomb_is_a_plain_error():
+    bomb = _alias_bomb(depth=10, width=9)
+    assert len(bomb.encode()) < 1500
+    with pytest.raises(LauncherError, match=r"r.yaml:\d+: field serve.extra_args"):
+        recipes.parse_recipe(bomb, "r.yaml")
+
+
+def test_a_recipe_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    """Issue 28.9: a UnicodeDecodeError traceback, from `serve --recipe FILE` and `recipes validate`."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(GOOD.replace("description: d", "description: caf\xe9").encode("latin-1"))
+    with pytest.raises(LauncherError, match=rf"{path}:2: not UTF-8 text \(byte 0xe9"):
+        recipes.load(str(path))
+    res = CliRunner().invoke(app, ["recipes", "validate", str(path)])
+    assert res.exit_code == 2 and "not UTF-8 text" in res.output
+    res = CliRunner().invoke(app, ["serve", "--recipe", str(path), "--dry-run"])
+    assert "not UTF-8 text" in res.output and not isinstance(res.exception, UnicodeDecodeError)

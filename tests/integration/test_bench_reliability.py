@@ -1,0 +1,122 @@
+"""``launcher bench`` keeps what it measured and refuses bad input up front (issue 28.6, 28.10;
+29.5's result keys and progress).
+
+Against the stub server of test_bench_cli (it stands in for ``vllm serve``,
+which needs a GPU), set to misbehave the ways real servers and proxies do.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.bench import client, metrics
+from launcher.bench.client import Target
+from tests.integration.stub_openai import Behaviour, StubServer
+from tests.integration.test_bench_cli import launcher, small_recipe
+
+
+def _bench(tmp_path, server, *extra):
+    recipe = small_recipe(tmp_path)
+    return launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", *extra], tmp_path)
+
+
+@pytest.mark.parametrize("case", ["folder", "parent-is-a-file"])
+def test_an_unwritable_out_is_refused_before_any_request(case, tmp_path):
+    if case == "folder":
+        (tmp_path / "results").mkdir()
+        out = "results"
+    else:
+        (tmp_path / "notes.txt").write_text("x")
+        out = "notes.txt/r.json"
+    with StubServer(Behaviour()) as server:
+        proc = _bench(tmp_path, server, "--out", out)
+    assert proc.returncode == 2
+    assert f"--out {out}" in proc.stderr and "Traceback" not in proc.stderr
+    assert server.completions == 0  # nothing was measured, so nothing was lost
+
+
+def test_finished_runs_are_written_when_a_later_run_fails(tmp_path):
+    # The warm-up and the two requests of run 1 (c=1) succeed; run 2 (c=3) gets HTTP 500 only.
+    with StubServer(Behaviour(fail_after=3)) as server:
+        proc = _bench(tmp_path, server, "--out", "r.json")
+    assert proc.returncode == 2 and "every request failed" in proc.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    # The finished run is kept, and the failed one is recorded with why.
+    assert [(r["concurrency"], r["completed"]) for r in doc["runs"]] == [(1, 2), (3, 0)]
+    assert doc["runs"][0]["mean_ttft_ms"] is not None and "HTTP 500" in doc["runs"][1]["errors"][0]
+
+
+def test_a_missing_baseline_result_is_named_before_the_run(tmp_path):
+    with StubServer(Behaviour(drafter=True)) as server:
+        proc = _bench(tmp_path, server, "--compare-without-drafter", "--baseline-result", "earlier.json")
+    assert proc.returncode == 2 and "--baseline-result earlier.json: not a readable result JSON" in proc.stderr
+    assert server.completions == 0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_timeout_must_be_positive(value, tmp_path):
+    with StubServer(Behaviour()) as server:
+        proc = _bench(tmp_path, server, f"--timeout={value}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"--timeout {float(value):g}: seconds per request must be more than 0" in proc.stderr
+    assert server.completions == 0
+
+
+def test_timeout_bounds_the_whole_request_not_each_read():
+    """A server sending a keep-alive comment every 50 ms never trips a per-read timeout of 0.5 s."""
+    with StubServer(Behaviour(keepalives=200, keepalive_s=0.05)) as server:
+        res = client.one_request(Target(server.url, "gemma4"), "Hello", max_tokens=4, temperature=0.0, seed=0,
+                                 ignore_eos=True, timeout=0.5)
+    assert not res.ok
+    assert "no complete answer within --timeout 0.5 s" in res.error
+
+
+@pytest.mark.parametrize("behaviour, message", [
+    (Behaviour(models_body=[{"id": "gemma4"}]), "/v1/models answered [{\"id\": \"gemma4\"}], not an OpenAI model list"),
+    (Behaviour(event_form="list"), "an SSE event is not a JSON object"),
+    (Behaviour(event_form="string-choices"), "an SSE event's choices are not a list of objects"),
+], ids=["models-list", "events-lists", "choices-strings"])
+def test_wrongly_shaped_json_is_a_clear_error(behaviour, message, tmp_path):
+    with StubServer(behaviour) as server:
+        proc = _bench(tmp_path, server)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and message in proc.stderr
+
+
+def test_nan_or_inf_counters_do_not_raise():
+    text = ("vllm:spec_decode_num_drafts_total{engine=\"0\"} NaN\n"
+            "vllm:spec_decode_num_draft_tokens_total{engine=\"0\"} +Inf\n"
+            "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\"} 3.0\n")
+    after = ("vllm:spec_decode_num_drafts_total{engine=\"0\"} 4.0\n"
+             "vllm:spec_decode_num_draft_tokens_total{engine=\"0\"} NaN\n"
+             "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\"} 9.0\n")
+    before, later = metrics.parse(text), metrics.parse(after)
+    assert before is not None and later is not None  # the counters are there ...
+    result = metrics.acceptance(before, later)
+    assert result["acceptance_rate_pct"] is None  # ... but say nothing about acceptance
+    assert metrics.acceptance(later, metrics.parse(after.replace("NaN", "8.0")))["draft_tokens"] == 8
+
+
+def test_result_uses_vllm_bench_keys_and_progress_is_shown(tmp_path):
+    """Issue 29.5: flat keys as `vllm bench serve --save-result` writes them; progress while it runs."""
+    with StubServer(Behaviour(ttft_s=0.02)) as server:
+        proc = _bench(tmp_path, server, "--out", "r.json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    for run in doc["runs"]:
+        for key in ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                    "output_throughput", "total_token_throughput", "max_concurrency"):
+            assert isinstance(run[key], (int, float)), key
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            for stat in ("mean", "median", "std", "p50", "p99"):
+                assert isinstance(run[f"{stat}_{name}_ms"], float), f"{stat}_{name}_ms"
+        assert run["total_token_throughput"] * run["duration"] == pytest.approx(
+            run["total_input_tokens"] + run["total_output_tokens"])
+        assert run["mean_ttft_ms"] >= 20.0 and run["mean_e2el_ms"] > run["mean_ttft_ms"]
+        assert run["p99_tpot_ms"] >= run["median_tpot_ms"] and run["std_ttft_ms"] >= 0.0
+        assert "ttft_ms" not in run
+    # Not a terminal here: the progress comes as plain lines on stderr, one per run.
+    assert "run 1/2 short c=1: 2 requests" in proc.stderr and "run 2/2 short c=3: 6 requests" in proc.stderr
+    assert "TTFT mean " in proc.stdout and " / p99 " in proc.stdout
