@@ -351,7 +351,7 @@ def _drafter_kernel_risk(plan: Plan, rec) -> None:
     plan.warnings.append(
         "DGX Spark: the drafter runs FLASH_ATTN, i.e. FlashAttention 2 on sm_121, where vLLM #50707 reports a "
         "device-side assert in _vllm_fa2_C.varlen_fwd at start-up; if you see it, serve without the drafter "
-        "(--set drafter=) and report it (tests/gpu/README.md, 'sm_12x kernels')"
+        "(--set drafter=null) and report it (tests/gpu/README.md, 'sm_12x kernels')"
     )
 
 
