@@ -4,12 +4,19 @@ always prints the whole plan with every reason at once."""
 
 from __future__ import annotations
 
-from launcher.plan import Context, PatchState, Plan
+from launcher.plan import Context, PatchState, Plan, Request, assemble
 from launcher.preflight import Reason
 from launcher.profiles import PROFILES
 from launcher.vllm_compat import nearest_release, parse_version
 
 DRIVER_HINT = "install the NVIDIA driver (570 or newer for Blackwell) so that nvidia-smi works"
+
+
+def resolve(req: Request, ctx: Context) -> Plan:
+    """The plan for ``req`` with every preflight reason: what serve, doctor and --dry-run show."""
+    plan = assemble(req, ctx)
+    run_all(plan, plan.spec, ctx)
+    return plan
 
 
 def run_all(plan: Plan, rec, ctx: Context) -> None:

@@ -67,7 +67,9 @@ def serve(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
     )
-    plan = plans.resolve(req, _context(vllm_python if runtime == "native" else None))
+    from launcher import checks
+
+    plan = checks.resolve(req, _context(vllm_python if runtime == "native" else None))
     if dry_run:
         _print_plan(plan, as_json, restart)
         raise typer.Exit(1 if plan.blocking else 0)

@@ -1,7 +1,11 @@
 """The resolved Plan: exactly what will run, for every runtime.
 
-recipe + hardware + vLLM version + user overrides --resolve()--> Plan
-Plan --> native runtime | docker runtime | --dry-run (print)
+recipe + hardware + vLLM version + user overrides --assemble()--> Plan
+Plan --checks.resolve() adds the preflight reasons--> native runtime | docker runtime | --dry-run (print)
+
+Dependencies point one way: recipe -> plan -> checks/runtime -> CLI. This
+module never imports ``launcher.checks``; callers that want the preflight
+(every command) call ``launcher.checks.resolve``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class Plan:
     patches: list[PatchState] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     reasons: list[Reason] = field(default_factory=list)
+    # The recipe as resolved (--set and the profile applied): what the checks read.
+    spec: recipes.Recipe | None = field(default=None, repr=False, compare=False)
 
     @property
     def blocking(self) -> list[Reason]:
@@ -139,7 +145,8 @@ def validate_address(host: str, port: int) -> None:
                             hint="e.g. 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or a name like myhost.lan")
 
 
-def resolve(req: Request, ctx: Context) -> Plan:
+def assemble(req: Request, ctx: Context) -> Plan:
+    """The plan without the preflight checks (``launcher.checks.resolve`` runs them on it)."""
     validate_address(req.host, req.port)
     env_sets, field_sets = split_sets(req.sets)
     rec = recipes.load(req.recipe)
@@ -183,12 +190,10 @@ def resolve(req: Request, ctx: Context) -> Plan:
         vllm_python=ctx.vllm.python if req.runtime == "native" and ctx.vllm and ctx.vllm.has_vllm else None,
         warnings=warnings,
         reasons=reasons,
+        spec=rec,
     )
     _safety(plan, rec, ctx, req.extra_args)
     _drafter_kernel_risk(plan, rec)
-    from launcher import checks
-
-    checks.run_all(plan, rec, ctx)
     return plan
 
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from launcher.plan import Request, resolve
+from launcher.checks import resolve
+from launcher.plan import Request
 from tests.unit.conftest import RTX5090, make_ctx
 
 # The user's env, less TORCH_MATMUL_PRECISION (read by neither release) and
