@@ -102,6 +102,17 @@ class Request:
     extra_args: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class LocalImage:
+    """A vllm-sm12x image the Docker daemon has, as its labels describe it."""
+
+    tag: str
+    vllm_version: str | None  # org.vllm-sm12x.vllm-version (an NGC base's may carry +local)
+    target: str | None  # sm120 | sm121
+    arch: str | None  # amd64 | arm64
+    created: str = ""  # ISO time: the newest build wins the default
+
+
 @dataclass
 class Context:
     """What the machine says; injected by tests, probed for real otherwise."""
@@ -113,6 +124,11 @@ class Context:
     # The environment native serve runs (launcher.vllm_env); None: none found,
     # or a test describing versions only.
     vllm: VllmEnv | None = None
+    # Docker runtime: the images the daemon has (every tag; labels where they are
+    # vllm-sm12x's). None: not looked (native runtime, a test) or the daemon did
+    # not answer (docker_error says why).
+    images: list[LocalImage] | None = None
+    docker_error: str | None = None
 
 
 def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -157,7 +173,8 @@ def assemble(req: Request, ctx: Context) -> Plan:
     warnings: list[str] = []
     profile, profile_source = _choose_profile(req, rec, ctx.host, reasons)
     rec = _sets_beat_profile(rec, profile, field_sets)
-    version, version_source = _choose_version(req, rec, ctx, reasons)
+    built = _built_image(req, rec, profile, ctx) if req.runtime == "docker" else None
+    version, version_source = _choose_version(req, rec, ctx, reasons, built)
 
     override = rec.profiles.get(profile)
     env, sources = _recipe_env(rec, override, ctx.host.wsl, version, warnings)
@@ -186,7 +203,8 @@ def assemble(req: Request, ctx: Context) -> Plan:
         env_unset=env_unset,
         argv=argv,
         api_key=req.api_key,
-        image=(req.image or default_image(str(version), profile)) if req.runtime == "docker" else req.image,
+        image=(req.image or (built.tag if built else default_image(str(version), profile)))
+        if req.runtime == "docker" else req.image,
         vllm_python=ctx.vllm.python if req.runtime == "native" and ctx.vllm and ctx.vllm.has_vllm else None,
         warnings=warnings,
         reasons=reasons,
@@ -230,12 +248,38 @@ def _choose_profile(req: Request, rec, host: HostInfo, reasons: list[Reason]) ->
     return default, f"default (detected {gpu.name}, {gpu.sm}, matches no profile of this recipe)"
 
 
-def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason]):
+def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason], built: LocalImage | None = None):
     if req.vllm_version:
         return vllm_compat.parse_version(req.vllm_version), "--vllm-version"
     if req.runtime == "native" and ctx.installed_vllm:
         return vllm_compat.parse_version(ctx.installed_vllm), "installed"
+    if built is not None and _image_version(built):
+        return _image_version(built), f"image {built.tag}"
     return vllm_compat.parse_version(rec.vllm_versions[0]), "recipe default"
+
+
+def _image_version(image: LocalImage):
+    """The image's vLLM (0.29.0+2d3f1c.nv26.09 on an NGC base is 0.29.0); None when its label has none."""
+    try:
+        return vllm_compat.parse_version(image.vllm_version) if image.vllm_version else None
+    except LauncherError:
+        return None
+
+
+def _built_image(req: Request, rec, profile: str, ctx: Context) -> LocalImage | None:
+    """The image the docker runtime runs when --image names none: the newest
+    vllm-sm12x image built for this profile's card and a vLLM the recipe
+    supports (--vllm-version narrows it). With --image: that image, if the
+    daemon has it, so that its vLLM decides the plan's version."""
+    images = ctx.images or []
+    if req.image:
+        return next((i for i in images if i.tag == req.image), None)
+    sm = PROFILES[profile].sm.replace("_", "")
+    arch = PROFILES[profile].platform.split("/")[1]
+    wanted = {str(vllm_compat.parse_version(v)) for v in
+              ([req.vllm_version] if req.vllm_version else rec.vllm_versions)}
+    fits = [i for i in images if i.target == sm and i.arch == arch and str(_image_version(i)) in wanted]
+    return max(fits, key=lambda i: (i.created, i.tag), default=None)
 
 
 def _recipe_env(rec, override, wsl: bool, version, warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
