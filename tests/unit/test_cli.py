@@ -130,7 +130,8 @@ def test_help_at_80_columns_shows_no_type_placeholders_and_every_option_name_who
         out = res.output
         for placeholder in ("<bool>", "<str>", "<int>", "<float>", "<path>", "<list[", "<int range>"):
             assert placeholder not in out, (path, placeholder)
-        assert "…" not in out and all(len(line) <= 80 for line in out.splitlines()), path
+        assert "\u2026" not in out and all(len(line) <= 80 for line in out.splitlines()), path
+        assert "\\[" not in out, path  # a rich-markup escape shown as typed
         for param in command.params:
             for name in (*param.opts, *getattr(param, "secondary_opts", [])):
                 if name.startswith("--") and not getattr(param, "hidden", False):
