@@ -351,6 +351,9 @@ def test_hf_token_home_and_offline_reach_the_container(client, image, models, tm
     plan = checks.resolve(plans.Request(recipe="gemma4-moe-dflash", runtime="docker", image=image,
                                        model=str(models / "target"), drafter=str(models / "drafter"),
                                        profile="rtx5090", port=docker_env.free_port()), ctx)
+    # The container's name comes from the recipe: unique here, as in make_plan, so that a
+    # test run beside this one on the same daemon never meets a container of this name.
+    plan.recipe = f"test-{uuid.uuid4().hex[:8]}"
     spec = rt.container_spec(plan, gpus=None)
     assert "HF_TOKEN" in spec["secret_env"] and "HF_TOKEN" not in spec["env"]
     assert spec["env"]["HF_HUB_OFFLINE"] == "1" and spec["env"]["HF_HOME"] == rt.HF_HOME_MOUNT
