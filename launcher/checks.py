@@ -4,7 +4,7 @@ always prints the whole plan with every reason at once."""
 
 from __future__ import annotations
 
-from launcher.plan import Context, PatchState, Plan
+from launcher.plan import Context, PatchState, Plan, Request, assemble
 from launcher.preflight import Reason
 from launcher.profiles import PROFILES
 from launcher.vllm_compat import nearest_release, parse_version
@@ -12,11 +12,39 @@ from launcher.vllm_compat import nearest_release, parse_version
 DRIVER_HINT = "install the NVIDIA driver (570 or newer for Blackwell) so that nvidia-smi works"
 
 
+def resolve(req: Request, ctx: Context) -> Plan:
+    """The plan for ``req`` with every preflight reason: what serve, doctor and --dry-run show."""
+    plan = assemble(req, ctx)
+    run_all(plan, plan.spec, ctx)
+    return plan
+
+
 def run_all(plan: Plan, rec, ctx: Context) -> None:
     hardware(plan, rec, ctx)
     vllm(plan, rec, ctx)
+    image(plan, rec, ctx)
     patches(plan, rec, ctx)
     checkpoint(plan, rec, ctx)
+
+
+def image(plan: Plan, rec, ctx: Context) -> None:
+    """The docker runtime's image must be on this machine: a dry run says so,
+    rather than the start failing after the plan read as ready."""
+    if plan.runtime != "docker" or not plan.image:
+        return
+    if ctx.images is None:
+        if ctx.docker_error:
+            plan.reasons.append(Reason("image", f"cannot look for image {plan.image}: {ctx.docker_error}",
+                                       hint="start the Docker daemon (sudo systemctl start docker), "
+                                            "or use --runtime native"))
+        return
+    if any(i.tag == plan.image for i in ctx.images):
+        return
+    from launcher.runtime.docker import image_hint
+
+    ours = sorted(f"{i.tag} ({i.target} {i.arch}, vLLM {i.vllm_version})" for i in ctx.images if i.vllm_version)
+    have = f"; vllm-sm12x images here: {', '.join(ours)}" if ours else "; no vllm-sm12x image is here"
+    plan.reasons.append(Reason("image", f"image {plan.image} is not on this machine{have}", hint=image_hint(plan)))
 
 
 def hardware(plan: Plan, rec, ctx: Context) -> None:

@@ -8,6 +8,8 @@ inside commands so that ``serve --dry-run`` stays fast.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Annotated, get_args, get_origin
 
 import typer
 from typer.core import TyperGroup
@@ -16,7 +18,12 @@ from launcher.errors import LauncherError
 
 
 class _Group(TyperGroup):
-    """Turns a LauncherError anywhere below into one clear line and an exit code."""
+    """Turns a LauncherError anywhere below into one clear line and an exit code,
+    and gives every command below plain help (see ``_plain_help``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _plain_help(self)
 
     def invoke(self, ctx):  # type: ignore[override]
         try:
@@ -28,6 +35,50 @@ class _Group(TyperGroup):
             raise typer.Exit(exc.exit_code) from None
 
 
+def _plain_help(command) -> None:
+    """Help as click (and vLLM's argparse) prints it, for ``command`` and all below.
+
+    Typer's rich panels put a type column (``<bool>``, ``<list[str]>``) beside
+    every option, flags included, and at 80 columns the table cuts what does
+    not fit with an ellipsis, long option names too. Plain help wraps instead;
+    an option shows click's type name (TEXT, INTEGER, PATH), a flag none.
+    """
+    command.rich_markup_mode = None
+    for param in command.params:
+        kind = getattr(param, "param_type_name", "")
+        if kind == "option" and param.metavar is None \
+                and not (getattr(param, "is_flag", False) or getattr(param, "count", False)):
+            param.metavar = _type_name(param)
+        elif kind == "argument" and hasattr(param, "type_descriptor"):
+            # typer >= 0.2x lists arguments with their annotation (``files... <list[Path]>``):
+            # the name says enough.
+            param.display_type_rich = lambda ctx: None
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+
+
+_TYPE_NAMES = {str: "TEXT", int: "INTEGER", float: "FLOAT", Path: "PATH"}
+
+
+def _type_name(param) -> str:
+    """An option's value type as click names it; typer >= 0.2x keeps the annotation, older typer a click type."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None:
+        return param.type.name.upper().removesuffix(" RANGE")
+    annotation = descriptor.annotation
+    if get_origin(annotation) is list:
+        (annotation,) = get_args(annotation)
+    return _TYPE_NAMES.get(annotation, "VALUE")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from launcher import __version__
+
+        typer.echo(f"launcher {__version__}")
+        raise typer.Exit()
+
+
 app = typer.Typer(
     cls=_Group,
     no_args_is_help=True,
@@ -35,6 +86,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="vLLM on consumer Blackwell (RTX 5090 sm_120, DGX Spark sm_121): recipes, patches, builds, images.",
 )
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                          help="Print the launcher version and exit.")] = False,
+) -> None:
+    """vLLM on consumer Blackwell (RTX 5090 sm_120, DGX Spark sm_121): recipes, patches, builds, images."""
 
 
 def _register() -> None:

@@ -16,19 +16,34 @@ from launcher.errors import LauncherError
 recipes_app = typer.Typer(no_args_is_help=True, help="List, show, validate recipes; export their JSON Schema.")
 
 
-def _context(vllm_python: str | None = None):
+def _context(vllm_python: str | None = None, *, runtime: str = "native"):
     from launcher import hardware, vllm_env
     from launcher.plan import Context
 
     env = vllm_env.resolve(vllm_python)
     has = env is not None and env.has_vllm
-    return Context(
+    ctx = Context(
         host=hardware.probe(),
         environ=dict(os.environ),
         installed_vllm=env.vllm_version if has else None,
         installed_transformers=env.transformers_version if env else None,
         vllm=env,
     )
+    if runtime == "docker":
+        ctx.images, ctx.docker_error = _local_images()
+    return ctx
+
+
+def _local_images():
+    """The daemon's images for the docker runtime's plan, or why there are none to look at."""
+    try:
+        from launcher.runtime import docker as docker_runtime
+
+        return docker_runtime.local_images(docker_runtime.connect(timeout=10)), None
+    except ImportError as exc:
+        return None, f"the Docker SDK is not installed ({exc})"
+    except LauncherError as exc:
+        return None, exc.message
 
 
 def serve(
@@ -67,7 +82,9 @@ def serve(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
     )
-    plan = plans.resolve(req, _context(vllm_python if runtime == "native" else None))
+    from launcher import checks
+
+    plan = checks.resolve(req, _context(vllm_python if runtime == "native" else None, runtime=runtime))
     if dry_run:
         _print_plan(plan, as_json, restart)
         raise typer.Exit(1 if plan.blocking else 0)

@@ -111,7 +111,8 @@ def _docker_status() -> dict:
 
 def _recipe_verdicts(host, only: str | None, model: Path | None, env) -> dict:
     from launcher import recipe as recipes
-    from launcher.plan import Context, Request, resolve
+    from launcher.checks import resolve
+    from launcher.plan import Context, Request
 
     has = env is not None and env.has_vllm
     ctx = Context(host=host, environ=dict(os.environ), installed_vllm=env.vllm_version if has else None,

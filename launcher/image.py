@@ -164,9 +164,11 @@ def overlay_inputs(base: str, probed: dict, *, repo_digests: list[str], image_id
 
 
 def write_manifest(*, flavor: str, base: str, base_digest: str, base_image_id: str, target: str, arch: str,
-                   expect: dict[str, str]) -> dict:
+                   expect: dict[str, str], commands: list[str]) -> dict:
     """Probe this image, check the labelled values, write the manifest and the
-    entrypoint's command list. LauncherError (the build fails) on a mismatch."""
+    entrypoint's command list (``commands``: the CLI's top-level names, handed
+    down by the CLI so this module does not import it). LauncherError (the
+    build fails) on a mismatch."""
     from launcher import __version__
     from launcher.errors import LauncherError
     from launcher.patching import engine
@@ -205,7 +207,7 @@ def write_manifest(*, flavor: str, base: str, base_digest: str, base_image_id: s
     folder = image_dir()
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path().write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (folder / "launcher-commands").write_text("\n".join(launcher_commands()) + "\n", encoding="utf-8")
+    (folder / "launcher-commands").write_text("\n".join(sorted(commands)) + "\n", encoding="utf-8")
     return manifest
 
 
@@ -218,15 +220,6 @@ def installed_distributions() -> dict[str, str]:
         if name:
             found[name] = dist.version
     return dict(sorted(found.items()))
-
-
-def launcher_commands() -> list[str]:
-    """The launcher's top-level command names (the entrypoint sends the rest to vLLM)."""
-    import typer
-
-    from launcher.cli import app
-
-    return sorted(typer.main.get_command(app).commands)
 
 
 def read_manifest() -> dict | None:

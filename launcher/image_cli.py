@@ -73,6 +73,7 @@ def inputs_cmd(
 
 @app.command("write-manifest")
 def write_manifest_cmd(
+    ctx: typer.Context,
     flavor: Annotated[str, typer.Option(help="overlay or source.")],
     base: Annotated[str, typer.Option(help="The base image reference.")],
     base_digest: Annotated[str, typer.Option(help="Its registry digest, if known.")] = "",
@@ -89,9 +90,16 @@ def write_manifest_cmd(
             raise LauncherError(f"--expect {item!r}: use KEY=VALUE")
         wanted[key] = value
     manifest = image.write_manifest(flavor=flavor, base=base, base_digest=base_digest, base_image_id=base_image_id,
-                                    target=target, arch=arch, expect=wanted)
+                                    target=target, arch=arch, expect=wanted, commands=launcher_commands(ctx))
     for line in image.manifest_lines(manifest):
         typer.echo(line)
+
+
+def launcher_commands(ctx: typer.Context) -> list[str]:
+    """The launcher's top-level command names (the image's entrypoint sends the rest to vLLM),
+    read from the running command tree: importing ``launcher.cli`` here would be a cycle."""
+    root = ctx.find_root()
+    return sorted(root.command.list_commands(root))
 
 
 @app.command("manifest")

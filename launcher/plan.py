@@ -1,7 +1,11 @@
 """The resolved Plan: exactly what will run, for every runtime.
 
-recipe + hardware + vLLM version + user overrides --resolve()--> Plan
-Plan --> native runtime | docker runtime | --dry-run (print)
+recipe + hardware + vLLM version + user overrides --assemble()--> Plan
+Plan --checks.resolve() adds the preflight reasons--> native runtime | docker runtime | --dry-run (print)
+
+Dependencies point one way: recipe -> plan -> checks/runtime -> CLI. This
+module never imports ``launcher.checks``; callers that want the preflight
+(every command) call ``launcher.checks.resolve``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class Plan:
     patches: list[PatchState] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     reasons: list[Reason] = field(default_factory=list)
+    # The recipe as resolved (--set and the profile applied): what the checks read.
+    spec: recipes.Recipe | None = field(default=None, repr=False, compare=False)
 
     @property
     def blocking(self) -> list[Reason]:
@@ -96,6 +102,17 @@ class Request:
     extra_args: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class LocalImage:
+    """A vllm-sm12x image the Docker daemon has, as its labels describe it."""
+
+    tag: str
+    vllm_version: str | None  # org.vllm-sm12x.vllm-version (an NGC base's may carry +local)
+    target: str | None  # sm120 | sm121
+    arch: str | None  # amd64 | arm64
+    created: str = ""  # ISO time: the newest build wins the default
+
+
 @dataclass
 class Context:
     """What the machine says; injected by tests, probed for real otherwise."""
@@ -107,6 +124,11 @@ class Context:
     # The environment native serve runs (launcher.vllm_env); None: none found,
     # or a test describing versions only.
     vllm: VllmEnv | None = None
+    # Docker runtime: the images the daemon has (every tag; labels where they are
+    # vllm-sm12x's). None: not looked (native runtime, a test) or the daemon did
+    # not answer (docker_error says why).
+    images: list[LocalImage] | None = None
+    docker_error: str | None = None
 
 
 def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -142,7 +164,8 @@ def validate_address(host: str, port: int) -> None:
                             hint="e.g. 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or a name like myhost.lan")
 
 
-def resolve(req: Request, ctx: Context) -> Plan:
+def assemble(req: Request, ctx: Context) -> Plan:
+    """The plan without the preflight checks (``launcher.checks.resolve`` runs them on it)."""
     validate_address(req.host, req.port)
     env_sets, field_sets = split_sets(req.sets)
     rec = recipes.load(req.recipe)
@@ -153,7 +176,8 @@ def resolve(req: Request, ctx: Context) -> Plan:
     warnings: list[str] = []
     profile, profile_source = _choose_profile(req, rec, ctx.host, reasons)
     rec = _sets_beat_profile(rec, profile, field_sets)
-    version, version_source = _choose_version(req, rec, ctx, reasons)
+    built = _built_image(req, rec, profile, ctx) if req.runtime == "docker" else None
+    version, version_source = _choose_version(req, rec, ctx, reasons, built)
 
     override = rec.profiles.get(profile)
     env, sources = _recipe_env(rec, override, ctx.host.wsl, version, warnings)
@@ -182,16 +206,15 @@ def resolve(req: Request, ctx: Context) -> Plan:
         env_unset=env_unset,
         argv=argv,
         api_key=req.api_key,
-        image=(req.image or default_image(str(version), profile)) if req.runtime == "docker" else req.image,
+        image=(req.image or (built.tag if built else default_image(str(version), profile)))
+        if req.runtime == "docker" else req.image,
         vllm_python=ctx.vllm.python if req.runtime == "native" and ctx.vllm and ctx.vllm.has_vllm else None,
         warnings=warnings,
         reasons=reasons,
+        spec=rec,
     )
     _safety(plan, rec, ctx, req.extra_args)
     _drafter_kernel_risk(plan, rec)
-    from launcher import checks
-
-    checks.run_all(plan, rec, ctx)
     return plan
 
 
@@ -228,12 +251,38 @@ def _choose_profile(req: Request, rec, host: HostInfo, reasons: list[Reason]) ->
     return default, f"default (detected {gpu.name}, {gpu.sm}, matches no profile of this recipe)"
 
 
-def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason]):
+def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason], built: LocalImage | None = None):
     if req.vllm_version:
         return vllm_compat.parse_version(req.vllm_version), "--vllm-version"
     if req.runtime == "native" and ctx.installed_vllm:
         return vllm_compat.parse_version(ctx.installed_vllm), "installed"
+    if built is not None and _image_version(built):
+        return _image_version(built), f"image {built.tag}"
     return vllm_compat.parse_version(rec.vllm_versions[0]), "recipe default"
+
+
+def _image_version(image: LocalImage):
+    """The image's vLLM (0.29.0+2d3f1c.nv26.09 on an NGC base is 0.29.0); None when its label has none."""
+    try:
+        return vllm_compat.parse_version(image.vllm_version) if image.vllm_version else None
+    except LauncherError:
+        return None
+
+
+def _built_image(req: Request, rec, profile: str, ctx: Context) -> LocalImage | None:
+    """The image the docker runtime runs when --image names none: the newest
+    vllm-sm12x image built for this profile's card and a vLLM the recipe
+    supports (--vllm-version narrows it). With --image: that image, if the
+    daemon has it, so that its vLLM decides the plan's version."""
+    images = ctx.images or []
+    if req.image:
+        return next((i for i in images if i.tag == req.image), None)
+    sm = PROFILES[profile].sm.replace("_", "")
+    arch = PROFILES[profile].platform.split("/")[1]
+    wanted = {str(vllm_compat.parse_version(v)) for v in
+              ([req.vllm_version] if req.vllm_version else rec.vllm_versions)}
+    fits = [i for i in images if i.target == sm and i.arch == arch and str(_image_version(i)) in wanted]
+    return max(fits, key=lambda i: (i.created, i.tag), default=None)
 
 
 def _recipe_env(rec, override, wsl: bool, version, warnings: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -372,7 +421,7 @@ def _drafter_kernel_risk(plan: Plan, rec) -> None:
     plan.warnings.append(
         "DGX Spark: the drafter runs FLASH_ATTN, i.e. FlashAttention 2 on sm_121, where vLLM #50707 reports a "
         f"device-side assert in _vllm_fa2_C.varlen_fwd at start-up ({runner}); if you see it, run the drafter "
-        f"without FA2: --set drafter.attention_backend={fallback} (or serve without the drafter: --set drafter=), "
+        f"without FA2: --set drafter.attention_backend={fallback} (or serve without the drafter: --set drafter=null), "
         "and report it (tests/gpu/README.md, 'sm_12x kernels')"
     )
 

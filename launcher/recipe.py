@@ -298,6 +298,70 @@ class Recipe(_Strict):
         return []
 
 
+class SharedModel(_Strict):
+    """A folder under ``$MODELS_DIR`` and where its files come from.
+
+    Kept apart from the recipes because several recipes serve one folder
+    (with and without the drafter, text only): were each to state its own
+    source, ``models list``, ``models pull`` and ``doctor`` would answer for
+    the same folder differently depending on the recipe asked.
+    """
+
+    source: str | None = None
+    hub: HubSource | None = None
+    format: ModelFormat | None = None  # a target's; a drafter has none
+
+
+class SharedModels(_Strict):
+    models: dict[str, SharedModel] = Field(default_factory=dict)
+
+
+SHARED_MODELS = ("shared", "models.yaml")
+
+
+def shared_models() -> dict[str, SharedModel]:
+    """The shipped model entries by folder name (empty where the file is absent)."""
+    path = recipes_dir().joinpath(*SHARED_MODELS)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    return _parse_shared(text, str(path))
+
+
+_shared_cache: dict[tuple[str, str], dict[str, SharedModel]] = {}
+
+
+def _parse_shared(text: str, source: str) -> dict[str, SharedModel]:
+    key = (source, text)
+    if key not in _shared_cache:
+        try:
+            _shared_cache[key] = SharedModels.model_validate(yaml.safe_load(text) or {}).models
+        except (yaml.YAMLError, ValidationError) as exc:
+            raise LauncherError(f"{source}: invalid shared model entries: {exc}") from None
+    return _shared_cache[key]
+
+
+def _share_model_entries(data: dict) -> None:
+    """Fill each model of ``data`` that leaves out its source, hub or format from its shared entry.
+
+    Done on the raw mapping, before validation, so that an omitted field
+    takes the shared value. A value the recipe writes out wins: a user's
+    recipe may point a folder at a mirror or another revision (the shipped
+    recipes write none; tests/unit/test_recipe_hub_bench.py checks).
+    """
+    catalog = shared_models()
+    for role in ("target", "drafter"):
+        ref = data.get(role)
+        entry = catalog.get(ref.get("name")) if isinstance(ref, dict) and isinstance(ref.get("name"), str) else None
+        if entry is None:
+            continue
+        for key in ("source", "hub") + (("format",) if role == "target" else ()):
+            shared = getattr(entry, key)
+            if shared is not None and ref.get(key) is None:
+                ref[key] = shared.model_dump() if isinstance(shared, BaseModel) else shared
+
+
 def schema_json() -> str:
     return json.dumps(Recipe.model_json_schema(), indent=2)
 
@@ -348,6 +412,7 @@ def parse_recipe(text: str, source: str) -> Recipe:
     if not isinstance(data, dict):
         raise LauncherError(f"{source}:1: a recipe must be a YAML mapping")
     lines = _line_index(node)
+    _share_model_entries(data)
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
@@ -438,8 +503,7 @@ def set_field(recipe: Recipe, dotted: str, raw: str) -> Recipe:
     default" on purpose.
     """
     if raw == "":
-        raise LauncherError(f"--set {dotted}=: empty value",
-                            hint=f"give a value, or --set {dotted}=null for vLLM's own default")
+        raise LauncherError(f"--set {dotted}=: empty value", hint=_null_means(dotted))
     data: dict[str, Any] = recipe.model_dump()
     parts = dotted.split(".")
     cursor: Any = data
@@ -464,6 +528,14 @@ def set_field(recipe: Recipe, dotted: str, raw: str) -> Recipe:
             errors.append(exc.errors()[0])
     field = ".".join(str(p) for p in errors[0]["loc"])
     raise LauncherError(f"--set {dotted}={raw}: field {field}: {errors[0]['msg'].removeprefix('Value error, ')}")
+
+
+def _null_means(dotted: str) -> str:
+    """The hint for an empty ``--set`` value: an empty value reads like "off",
+    so the hint spells what ``null`` does for that field."""
+    if dotted == "drafter":
+        return "--set drafter=null serves without the drafter"
+    return f"give a value, or --set {dotted}=null for vLLM's own default"
 
 
 def _is_mapping_field(parts: list[str]) -> bool:

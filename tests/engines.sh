@@ -120,8 +120,22 @@ build_python_image() {
     log "built $PYTHON_IMAGE in $((SECONDS - started))s"
 }
 
+# Two `make test` runs started together on one machine: one at a time starts
+# dockerd and builds the base images; the other waits, then finds them.
+take_lock() {
+    local lock=${ENGINES_LOCK:-${TMPDIR:-/tmp}/vllm-sm12x-engines.lock}
+    command -v flock >/dev/null 2>&1 || { log "no flock: not serialized with other test runs"; return 0; }
+    if ! { exec 9>>"$lock"; } 2>/dev/null; then
+        log "cannot open $lock: not serialized with other test runs"
+        return 0
+    fi
+    chmod a+rw "$lock" 2>/dev/null || true
+    flock 9
+}
+
 main() {
     local started=$SECONDS
+    take_lock
     if ! daemon_answers; then
         is_root || {
             log "no Docker daemon answers and this is not root: start one (sudo systemctl start docker)"

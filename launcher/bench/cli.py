@@ -15,7 +15,7 @@ from launcher.errors import LauncherError
 
 _NO_BASELINE_HINT = (
     "serve the same recipe without its drafter on another port, e.g. "
-    "`launcher serve --recipe {name} --set drafter= --port 8001`, then pass --baseline-url http://127.0.0.1:8001 "
+    "`launcher serve --recipe {name} --set drafter=null --port 8001`, then pass --baseline-url http://127.0.0.1:8001 "
     "(or --baseline-result with the JSON of an earlier run against such a server)"
 )
 

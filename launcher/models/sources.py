@@ -1,7 +1,7 @@
 """What a recipe asks ``models pull`` to fetch, and where it goes.
 
 The folder is ``$MODELS_DIR/<name>``, the path ``serve`` already uses for
-the recipe's target and drafter (``launcher.plan.resolve``), so a pull and a
+the recipe's target and drafter (``launcher.plan.assemble``), so a pull and a
 serve agree without the user passing --model.
 """
 

@@ -34,7 +34,7 @@ def quantize(
     The whole bf16 model is loaded on --device: about 2 bytes per parameter
     (~52 GB for Gemma 4 26B-A4B: a DGX Spark fits it, an RTX 5090 does not;
     use --device cpu with enough RAM there).
-    Needs the quantize extra: pip install 'vllm-sm12x-launcher\\[quantize]'.
+    Needs the quantize extra, from the repository's checkout: pip install -e '.[quantize]'.
     """
     from launcher.quantize import pipeline
 

@@ -15,7 +15,16 @@ from pathlib import Path
 from launcher.errors import LauncherError
 from launcher.quantize.calibration import has_tokenizer
 
-INSTALL_HINT = "pip install 'vllm-sm12x-launcher[quantize]'"
+
+
+def install_hint() -> str:
+    """How to add the quantize extra. The launcher is not on PyPI: it installs from a
+    checkout, and an editable install knows where that checkout is."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file():
+        return f"pip install -e '{checkout}[quantize]'"
+    return "pip install -e '.[quantize]' in a clone of the vllm-sm12x repository (the launcher is not on PyPI)"
+
 
 # name -> nvidia-modelopt config attribute
 ALGORITHMS = {

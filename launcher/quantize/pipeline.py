@@ -25,7 +25,7 @@ from typing import Any, Callable
 from launcher import checkpoint
 from launcher.errors import LauncherError
 from launcher.quantize import calibration
-from launcher.quantize.config import INSTALL_HINT, QuantizeConfig
+from launcher.quantize.config import QuantizeConfig, install_hint
 from launcher.quantize.exclusions import KEEP_UNQUANTIZED, build_quant_config
 
 # Files a serving stack reads besides the weights; export_hf_checkpoint
@@ -66,7 +66,7 @@ def import_stack() -> SimpleNamespace:
     except ImportError as exc:
         raise LauncherError(
             f"launcher quantize needs torch, transformers and nvidia-modelopt ({exc.name or exc} is missing)",
-            hint=INSTALL_HINT,
+            hint=install_hint(),
         ) from None
     return SimpleNamespace(torch=torch, transformers=transformers, mtq=mtq, mte=mte)
 

@@ -38,7 +38,7 @@ from typing import Any
 from launcher import redact
 from launcher.errors import LauncherError
 from launcher.paths import models_dir
-from launcher.plan import Plan, flag_groups
+from launcher.plan import LocalImage, Plan, flag_groups
 
 CONTAINER_PORT = 8000
 MODELS_MOUNT = "/models"
@@ -327,7 +327,8 @@ def image_hint(plan: Plan) -> str:
     overlay = f"vllm-sm12x:{plan.vllm_version}-{target}-{arch}-overlay"
     return (
         f"build it from source: make image {make_args} (hours); or patch the upstream vLLM image: "
-        f"make image-overlay {make_args} (minutes), then pass --image {overlay}; "
+        f"make image-overlay {make_args} (minutes; without --image the plan takes the newest image built for "
+        f"this card, or pass --image {overlay}); "
         f"or pull it if it is published: docker pull {plan.image}"
     )
 
@@ -466,6 +467,21 @@ def create(client, spec: dict[str, Any], env: dict[str, str]):
         )
     except docker.errors.APIError as exc:
         raise _daemon_error(exc, spec) from None
+
+
+def local_images(client) -> list[LocalImage]:
+    """Every tag the daemon has, described by the vllm-sm12x labels where an image
+    carries them (docker/Dockerfile and Dockerfile.overlay set them): what the plan
+    picks its default image from and checks --image against."""
+    found = []
+    for img in client.images.list():
+        labels = img.labels or {}
+        for tag in img.tags:
+            found.append(LocalImage(tag=tag, vllm_version=labels.get(f"{LABEL}.vllm-version") or None,
+                                    target=labels.get(f"{LABEL}.target") or None,
+                                    arch=labels.get(f"{LABEL}.arch") or None,
+                                    created=str(img.attrs.get("Created") or "")))
+    return found
 
 
 def _require_image(client, image: str, plan: Plan) -> None:

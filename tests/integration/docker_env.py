@@ -3,7 +3,12 @@
 No registry is reachable on CI: ``tests/engines.sh`` starts dockerd and imports
 two base images (names mirrored here). The images below are built on top of
 them through the SDK's classic (non-BuildKit) build API, tagged by a hash of
-their build context so a second run finds them and builds nothing.
+their build context and this run's id (``RUN_ID``): two test runs on one
+machine share the daemon, and a tag another run could re-point or remove
+while this one uses it made that run's tests fail. Docker's layer cache keeps
+a rebuild of unchanged content quick; the run's tags go at its end
+(``remove_run_tags``, from tests/integration/conftest.py). The files the runs
+share under ~/.cache/vllm-sm12x are filled under a lock (``fill_once``).
 
 * ``fake_vllm_image``: busybox + the real ``docker/entrypoint.sh`` + a shell
   script standing in for ``vllm serve`` (this machine has no GPU and the real
@@ -13,12 +18,16 @@ their build context so a second run finds them and builds nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
 import socket
 import sys
 import tarfile
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -96,21 +105,76 @@ def _tar(files: dict[str, tuple[bytes, int]]) -> io.BytesIO:
     return buf
 
 
+# This test run (one pytest process): every image tag it makes ends with it.
+RUN_ID = f"run{os.getpid()}-{uuid.uuid4().hex[:8]}"
+_RUN_TAGS: list[str] = []
+
+
+def run_tag(repo: str, content_key: str) -> str:
+    """``repo:<content>-<run>``: says what the image holds, and that this run owns the tag."""
+    return f"{repo}:{content_key}-{RUN_ID}"
+
+
+def build_log_text(build_log) -> str:
+    """A classic build's log as the daemon streamed it: every step's command and its output."""
+    return "".join(chunk.get("stream", "") or chunk.get("error", "") for chunk in build_log
+                   if isinstance(chunk, dict))
+
+
 def build_from_files(c, repo: str, files: dict[str, tuple[bytes, int]]) -> str:
-    """Build (once per content) an image from an in-memory context; return its tag."""
+    """Build an image from an in-memory context under this run's tag; return the tag.
+
+    A failed build fails the test with the log's tail: the failing command's own
+    output (pip's, say), not only docker's "returned a non-zero code"."""
     import docker
 
     digest = hashlib.sha256()
     for name, (data, mode) in sorted(files.items()):
         digest.update(name.encode() + b"\0" + str(mode).encode() + b"\0" + data)
-    tag = f"{repo}:{digest.hexdigest()[:12]}"
-    try:
-        c.images.get(tag)
+    tag = run_tag(repo, digest.hexdigest()[:12])
+    if tag in _RUN_TAGS:
         return tag
-    except docker.errors.ImageNotFound:
-        pass
-    c.images.build(fileobj=_tar(files), custom_context=True, tag=tag, rm=True, forcerm=True)
+    try:
+        c.images.build(fileobj=_tar(files), custom_context=True, tag=tag, rm=True, forcerm=True)
+    except docker.errors.BuildError as exc:
+        pytest.fail(f"docker build of {tag} failed: {exc.msg}\n{build_log_text(exc.build_log)[-5000:]}")
+    _RUN_TAGS.append(tag)
     return tag
+
+
+def remove_run_tags(c=None) -> None:
+    """Remove the images this run tagged. ``noprune``: their untagged parent layers stay,
+    the build cache of the next run."""
+    if not _RUN_TAGS:
+        return
+    import docker
+
+    c = c or docker.from_env(timeout=120)
+    while _RUN_TAGS:
+        tag = _RUN_TAGS.pop()
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            c.images.remove(tag, noprune=True)
+
+
+@contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """Hold ``<path>.lock``: one test run at a time writes a shared cache entry."""
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        yield
+
+
+def fill_once(done: Path, fill: Callable[[], None]) -> None:
+    """Run ``fill`` unless ``done`` exists, under the lock of ``done``: two runs
+    never write one cache entry at once, and the one that waited finds it made.
+    ``fill`` must create ``done`` last, once the entry is whole."""
+    if done.exists():
+        return
+    with cache_lock(done):
+        if not done.exists():
+            fill()
 
 
 def fake_vllm_image(c) -> str:
@@ -150,9 +214,6 @@ WHEEL_EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed zip timestamps: same bytes every ru
 
 def vllm_wheel_without_extensions(version: str) -> Path:
     """The released wheel rewritten without its .so files (made once, cached)."""
-    import base64
-    import zipfile
-
     from launcher.paths import cache_dir
     from launcher.pypi import fetch
 
@@ -160,9 +221,15 @@ def vllm_wheel_without_extensions(version: str) -> Path:
     out_dir = cache_dir() / "docker-tests"
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / real.name  # same name: the tags still say what the files are for
-    if out.exists():
-        return out
-    tmp = out.with_suffix(".part")
+    fill_once(out, lambda: _strip_extensions(real, out))
+    return out
+
+
+def _strip_extensions(real: Path, out: Path) -> None:
+    import base64
+    import zipfile
+
+    tmp = out.with_name(f".{out.name}.{RUN_ID}.part")
     with zipfile.ZipFile(real) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
         record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
         rows = []
@@ -181,7 +248,6 @@ def vllm_wheel_without_extensions(version: str) -> Path:
         zi.compress_type = zipfile.ZIP_DEFLATED
         dst.writestr(zi, "\n".join(rows) + "\n")
     tmp.replace(out)
-    return out
 
 
 # --- stand-ins for the real bases ----------------------------------------------
@@ -299,7 +365,6 @@ def launcher_wheelhouse() -> Path:
     """Wheels for installing the launcher offline in the python base: its
     dependencies and its build backend, downloaded on the host (pip inside a
     container has no CA bundle; FACTS.md), for that image's Python 3.11."""
-    import subprocess
     import tomllib
 
     from launcher.paths import cache_dir
@@ -308,8 +373,13 @@ def launcher_wheelhouse() -> Path:
     reqs = sorted(project["project"]["dependencies"]) + sorted(project["build-system"]["requires"])
     key = hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:12]
     dest = cache_dir() / "docker-tests" / f"wheelhouse-cp311-x86_64-{key}"
-    if (dest / ".complete").exists():
-        return dest
+    fill_once(dest / ".complete", lambda: _download_wheelhouse(dest, reqs))
+    return dest
+
+
+def _download_wheelhouse(dest: Path, reqs: list[str]) -> None:
+    import subprocess
+
     dest.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--dest", str(dest), "--only-binary=:all:",
@@ -322,7 +392,6 @@ def launcher_wheelhouse() -> Path:
     if proc.returncode != 0:
         pytest.fail(f"pip download of the launcher's wheels failed:\n{proc.stdout}{proc.stderr}")
     (dest / ".complete").write_text("ok")
-    return dest
 
 
 def repo_context(extra: dict[str, Path | bytes]) -> io.BytesIO:
@@ -393,5 +462,4 @@ def build_overlay(c, base: str, tag: str, buildargs: dict[str, str],
         log += [chunk.get("stream", "") for chunk in stream]
         return image.id, "".join(log)
     except docker.errors.BuildError as exc:
-        log += [chunk.get("stream", "") or chunk.get("error", "") for chunk in exc.build_log]
-        return None, "".join(log)
+        return None, "".join(log) + build_log_text(exc.build_log)

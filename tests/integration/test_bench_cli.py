@@ -114,7 +114,7 @@ def test_compare_without_a_baseline_says_how_to_start_one(tmp_path):
     with StubServer(Behaviour(drafter=True)) as server:
         proc = launcher(["bench", "--recipe", "gemma4-moe-dflash", "--url", server.url, "--compare-without-drafter"], tmp_path)
     assert proc.returncode == 2
-    assert "--set drafter=" in proc.stderr and "--baseline-url" in proc.stderr
+    assert "--set drafter=null" in proc.stderr and "--baseline-url" in proc.stderr
     assert server.completions == 0
 
 

@@ -338,6 +338,7 @@ def test_hf_token_home_and_offline_reach_the_container(client, image, models, tm
     """HF_TOKEN (a secret: in the container's env, never in the spec or the
     printed command), HF_HUB_OFFLINE, and the host's HF_HOME (mounted, with the
     hub login's token file) reach the container as planned from the shell."""
+    from launcher import checks
     from launcher import plan as plans
     from launcher.hardware import HostInfo
 
@@ -347,9 +348,12 @@ def test_hf_token_home_and_offline_reach_the_container(client, image, models, tm
     environ = {"HF_TOKEN": "hf_TopSecretToken42", "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
     ctx = plans.Context(host=HostInfo(system="Linux", machine="x86_64", wsl=False), environ=environ,
                         installed_vllm=None, installed_transformers=None)
-    plan = plans.resolve(plans.Request(recipe="gemma4-moe-dflash", runtime="docker", image=image,
+    plan = checks.resolve(plans.Request(recipe="gemma4-moe-dflash", runtime="docker", image=image,
                                        model=str(models / "target"), drafter=str(models / "drafter"),
                                        profile="rtx5090", port=docker_env.free_port()), ctx)
+    # The container's name comes from the recipe: unique here, as in make_plan, so that a
+    # test run beside this one on the same daemon never meets a container of this name.
+    plan.recipe = f"test-{uuid.uuid4().hex[:8]}"
     spec = rt.container_spec(plan, gpus=None)
     assert "HF_TOKEN" in spec["secret_env"] and "HF_TOKEN" not in spec["env"]
     assert spec["env"]["HF_HUB_OFFLINE"] == "1" and spec["env"]["HF_HOME"] == rt.HF_HOME_MOUNT

@@ -297,8 +297,9 @@ def test_dry_run_of_the_shipped_recipe_prints_repos_revisions_sizes_and_folders(
                     hub_url="http://127.0.0.1:9")  # nothing listens on the discard port
     assert proc.returncode == 0, proc.stderr
     shipped = yaml.safe_load((ROOT / "recipes" / "gemma4-moe-dflash.yaml").read_text())
+    shared = yaml.safe_load((ROOT / "recipes" / "shared" / "models.yaml").read_text())["models"]
     for role in ("target", "drafter"):
-        hubsrc = shipped[role]["hub"]
+        hubsrc = shared[shipped[role]["name"]]["hub"]
         assert hubsrc["repo"] in proc.stdout and hubsrc["revision"] in proc.stdout
         assert str(tmp_path / "models" / shipped[role]["name"]) in proc.stdout
     assert "about 18.8 GB" in proc.stdout and "about 860.0 MB" in proc.stdout

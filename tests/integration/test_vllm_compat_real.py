@@ -10,7 +10,8 @@ import pytest
 
 from launcher import pypi, vllm_compat
 from launcher import recipe as recipes
-from launcher.plan import Request, resolve
+from launcher.checks import resolve
+from launcher.plan import Request
 from tests.unit.conftest import RTX5090, make_ctx
 
 LISTED = [(v, name) for name in sorted(recipes.available()) for v in recipes.load(name).vllm_versions]

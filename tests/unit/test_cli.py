@@ -100,6 +100,48 @@ def test_runner_version():
     assert CliRunner().invoke(app, ["version"]).output.strip() == f"launcher {__version__}"
 
 
+def test_dash_dash_version_prints_what_version_prints():
+    """`launcher --version`, as `vllm --version` works (issue 29.7); the console script too."""
+    from launcher import __version__
+
+    res = run("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"launcher {__version__}"
+    assert CliRunner().invoke(app, ["--version"]).output.strip() == f"launcher {__version__}"
+
+
+def _every_command():
+    import typer
+
+    root = typer.main.get_command(app)
+    stack = [((), root)]
+    while stack:
+        path, command = stack.pop()
+        yield path, command
+        stack += [(path + (name,), sub) for name, sub in getattr(command, "commands", {}).items()]
+
+
+def test_help_at_80_columns_shows_no_type_placeholders_and_every_option_name_whole():
+    """Typer's rich help printed `<bool>` beside flags, `<str>`/`<list[str]>` beside options,
+    and cut what did not fit 80 columns with an ellipsis (issue 29.7)."""
+    checked = 0
+    for path, command in _every_command():
+        res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+        assert res.exit_code == 0, (path, res.output)
+        out = res.output
+        for placeholder in ("<bool>", "<str>", "<int>", "<float>", "<path>", "<list[", "<int range>"):
+            assert placeholder not in out, (path, placeholder)
+        assert "\u2026" not in out and all(len(line) <= 80 for line in out.splitlines()), path
+        assert "\\[" not in out, path  # a rich-markup escape shown as typed
+        for param in command.params:
+            for name in (*param.opts, *getattr(param, "secondary_opts", [])):
+                if name.startswith("--") and not getattr(param, "hidden", False):
+                    assert name in out, (path, name)
+        checked += 1
+    assert checked > 30  # every sub-app's commands, not the root alone
+    flags = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "80"}).output
+    assert "--compare-without-drafter " in flags and "--timeout FLOAT" in flags and "--out PATH" in flags
+
+
 def test_make_serve_fails_cleanly_here(tmp_path):
     """`make serve` on this GPU-less machine: plan + verdict, non-zero exit."""
     repo = Path(__file__).resolve().parents[2]

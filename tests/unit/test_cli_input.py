@@ -52,6 +52,33 @@ def test_set_with_an_empty_value_is_refused_and_null_means_vllms_default(models)
     assert "--max-num-seqs" not in argv
 
 
+def test_set_drafter_empty_names_drafter_null_and_null_serves_without_drafter(models):
+    res = invoke("serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--set", "drafter=")
+    assert res.exit_code == 2 and "--set drafter=: empty value" in res.output
+    assert "--set drafter=null serves without the drafter" in res.output
+    res = invoke("serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--json", "--vllm-version", "0.21.0",
+                 "--set", "drafter=null")
+    assert res.exit_code in (0, 1), res.output
+    assert "--speculative-config" not in json.loads(res.stdout)["argv"]
+
+
+def test_every_shipped_hint_to_serve_without_the_drafter_says_drafter_null():
+    """The README, the plan's Spark warning, bench's hint and the recipe comment
+    once gave `--set drafter=`, which set_field refuses (issue 29.1)."""
+    import inspect
+    import re
+
+    from launcher import plan
+    from launcher.bench import cli as bench_cli
+
+    texts = {"README.md": (recipes_dir().parent / "README.md").read_text(encoding="utf-8"),
+             "plan.py": inspect.getsource(plan), "bench/cli.py": inspect.getsource(bench_cli),
+             "recipe": (recipes_dir() / "gemma4-moe-dflash.yaml").read_text(encoding="utf-8")}
+    for name, text in texts.items():
+        assert "drafter=null" in text, name
+        assert not re.search(r"--set drafter=(?!null)", text), name
+
+
 def test_json_without_dry_run_is_refused(models):
     res = invoke("serve", "--recipe", "gemma4-e4b", "--json")
     assert res.exit_code == 2 and "--json prints the plan of a dry run" in res.output

@@ -254,3 +254,99 @@ def test_unparsable_docker_host_is_one_clear_error(tmp_path):
                           env=dict(os.environ, DOCKER_HOST="tcp://127.0.0.1:99999"), timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "cannot reach the Docker daemon at tcp://127.0.0.1:99999" in proc.stderr
+
+
+# --- the docker runtime's image at plan time (issue 29.4) --------------------
+# The daemon's image list is a Context field (probed by `serve --runtime docker`
+# through runtime.docker.local_images); here it is described, as the GPU is.
+
+
+def _image(tag, version, target="sm120", arch="amd64", created="2026-11-01T00:00:00Z"):
+    from launcher.plan import LocalImage
+
+    return LocalImage(tag=tag, vllm_version=version, target=target, arch=arch, created=created)
+
+
+def _docker_plan(images, *, docker_error=None, **request):
+    from launcher.checks import resolve
+    from launcher.plan import Request
+    from tests.unit.conftest import RTX5090, make_ctx
+
+    ctx = make_ctx(RTX5090)
+    ctx.images, ctx.docker_error = images, docker_error
+    return resolve(Request("gemma4-moe-dflash", runtime="docker", **request), ctx)
+
+
+def _image_reasons(plan):
+    return [r for r in plan.reasons if r.area == "image"]
+
+
+SOURCE_021 = _image("vllm-sm12x:0.21.0-sm120-amd64", "0.21.0", created="2026-10-01T00:00:00Z")
+OVERLAY_033 = _image("vllm-sm12x:0.33.0-sm120-amd64-overlay", "0.33.0", created="2026-11-20T00:00:00Z")
+SPARK_033 = _image("vllm-sm12x:0.33.0-sm121-arm64-overlay", "0.33.0", "sm121", "arm64", "2026-11-25T00:00:00Z")
+
+
+def test_without_image_the_plan_takes_the_newest_image_built_for_this_card(models):
+    """After `make image-overlay VLLM_VERSION=0.33.0` the plan ran the 0.21.0 source tag."""
+    plan = _docker_plan([SOURCE_021, OVERLAY_033, SPARK_033, _image("busybox:latest", None, None, None)])
+    assert plan.image == OVERLAY_033.tag
+    assert (plan.vllm_version, plan.vllm_version_source) == ("0.33.0", f"image {OVERLAY_033.tag}")
+    assert _image_reasons(plan) == []
+    # --vllm-version narrows the choice to the images of that release.
+    older = _docker_plan([SOURCE_021, OVERLAY_033], vllm_version="0.21.0")
+    assert older.image == SOURCE_021.tag and older.vllm_version == "0.21.0"
+
+
+def test_a_missing_image_blocks_the_plan_and_names_what_is_here(models):
+    plan = _docker_plan([SPARK_033])  # built for the Spark, the card here is a 5090
+    assert plan.image == "vllm-sm12x:0.21.0-sm120-amd64"
+    [reason] = _image_reasons(plan)
+    assert reason.blocking
+    assert reason.message == ("image vllm-sm12x:0.21.0-sm120-amd64 is not on this machine; vllm-sm12x images here: "
+                              "vllm-sm12x:0.33.0-sm121-arm64-overlay (sm121 arm64, vLLM 0.33.0)")
+    assert "make image-overlay VLLM_VERSION=0.21.0 TARGET=sm120" in reason.hint
+    [none] = _image_reasons(_docker_plan([]))
+    assert none.message.endswith("is not on this machine; no vllm-sm12x image is here")
+
+
+def test_image_flag_is_checked_and_its_label_decides_the_vllm_version(models):
+    ngc = _image("vllm-sm12x:0.29.0-ngc26.09-sm120-amd64-overlay", "0.29.0+2d3f1c.nv26.09")
+    plan = _docker_plan([SOURCE_021, ngc], image=ngc.tag)
+    assert (plan.image, plan.vllm_version) == (ngc.tag, "0.29.0") and _image_reasons(plan) == []
+    [missing] = _image_reasons(_docker_plan([SOURCE_021], image="someone/else:1"))
+    assert missing.blocking and missing.message.startswith("image someone/else:1 is not on this machine")
+
+
+def test_an_unreachable_daemon_is_a_reason_and_no_probe_no_reason(models):
+    [reason] = _image_reasons(_docker_plan(None, docker_error="cannot reach the Docker daemon at unix:///x.sock"))
+    assert reason.blocking and "cannot reach the Docker daemon" in reason.message
+    assert _image_reasons(_docker_plan(None)) == []  # not looked at (a test Context, the native runtime)
+
+
+def test_local_images_reads_tags_and_the_build_labels():
+    """A stand-in for the SDK's client (unit tests have no daemon): the labels are the
+    ones docker/Dockerfile and Dockerfile.overlay write, read from those files."""
+    for dockerfile in ("Dockerfile", "Dockerfile.overlay"):
+        text = (REPO / "docker" / dockerfile).read_text(encoding="utf-8")
+        for key in ("vllm-version", "target", "arch"):
+            assert f"{rt.LABEL}.{key}=" in text, (dockerfile, key)
+
+    class Img:
+        def __init__(self, tags, labels, created):
+            self.tags, self.labels, self.attrs = tags, labels, {"Created": created}
+
+    class Images:
+        def list(self):
+            return [Img(["vllm-sm12x:0.33.0-sm120-amd64-overlay", "mine:latest"],
+                        {f"{rt.LABEL}.vllm-version": "0.33.0", f"{rt.LABEL}.target": "sm120",
+                         f"{rt.LABEL}.arch": "amd64"}, "2026-11-20T00:00:00Z"),
+                    Img([], {}, ""), Img(["busybox:1"], None, "2020-01-01T00:00:00Z")]
+
+    class Client:
+        images = Images()
+
+    found = rt.local_images(Client())
+    assert [(i.tag, i.vllm_version, i.target, i.arch) for i in found] == [
+        ("vllm-sm12x:0.33.0-sm120-amd64-overlay", "0.33.0", "sm120", "amd64"),
+        ("mine:latest", "0.33.0", "sm120", "amd64"),
+        ("busybox:1", None, None, None)]

@@ -21,7 +21,8 @@ import pytest
 
 from launcher import vllm_env
 from launcher.errors import LauncherError
-from launcher.plan import Request, resolve
+from launcher.checks import resolve
+from launcher.plan import Request
 from launcher.runtime import native
 from tests.unit.conftest import RTX5090, make_ctx
 from tests.unit.fake_vllm_env import make_env

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import LauncherError
-from launcher.plan import Request, resolve
+from launcher.checks import resolve
+from launcher.plan import Request
 from tests.unit.conftest import RTX5090, make_ctx
 
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from launcher.plan import Request, resolve
+from launcher.checks import resolve
+from launcher.plan import Request
 from tests.unit.conftest import RTX5090, make_ctx
 
 # The user's env, less TORCH_MATMUL_PRECISION (read by neither release) and
@@ -187,7 +188,7 @@ def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(mod
 
     spark = resolve(Request("gemma4-moe-dflash", vllm_version=version), make_ctx(GB10))
     (warning,) = [w for w in spark.warnings if "#50707" in w]
-    assert "FlashAttention 2 on sm_121" in warning and "--set drafter=" in warning
+    assert "FlashAttention 2 on sm_121" in warning and "--set drafter=null" in warning
     # The fallback keeps FA2 out of the drafter: TRITON_ATTN runs non-causal attention from 0.26.0.
     assert f"--set drafter.attention_backend={fallback}" in warning
     followed = resolve(Request("gemma4-moe-dflash", vllm_version=version,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher import plan as plans
-from launcher.plan import Request, resolve
+from launcher.checks import resolve
+from launcher.plan import Request
 from tests.unit.conftest import GB10, H100, RTX5090, make_ctx
 
 

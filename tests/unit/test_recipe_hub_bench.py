@@ -4,6 +4,7 @@ validation with file:line:field errors, and the shipped pins."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from launcher import recipe as recipes
 from launcher.bench import metrics, workload
@@ -123,3 +124,85 @@ def test_metrics_sum_engines_and_skip_created_samples():
 def test_metrics_without_a_drafter_are_none():
     assert metrics.parse('vllm:generation_tokens_total{engine="0"} 5.0\n') is None
     assert metrics.acceptance(None, None) is None
+
+
+# --- one folder, one source (issue 29.2) -------------------------------------
+
+
+def _folders_by_recipe():
+    for name in recipes.available():
+        rec = recipes.load(name)
+        for role, ref in (("target", rec.target), ("drafter", rec.drafter)):
+            if ref is not None:
+                yield name, role, ref
+
+
+def test_every_recipe_naming_a_folder_gets_the_same_source():
+    seen = {}
+    for name, role, ref in _folders_by_recipe():
+        origin = (ref.source, ref.hub.model_dump() if ref.hub else None, getattr(ref, "format", None))
+        seen.setdefault(ref.name, {})[name] = origin
+    shared_folder = seen["gemma-4-26B-A4B-it-NVFP4"]
+    assert {"gemma4-moe-dflash", "gemma4-moe-dflash-text", "gemma4-moe"} <= set(shared_folder)
+    for folder, by_recipe in seen.items():
+        assert len({repr(o) for o in by_recipe.values()}) == 1, (folder, by_recipe)
+    # The text-only recipe was the one without a hub: now it fetches the pinned checkpoint too.
+    text = recipes.load("gemma4-moe-dflash-text")
+    assert text.target.hub.repo == "nvidia/Gemma-4-26B-A4B-NVFP4" and text.target.hub.pinned
+    assert text.drafter.hub.repo == "z-lab/gemma-4-26B-A4B-it-DFlash"
+
+
+SHARED_FOLDER = """name: x
+description: d
+target:
+  name: gemma-4-26B-A4B-it-NVFP4{target_extra}
+vllm_versions: ["0.21.0"]
+min_gpu_memory_gib: 8
+profiles:
+  rtx5090: {{serve: {{max_num_seqs: 6}}}}
+"""
+
+
+def test_a_recipe_that_omits_the_entry_gets_the_shared_one_and_its_own_wins():
+    shared = recipes.shared_models()["gemma-4-26B-A4B-it-NVFP4"]
+    omitted = recipes.parse_recipe(SHARED_FOLDER.format(target_extra=""), "r.yaml")
+    assert omitted.target.hub == shared.hub and omitted.target.format == "modelopt-nvfp4"
+    assert omitted.target.source == shared.source
+    own = recipes.parse_recipe(SHARED_FOLDER.format(
+        target_extra=f"\n  format: bf16\n  hub: {{repo: mirror/copy, revision: {COMMIT}}}"), "r.yaml")
+    assert (own.target.hub.repo, own.target.hub.revision, own.target.format) == ("mirror/copy", COMMIT, "bf16")
+
+
+def test_shipped_recipes_leave_model_sources_to_the_shared_entries():
+    """Were a shipped recipe to state a source again, two recipes could disagree about one folder."""
+    for path in recipes.available().values():
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for role in ("target", "drafter"):
+            ref = data.get(role) or {}
+            assert ref["name"] in recipes.shared_models() if ref else True, (path.name, role)
+            assert not {"source", "hub", "format"} & set(ref), (path.name, role)
+
+
+def test_models_list_gives_the_shared_folder_its_hub_whichever_recipe_comes_first(models):
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    res = CliRunner().invoke(app, ["models", "list"])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if line.startswith("gemma-4-26B-A4B-it-NVFP4 "))
+    assert "nvidia/Gemma-4-26B-A4B-NVFP4@a19cfe00be84" in row and "no hub source" not in row
+    assert "gemma4-moe-dflash-text" in row
+
+
+def test_the_text_recipe_names_models_pull_for_its_missing_checkpoint(models):
+    import json
+
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--recipe", "gemma4-moe-dflash-text", "--dry-run", "--json",
+                                   "--vllm-version", "0.21.0"])
+    hints = {r["area"]: r["hint"] for r in json.loads(res.stdout)["reasons"]}
+    assert hints["checkpoint"] == "fetch it with: launcher models pull --recipe gemma4-moe-dflash-text"

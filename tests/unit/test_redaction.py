@@ -6,7 +6,8 @@ import json
 
 from launcher import plan as plans
 from launcher import redact
-from launcher.plan import Request, resolve
+from launcher.checks import resolve
+from launcher.plan import Request
 from tests.unit.conftest import RTX5090, make_ctx
 
 SECRET = "hf_abcdefSECRET123"

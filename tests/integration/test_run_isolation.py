@@ -1,0 +1,173 @@
+"""Two `make test` runs on one machine (issue 29.8): what keeps them apart.
+
+A second run started beside the first made 7 docker tests error and 1 fail:
+fixed image tags (one run re-pointed a tag the other had just read), a shared
+wheel cache written by both at once, a fixed container name. Running two whole
+suites at once is not something a test can do here; these tests prove the
+parts: tags unique per run, the cache lock serializing two processes, and a
+failed build showing its command's output. No daemon is needed: where an image
+build is involved, a stand-in client takes the SDK's place (the daemon-backed
+tests in test_docker_*.py use the same functions for real).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration import docker_env
+
+REPO = docker_env.REPO
+
+
+def _in_another_run(code: str) -> str:
+    """Run ``code`` in a fresh Python, as a second test run would; its stdout."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+                          check=True, timeout=120).stdout.strip()
+
+
+def test_image_tags_are_unique_per_run_and_name_their_content():
+    probe = "from tests.integration import docker_env as d; print(d.run_tag('vllm-sm12x-test/fake-vllm', 'abc123def456'))"
+    first, second = _in_another_run(probe), _in_another_run(probe)
+    assert first != second
+    for tag in (first, second, docker_env.run_tag("vllm-sm12x-test/fake-vllm", "abc123def456")):
+        assert re.fullmatch(r"vllm-sm12x-test/fake-vllm:abc123def456-run\d+-[0-9a-f]{8}", tag), tag
+    assert docker_env.run_tag("r", "k") == docker_env.run_tag("r", "k")  # stable within a run
+
+
+class _Images:
+    """Stand-in for ``DockerClient.images``: records builds and removals."""
+
+    def __init__(self, fail_with_log=None):
+        self.built, self.removed, self.fail_with_log = [], [], fail_with_log
+
+    def build(self, *, tag, **_):
+        import docker
+
+        if self.fail_with_log is not None:
+            raise docker.errors.BuildError("The command '/bin/sh -c pip install x' returned a non-zero code: 1",
+                                           self.fail_with_log)
+        self.built.append(tag)
+        return object(), iter(())
+
+    def remove(self, tag, noprune=False):
+        self.removed.append((tag, noprune))
+
+
+class _Client:
+    def __init__(self, images):
+        self.images = images
+
+
+def test_builds_are_tagged_for_this_run_once_and_removed_at_its_end(monkeypatch):
+    monkeypatch.setattr(docker_env, "_RUN_TAGS", [])
+    images = _Images()
+    files = {"Dockerfile": (b"FROM scratch\n", 0o644)}
+    tag = docker_env.build_from_files(_Client(images), "vllm-sm12x-test/x", files)
+    assert tag.endswith(f"-{docker_env.RUN_ID}") and tag.startswith("vllm-sm12x-test/x:")
+    assert docker_env.build_from_files(_Client(images), "vllm-sm12x-test/x", files) == tag
+    assert images.built == [tag]  # built once per run; a second run builds (from docker's cache) its own
+    docker_env.remove_run_tags(_Client(images))
+    # noprune: the parent layers stay, the next run's build cache.
+    assert images.removed == [(tag, True)] and docker_env._RUN_TAGS == []
+
+
+def test_a_failed_build_shows_the_failing_commands_own_output(monkeypatch):
+    monkeypatch.setattr(docker_env, "_RUN_TAGS", [])
+    log = [{"stream": "Step 3/4 : RUN pip install x\n"}, {"stream": " ---> Running in 1a2b\n"},
+           {"stream": "ERROR: No matching distribution found for x==9.9\n"},
+           {"error": "The command '/bin/sh -c pip install x' returned a non-zero code: 1"}]
+    with pytest.raises(pytest.fail.Exception) as err:
+        docker_env.build_from_files(_Client(_Images(fail_with_log=log)), "vllm-sm12x-test/x",
+                                    {"Dockerfile": (b"FROM scratch\n", 0o644)})
+    text = str(err.value)
+    assert "ERROR: No matching distribution found for x==9.9" in text and "Step 3/4 : RUN pip install x" in text
+    assert docker_env._RUN_TAGS == []
+
+
+_WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    from tests.integration import docker_env
+
+    root = Path(sys.argv[1])
+    log = root / "log"
+
+    def note(what):
+        with open(log, "a") as f:
+            f.write(json.dumps([what, os.getpid()]) + "\\n")
+
+    (root / f"ready-{os.getpid()}").touch()
+    while not (root / "go").exists():  # both start filling at the same moment
+        time.sleep(0.01)
+
+    def fill():
+        note("fill-start")
+        time.sleep(0.5)  # long enough that an unlocked second run would start its own fill
+        (root / "entry.complete").write_text("ok")
+        note("fill-end")
+
+    docker_env.fill_once(root / "entry.complete", fill)
+    with docker_env.cache_lock(root / "other-entry"):
+        note("hold-start")
+        time.sleep(0.3)
+        note("hold-end")
+""")
+
+
+def test_two_runs_fill_a_shared_cache_entry_once_and_hold_its_lock_in_turn(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(tmp_path)], env=env, cwd=REPO) for _ in range(2)]
+    try:
+        while len(list(tmp_path.glob("ready-*"))) < 2 and all(p.poll() is None for p in procs):
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    events = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    fills = [e for e in events if e[0].startswith("fill")]
+    # One run filled the entry; the other waited on the lock and found it whole.
+    assert [e[0] for e in fills] == ["fill-start", "fill-end"] and fills[0][1] == fills[1][1]
+    holds = [e for e in events if e[0].startswith("hold")]
+    # The lock is held in turn: each start is followed by the same process's end.
+    assert [e[0] for e in holds] == ["hold-start", "hold-end"] * 2
+    assert holds[0][1] == holds[1][1] and holds[2][1] == holds[3][1] and holds[0][1] != holds[2][1]
+
+
+def test_the_container_of_the_recipe_based_docker_test_is_named_per_run():
+    """test_hf_token_home_and_offline_reach_the_container created a container named
+    after the shipped recipe: a run beside it met the name (409 Conflict)."""
+    source = (REPO / "tests" / "integration" / "test_docker_runtime.py").read_text(encoding="utf-8")
+    body = source.split("def test_hf_token_home_and_offline_reach_the_container", 1)[1].split("\ndef ", 1)[0]
+    assert 'plan.recipe = f"test-{uuid.uuid4().hex[:8]}"' in body
+    assert body.index("plan.recipe = ") < body.index("created(client, plan, spec)")
+
+
+def test_engines_sh_takes_a_lock_before_it_starts_dockerd_or_builds_base_images(tmp_path):
+    """Two runs of tests/engines.sh at once: the second waits for the first's lock."""
+    script = (REPO / "tests" / "engines.sh").read_text(encoding="utf-8")
+    functions = script.rsplit('\nmain "$@"', 1)[0]
+    main = functions.split("\nmain() {", 1)[1]
+    assert main.index("take_lock") < main.index("daemon_answers") < main.index("build_busybox_image")
+    lock = tmp_path / "engines.lock"
+    log = tmp_path / "log"
+    code = functions + f'\ntake_lock; echo "start $1" >> {log}; sleep 0.5; echo "end $1" >> {log}\n'
+    procs = [subprocess.Popen(["bash", "-c", code, "engines", str(i)], env=dict(os.environ, ENGINES_LOCK=str(lock)))
+             for i in (1, 2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    lines = log.read_text().splitlines()
+    first, second = lines[0].split()[1], lines[2].split()[1]
+    # One run's start and end, then the other's: never interleaved.
+    assert lines == [f"start {first}", f"end {first}", f"start {second}", f"end {second}"] and first != second
