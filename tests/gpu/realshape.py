@@ -325,7 +325,7 @@ def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
     target = models / (TRAINED_TARGET + ("-nvfp4" if spec.quant == "modelopt-nvfp4" else ""))
     kwargs: dict = dict(
         model=str(target), dtype="bfloat16", max_model_len=TRAINED_MAX_MODEL_LEN, seed=0,
-        logprobs_mode="raw_logits", gpu_memory_utilization=0.5, disable_log_stats=False,
+        logprobs_mode="raw_logits", disable_log_stats=False, **_memory_share(),
         # One-at-a-time references compute every prompt from scratch (see engine_kwargs).
         enable_prefix_caching=spec.mode == "dflash",
         max_num_seqs=1 if spec.mode == "reference" else max(TRAINED_CONCURRENCY),
@@ -353,6 +353,19 @@ def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
             sc["attention_backend"] = spec.drafter_backend
         kwargs["speculative_config"] = sc
     return kwargs
+
+
+def _memory_share() -> dict:
+    """GPU memory of one engine. remote.sh runs several engines side by side on one GPU
+    (RS_PARALLEL): then each takes a fixed KV cache (``kv_cache_memory_bytes``, which
+    skips vLLM's profiling, where another engine's growth would be read as this
+    one's) and a utilisation share small enough for the others to start."""
+    util = float(os.environ.get("RS_GPU_UTIL", "0.5"))
+    kv_gib = os.environ.get("RS_KV_CACHE_GIB")
+    share: dict = {"gpu_memory_utilization": util}
+    if kv_gib:
+        share["kv_cache_memory_bytes"] = int(float(kv_gib) * 2**30)
+    return share
 
 
 _COUNTERS = {"vllm:num_preemptions": "preemptions", "vllm:prefix_cache_hits": "prefix_cache_hits",
@@ -763,12 +776,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--meta", type=Path)
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("--vllm", default="0.21.0", help="the release under --site-*: only its runs")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="run nothing: judge the raw runs in --raw-dir and merge them into --out")
     args = parser.parse_args(argv)
     if args.child:
         res = run_child(RUNS[args.child], args.models, args.token_limit)
         args.result.write_text(json.dumps(res) + "\n")
         return 0
-    names = args.runs.split(",") if args.runs else [n for n, r in RUNS.items() if r.vllm == args.vllm]
+    names = [] if args.merge_only else \
+        args.runs.split(",") if args.runs else [n for n, r in RUNS.items() if r.vllm == args.vllm]
     unknown = set(names) - set(RUNS)
     if unknown:
         parser.error(f"unknown run(s) {sorted(unknown)}")

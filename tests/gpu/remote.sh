@@ -405,10 +405,26 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
     realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
-    local names
-    names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained))')}
-    MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py realshape-raw-trained rs-meta-trained.json \
-        --site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE"
+    local sites=(--site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE") lane i=0 pids=()
+    if [ -n "${RS_PARALLEL:-}" ]; then
+        # RS_PARALLEL="a,b;c,d": each lane runs its runs in order, lanes side by side on
+        # the GPU (engine start-up is mostly CPU: compile and graph capture). Lanes
+        # write raw runs only; one merge judges them all at the end.
+        IFS=';' read -r -a lanes <<< "$RS_PARALLEL"
+        for lane in "${lanes[@]}"; do
+            RS_GPU_UTIL=${RS_GPU_UTIL:-0.25} RS_KV_CACHE_GIB=${RS_KV_CACHE_GIB:-6} \
+                "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/realshape-raw-trained" \
+                --deadline-s "${ROUND_DEADLINE_S:-540}" --runs "$lane" "${sites[@]}" \
+                > "$WORK/lane-$i.log" 2>&1 &
+            pids+=($!); i=$((i + 1)); sleep "${RS_LANE_STAGGER_S:-20}"
+        done
+        for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/lane-$i.log" | tail -12; done
+        MODELS_RS=$MODELS_TRAINED realshape_py realshape-raw-trained rs-meta-trained.json --merge-only "${sites[@]}"
+    else
+        local names
+        names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained))')}
+        MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py realshape-raw-trained rs-meta-trained.json "${sites[@]}"
+    fi
     tar -C "$WORK" -czf "$OUT/realshape-logs-trained.tar.gz" realshape-raw-trained
 }
 
