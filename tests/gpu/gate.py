@@ -9,6 +9,7 @@ a verdict counts as proof only when the block passes.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -22,12 +23,19 @@ MIN_MEDIAN_DISTINCT_FRACTION = 0.2
 
 
 def nondegenerate(outputs: list[dict]) -> dict:
-    """``outputs``: records with ``token_ids`` and optionally ``top`` (per position, [token, logit, rank])."""
+    """``outputs``: records with ``token_ids`` and optionally ``top`` (per position, [token, logit, rank]).
+
+    ``nan_positions`` counts positions whose raw logits were NaN: the token there is
+    whatever argmax makes of NaN, so such output says nothing (seen on the H100 runs).
+    """
     seqs = [o["token_ids"] for o in outputs if o.get("token_ids")]
     fractions = [len(set(s)) / len(s) for s in seqs]
-    near = 0
+    near = nan = 0
     for o in outputs:
         for pos in o.get("top") or []:
+            if any(isinstance(e[1], float) and math.isnan(e[1]) for e in pos):
+                nan += 1
+                continue
             first, second = compare._ranked(pos)
             if first is not None and second is not None and compare.is_tie(first[1], second[1]):
                 near += 1
@@ -36,11 +44,14 @@ def nondegenerate(outputs: list[dict]) -> dict:
         "constant_sequences": sum(1 for s in seqs if len(set(s)) == 1),
         "median_distinct_fraction": round(statistics.median(fractions), 4) if fractions else 0.0,
         "near_ties": near,
+        "nan_positions": nan,
     }
 
 
 def passes(block: dict | None) -> bool:
-    """True when the outputs are worth comparing (no constant sequence, enough distinct tokens)."""
+    """True when the outputs are worth comparing (no constant sequence, enough distinct
+    tokens, no NaN logits)."""
     return bool(block) and block["sequences"] > 0 \
         and block["constant_sequences"] <= MAX_CONSTANT_SEQUENCES \
-        and block["median_distinct_fraction"] >= MIN_MEDIAN_DISTINCT_FRACTION
+        and block["median_distinct_fraction"] >= MIN_MEDIAN_DISTINCT_FRACTION \
+        and block.get("nan_positions", 0) == 0

@@ -69,10 +69,12 @@ TRAINED_TARGET = "trained-a4b-r30"
 TRAINED_DRAFTER = "dflash-r5-for-trained"
 TRAINED_MAX_MODEL_LEN = 2048
 TRAINED_CONCURRENCY = (1, 4, 17, 32)
-# Blocks of the shared KV pool for the small-pool runs. One 2,048-token request
-# needs about 130 (5 sliding groups capped by the 128-token window, the full
-# group, the drafter group); 32 concurrent requests of ~700 tokens need ~2,500.
-TRAINED_SMALL_POOL = 400
+# Blocks of the shared KV pool for the small-pool runs. vLLM 0.21.0 refused 400 on
+# the H100 (bf16 target 8/4/1 heads, drafter): "the estimated maximum model length
+# is 1088", so one 2,048-token request needs about 400 x 2048 / 1088 = 753. 800
+# holds one full-length request; the 32 concurrent requests of 700 tokens on
+# average need about ten times that, so the scheduler must preempt.
+TRAINED_SMALL_POOL = 800
 # Where the target name of records written before issue 23 comes from.
 RANDOM_TARGET_NAME = "random-a4b-r30-postnorm0.15"
 
@@ -650,18 +652,19 @@ def markdown(records: list[dict], meta: dict) -> str:
         "## Trained target (train_target.py: hidden 256, 32 experts, CPython-stdlib BPE 8k)",
         "",
         "A record is a proof only when its outputs pass the non-degeneracy gate (no constant "
-        f"sequence, median distinct-token fraction >= {gate.MIN_MEDIAN_DISTINCT_FRACTION}) and, "
+        f"sequence, median distinct-token fraction >= {gate.MIN_MEDIAN_DISTINCT_FRACTION}, no NaN logits) and, "
         "for DFlash, it is lossless against a reproducing reference of the same target_sha256.",
         "",
         "| run | series | target sha256 | inputs | quant | drafter (asked → got) | target backend | FA "
-        "| KV blocks | sequences / constant / median distinct / near-ties | preemptions | prefix hits "
+        "| KV blocks | sequences / constant / median distinct / near-ties / NaN positions | preemptions | prefix hits "
         "| accepted / drafted | ok | lossless | proof | detail |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in trained:
         nd = r.get("nondegenerate") or {}
         gate_cell = (f"{nd.get('sequences')} / {nd.get('constant_sequences')} / "
-                     f"{nd.get('median_distinct_fraction')} / {nd.get('near_ties')}") if nd else "-"
+                     f"{nd.get('median_distinct_fraction')} / {nd.get('near_ties')} / "
+                     f"{nd.get('nan_positions', '-')}") if nd else "-"
         c = r.get("counters") or {}
         acc = f"{c.get('spec_accepted_tokens')} / {c.get('spec_draft_tokens')}" if r.get("mode") == "dflash" else "-"
         lines.append(

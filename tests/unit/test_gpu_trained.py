@@ -223,3 +223,11 @@ def test_prompts_meet_the_issues_bounds(tmp_path):
     json.dumps(prompts)  # prompts.json must serialise
     assert math.isclose(sum(1 for p in prompts if p["token_ids"][0] == tt.lm_files.CONFIG_IDS["bos_token_id"]),
                         len(prompts))
+
+
+def test_gate_counts_nan_logits_and_fails_on_them():
+    nan = float("nan")
+    diverse = list(range(128))
+    block = gate.nondegenerate([_out(diverse, [[[1, nan, 1], [0, nan, 2]]] * 3 + [[[5, 2.0, 1], [6, 1.0, 2]]])])
+    assert block["nan_positions"] == 3 and block["near_ties"] == 0
+    assert not gate.passes(block)
