@@ -305,19 +305,24 @@ def engine_kwargs(spec: RunSpec, models: Path) -> dict:
         kwargs["skip_mm_profiling"] = True
     if spec.async_scheduling is not None:
         kwargs["async_scheduling"] = spec.async_scheduling
+    return kwargs | _run_knobs(spec, models / DRAFTER)
+
+
+def _run_knobs(spec: RunSpec, drafter: Path) -> dict:
+    """What every run sets the same way: graphs, FA version, KV pool, the drafter."""
+    knobs: dict = {}
     if spec.cuda_graphs:
-        kwargs["compilation_config"] = {"cudagraph_capture_sizes": CAPTURE_SIZES}
+        knobs["compilation_config"] = {"cudagraph_capture_sizes": CAPTURE_SIZES}
     if spec.flash_attn_version is not None:
-        kwargs["attention_config"] = {"flash_attn_version": spec.flash_attn_version}
+        knobs["attention_config"] = {"flash_attn_version": spec.flash_attn_version}
     if spec.kv_blocks is not None:
-        kwargs["num_gpu_blocks_override"] = spec.kv_blocks
+        knobs["num_gpu_blocks_override"] = spec.kv_blocks
     if spec.has_drafter:
-        sc = {"method": "dflash", "model": str(models / DRAFTER),
-              "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+        sc = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
         if spec.drafter_backend:
             sc["attention_backend"] = spec.drafter_backend
-        kwargs["speculative_config"] = sc
-    return kwargs
+        knobs["speculative_config"] = sc
+    return knobs
 
 
 def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
@@ -342,19 +347,7 @@ def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
         kwargs["mm_processor_cache_gb"] = 0
     else:
         kwargs["language_model_only"] = True
-    if spec.cuda_graphs:
-        kwargs["compilation_config"] = {"cudagraph_capture_sizes": CAPTURE_SIZES}
-    if spec.flash_attn_version is not None:
-        kwargs["attention_config"] = {"flash_attn_version": spec.flash_attn_version}
-    if spec.kv_blocks is not None:
-        kwargs["num_gpu_blocks_override"] = spec.kv_blocks
-    if spec.has_drafter:
-        sc = {"method": "dflash", "model": str(models / TRAINED_DRAFTER),
-              "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-        if spec.drafter_backend:
-            sc["attention_backend"] = spec.drafter_backend
-        kwargs["speculative_config"] = sc
-    return kwargs
+    return kwargs | _run_knobs(spec, models / TRAINED_DRAFTER)
 
 
 def _memory_share() -> dict:
