@@ -25,16 +25,26 @@ of ``tests/integration/series_0_21_0_probe.py``):
   (``vllm/model_executor/models/gemma4_mm.py``); the processing info is
   built from that method alone (its constructor needs the HF processor).
 
+* for 0.21.0, ``get_flash_attn_version`` (``vllm/v1/attention/backends/fa_utils.py``),
+  which the patch asks whether FLASH_ATTN would run as FA3: see
+  ``install_flash_attn_version`` (the real ``is_fa_version_supported`` and
+  ``set_current_vllm_config``; the GPU per scenario, ``GPUS``: RTX 5090 unless
+  the scenario is an H100's).
+
 Stand-ins: the backend registry enum (members named as vLLM's, ``get_class``
 returns a class named after the backend), ``current_platform`` (CUDA or not,
-per scenario), ``get_current_vllm_config``, the logger. A subprocess, because the stand-ins register ``vllm`` names.
+per scenario; for 0.21.0 a capability of the scenario's GPU, with the real
+capability tests of ``Platform``), ``get_current_vllm_config``, the logger.
+A subprocess, because the stand-ins register ``vllm`` names.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import sys
@@ -90,6 +100,79 @@ def _install_registry() -> None:
     sys.modules[fa_utils.__name__] = fa_utils
 
 
+# The GPU the 0.21.0 scenarios run on: capability, and the flash_attn_version the
+# attention config forces (None: vLLM's own default for the capability).
+GPU = {"capability": (12, 0)}  # RTX 5090
+GPUS = {"rtx5090": ((12, 0), None), "h100": ((9, 0), None), "h100_fa2_forced": ((9, 0), 2)}
+
+
+def flash_attn_platform(code_root: Path):
+    """A CUDA platform of ``GPU``'s capability, with the real capability tests of
+    ``Platform`` (``vllm/platforms/interface.py``) and the real ``DeviceCapability``."""
+    interface = _module(code_root / "vllm/platforms/interface.py")
+    ns: dict = {"NamedTuple": __import__("typing").NamedTuple, "Any": __import__("typing").Any}
+    _exec(ast.unparse(_class(interface, "DeviceCapability")), ns)
+    platform = _class(interface, "Platform")
+    methods = [_method(platform, n) for n in ("has_device_capability", "is_device_capability",
+                                               "is_device_capability_family")]
+    extra = ("    get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(*GPU['capability']))\n"
+             "    is_cuda = classmethod(lambda cls: PLATFORM['cuda'])\n"
+             "    is_xpu = classmethod(lambda cls: PLATFORM['xpu'])\n"
+             "    is_rocm = classmethod(lambda cls: False)\n")
+    ns.update(GPU=GPU, PLATFORM=PLATFORM)
+    _exec(_class_source("CudaStandIn", "", methods, extra), ns)
+    return ns["CudaStandIn"], ns
+
+
+def install_flash_attn_version(code_root: Path) -> None:
+    """The real ``get_flash_attn_version`` (``vllm/v1/attention/backends/fa_utils.py``)
+    as vLLM 0.21.0 runs it on ``GPU``: the real ``is_fa_version_supported`` and its
+    helpers (``vllm/vllm_flash_attn/flash_attn_interface.py``), with the kernels the
+    wheel ships (its RECORD: ``_vllm_fa2_C``, ``_vllm_fa3_C``, ``cute/interface.py``)
+    taken as importable, and the real ``set_current_vllm_config`` /
+    ``get_current_vllm_config_or_none`` (``vllm/config/vllm.py``), through which a
+    forced ``attention_config.flash_attn_version`` is read. Stand-ins: the compilation
+    counter and mode (only read with ``check_compile``), ``envs`` (no batch invariance),
+    the logger."""
+    platform, _ = flash_attn_platform(code_root)
+    sys.modules["vllm.platforms"].current_platform = platform
+    record = next(code_root.glob("vllm-*.dist-info")).joinpath("RECORD").read_text()
+    interface = _module(code_root / "vllm/vllm_flash_attn/flash_attn_interface.py")
+    fa = types.ModuleType("vllm.vllm_flash_attn.flash_attn_interface")
+    fa.__dict__.update(
+        FA2_AVAILABLE="vllm_flash_attn/_vllm_fa2_C" in record, FA2_UNAVAILABLE_REASON="not in the wheel",
+        FA3_AVAILABLE="vllm_flash_attn/_vllm_fa3_C" in record, FA3_UNAVAILABLE_REASON="not in the wheel",
+        FA4_AVAILABLE="vllm_flash_attn/cute/interface.py" in record, FA4_UNAVAILABLE_REASON="not in the wheel")
+    for name in ("_is_fa2_supported", "_is_fa3_supported", "_is_fa4_supported", "is_fa_version_supported",
+                 "fa_version_unsupported_reason"):
+        _exec(ast.unparse(_function(interface, name)), fa.__dict__)
+    sys.modules.setdefault("vllm.vllm_flash_attn", types.ModuleType("vllm.vllm_flash_attn"))
+    sys.modules[fa.__name__] = fa
+
+    config_py = _module(code_root / "vllm/config/vllm.py")
+    config = sys.modules.setdefault("vllm.config", types.ModuleType("vllm.config"))
+    sys.modules["vllm.compilation.counter"] = types.SimpleNamespace(
+        compilation_counter=types.SimpleNamespace(num_models_seen=0))
+    config.__dict__.update(_current_vllm_config=None, _current_prefix=None, logger=_OnceLogger("config"),
+                           contextmanager=contextlib.contextmanager, lru_cache=functools.lru_cache,
+                           CompilationMode=enum.Enum("CompilationMode", "NONE VLLM_COMPILE"))
+    for name in ("set_current_vllm_config", "get_cached_compilation_config", "get_current_vllm_config",
+                 "get_current_vllm_config_or_none"):
+        _exec(ast.unparse(_function(config_py, name)), config.__dict__)
+
+    fa_utils = sys.modules["vllm.v1.attention.backends.fa_utils"]
+    fa_utils.__dict__.update(current_platform=platform, logger=_OnceLogger("fa_utils"),
+                             envs=types.SimpleNamespace(VLLM_BATCH_INVARIANT=False))
+    utils_py = _module(code_root / "vllm/v1/attention/backends/fa_utils.py")
+    for name in ("get_flash_attn_version", "is_fa_version_supported"):
+        _exec(ast.unparse(_function(utils_py, name)), fa_utils.__dict__)
+
+
+def on_gpu(name: str, attention) -> None:
+    """Put the scenario on GPU ``name`` (``GPUS``), forcing its FA version in ``attention``."""
+    GPU["capability"], attention.flash_attn_version = GPUS[name]
+
+
 def multimodal_config_class(code_root: Path) -> type:
     cls = _class(_module(code_root / MULTIMODAL_PY), "MultiModalConfig")
     ns: dict = {}
@@ -101,9 +184,10 @@ def gemma4_config_class(code_root: Path) -> type:
     module = _module(code_root / CONFIG_PY)
     ns: dict = {"logger": logging.getLogger("gemma4-config"), "replace": dataclasses.replace,
                 "VerifyAndUpdateConfig": object}
-    helper = _function(module, "_gemma4_serves_text_only")
-    if helper is not None:
-        _exec(ast.unparse(helper), ns)
+    for name in ("_gemma4_serves_text_only", "_flash_attn_version"):  # the patch's helpers, where present
+        helper = _function(module, name)
+        if helper is not None:
+            _exec(ast.unparse(helper), ns)
     cls = _class(module, "Gemma4Config")
     cls.bases = [ast.Name("VerifyAndUpdateConfig")]
     _exec(ast.unparse(cls), ns)
@@ -136,6 +220,11 @@ SCENARIOS = {
     "multimodal_user_backend": ({"limits": {}}, False, 256, 512, "FLASH_ATTN"),
     "uniform_head_dim_text_only": ({"limits": {}, "language_model_only": True}, False, 256, 256, None),
 }
+# Scenarios on another GPU than the RTX 5090 (``GPUS``): --language-model-only on an H100,
+# where FLASH_ATTN is FA3 unless attention_config.flash_attn_version forces 2.
+SCENARIO_GPUS = {"language_model_only_h100": "h100", "language_model_only_h100_fa2_forced": "h100_fa2_forced"}
+for _name in SCENARIO_GPUS:
+    SCENARIOS[_name] = SCENARIOS["language_model_only"]
 
 
 def rederived_mm_prefix(code_root: Path, hf_text_config) -> bool:
@@ -203,6 +292,7 @@ def verify_scenarios(code_root: Path) -> dict:
                                                       use_bidirectional_attention="vision")
         attention = types.SimpleNamespace(
             backend=None if backend is None else AttentionBackendEnum[backend])
+        on_gpu(SCENARIO_GPUS.get(name, "rtx5090"), attention)
         vllm_config = types.SimpleNamespace(model_config=target, attention_config=attention)
         registry_multimodal = registry_supports(target)  # before verify changes anything
         gemma4.verify_and_update_config(vllm_config)
@@ -214,6 +304,10 @@ def verify_scenarios(code_root: Path) -> dict:
             "arch_other_fields_kept": dataclasses.replace(
                 target.model_arch_config, is_mm_prefix_lm=True) == arch,
         }
+        if name in SCENARIO_GPUS:  # the version FlashAttentionImpl gets there, built under this config
+            with sys.modules["vllm.config"].set_current_vllm_config(vllm_config):
+                out[name]["flash_attn_version"] = sys.modules[
+                    "vllm.v1.attention.backends.fa_utils"].get_flash_attn_version(head_size=head_dim)
     return out
 
 
@@ -321,6 +415,7 @@ def main(code_root: str, version: str = "0.21.0") -> None:
     if version == "0.33.0":
         print(json.dumps({"verify": verify_scenarios_0_33_0(code), "layers": layer_backends_0_33_0(code)}))
     else:
+        install_flash_attn_version(code)
         print(json.dumps({"verify": verify_scenarios(code), "layers": layer_backends(code)}))
 
 

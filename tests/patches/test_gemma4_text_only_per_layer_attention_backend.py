@@ -43,7 +43,10 @@ PROBE = Path(__file__).with_name("gemma4_per_layer_probe.py")
 PROBE_EXTRA = ["vllm/utils/math_utils.py", "vllm/config/model.py", "vllm/config/model_arch.py",
                "vllm/transformers_utils/model_arch_config_convertor.py",
                "vllm/config/multimodal.py", "vllm/multimodal/registry.py",
-               "vllm/model_executor/models/gemma4_mm.py"]
+               "vllm/model_executor/models/gemma4_mm.py",
+               # get_flash_attn_version as the release runs it (gemma4_per_layer_probe.install_flash_attn_version)
+               "vllm/v1/attention/backends/fa_utils.py", "vllm/vllm_flash_attn/flash_attn_interface.py",
+               "vllm/config/vllm.py", "vllm/platforms/interface.py"]
 TEXT_ONLY = ("all_limits_zero", "language_model_only", "no_multimodal_config", "audio_tower_all_zero")
 MULTIMODAL = ("multimodal", "image_only_off", "audio_tower_audio_open", "all_zero_with_mm_embeds",
               "language_model_only_with_mm_embeds")
@@ -177,7 +180,7 @@ def test_patched_large_head_layers_get_triton_only_without_a_backend(patched):
 # ------------------------------------------------------- through the real selector (0.21.0)
 
 SELECTOR_PROBE = Path(__file__).with_name("attention_selector_probe.py")
-SELECTOR_EXTRA = PROBE_EXTRA + ["vllm/platforms/cuda.py", "vllm/platforms/interface.py",
+SELECTOR_EXTRA = PROBE_EXTRA + ["vllm/platforms/cuda.py",
                                 "vllm/v1/attention/selector.py", "vllm/v1/attention/backend.py",
                                 "vllm/v1/attention/backends/flash_attn.py", "vllm/v1/attention/backends/triton_attn.py",
                                 "vllm/v1/attention/backends/flex_attention.py"]
@@ -215,6 +218,53 @@ def test_patched_text_only_gemma4_sliding_layers_select_flash_attn_full_layers_t
     assert seen["configured_backend"] is None and seen["is_mm_prefix_lm"] is False
     assert seen["sliding"] == "FLASH_ATTN"
     assert seen["full"] == "TRITON_ATTN"
+
+
+# ------------------------------------------- FA3 (Hopper): the lock stays (0.21.0)
+#
+# An H100 run of a trained Gemma-4-shaped target served text-only with the series, FA
+# version not forced (FA3 for the sliding layers, TRITON_ATTN for the full ones) gave
+# NaN logits in decode for every prompt shorter than the sliding window; with FA2
+# forced, or TRITON_ATTN on every layer, it did not (patches/vllm/README.md). So under
+# FA3, as the release's own get_flash_attn_version decides it, every layer keeps
+# TRITON_ATTN. The probes run that function from the tree on a stand-in CUDA platform
+# of the GPU's capability (no GPU here), with the kernels the wheel ships.
+
+
+def test_released_flash_attn_version_is_3_on_hopper_unless_2_is_forced(released):
+    """The release's own rule, run under the config being built: the precondition of the
+    scenarios below (and why the RTX 5090 ones are FA2)."""
+    assert released["verify"]["language_model_only_h100"]["flash_attn_version"] == 3
+    assert released["verify"]["language_model_only_h100_fa2_forced"]["flash_attn_version"] == 2
+
+
+def test_patched_text_only_under_fa3_keeps_the_triton_lock(patched):
+    seen = patched["verify"]["language_model_only_h100"]
+    assert seen["backend"] == "TRITON_ATTN"
+    assert seen["is_mm_prefix_lm"] is False  # no image can arrive, as on other platforms
+
+
+def test_patched_text_only_with_fa2_forced_on_hopper_lifts_the_lock(patched):
+    # The Hopper GPU proofs force FA2; they must still exercise the per-layer backends.
+    seen = patched["verify"]["language_model_only_h100_fa2_forced"]
+    assert seen["backend"] is None and seen["is_mm_prefix_lm"] is False
+
+
+def test_patched_text_only_gemma4_on_fa3_runs_every_layer_on_triton_as_released(selected_released,
+                                                                                 selected_patched):
+    """Through the real selector: H100 (capability 9.0), FA version not forced."""
+    seen = selected_patched["gemma4_text_only_by_gpu"]["h100"]
+    assert (seen["configured_backend"], seen["sliding"], seen["full"]) == ("TRITON_ATTN", "TRITON_ATTN", "TRITON_ATTN")
+    released = selected_released["gemma4_text_only_by_gpu"]["h100"]
+    assert (released["sliding"], released["full"]) == (seen["sliding"], seen["full"])
+
+
+@pytest.mark.parametrize("gpu", ("rtx5090", "h100_fa2_forced"))
+def test_patched_text_only_gemma4_on_fa2_sliding_layers_select_flash_attn(selected_patched, gpu):
+    """Through the real selector: capability 12.0, or an H100 with flash_attn_version 2."""
+    seen = selected_patched["gemma4_text_only_by_gpu"][gpu]
+    assert seen["configured_backend"] is None
+    assert (seen["sliding"], seen["full"]) == ("FLASH_ATTN", "TRITON_ATTN")
 
 
 # ------------------------------------------------------------------ 0.33.0
