@@ -593,6 +593,20 @@ def generated(raw: dict) -> list[dict]:
     return [o for outs in (raw.get("groups") or {}).values() for o in outs]
 
 
+def prefix_cache_hits(raw: dict) -> int | None:
+    """Prompt tokens served from the prefix cache over the run.
+
+    The sum of each request's ``num_cached_tokens`` where the run recorded them:
+    vLLM 0.21.0's ``prefix_cache_hits`` counter loses every group after the first
+    (the scheduler drains its stats on a step that produced no output, which async
+    scheduling leaves queued at the end of each ``generate``; fixed upstream by
+    PR #48668 in 0.29.0). The counter is the fallback for records made before."""
+    cached = [o.get("num_cached_tokens") for o in generated(raw)]
+    if cached and all(c is not None for c in cached):
+        return sum(cached)
+    return (raw.get("counters") or {}).get("prefix_cache_hits")
+
+
 def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
     """What issue 23 asks of every trained-target record, and whether it is a proof:
     outputs worth comparing (gate.py) and, for DFlash, lossless against a
@@ -601,7 +615,7 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
     block = gate.nondegenerate(generated(raw)) if raw.get("ok") else None
     fields = {"target_name": raw.get("target_name"), "target_sha256": raw.get("target_sha256"),
               "nondegenerate": block, "preemptions": counters.get("preemptions"),
-              "prefix_cache_hits": counters.get("prefix_cache_hits"), "counters": counters,
+              "prefix_cache_hits": prefix_cache_hits(raw), "counters": counters,
               "reference": spec.reference}
     if spec.mode == "dflash":
         ref_block = gate.nondegenerate(reference["passes"][0]) if reference and reference.get("ok") else None

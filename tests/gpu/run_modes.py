@@ -223,7 +223,11 @@ def _output_record(prompt: list[int], out) -> dict:
     for pos in comp.logprobs or []:
         ranked = sorted(pos.items(), key=lambda kv: kv[1].rank)
         top.append([[int(tok), float(lp.logprob), int(lp.rank)] for tok, lp in ranked])
-    return {"prompt_len": len(prompt), "token_ids": list(comp.token_ids), "top": top}
+    # Prompt tokens served from the prefix cache, per request: vLLM 0.21.0's engine
+    # counter drops the lookups of a step without outputs (async scheduling), so the
+    # trained-target runs read hits from here too.
+    return {"prompt_len": len(prompt), "token_ids": list(comp.token_ids), "top": top,
+            "num_cached_tokens": getattr(out, "num_cached_tokens", None)}
 
 
 # ------------------------------------------------------------------- parent

@@ -231,3 +231,13 @@ def test_gate_counts_nan_logits_and_fails_on_them():
     block = gate.nondegenerate([_out(diverse, [[[1, nan, 1], [0, nan, 2]]] * 3 + [[[5, 2.0, 1], [6, 1.0, 2]]])])
     assert block["nan_positions"] == 3 and block["near_ties"] == 0
     assert not gate.passes(block)
+
+
+def test_prefix_cache_hits_come_from_each_requests_cached_tokens():
+    """vLLM 0.21.0's counter lost every group after the first on the H100 (16 queries, 0 hits);
+    per-request num_cached_tokens are summed instead, the counter only as a fallback."""
+    outs = [dict(_out(list(range(128))), num_cached_tokens=n) for n in (0, 640, 640)]
+    raw = {"ok": True, "counters": {"prefix_cache_hits": 0}, "groups": {"1": outs[:1], "3": outs}}
+    assert rs.prefix_cache_hits(raw) == 1280
+    old = {"ok": True, "counters": {"prefix_cache_hits": 7}, "groups": {"1": [_out([1, 2])]}}
+    assert rs.prefix_cache_hits(old) == 7
