@@ -21,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import socket
 import sys
 import tarfile
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -190,10 +192,24 @@ def fake_vllm_image(c) -> str:
     )
 
 
+# Ports for containers come from a block of this run's own, below the kernel's
+# ephemeral range: with bind(0), two runs beside each other were handed the same
+# port between the probe and the daemon's bind ("port is already allocated").
+_PORT_BLOCK = 20000 + (zlib.crc32(RUN_ID.encode()) % 100) * 100
+_next_port = itertools.count(_PORT_BLOCK)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for port in _next_port:
+        if port >= _PORT_BLOCK + 100:
+            break
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port left in this run's block {_PORT_BLOCK}-{_PORT_BLOCK + 99}")
 
 
 def containers_named(c, name: str) -> list:
