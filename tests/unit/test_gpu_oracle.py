@@ -22,7 +22,6 @@ oracle = _load("oracle")
 K = 15
 VOCAB = 4096
 SPECIAL = (0, 1, 2, 3, 106)
-TREES = Path("/root/.cache/vllm-sm12x/trees")
 
 
 # ------------------------------------------------------------------ planner
@@ -272,9 +271,11 @@ def _params(fn) -> list[str]:
 
 
 def _site(release: str) -> Path:
-    root = TREES / f"vllm-{release}-site-packages" / "vllm"
-    if not root.is_dir():
-        pytest.skip(f"no unpacked vLLM {release} tree at {root}")
+    # The released wheel's tree, downloaded and cached as the patch tests get it.
+    from tests.integration.patch_trees import pristine
+
+    root = pristine(release, "site-packages") / "vllm"
+    assert root.is_dir(), f"no vllm/ in the released {release} tree at {root}"
     return root
 
 
