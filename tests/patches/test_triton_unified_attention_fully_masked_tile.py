@@ -61,7 +61,7 @@ def run_probe():
         env = {**os.environ, "TRITON_INTERPRET": "1",
                "PYTHONPATH": os.pathsep.join([str(triton_dir), os.environ.get("PYTHONPATH", "")])}
         done = subprocess.run([sys.executable, str(PROBE), str(tree)], env=env, capture_output=True,
-                              text=True, timeout=600)
+                              text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-4000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 

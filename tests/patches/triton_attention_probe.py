@@ -4,7 +4,8 @@ Usage: triton_attention_probe.py TREE; prints JSON. The kernel, its helpers and
 the ``unified_attention`` launcher are the tree's own files; only the modules
 they import for platform facts, logging and env flags (which need vLLM's own
 CUDA build to import) are stand-ins, and ``KVQuantMode`` is the tree's class,
-cut out of its kv_cache_interface.py.
+rebuilt from the members of that class in its
+kv_cache_interface.py.
 
 The case: one sequence of 48 tokens, one head, sliding window 8, prefill
 (the 2D kernel, TILE_SIZE 32, BLOCK_Q 16). The q-block of rows 32-47 starts
@@ -45,10 +46,13 @@ def _stand_ins(tree: Path) -> None:
     triton_utils.tl, triton_utils.triton = tl, triton
     source = (tree / "vllm/v1/kv_cache_interface.py").read_text()
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "KVQuantMode")
-    scope = {"IntEnum": enum.IntEnum}
-    exec(compile(ast.Module([cls], []), "kv_cache_interface.py", "exec"), scope)
+    members = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in cls.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
     kv = types.ModuleType("vllm.v1.kv_cache_interface")
-    kv.KVQuantMode = scope["KVQuantMode"]
+    kv.KVQuantMode = enum.IntEnum("KVQuantMode", members)
     for name in ("vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops"):
         sys.modules[name] = types.ModuleType(name)
     for mod in (envs, logger, platforms, triton_utils, kv):
