@@ -1,0 +1,106 @@
+"""Run a released vLLM tree's Triton unified attention under TRITON_INTERPRET=1 (CPU).
+
+Usage: triton_attention_probe.py TREE; prints JSON. The kernel, its helpers and
+the ``unified_attention`` launcher are the tree's own files; only the modules
+they import for platform facts, logging and env flags (which need vLLM's own
+CUDA build to import) are stand-ins, and ``KVQuantMode`` is the tree's class,
+rebuilt from the members of that class in its
+kv_cache_interface.py.
+
+The case: one sequence of 48 tokens, one head, sliding window 8, prefill
+(the 2D kernel, TILE_SIZE 32, BLOCK_Q 16). The q-block of rows 32-47 starts
+its tile loop at tile 0 (keys 0-31), which lies wholly before the windows of
+rows 39-47. Every in-window score is about -144: below the fp32 underflow of
+exp() on the CPU (about -104; the GPU's flush-to-zero exp already fails below
+about -87).
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import importlib.util
+import json
+import logging
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+N, HEAD, WINDOW, BLOCK = 48, 32, 8, 16
+OPS = "vllm/v1/attention/ops"
+
+
+def _stand_ins(tree: Path) -> None:
+    envs = types.ModuleType("vllm.envs")
+    envs.VLLM_BATCH_INVARIANT = False
+    logger = types.ModuleType("vllm.logger")
+    logger.init_logger = logging.getLogger
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(fp8_dtype=lambda: torch.float8_e4m3fn)
+    import triton
+    import triton.language as tl
+
+    triton_utils = types.ModuleType("vllm.triton_utils")
+    triton_utils.tl, triton_utils.triton = tl, triton
+    source = (tree / "vllm/v1/kv_cache_interface.py").read_text()
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "KVQuantMode")
+    members = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in cls.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+    kv = types.ModuleType("vllm.v1.kv_cache_interface")
+    kv.KVQuantMode = enum.IntEnum("KVQuantMode", members)
+    for name in ("vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops"):
+        sys.modules[name] = types.ModuleType(name)
+    for mod in (envs, logger, platforms, triton_utils, kv):
+        sys.modules[mod.__name__] = mod
+    sys.modules["vllm"].envs = envs
+
+
+def _load(tree: Path, name: str):
+    spec = importlib.util.spec_from_file_location(f"vllm.v1.attention.ops.{name}", tree / OPS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(tree: Path) -> dict:
+    _stand_ins(tree)
+    _load(tree, "triton_attention_helpers")
+    ua = _load(tree, "triton_unified_attention")
+    torch.manual_seed(0)
+    axis = torch.zeros(HEAD)
+    axis[0] = 1.0
+    q = (12.0 * axis).expand(N, 1, HEAD) + 0.01 * torch.randn(N, 1, HEAD)
+    k = (-12.0 * axis).expand(N, 1, HEAD) + 0.01 * torch.randn(N, 1, HEAD)
+    v = torch.randn(N, 1, HEAD)
+    blocks = N // BLOCK
+    out = torch.full((N, 1, HEAD), 7.0)
+    ua.unified_attention(
+        q=q.contiguous(), k=k.reshape(blocks, BLOCK, 1, HEAD).contiguous(),
+        v=v.reshape(blocks, BLOCK, 1, HEAD).contiguous(), out=out,
+        cu_seqlens_q=torch.tensor([0, N], dtype=torch.int32), max_seqlen_q=N,
+        seqused_k=torch.tensor([N], dtype=torch.int32), max_seqlen_k=N, softmax_scale=1.0, causal=True,
+        window_size=(WINDOW - 1, 0), block_table=torch.arange(blocks, dtype=torch.int32).reshape(1, blocks),
+        softcap=0, q_descale=None, k_descale=torch.ones(1), v_descale=torch.ones(1),
+    )
+    scores = q[:, 0].double() @ k[:, 0].double().T
+    pos = torch.arange(N)
+    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - WINDOW)
+    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v[:, 0].double()
+    got = out[:, 0].double()
+    finite = torch.isfinite(got).all(-1)
+    return {
+        "max_in_window_score": scores[allowed].max().item(),
+        "nan_rows": torch.isnan(got).any(-1).nonzero().flatten().tolist(),
+        "max_abs_err_finite_rows": (got[finite] - ref[finite]).abs().max().item(),
+        "finite_rows": int(finite.sum()),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]))))
