@@ -80,7 +80,7 @@ class TrainConfig:
     """One fixed recipe: the same numbers give the same checkpoint on the same GPU kind."""
 
     seed: int = 20261126
-    steps: int = 380
+    steps: int = 420
     seq_len: int = 1024
     micro_batch: int = 16
     accumulation: int = 1  # 16 windows of 1024 tokens per optimizer step

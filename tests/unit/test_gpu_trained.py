@@ -188,6 +188,36 @@ def test_expert_kernel_matches_gemma4s_own_experts():
     assert not torch.allclose(got, torch.zeros_like(got))
 
 
+def test_attention_logits_start_with_unit_variance_not_sqrt_head_dim():
+    """Gemma 4 scores with scaling 1.0; the trainer's init of the q/k norm gains must bring
+    the first logits from ~sqrt(head_dim) down to ~1, on sliding (256) and full (512) layers."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    shape = tt.mc.TargetShape("t", 6, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                              num_global_key_value_heads=1, num_experts=4, moe_intermediate_size=16,
+                              intermediate_size=32, sliding_window=16)
+    cfg = tt.mc.gemma4_config_dict(shape, vocab=512)
+    config = Gemma4Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    x = torch.randn(1, 64, 64)
+
+    def logit_std(attn):
+        q = attn.q_norm(attn.q_proj(x).view(1, 64, -1, attn.head_dim))
+        k = attn.k_norm(attn.k_proj(x).view(1, 64, -1, attn.head_dim))
+        return float((q[0, :, 0] @ k[0, :, 0].T).std())
+
+    layers = model.model.language_model.layers
+    full = next(l.self_attn for l in layers if not l.self_attn.is_sliding)
+    sliding = layers[0].self_attn
+    with torch.no_grad():
+        before = logit_std(sliding), logit_std(full)
+        tt.unit_attention_logits(model)
+        after = logit_std(sliding), logit_std(full)
+    assert before[0] > 10 and before[1] > 15, before
+    assert all(0.5 < s < 2.0 for s in after), after
+
+
 def test_target_config_is_the_26b_a4b_mix_with_the_tokenizers_ids():
     cfg = tt.target_config()
     text = cfg["text_config"]
