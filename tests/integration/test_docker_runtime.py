@@ -24,6 +24,7 @@ from launcher.errors import LauncherError
 from launcher.plan import Plan
 from launcher.runtime import docker as rt
 from tests.integration import docker_env
+from tests.signals import ctrl_c_as_from_a_terminal
 
 pytestmark = pytest.mark.docker
 
@@ -235,6 +236,7 @@ def test_interrupt_stops_and_removes(client, image, models, sig):
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, json.dumps(fields)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+        preexec_fn=ctrl_c_as_from_a_terminal,
     )
     try:
         seen = []

@@ -25,6 +25,7 @@ from launcher.patching import engine
 from launcher.patching.series import series_for
 from launcher.patching.stamp import STAMP_REL
 from tests.integration.patch_trees import dirs, mini_tree, snapshot
+from tests.signals import ctrl_c_as_from_a_terminal
 
 REPO = Path(__file__).resolve().parents[2]
 SERIES_FILES = sorted({fp.path for p in series_for("0.21.0").patches for fp in p.files})
@@ -69,7 +70,8 @@ def _kill_mid_apply(root: Path, tmp_path: Path, sig: int) -> subprocess.Complete
     marker = tmp_path / "paused"
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(root)], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "MARKER": str(marker)})
+                            env={**os.environ, "PYTHONPATH": str(REPO), "MARKER": str(marker)},
+                            preexec_fn=ctrl_c_as_from_a_terminal)
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert proc.poll() is None, proc.communicate()
