@@ -376,18 +376,23 @@ quantize_rs() { # the NVFP4 real-shape target by `launcher quantize` on this GPU
 MODELS_TRAINED=${MODELS_TRAINED:-/tmp/models-trained}
 TRAINED=$MODELS_TRAINED/trained-a4b-r30
 
-train_target() { # the trained target (issue 23): corpus, tokenizer, training, drafter, NVFP4 copy
+train_target() { # the trained target (issue 23): corpus, tokenizer, training, drafter, prompts
     install
-    extras
     mkdir -p "$OUT" "$WORK"
     if [ ! -f "$MODELS_TRAINED/shapes.json" ]; then
         # The bundle's transformers 5.13.1 writes the config vLLM 0.21.0 reads.
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$MODELS_TRAINED" \
-            ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} 2>&1 | tee "$WORK/train.log" | grep -v "Writing model shards" \
-            || { echo "training failed or missed the perplexity bar (train.log)" >&2; cp "$WORK/train.log" "$OUT/"; }
+            ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} 2>&1 | grep -v "Writing model shards" | tee "$WORK/train.log" \
+            | grep -v "^step" || true
+        grep "^step" "$WORK/train.log" | awk 'NR % 10 == 1' || true
+        cp "$WORK/train.log" "$OUT/"
     fi
-    [ -f "$TRAINED/train-record.json" ] || { echo "no trained target" >&2; return 1; }
+    [ -f "$TRAINED/train-record.json" ] || { echo "no trained target (train.log)" >&2; return 1; }
     cp "$TRAINED/train-record.json" "$OUT/"
+}
+
+trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
+    extras
     if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ]; then
         PYTHONPATH=.:$SITE_QUANT:$SITE "$PY" -m launcher quantize --model "$TRAINED" --out "$TRAINED-nvfp4" \
             --device cuda --calib-file "$MODELS_TRAINED/calib.jsonl" --calib-samples 32 --calib-seq-len 512 \
@@ -403,6 +408,7 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
+    trained_nvfp4
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
     realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
     local sites=(--site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE") lane i=0 pids=()
@@ -465,6 +471,7 @@ case "$cmd" in
     stability) stability ;;
     quantize-rs) quantize_rs ;;
     train-target) train_target ;;
+    trained-nvfp4) trained_nvfp4 ;;
     realshape-trained) realshape_trained ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|realshape-trained" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|trained-nvfp4|realshape-trained" >&2; exit 2 ;;
 esac
