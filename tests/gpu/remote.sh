@@ -393,6 +393,9 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
 
 trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
     extras
+    if [ ! -d "$SITE_QUANT" ]; then
+        echo "extras-quant not carried: no NVFP4 copy, so no *-nvfp4 run can start"; return 0
+    fi
     if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ]; then
         PYTHONPATH=.:$SITE_QUANT:$SITE "$PY" -m launcher quantize --model "$TRAINED" --out "$TRAINED-nvfp4" \
             --device cuda --calib-file "$MODELS_TRAINED/calib.jsonl" --calib-samples 32 --calib-seq-len 512 \
