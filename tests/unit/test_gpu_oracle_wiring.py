@@ -303,6 +303,17 @@ def test_an_oracle_log_with_a_mismatch_is_not_proof():
     assert rec["oracle_checks"]["oracle_log_clean"] is False and rec["proof"] is False
 
 
+def test_an_oracle_record_of_looping_output_is_not_proof():
+    """Both sides constant: lossless and equal histograms, but the gate (gate.py) fails."""
+    spec, ref, raw = _case(accepted_fs=ALL)
+    for outs in [*ref["passes"], *raw["groups"].values()]:
+        for o in outs:
+            o["token_ids"] = [9] * len(o["token_ids"])
+    rec = rs.record(spec, raw, ref, {})
+    assert rec["lossless"] is True and rec["hist_equal"] is True
+    assert rec["oracle_checks"]["nondegenerate"] is False and rec["proof"] is False
+
+
 def test_oracle_records_keep_apart_from_dflash_records_and_get_their_own_section():
     spec, ref, raw = _case(accepted_fs=ALL)
     orc = rs.record(spec, raw, ref, {"series_hash": "h" * 64})
