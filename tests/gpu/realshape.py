@@ -1033,7 +1033,8 @@ def lane_problems(lanes: str, raw_dir: Path) -> list[str]:
                 continue
             elsewhere = any(spec.reference in other for other in split if other is not lane)
             if elsewhere or not (raw_dir / f"{spec.reference}.raw.json").exists():
-                problems.append(f"{name}: put its reference {spec.reference} before it in its lane")
+                problems.append(f"{name}: its reference {spec.reference} runs in another lane or has no raw record "
+                                f"yet: put {spec.reference} in the same lane")
     return problems
 
 

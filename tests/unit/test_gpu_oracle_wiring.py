@@ -77,7 +77,8 @@ def test_lanes_refuse_an_oracle_whose_reference_runs_elsewhere_or_nowhere(tmp_pa
     assert rs.lane_problems(ok, tmp_path) == []
     split = "trained-ref-bf16;trained-oracle-fa2-cg-bf16"
     assert rs.lane_problems(split, tmp_path) == \
-        ["trained-oracle-fa2-cg-bf16: put its reference trained-ref-bf16 before it in its lane"]
+        ["trained-oracle-fa2-cg-bf16: its reference trained-ref-bf16 runs in another lane or has no raw "
+         "record yet: put trained-ref-bf16 in the same lane"]
     alone = "trained-oracle-fa2-cg-nvfp4;trained-dflash-fa2-cg-bf16"
     assert len(rs.lane_problems(alone, tmp_path)) == 1
     (tmp_path / "trained-ref-nvfp4.raw.json").write_text("{}")  # from an earlier call
