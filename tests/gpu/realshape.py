@@ -45,6 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
 import gate  # noqa: E402
+import lm_files  # noqa: E402
+import oracle  # noqa: E402
 import run_modes  # noqa: E402
 
 TARGET = "gemma4-a4b-r30"
@@ -116,6 +118,10 @@ class RunSpec:
     target: str = "random"
     # The reference run this one is judged against (trained runs name it).
     reference: str | None = None
+    # Issue 24: the DFlash engine as in ``mode`` "dflash", with tests/gpu/oracle.py
+    # overwriting the drafter's proposals from the reference's tokens (records say
+    # mode "oracle"). Needs ``reference``: the plan is made from its recorded outputs.
+    oracle: bool = False
 
     @property
     def has_drafter(self) -> bool:
@@ -126,7 +132,10 @@ class RunSpec:
         return self.target == "trained"
 
     def key(self) -> dict:
-        return {"series": self.series, "mode": self.mode, "quantization": self.quant,
+        # An oracle run has the engine of a DFlash run: its own mode keeps the two
+        # records apart in merge() and in the markdown.
+        mode = "oracle" if self.oracle else self.mode
+        return {"series": self.series, "mode": mode, "quantization": self.quant,
                 "image_limit": self.image_limit,
                 "drafter_backend": self.drafter_backend or ("auto" if self.mode == "dflash" else None),
                 "flash_attn_version": self.flash_attn_version, "cuda_graphs": self.cuda_graphs,
@@ -223,6 +232,15 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
             mm_prefix=False, reference="trained-ref-bf16-text-fa3"),
         run("trained-dflash-fa2-cg-nvfp4-smallkv", "patched", "dflash", nvfp4, "flash_attn",
             reference="trained-ref-nvfp4", **small),
+        # Issue 24: the trained-dflash-fa2-cg-* engines with the oracle's drafts, so every
+        # accepted length 0..15 runs through the verify step. Last: each needs its
+        # reference's raw record (main() also orders them after a reference asked for).
+        run("trained-oracle-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
+            reference="trained-ref-bf16", oracle=True),
+        run("trained-oracle-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
+            reference="trained-ref-nvfp4", oracle=True),
+        run("trained-oracle-fa2-cg-bf16-smallkv", "patched", "dflash", backend="flash_attn",
+            reference="trained-ref-bf16", oracle=True, **small),
     ]
 
 
@@ -272,6 +290,105 @@ def target_identity(spec: RunSpec, models: Path) -> dict:
     rec = json.loads((models / TRAINED_TARGET / "train-record.json").read_text())
     return {"target_name": "trained-" + TRAINED_TARGET.removeprefix("trained-"),
             "target_sha256": rec["target_sha256"]}
+
+
+# ------------------------------------------------------------ oracle (issue 24)
+
+# The plan's seed: every oracle run of a target then makes the same first-wrong choices.
+ORACLE_SEED = 0
+
+
+class OracleSetupError(RuntimeError):
+    """An oracle run cannot start: its plan has nothing (sound) to be made from."""
+
+
+def oracle_paths(spec: RunSpec, raw_dir: Path) -> tuple[Path, Path]:
+    """(plan, log) of an oracle run, beside its raw record so the logs tarball carries them."""
+    return raw_dir / f"{spec.name}.plan.json", raw_dir / f"{spec.name}.oracle.jsonl"
+
+
+def oracle_max_tokens(reference_len: int, k: int = NUM_SPECULATIVE_TOKENS) -> int:
+    """New tokens an oracle request may generate: its reference's length less K.
+
+    A verify step may accept drafts past max_tokens and vLLM counts them, so every draft
+    the oracle writes must come from the reference (oracle.build_draft marks the rest
+    ``tail``). The trained references make 128 tokens, so oracle runs make 113. That is
+    below oracle.min_tokens_for_full_cycle(15) = 137, the length one request needs to
+    see every first-wrong position, so a single request does not cover 0..15; each
+    request has its own permutation, and the run's histogram over the 1/4/17/32 groups
+    does (at least 27 per length in oracle.plan; tests/unit/test_gpu_oracle_wiring.py).
+    Longer oracle runs would need longer references, i.e. another prompts.json."""
+    return reference_len - k
+
+
+def _reference_raw(spec: RunSpec, raw_dir: Path) -> dict:
+    path = raw_dir / f"{spec.reference}.raw.json"
+    if not path.exists():
+        raise OracleSetupError(
+            f"oracle run {spec.name} needs its reference {spec.reference}: no {path} "
+            f"(run {spec.reference} first, e.g. RUNS={spec.reference},{spec.name})")
+    ref = json.loads(path.read_text())
+    if not ref.get("ok") or not ref.get("passes"):
+        raise OracleSetupError(f"oracle run {spec.name}: its reference {spec.reference} failed "
+                               f"({(ref.get('error') or {}).get('root_cause')})")
+    return ref
+
+
+def prepare_oracle(spec: RunSpec, models: Path, raw_dir: Path) -> dict:
+    """Parent side, before the child starts: the plan from the reference's first pass
+    (oracle.make_plan_file) and the child's environment. Raises OracleSetupError."""
+    ref = _reference_raw(spec, raw_dir)
+    sha = target_identity(spec, models)["target_sha256"]
+    if ref.get("target_sha256") != sha:
+        raise OracleSetupError(f"oracle run {spec.name}: reference {spec.reference} ran target "
+                               f"{ref.get('target_sha256')}, this run loads {sha}")
+    # Output records keep prompt lengths, not ids: the ids come from the workload both
+    # runs read, checked against the lengths the reference recorded.
+    prompts, _ = workload(spec, models, 0)
+    outs = ref["passes"][0]
+    if [o.get("prompt_len") for o in outs] != [len(p) for p in prompts]:
+        raise OracleSetupError(f"oracle run {spec.name}: reference {spec.reference} ran other prompts")
+    refs = [o["token_ids"] for o in outs]
+    max_tokens = [oracle_max_tokens(len(r)) for r in refs]
+    if min(max_tokens) < 1:
+        raise OracleSetupError(f"oracle run {spec.name}: a reference output of {spec.reference} "
+                               f"is not longer than K={NUM_SPECULATIVE_TOKENS}")
+    plan_path, log_path = oracle_paths(spec, raw_dir)
+    log_path.unlink(missing_ok=True)  # the oracle appends: a log of an earlier call would count twice
+    oracle.make_plan_file(plan_path, prompts, refs, max_tokens, lm_files.VOCAB_SIZE,
+                          lm_files.SPECIAL_TOKENS.values(), seed=ORACLE_SEED, k=NUM_SPECULATIVE_TOKENS)
+    v2 = oracle.HOOKS[spec.vllm]["runner"] == "v2"
+    # The hook patches one model runner class: pin the runner the release's hook is for.
+    return {"ORACLE_PLAN": str(plan_path), "ORACLE_LOG": str(log_path),
+            "VLLM_USE_V2_MODEL_RUNNER": "1" if v2 else "0"}
+
+
+def install_oracle(spec: RunSpec):
+    """Child side, before LLM(...) is built. oracle.install patches classes in this
+    process, so the model runner must live here: with VLLM_ENABLE_V1_MULTIPROCESSING=1
+    the engine core (and its runner) would run in a process the hook never reaches, and
+    the run would silently verify the random drafter's drafts. Returns the oracle.Oracle."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        raise RuntimeError("oracle runs need VLLM_ENABLE_V1_MULTIPROCESSING=0 (in-process engine core)")
+    plan_path, log_path = os.environ["ORACLE_PLAN"], os.environ["ORACLE_LOG"]
+    return oracle.install(spec.vllm, plan_path, log_path)
+
+
+def oracle_workload(plan: dict, prompts: list[list[int]]) -> list[int]:
+    """The oracle run's max_tokens per prompt (the plan's), after checking the plan was
+    made for these prompts in this order (rows map to plan entries by prompt)."""
+    if [r["prompt"] for r in plan["requests"]] != [list(p) for p in prompts]:
+        raise RuntimeError("the oracle plan was made for other prompts")
+    return [r["max_tokens"] for r in plan["requests"]]
+
+
+def oracle_result(spec: RunSpec, raw_dir: Path) -> dict:
+    """Parent side, after the child: the oracle's log analysed into the raw record, so
+    verdicts (and --merge-only) need only the raw records."""
+    _, log_path = oracle_paths(spec, raw_dir)
+    lines = oracle.read_log(log_path) if log_path.exists() else []
+    return {"oracle_log_lines": len(lines),
+            "oracle_analysis": oracle.analyse(lines, NUM_SPECULATIVE_TOKENS)}
 
 
 # --------------------------------------------------------------------- child
@@ -437,6 +554,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
             shapes = json.loads((models / "shapes.json").read_text())
             spec_probe.install(os.environ["REALSHAPE_PROBE_OUT"], shapes["vocab"],
                                shapes.get("max_position_embeddings", 4096))
+        orc = install_oracle(spec) if spec.oracle else None
         if spec.mode == "init":
             llm, (_executor, runner) = None, load_models_only(engine_kwargs(spec, models))
             result["started"] = "executor (models loaded; no KV cache, no scheduler)"
@@ -447,6 +565,8 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         result.update(run_modes.inspect_runner(runner))
         result.update(_engine_facts(runner))
         toks, max_tokens = workload(spec, models, token_limit)
+        if orc is not None:
+            max_tokens = result["oracle_max_tokens"] = oracle_workload(orc.plan, toks)
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=2,
                                  detokenize=False) for m in max_tokens]
         result.update(target_identity(spec, models))
@@ -463,6 +583,8 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         result["generate_s"] = round(time.time() - t1, 2)
         if llm is not None and spec.trained:
             result["counters"] = engine_counters(llm)
+        if orc is not None:  # calls == 0: the hook never ran (the drafter's own drafts were verified)
+            result["oracle_calls"] = {"calls": orc.calls, "proposals": orc.proposals, "unknown_rows": orc.unknown}
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - every failure is a result here
         traceback.print_exc()
@@ -510,6 +632,66 @@ def judge(reference: dict | None, run: dict) -> dict:
                 divergences.append({"concurrency": int(group), **d})
     return {"lossless": all(d["tie"] for d in divergences), "prompt_runs": total,
             "identical": identical, "divergences": divergences}
+
+
+def truncated(reference: dict, lengths: list[int]) -> dict:
+    """The reference with prompt i's outputs (token ids and logits, both passes) cut to
+    lengths[i] tokens."""
+    def cut(i: int, out: dict) -> dict:
+        n = lengths[i]
+        return dict(out, token_ids=out["token_ids"][:n], top=(out.get("top") or [])[:n])
+    return dict(reference, passes=[[cut(i, o) for i, o in enumerate(p)] for p in reference["passes"]])
+
+
+def judge_oracle(reference: dict | None, run: dict) -> dict:
+    """An oracle run against its reference cut to the oracle's length: the oracle run
+    asked for K fewer tokens (oracle_max_tokens), so an uncut reference would differ in
+    length everywhere. The cut is per prompt, to what the run asked for (not to what it
+    made): a short output still counts as a divergence."""
+    lengths = run.get("oracle_max_tokens")
+    if run.get("ok") and not lengths:
+        return {"lossless": None, "reason": "oracle run recorded no oracle_max_tokens"}
+    if reference and reference.get("ok") and lengths:
+        reference = truncated(reference, lengths)
+    return judge(reference, run)
+
+
+def accepted_hist(counters: dict) -> list[int] | None:
+    """vLLM's own accepted-length histogram (spec_decode_num_drafts and
+    spec_decode_num_accepted_tokens_per_pos, as engine_counters names them)."""
+    if counters.get("spec_drafts") is None or counters.get("spec_accepted_per_pos") is None:
+        return None
+    return oracle.hist_from_counters(counters["spec_drafts"], counters["spec_accepted_per_pos"])
+
+
+def oracle_log_clean(analysis: dict) -> bool:
+    """The oracle's own cross-checks (oracle.analyse; tests/gpu/README.md, "Oracle proposer"):
+    every verified step accepted what the plan said, every row matched a plan entry, each
+    step's sampled token was the reference's, and no draft ran past the reference."""
+    return bool(analysis) and all(analysis.get(k) == 0 for k in (
+        "num_mismatches", "unplanned_verifies", "last_token_mismatches", "tail_drafts", "unknown_rows"))
+
+
+def oracle_fields(raw: dict, reference: dict | None, block: dict | None) -> dict:
+    """Issue 24's record fields and verdict. planned_hist is analyse's expected_hist: the
+    plan's first-wrong position of each proposal vLLM verified, capped by the drafts the
+    scheduler kept (a trimmed draft cannot accept past its end); this is the histogram
+    vLLM's counters must equal (oracle.check_counters). analyse's untrimmed planned_hist
+    is kept in ``oracle``."""
+    analysis = raw.get("oracle_analysis") or {}
+    accepted, planned = accepted_hist(raw.get("counters") or {}), analysis.get("expected_hist")
+    ref_block = gate.nondegenerate(reference["passes"][0]) if reference and reference.get("ok") else None
+    every = accepted is not None and len(accepted) == NUM_SPECULATIVE_TOKENS + 1 and all(c > 0 for c in accepted)
+    checks = {"lossless": judge_oracle(reference, raw).get("lossless") is True,
+              "nondegenerate": gate.passes(block) and gate.passes(ref_block),
+              "every_length": every,
+              "hist_equal": accepted is not None and accepted == planned,
+              "oracle_log_clean": oracle_log_clean(analysis)}
+    return {"accepted_hist": accepted, "planned_hist": planned, "hist_equal": checks["hist_equal"],
+            "oracle_checks": checks, "reference_nondegenerate": ref_block,
+            "oracle_max_tokens": raw.get("oracle_max_tokens"), "oracle_calls": raw.get("oracle_calls"),
+            "oracle": {k: v for k, v in analysis.items() if k != "expected_hist"},
+            "proof": bool(raw.get("ok")) and all(checks.values())}
 
 
 def reference_for(spec: RunSpec) -> RunSpec | None:
@@ -572,7 +754,7 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict) -> dict
     if raw.get("probe") is not None:
         rec["probe_reports"] = raw["probe"][:12]
     if spec.mode == "dflash":
-        v = judge(reference, raw)
+        v = judge_oracle(reference, raw) if spec.oracle else judge(reference, raw)
         rec["lossless"] = v.get("lossless")
         rec["divergences"] = v.get("divergences", [])
         rec["verdict"] = {k: v[k] for k in v if k not in ("lossless", "divergences")}
@@ -617,7 +799,9 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
               "nondegenerate": block, "preemptions": counters.get("preemptions"),
               "prefix_cache_hits": prefix_cache_hits(raw), "counters": counters,
               "reference": spec.reference}
-    if spec.mode == "dflash":
+    if spec.oracle:
+        fields.update(oracle_fields(raw, reference, block))
+    elif spec.mode == "dflash":
         ref_block = gate.nondegenerate(reference["passes"][0]) if reference and reference.get("ok") else None
         fields["reference_nondegenerate"] = ref_block
         fields["proof"] = bool(gate.passes(block) and gate.passes(ref_block) and
@@ -646,7 +830,8 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
 
 
 def markdown(records: list[dict], meta: dict) -> str:
-    trained = [r for r in records if r.get("target_kind") == "trained"]
+    trained = [r for r in records if r.get("target_kind") == "trained" and r.get("mode") != "oracle"]
+    oracles = [r for r in records if r.get("mode") == "oracle"]
     earlier = [r for r in records if r.get("target_kind") != "trained"]
     lines = [
         "# Real-shape GPU proof: Gemma 4 26B-A4B layer mix + the public drafter's shape",
@@ -681,6 +866,7 @@ def markdown(records: list[dict], meta: dict) -> str:
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | {gate_cell} | "
             f"{r.get('preemptions')} | {r.get('prefix_cache_hits')} | {acc} | {'yes' if r.get('ok') else 'no'} | "
             f"{r.get('lossless')} | {r.get('proof')} | {_detail(r)} |")
+    lines += _oracle_section(oracles)
     lines += [
         "",
         "## Earlier records: random target (degenerate)",
@@ -705,6 +891,43 @@ def markdown(records: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _oracle_section(records: list[dict]) -> list[str]:
+    """Issue 24: oracle runs, their histograms and the checks a proof needs."""
+    if not records:
+        return []
+    lines = [
+        "",
+        "## Oracle runs (issue 24): every accepted length through the verify step",
+        "",
+        "The DFlash engine of the run above it, with tests/gpu/oracle.py overwriting each proposal "
+        "by the reference's continuation, wrong at a planned position, so drafts of every accepted "
+        f"length 0..{NUM_SPECULATIVE_TOKENS} are verified. Proof = lossless against the reference cut "
+        "to the oracle's length (reference length - K), both gates pass, vLLM's histogram (from "
+        "spec_decode_num_drafts and _per_pos) has every length and equals the oracle's, and the "
+        "oracle's log is clean (no mismatch, unplanned verify, unknown row, wrong sampled token, tail draft).",
+        "",
+        "| run | reference | quant | KV blocks | new tokens | accepted_hist (vLLM, lengths 0..15) "
+        "| planned_hist (oracle) | equal | every length | lossless (cut) | gates | log clean "
+        "| preemptions | prefix hits | proof | detail |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        checks = r.get("oracle_checks") or {}
+        lengths = sorted(set(r.get("oracle_max_tokens") or [])) or ["-"]
+        lines.append(
+            f"| {r['name']} | {r.get('reference') or '-'} | {r.get('quantization')} | "
+            f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | "
+            f"{'/'.join(map(str, lengths))} | {_hist_cell(r.get('accepted_hist'))} | "
+            f"{_hist_cell(r.get('planned_hist'))} | {r.get('hist_equal')} | {checks.get('every_length')} | "
+            f"{r.get('lossless')} | {checks.get('nondegenerate')} | {checks.get('oracle_log_clean')} | "
+            f"{r.get('preemptions')} | {r.get('prefix_cache_hits')} | {r.get('proof')} | {_detail(r)} |")
+    return lines
+
+
+def _hist_cell(hist: list[int] | None) -> str:
+    return " ".join(map(str, hist)) if hist else "-"
+
+
 def _series_cell(r: dict) -> str:
     return r["series"] if r["series"] == "stock" else f"series {str(r['series'])[:8]}"
 
@@ -712,7 +935,7 @@ def _series_cell(r: dict) -> str:
 def _detail(r: dict) -> str:
     if r.get("error"):
         return str(r["error"])
-    if r.get("mode") == "dflash":
+    if r.get("mode") in ("dflash", "oracle"):
         v = r.get("verdict", {})
         divs = r.get("divergences") or []
         detail = f"{v.get('identical', '?')}/{v.get('prompt_runs', '?')} identical"
@@ -721,6 +944,10 @@ def _detail(r: dict) -> str:
             detail += f"; {len(divs)} divergent (ties: {sum(d['tie'] for d in divs)}, max gap {worst:.3g})"
         if v.get("reason"):
             detail += f"; {v['reason']}"
+        if r.get("mode") == "oracle":
+            o = r.get("oracle") or {}
+            detail += (f"; {o.get('verified', '?')} verified, {o.get('num_mismatches', '?')} mismatches, "
+                       f"{o.get('trimmed_drafts', '?')} trimmed")
         return detail
     if r.get("mode") == "init":
         return "target and drafter loaded (images allowed: load only, no KV cache)" if r.get("ok") else "-"
@@ -740,6 +967,13 @@ def _inputs(r: dict) -> str:
 def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int,
             timeout: float) -> dict:
     env = dict(os.environ)
+    if spec.oracle:
+        try:
+            env.update(prepare_oracle(spec, models, logs))
+        except OracleSetupError as exc:  # a failed run with the reason, never a skip
+            return {"name": spec.name, "ok": False, "exit": None, "error": {"root_cause": str(exc)}}
+    # The engine core in this child's process: run_modes._runner inspects the runner,
+    # and the oracle's hooks (install_oracle) patch it there.
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -748,6 +982,9 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
         env["VLLM_BATCH_INVARIANT"] = "1"
     res_file, log_file = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
     probe_file = logs / f"{spec.name}.probe.jsonl"
+    # A result left by an earlier call on the warm machine must not stand in for a child
+    # that died before writing its own.
+    res_file.unlink(missing_ok=True)
     if spec.probe:
         env.update(CUDA_LAUNCH_BLOCKING="1", REALSHAPE_PROBE_OUT=str(probe_file))
         probe_file.unlink(missing_ok=True)
@@ -766,7 +1003,39 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     # The failing kernel and the lines around a device-side assert.
     raw["assert_lines"] = [ln for ln in text.splitlines()
                            if "Assertion" in ln or "index out of bounds" in ln][:10]
+    if spec.oracle:
+        raw.update(oracle_result(spec, logs))
     return raw
+
+
+def order_runs(names: list[str]) -> list[str]:
+    """Names in the order asked, except that an oracle run listed before its reference
+    moves to just after it (the oracle's plan is made from the reference's raw record)."""
+    out = list(names)
+    for name in reversed(names):  # reversed: oracle runs sharing a reference keep their order
+        ref = RUNS[name].reference if RUNS[name].oracle else None
+        if ref in out and out.index(ref) > out.index(name):
+            out.remove(name)
+            out.insert(out.index(ref) + 1, name)
+    return out
+
+
+def lane_problems(lanes: str, raw_dir: Path) -> list[str]:
+    """RS_PARALLEL lanes ("a,b;c,d") run side by side: an oracle run needs its reference
+    in its own lane (order_runs puts it first), or a raw record of it from an earlier
+    call that no lane rewrites meanwhile."""
+    split = [[n for n in lane.split(",") if n] for lane in lanes.split(";")]
+    problems = []
+    for lane in split:
+        for name in lane:
+            spec = RUNS.get(name)
+            if spec is None or not spec.oracle or spec.reference in lane:
+                continue
+            elsewhere = any(spec.reference in other for other in split if other is not lane)
+            if elsewhere or not (raw_dir / f"{spec.reference}.raw.json").exists():
+                problems.append(f"{name}: its reference {spec.reference} runs in another lane or has no raw record "
+                                f"yet: put {spec.reference} in the same lane")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -788,7 +1057,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm", default="0.21.0", help="the release under --site-*: only its runs")
     parser.add_argument("--merge-only", action="store_true",
                         help="run nothing: judge the raw runs in --raw-dir and merge them into --out")
+    parser.add_argument("--check-lanes", metavar="RS_PARALLEL",
+                        help="run nothing: exit 2 if an oracle run of these lanes may start before its reference")
     args = parser.parse_args(argv)
+    if args.check_lanes is not None:
+        problems = lane_problems(args.check_lanes, args.raw_dir or Path("/tmp/realshape-raw"))
+        print("\n".join(problems) or "lanes ok", flush=True)
+        return 2 if problems else 0
     if args.child:
         res = run_child(RUNS[args.child], args.models, args.token_limit)
         args.result.write_text(json.dumps(res) + "\n")
@@ -798,6 +1073,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(names) - set(RUNS)
     if unknown:
         parser.error(f"unknown run(s) {sorted(unknown)}")
+    names = order_runs(names)
     other = sorted(n for n in names if RUNS[n].vllm != args.vllm)
     if other:
         parser.error(f"run(s) {other} need another vLLM than --vllm {args.vllm}")

@@ -405,7 +405,8 @@ trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (mode
     cp "$TRAINED/prompts.json" "$TRAINED/train-record.json" "$TRAINED-nvfp4/" 2>/dev/null || true
 }
 
-realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole series (RUNS narrows)
+realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole series (RUNS narrows);
+    # realshape.py runs each oracle run after its reference when both are asked for
     install
     extras
     mkdir -p "$OUT" "$WORK"
@@ -419,6 +420,10 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
         # RS_PARALLEL="a,b;c,d": each lane runs its runs in order, lanes side by side on
         # the GPU (engine start-up is mostly CPU: compile and graph capture). Lanes
         # write raw runs only; one merge judges them all at the end.
+        # An oracle run (issue 24) makes its plan from its reference's raw record: refuse
+        # lanes where that record may be absent or rewritten while the oracle run starts.
+        "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/realshape-raw-trained" \
+            --check-lanes "$RS_PARALLEL" || return 1
         IFS=';' read -r -a lanes <<< "$RS_PARALLEL"
         for lane in "${lanes[@]}"; do
             RS_GPU_UTIL=${RS_GPU_UTIL:-0.25} RS_KV_CACHE_GIB=${RS_KV_CACHE_GIB:-6} \
