@@ -223,3 +223,71 @@ def test_an_engine_start_record_says_so_and_carries_sliding_windows():
                                        "sliding_window": 128, "layers": 1, "drafter_layers": 1}]
     assert rec["lossless"] is None
     assert "target and drafter loaded" in rs.markdown([rec], {})
+
+
+# ------------------------------------------------ batch-noise floor (grouped, no drafter)
+
+def _gap_out(tokens, gap_at, top1, gap):
+    """Outputs whose position ``gap_at`` has top-1 ``top1`` and runner-up ``top1 - gap``
+    (the runner-up token is 99); other positions are far from a tie."""
+    top = [[[t, 20.0, 1], [98, 10.0, 2]] for t in tokens]
+    top[gap_at] = [[tokens[gap_at], top1, 1], [99, top1 - gap, 2]]
+    return _out(tokens, top=top)
+
+
+def _noise_case(noise_gap_steps, dflash_gap_steps, dflash_token=99):
+    """Reference: two prompts, each with one near-tie (at logit 8, one bf16 step is 0.0625).
+    The grouped no-drafter run flips prompt 0 at a gap of ``noise_gap_steps`` steps; the
+    DFlash run flips prompt 1 at ``dflash_gap_steps``."""
+    step = 0.0625
+    ref0 = _gap_out([1, 2, 3], 1, 8.0, noise_gap_steps * step)
+    ref1 = _gap_out([4, 5, 6], 2, 8.0, dflash_gap_steps * step)
+    ref = _reference([[ref0, ref1], [ref0, ref1]])
+    noise = {"ok": True, "groups": {"2": [_out([1, 99, 3]), _out([4, 5, 6])]}}
+    dflash = {"ok": True, "groups": {"2": [_out([1, 2, 3]), _out([4, 5, dflash_token])]}}
+    divs = rs.judge(ref, dflash)["divergences"]
+    return rs.within_batch_noise(divs, ref, noise, "trained-refgroups-bf16")
+
+
+def test_a_dflash_divergence_no_wider_than_the_targets_own_batch_noise_is_within():
+    v = _noise_case(noise_gap_steps=3, dflash_gap_steps=2)
+    assert v["within"] is True and v["floor_steps"] == 3 and v["worst_steps"] == 2
+    assert v["noise_divergences"] == 1
+
+
+def test_a_dflash_divergence_wider_than_the_batch_noise_is_not_within():
+    v = _noise_case(noise_gap_steps=2, dflash_gap_steps=5)
+    assert v["within"] is False and v["floor_steps"] == 2 and v["worst_steps"] == 5
+
+
+def test_a_token_outside_the_reference_top_two_is_never_within_noise():
+    # DFlash takes token 77: the reference kept only 2 logprobs, so how far 77 was is unknown.
+    v = _noise_case(noise_gap_steps=3, dflash_gap_steps=1, dflash_token=77)
+    assert v["within"] is False and v["worst_steps"] == float("inf")
+
+
+def test_noise_of_unknown_width_does_not_widen_the_floor():
+    # The no-drafter run takes a token outside the top two: that cannot license anything.
+    ref0 = _gap_out([1, 2, 3], 1, 8.0, 0.0625)
+    ref1 = _gap_out([4, 5, 6], 2, 8.0, 4 * 0.0625)
+    ref = _reference([[ref0, ref1], [ref0, ref1]])
+    noise = {"ok": True, "groups": {"2": [_out([1, 55, 3]), _out([4, 5, 6])]}}
+    dflash = {"ok": True, "groups": {"2": [_out([1, 2, 3]), _out([4, 5, 99])]}}
+    v = rs.within_batch_noise(rs.judge(ref, dflash)["divergences"], ref, noise, "n")
+    assert v["noise_unmeasured"] == 1 and v["floor_steps"] == 1.0 and v["within"] is False
+
+
+def test_without_a_noise_run_there_is_no_noise_verdict():
+    ref = _reference([[_out([1])], [_out([1])]])
+    assert rs.within_batch_noise([], ref, None, "n")["within"] is None
+    assert rs.within_batch_noise([], ref, {"ok": False}, "n")["within"] is None
+
+
+def test_the_grouped_noise_run_is_the_dflash_engine_without_its_drafter():
+    dflash, noise = rs.RUNS["trained-dflash-fa2-cg-bf16"], rs.RUNS["trained-refgroups-bf16"]
+    assert dflash.noise == noise.name and noise.reference == dflash.reference
+    assert not noise.has_drafter and noise.concurrency == dflash.concurrency
+    models = Path("/models")
+    kd, kn = rs.trained_engine_kwargs(dflash, models), rs.trained_engine_kwargs(noise, models)
+    assert kn["enable_prefix_caching"] is True and "speculative_config" not in kn
+    assert {k: v for k, v in kd.items() if k != "speculative_config"} == kn
