@@ -19,7 +19,7 @@ MODELS=${MODELS:-/tmp/models}
 WORK=${WORK:-/tmp/gpu-proof}
 OUT=${OUT:-$WORK/out}
 PY=${PY:-python3}
-STAGE=.stage
+STAGE=${STAGE:-.stage}
 
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # Keep NVLink multicast off, as the device machines require.
@@ -219,6 +219,9 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
             PYTHONPATH=$SITE "$PY" -c 'import vllm.vllm_flash_attn._vllm_fa2_C as m; print("FA2 loads:", m.__file__)'
         fi
         [ -d "$WORK/extras/models" ] && cp -a "$WORK/extras/models/." "$MODELS_RS/"
+        if [ -d "$WORK/extras/models-trained" ]; then
+            mkdir -p "$MODELS_TRAINED" && cp -a "$WORK/extras/models-trained/." "$MODELS_TRAINED/"
+        fi
         if [ -d "$WORK/extras/wheels" ]; then
             # Kept apart from $SITE: only the quantize step puts them on PYTHONPATH.
             "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE_QUANT" \
@@ -379,6 +382,13 @@ TRAINED=$MODELS_TRAINED/trained-a4b-r30
 train_target() { # the trained target (issue 23): corpus, tokenizer, training, drafter, prompts
     install
     mkdir -p "$OUT" "$WORK"
+    # A checkpoint carried back from an earlier session (extras-trained, pack-trained) saves
+    # the training; TRAIN_REPEAT=1 trains anyway and compares (run-to-run determinism).
+    extras
+    if [ -f "$MODELS_TRAINED/shapes.json" ]; then
+        trained_identity_check
+        if [ "${TRAIN_REPEAT:-0}" = 1 ]; then train_repeat; fi
+    fi
     if [ ! -f "$MODELS_TRAINED/shapes.json" ]; then
         # The bundle's transformers 5.13.1 writes the config vLLM 0.21.0 reads.
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$MODELS_TRAINED" \
@@ -389,6 +399,44 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
     fi
     [ -f "$TRAINED/train-record.json" ] || { echo "no trained target (train.log)" >&2; return 1; }
     cp "$TRAINED/train-record.json" "$OUT/"
+}
+
+trained_identity_check() { # the checkpoint on disk is the one its train record names
+    local want got
+    want=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["target_sha256"])' "$TRAINED/train-record.json")
+    got=$(cd tests/gpu && "$PY" -c 'import sys; from pathlib import Path; import train_target as t
+print(t.checkpoint_sha256(Path(sys.argv[1])))' "$TRAINED")
+    [ "$want" = "$got" ] || { echo "trained target on disk ($got) is not its record's ($want)" >&2; return 1; }
+    echo "trained target $got (matches its train record)"
+}
+
+train_repeat() { # train again from scratch into a second folder: the same target_sha256 or not
+    local again=$WORK/models-retrain
+    rm -rf "$again"
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$again" \
+        ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} > "$WORK/retrain.log" 2>&1 || true
+    "$PY" tests/gpu/trained_pack.py repeat "$TRAINED/train-record.json" \
+        "$again/trained-a4b-r30/train-record.json" | tee "$OUT/train-repeat.json"
+}
+
+PACK_PART_BYTES=${PACK_PART_BYTES:-15900000}  # $OUT takes 8 files of 16 MiB, 64 MiB a call: four parts and the manifest
+
+pack_trained() { # the trained checkpoints as an extras bundle; PACK_PARTS="0 1 2 3" of it into $OUT
+    local pack=$WORK/pack i
+    if [ ! -f "$pack/extras-trained.json" ]; then
+        [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "nothing to pack: train first" >&2; return 1; }
+        trained_identity_check
+        rm -rf "$pack" && mkdir -p "$pack"
+        # Top folder models-trained/: extras() unpacks it into $MODELS_TRAINED.
+        tar -C "$(dirname "$MODELS_TRAINED")" --transform "s,^$(basename "$MODELS_TRAINED"),models-trained," \
+            -cf - "$(basename "$MODELS_TRAINED")" | split -d -a 2 -b "$PACK_PART_BYTES" - "$pack/extras-trained.tar.part"
+        "$PY" tests/gpu/trained_pack.py manifest "$pack" "$TRAINED/train-record.json"
+    fi
+    cp "$pack/extras-trained.json" "$OUT/"
+    for i in ${PACK_PARTS:-}; do
+        cp "$pack/extras-trained.tar.part$(printf %02d "$i")" "$OUT/"
+    done
+    ls "$pack"
 }
 
 trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
@@ -480,6 +528,8 @@ case "$cmd" in
     quantize-rs) quantize_rs ;;
     train-target) train_target ;;
     trained-nvfp4) trained_nvfp4 ;;
+    pack-trained) pack_trained ;;
+    check-trained) trained_identity_check ;;
     realshape-trained) realshape_trained ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|trained-nvfp4|realshape-trained" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|trained-nvfp4|pack-trained|check-trained|realshape-trained" >&2; exit 2 ;;
 esac

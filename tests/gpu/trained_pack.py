@@ -1,0 +1,121 @@
+"""Carry the trained checkpoints between sessions instead of training them again (issue 23).
+
+Training takes about 7.5 of a session's 30 device minutes. The checkpoints
+(target, its NVFP4 copy once made, the drafters, prompts: about 350 MB) fit
+through the device tool in parts: ``remote.sh pack-trained`` tars
+``/tmp/models-trained`` into an extras bundle of 15.9 MB parts and puts four of
+them and the manifest into ``$OUT`` per call; here ``collect`` checks each part
+against the manifest and files it under ``.stage/``, where the staging calls
+carry it back like any other extras bundle (``remote.sh receive``, then
+``extras`` unpacks it into ``$MODELS_TRAINED``). ``train-target`` then checks
+the checkpoint against its train record (``target_sha256``) and skips training.
+
+``repeat`` compares two train records of the same recipe: ``remote.sh
+train-target`` with ``TRAIN_REPEAT=1`` trains again next to a carried
+checkpoint, which is the run-to-run determinism check the recipe claims.
+
+    python tests/gpu/trained_pack.py manifest PACK_DIR TRAIN_RECORD     (device)
+    python tests/gpu/trained_pack.py collect FILES_AT [--stage .stage]  (here)
+    python tests/gpu/trained_pack.py repeat RECORD_A RECORD_B           (device)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+STEM = "extras-trained"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(pack: Path, record: dict) -> dict:
+    """The extras manifest remote.sh's receive/assemble read: parts in order, each part's
+    and the whole's sha256, plus the target_sha256 the checkpoint must have."""
+    parts = sorted(pack.glob(f"{STEM}.tar.part*"))
+    if not parts:
+        raise SystemExit(f"no {STEM}.tar.part* in {pack}")
+    whole = hashlib.sha256()
+    for p in parts:
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                whole.update(block)
+    manifest = {"target_sha256": record["target_sha256"], "sha256": whole.hexdigest(),
+                "bytes": sum(p.stat().st_size for p in parts),
+                "parts": [{"name": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in parts]}
+    (pack / f"{STEM}.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def collect(files_at: Path, stage: Path) -> list[str]:
+    """Copy the parts a pack-trained call brought back into ``stage``, each checked against
+    the manifest that came with it. A manifest of another checkpoint than the one already
+    staged is refused: parts of two checkpoints must never mix."""
+    manifest_path = files_at / f"{STEM}.json"
+    if not manifest_path.exists():
+        raise SystemExit(f"{manifest_path} missing: every pack-trained call brings the manifest back")
+    manifest = json.loads(manifest_path.read_text())
+    staged = stage / f"{STEM}.json"
+    if staged.exists() and json.loads(staged.read_text())["sha256"] != manifest["sha256"]:
+        raise SystemExit(f"{staged} describes another pack (sha256 differs): remove the old "
+                         f"{STEM}.* files from {stage} first")
+    expected = {p["name"]: p["sha256"] for p in manifest["parts"]}
+    stage.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for part in sorted(files_at.glob(f"{STEM}.tar.part*")):
+        if part.name not in expected:
+            raise SystemExit(f"{part.name} is not in the manifest")
+        if _sha256(part) != expected[part.name]:
+            raise SystemExit(f"{part.name}: sha256 differs from the manifest (damaged in transfer)")
+        shutil.copyfile(part, stage / part.name)
+        copied.append(part.name)
+    shutil.copyfile(manifest_path, staged)
+    missing = sorted(set(expected) - {p.name for p in stage.glob(f"{STEM}.tar.part*")})
+    print(f"staged {len(copied)} part(s); still missing: {missing or 'none'}")
+    return missing
+
+
+def repeat(first: dict, again: dict) -> dict:
+    """Did the same recipe give the same checkpoint twice?"""
+    return {"first": first["target_sha256"], "again": again["target_sha256"],
+            "identical": first["target_sha256"] == again["target_sha256"],
+            "loss_curves_equal": first["loss_curve"] == again["loss_curve"],
+            "train_config_equal": first.get("train_config") == again.get("train_config"),
+            "first_gpu": first.get("gpu"), "again_gpu": again.get("gpu")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("manifest")
+    m.add_argument("pack", type=Path)
+    m.add_argument("record", type=Path)
+    c = sub.add_parser("collect")
+    c.add_argument("files_at", type=Path)
+    c.add_argument("--stage", type=Path, default=Path(".stage"))
+    r = sub.add_parser("repeat")
+    r.add_argument("first", type=Path)
+    r.add_argument("again", type=Path)
+    args = parser.parse_args(argv)
+    if args.cmd == "manifest":
+        man = write_manifest(args.pack, json.loads(args.record.read_text()))
+        print(f"{len(man['parts'])} parts, {man['bytes'] / 2**20:.0f} MiB, target {man['target_sha256'][:12]}")
+    elif args.cmd == "collect":
+        collect(args.files_at, args.stage)
+    else:
+        print(json.dumps(repeat(json.loads(args.first.read_text()), json.loads(args.again.read_text())), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Carrying the trained checkpoints between sessions (tests/gpu/trained_pack.py, remote.sh
+pack-trained / receive / extras / check-trained), run for real on CPU with a small stand-in
+checkpoint: the real tar, split, manifest, checksum and unpack paths, only the weights are
+a few made-up bytes instead of a trained model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.gpu_scripts import load as _load
+
+REPO = Path(__file__).resolve().parents[2]
+pack = _load("trained_pack")
+tt = _load("train_target")
+
+
+def _checkpoint(root: Path) -> Path:
+    """models-trained/ with a target folder whose train record names its real checkpoint_sha256."""
+    target = root / "trained-a4b-r30"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(os.urandom(50_000))
+    (target / "config.json").write_text('{"model_type": "gemma4"}\n')
+    (root / "dflash-r5-for-trained").mkdir()
+    (root / "dflash-r5-for-trained" / "model.safetensors").write_bytes(os.urandom(7_000))
+    (root / "shapes.json").write_text("{}\n")
+    record = {"target_sha256": tt.checkpoint_sha256(target), "loss_curve": [{"step": 0, "loss": 9.0}]}
+    (target / "train-record.json").write_text(json.dumps(record) + "\n")
+    return target
+
+
+def _remote(cmd: str, tmp: Path, **env) -> subprocess.CompletedProcess:
+    base = {"MODELS_TRAINED": str(tmp / "models-trained"), "WORK": str(tmp / "work"),
+            "BUNDLE_DIR": str(tmp / "bundle"), "SITE": str(tmp / "site"), "STAGE": str(tmp / "stage"),
+            "PY": sys.executable, "PACK_PART_BYTES": "20000"}
+    return subprocess.run(["bash", "tests/gpu/remote.sh", cmd], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **base, **env}, timeout=120)
+
+
+def test_pack_collect_receive_unpack_round_trip(tmp_path):
+    target = _checkpoint(tmp_path / "models-trained")
+    want = json.loads((target / "train-record.json").read_text())["target_sha256"]
+    outs = [tmp_path / "out0", tmp_path / "out1"]
+    for out, parts in zip(outs, ["0 1", "2 3"]):
+        out.mkdir()
+        res = _remote("pack-trained", tmp_path, OUT=str(out), PACK_PARTS=parts)
+        assert res.returncode == 0, res.stderr
+    manifest = json.loads((outs[0] / "extras-trained.json").read_text())
+    # 57 kB of files, tar's headers and 10 KiB records: 71,680 bytes in 20 kB parts.
+    assert manifest["target_sha256"] == want and len(manifest["parts"]) == 4
+    stage = tmp_path / "stage"
+    assert pack.collect(outs[0], stage) == ["extras-trained.tar.part02", "extras-trained.tar.part03"]
+    assert pack.collect(outs[1], stage) == []
+
+    # A fresh machine: nothing under models-trained until the carried parts are unpacked.
+    # receive insists on the vLLM bundle's manifest, which this test does not carry: an empty
+    # manifest stands in for it.
+    (stage / "bundle.json").write_text('{"sha256": "", "bytes": 0, "parts": []}\n')
+    fresh = tmp_path / "fresh"
+    (tmp_path / "site").mkdir()
+    env = {"MODELS_TRAINED": str(fresh / "models-trained"), "OUT": str(tmp_path / "o")}
+    assert _remote("receive", tmp_path, **env).returncode == 0
+    res = _remote("extras", tmp_path, **env)
+    assert res.returncode == 0, res.stderr
+    res = _remote("check-trained", tmp_path, **env)
+    assert res.returncode == 0 and want in res.stdout, res.stderr
+    unpacked = fresh / "models-trained" / "trained-a4b-r30" / "model.safetensors"
+    assert unpacked.read_bytes() == (target / "model.safetensors").read_bytes()
+
+    # A damaged weight is caught by the identity check, not served.
+    data = bytearray(unpacked.read_bytes())
+    data[100] ^= 0xFF
+    unpacked.write_bytes(bytes(data))
+    res = _remote("check-trained", tmp_path, **env)
+    assert res.returncode != 0 and "is not its record's" in res.stderr
+
+
+def test_collect_refuses_a_damaged_part_and_a_second_checkpoints_parts(tmp_path):
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "extras-trained.tar.part00").write_bytes(b"a" * 100)
+    pack.write_manifest(files, {"target_sha256": "t1"})
+    (files / "extras-trained.tar.part00").write_bytes(b"b" * 100)  # damaged after the manifest
+    with pytest.raises(SystemExit, match="sha256 differs"):
+        pack.collect(files, tmp_path / "stage")
+
+    (files / "extras-trained.tar.part00").write_bytes(b"a" * 100)
+    assert pack.collect(files, tmp_path / "stage") == []
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "extras-trained.tar.part00").write_bytes(b"c" * 100)
+    pack.write_manifest(other, {"target_sha256": "t2"})
+    with pytest.raises(SystemExit, match="another pack"):
+        pack.collect(other, tmp_path / "stage")
+
+
+def test_repeat_says_whether_two_trainings_gave_the_same_checkpoint():
+    a = {"target_sha256": "x", "loss_curve": [1.0], "train_config": {"seed": 1}, "gpu": "H100"}
+    assert pack.repeat(a, dict(a))["identical"] is True
+    b = dict(a, target_sha256="y", loss_curve=[1.5])
+    r = pack.repeat(a, b)
+    assert r["identical"] is False and r["loss_curves_equal"] is False and r["train_config_equal"] is True
