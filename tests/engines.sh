@@ -64,7 +64,9 @@ start_dockerd() {
         rm -f "$pidfile"
     fi
     log "starting dockerd (log: $DOCKERD_LOG)"
-    nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    # 9>&-: the daemon outlives this script and must not inherit the lock (take_lock), or
+    # every later `make test` on this machine waits on it forever.
+    nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null 9>&- &
     local waited=0
     until daemon_answers; do
         if ! kill -0 $! 2>/dev/null; then

@@ -171,3 +171,34 @@ def test_engines_sh_takes_a_lock_before_it_starts_dockerd_or_builds_base_images(
     first, second = lines[0].split()[1], lines[2].split()[1]
     # One run's start and end, then the other's: never interleaved.
     assert lines == [f"start {first}", f"end {first}", f"start {second}", f"end {second}"] and first != second
+
+
+def test_the_dockerd_engines_sh_starts_does_not_keep_its_lock(tmp_path):
+    """engines.sh takes its lock on fd 9 and then starts dockerd, which outlives it. A
+    daemon that inherits fd 9 holds the lock for its whole life, so the next `make test`
+    on the machine waited forever (seen here). Run start_dockerd with a stand-in daemon
+    (a fake `dockerd` that stays up, a fake `docker` that answers once it is up: no second
+    real daemon can run beside the one the suite uses), then check the lock is free while
+    the stand-in still runs."""
+    script = (REPO / "tests" / "engines.sh").read_text(encoding="utf-8")
+    functions = script.rsplit('\nmain "$@"', 1)[0]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    up = tmp_path / "up"
+    (fake / "dockerd").write_text(f"#!/bin/sh\ntouch {up}\nexec sleep 61.37\n")
+    (fake / "docker").write_text(f"#!/bin/sh\n[ -f {up} ]\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    lock = tmp_path / "engines.lock"
+    code = functions + "\ntake_lock; start_dockerd; echo started\n"
+    env = dict(os.environ, ENGINES_LOCK=str(lock), DOCKERD_LOG=str(tmp_path / "dockerd.log"),
+               PATH=f"{fake}:{os.environ['PATH']}")
+    res = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    try:
+        assert res.returncode == 0 and "started" in res.stdout, res.stderr
+        holders = subprocess.run(["pgrep", "-f", "sleep 61.37"], capture_output=True, text=True).stdout.split()
+        assert holders, "the stand-in daemon should still be running"
+        free = subprocess.run(["flock", "-n", str(lock), "true"], timeout=10)
+        assert free.returncode == 0, "the daemon kept the lock"
+    finally:
+        subprocess.run(["pkill", "-f", "sleep 61.37"], check=False)
