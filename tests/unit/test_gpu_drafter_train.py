@@ -337,22 +337,25 @@ def test_batched_left_padded_greedy_equals_one_prompt_at_a_time():
     assert got == [_greedy_one_at_a_time(model, p, 6) for p in prompts]
 
 
-def test_greedy_continuation_neither_stops_at_eos_nor_masks_it():
-    """vLLM runs the proof with ignore_eos: eos is generated and decoding goes on."""
+def test_greedy_continuation_neither_stops_at_eos_nor_masks_it(tmp_path):
+    """vLLM runs the proof with ignore_eos: eos is generated and decoding goes on, although the
+    target folder's generation_config.json stops on <eos> and <turn|>."""
     model, _ = _tiny_target(layers=2)
-    eos = tt.lm_files.CONFIG_IDS["eos_token_id"]
+    model.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps(tt.lm_files.generation_config_ids()))
+    loaded = td.load_target(tmp_path, "cpu")
+    for stop in (tt.lm_files.CONFIG_IDS["eos_token_id"], tt.lm_files.END_OF_TURN_ID):
+        def force(_m, _a, out, stop=stop):
+            out = out.clone()
+            out[..., stop] += 1e4
+            return out
 
-    def force_eos(_m, _a, out):
-        out = out.clone()
-        out[..., eos] += 1e4
-        return out
-
-    hook = model.lm_head.register_forward_hook(force_eos)
-    try:
-        got = td.greedy_continue(model, [[2, 30, 31], [2, 40]], 5)
-    finally:
-        hook.remove()
-    assert got == [[eos] * 5, [eos] * 5]
+        hook = loaded.lm_head.register_forward_hook(force)
+        try:
+            got = td.greedy_continue(loaded, [[2, 30, 31], [2, 40]], 5)
+        finally:
+            hook.remove()
+        assert got == [[stop] * 5, [stop] * 5]
 
 
 def test_load_target_patches_the_deterministic_expert_kernel(tmp_path):
@@ -514,3 +517,77 @@ def test_training_learns_a_predictable_continuation_under_both_semantics():
         drafts = td.drafts_at_every_anchor(drafter, shared, g["features"][0], g["tokens"][0], 6, 12, sem, k)
         steps = td.prompt_steps(drafts, g["greedy"][0], 6, 12, k)
         assert ref.summarize(steps, k)["accepted_per_step"] >= 3, (sem, steps)
+
+
+# ------------------------------------------------------------ realshape's trained-drafter runs
+
+rs = _load("realshape")
+
+
+def test_trained_drafter_runs_use_it_and_the_random_drafter_runs_references():
+    from pathlib import Path
+
+    assert rs.TRAINED_DRAFTER_TRAINED == td.DRAFTER_NAME and rs.DRAFTER_RECORD == td.RECORD_NAME
+    for quant in ("bf16", "nvfp4"):
+        spec = rs.RUNS[f"trained-dflash-trained-fa2-cg-{quant}"]
+        random_run = rs.RUNS[f"trained-dflash-fa2-cg-{quant}"]
+        assert spec.drafter == "trained" and random_run.drafter == "random"
+        assert spec.reference == random_run.reference and spec.vllm == "0.21.0"
+        assert (spec.cuda_graphs, spec.flash_attn_version, spec.drafter_backend) == (True, 2, "flash_attn")
+        assert spec.concurrency == random_run.concurrency == td.GROUPS
+        kw = rs.trained_engine_kwargs(spec, Path("/m"))
+        assert kw["speculative_config"]["model"] == f"/m/{td.DRAFTER_NAME}"
+        assert kw["speculative_config"]["num_speculative_tokens"] == ref.K_DEFAULT
+        assert rs.trained_engine_kwargs(random_run, Path("/m"))["speculative_config"]["model"] == "/m/dflash-r5-for-trained"
+        assert {k: v for k, v in spec.key().items() if k != "drafter_kind"} == \
+            {k: v for k, v in random_run.key().items() if k != "drafter_kind"}
+
+
+def test_a_trained_drafter_record_never_replaces_a_random_drafter_record():
+    def rec(spec):
+        raw = {"ok": True, "target_sha256": "a", "groups": {"1": [{"token_ids": [1, 2]}]}, "counters": {}}
+        return rs.record(spec, raw, None, {"series_hash": "h" * 64})
+
+    random_rec, trained_rec = rec(rs.RUNS["trained-dflash-fa2-cg-bf16"]), rec(rs.RUNS["trained-dflash-trained-fa2-cg-bf16"])
+    assert {r["name"] for r in rs.merge([random_rec], [trained_rec])} == {random_rec["name"], trained_rec["name"]}
+    old = {k: v for k, v in random_rec.items() if k != "drafter_kind"}  # written before issue 25
+    assert rs.merge([old], [random_rec]) == [random_rec]
+
+
+def test_acceptance_from_vllms_counters_is_the_offline_summary():
+    steps = [0, 15, 3, 3, 7, 1]
+    counters = {"spec_drafts": len(steps), "spec_accepted_tokens": sum(steps),
+                "spec_accepted_per_pos": [sum(1 for f in steps if f > i) for i in range(15)]}
+    got = rs.acceptance(counters)
+    want = ref.summarize(steps, 15)
+    assert {k: got[k] for k in ("mean_acceptance_length", "accepted_per_step", "per_position", "histogram")} == \
+        {k: want[k] for k in ("mean_acceptance_length", "accepted_per_step", "per_position", "histogram")}
+    assert rs.acceptance({"spec_drafts": 0, "spec_accepted_tokens": 0}) is None
+
+
+def test_trained_drafter_fields_carry_identity_and_the_offline_reference(tmp_path):
+    spec = rs.RUNS["trained-dflash-trained-fa2-cg-bf16"]
+    offline = {"vllm-0.21.0": {"as_realshape_groups": {"mean_acceptance_length": 4.0}},
+               "vllm-0.33.0": {"as_realshape_groups": {"mean_acceptance_length": 3.0}}}
+    (tmp_path / td.DRAFTER_NAME).mkdir()
+    (tmp_path / td.DRAFTER_NAME / td.RECORD_NAME).write_text(json.dumps(
+        {"drafter_sha256": "d" * 64, "target_sha256": "t" * 64, "evaluation": offline}))
+    ident = rs.drafter_identity(spec, tmp_path)
+    assert ident["acceptance_reference"] == {"mean_acceptance_length": 4.0}  # this run's release
+    assert rs.drafter_identity(rs.RUNS["trained-dflash-fa2-cg-bf16"], tmp_path) == {}
+    diverse = [list(range(i, i + 128)) for i in range(4)]
+    outs = [{"token_ids": t, "top": []} for t in diverse]
+    raw = {"ok": True, "target_sha256": "t" * 64, **ident, "groups": {"4": outs},
+           "counters": {"spec_drafts": 10, "spec_accepted_tokens": 36, "spec_accepted_per_pos": [9] * 4 + [0] * 11}}
+    reference = {"ok": True, "target_sha256": "t" * 64, "passes": [outs, outs]}
+    fields = rs.trained_fields(spec, raw, reference)
+    assert fields["acceptance"]["mean_acceptance_length"] == 4.6
+    assert fields["acceptance_ratio_to_reference"] == 1.15 and fields["drafter_for_this_target"] is True
+    assert fields["drafter_sha256"] == "d" * 64 and fields["proof"] is True
+    md = rs.markdown([rs.record(spec, raw, reference, {"series_hash": "h" * 64})], {})
+    assert "## Trained drafter (issue 25)" in md and "| 4.6 | 4.0 | 1.15 |" in md
+
+
+def test_a_trained_drafter_run_without_the_drafter_fails_by_name(tmp_path):
+    raw = rs.run_one(rs.RUNS["trained-dflash-trained-fa2-cg-bf16"], tmp_path, "/nowhere", tmp_path, 0, 5)
+    assert raw["ok"] is False and "remote.sh train-drafter" in raw["error"]["root_cause"]
