@@ -128,17 +128,25 @@ class RMSNorm(nn.Module):
         return y.to(x.dtype) * self.weight.to(x.dtype)
 
 
-def rope(x, positions, theta: float):
-    """Neox-style rotary embedding (vLLM's default for this drafter) of ``x`` [..., S, heads, d]
-    at ``positions`` [..., S]; computed in fp32."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+def rope_tables(positions, d: int, theta: float):
+    """cos and sin [..., S, 1, d] (fp32) of the neox rotary embedding at ``positions`` [..., S]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., S, d/2]
-    cos = torch.cat([angles.cos(), angles.cos()], -1)[..., None, :]
-    sin = torch.cat([angles.sin(), angles.sin()], -1)[..., None, :]
+    angles = torch.cat([angles, angles], -1)[..., None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, tables):
+    """Neox-style rotation (vLLM's default for this drafter) of ``x`` [..., S, heads, d], in fp32."""
+    cos, sin = tables
+    d = x.shape[-1]
     xf = x.float()
     rotated = torch.cat([-xf[..., d // 2:], xf[..., :d // 2]], -1)
     return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def rope(x, positions, theta: float):
+    return apply_rope(x, rope_tables(positions, x.shape[-1], theta))
 
 
 class DrafterLayer(nn.Module):
@@ -160,23 +168,23 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, g.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, g.rms_norm_eps)
 
-    def context_kv(self, ctx, ctx_pos):
-        """This layer's K (normed, roped) and V of the normed context [B, T, H]."""
+    def context_kv(self, ctx, ctx_rope):
+        """This layer's K (normed, roped at the context positions) and V of the normed context [B, T, H]."""
         a, g = self.self_attn, self.g
         k = a.k_norm(a.k_proj(ctx).unflatten(-1, (g.num_kv_heads, g.head_dim)))
         v = a.v_proj(ctx).unflatten(-1, (g.num_kv_heads, g.head_dim))
-        return rope(k, ctx_pos, g.rope_theta), v
+        return apply_rope(k, ctx_rope), v
 
-    def forward(self, h, ctx, ctx_pos, q_pos, ctx_visible, attn: LayerAttention):
+    def forward(self, h, ctx, ctx_rope, q_pos, q_rope, ctx_visible, attn: LayerAttention):
         """``h`` [B, A, S, H]: A blocks of S tokens; ``q_pos`` [B, A, S]; ``ctx_visible``
-        [B, A, S, T] (context keys before each block, windowed)."""
+        [B, A, S, T] (context keys before each block, windowed); ``*_rope``: rope_tables."""
         a, g = self.self_attn, self.g
         x = self.input_layernorm(h)
         q = a.q_norm(a.q_proj(x).unflatten(-1, (g.num_heads, g.head_dim)))
         kb = a.k_norm(a.k_proj(x).unflatten(-1, (g.num_kv_heads, g.head_dim)))
         vb = a.v_proj(x).unflatten(-1, (g.num_kv_heads, g.head_dim))
-        q, kb = rope(q, q_pos, g.rope_theta), rope(kb, q_pos, g.rope_theta)
-        kc, vc = self.context_kv(ctx, ctx_pos)
+        q, kb = apply_rope(q, q_rope), apply_rope(kb, q_rope)
+        kc, vc = self.context_kv(ctx, ctx_rope)
         out = block_attention(q, kc, vc, kb, vb, ctx_visible, block_visible(q_pos, attn))
         h = h + a.o_proj(out.flatten(-2))
         x = self.post_attention_layernorm(h)
@@ -261,12 +269,15 @@ class Drafter(nn.Module):
             # Inputs come in the target's dtype (bf16); without autocast the weights' dtype rules.
             features, block_embeds = (t.to(self.fc.weight.dtype) for t in (features, block_embeds))
         ctx = self.hidden_norm(self.fc(features))
+        # One rotary table per position set: every layer rotates at the same positions.
+        ctx_rope = rope_tables(ctx_pos, self.g.head_dim, self.g.rope_theta)
+        q_rope = rope_tables(q_pos, self.g.head_dim, self.g.rope_theta)
         h = block_embeds
         visible = {}
         for layer, attn in zip(self.layers, attention):
             if attn not in visible:
                 visible[attn] = context_visible(ctx_pos, q_pos, anchors, attn)
-            h = layer(h, ctx, ctx_pos, q_pos, visible[attn], attn)
+            h = layer(h, ctx, ctx_rope, q_pos, q_rope, visible[attn], attn)
         return self.norm(h)
 
 
