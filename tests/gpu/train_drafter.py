@@ -81,7 +81,7 @@ class DrafterTrainConfig:
     # Generation groups (rows, shortest prompt, longest prompt): prompts up to the
     # proof's 1,500 tokens, one generate call each (rows x longest^2 bounds the eager
     # attention's memory at prefill; decode steps, not rows, cost time).
-    gen_groups: tuple = ((1536, 16, 160), (640, 160, 600), (256, 600, 1100), (144, 1100, 1500))
+    gen_groups: tuple = ((1024, 16, 160), (768, 160, 600), (320, 600, 1100), (160, 1100, 1500))
     continuation: int = 128
     k: int = ref.K_DEFAULT
     steps: int = 2000

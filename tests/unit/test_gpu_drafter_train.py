@@ -591,3 +591,20 @@ def test_trained_drafter_fields_carry_identity_and_the_offline_reference(tmp_pat
 def test_a_trained_drafter_run_without_the_drafter_fails_by_name(tmp_path):
     raw = rs.run_one(rs.RUNS["trained-dflash-trained-fa2-cg-bf16"], tmp_path, "/nowhere", tmp_path, 0, 5)
     assert raw["ok"] is False and "remote.sh train-drafter" in raw["error"]["root_cause"]
+
+
+def test_the_default_recipe_fits_an_h100():
+    """Eager attention materialises rows x heads x T^2 fp32 scores at each generation group's
+    prefill, and every group's features stay on the GPU for training: both bounded here, so a
+    bigger group is a deliberate change."""
+    cfg = td.DrafterTrainConfig()
+    heads = tt.TARGET.num_attention_heads
+    width = tt.TARGET.hidden_size * len(tt.DRAFTER.target_layer_ids)
+    for rows, shortest, longest in cfg.gen_groups:
+        assert shortest <= longest <= max(tt.PROMPT_LENGTHS)
+        assert rows * heads * longest ** 2 * 4 <= 8 * 2 ** 30, (rows, longest)
+        assert rows >= cfg.batch_rows
+    features = sum(rows * (longest + cfg.continuation) * width * 2 for rows, _, longest in cfg.gen_groups)
+    assert features <= 6 * 2 ** 30
+    assert cfg.continuation - cfg.k + 1 >= cfg.anchors_per_row
+    assert cfg.eval_max_tokens == tt.MAX_TOKENS and cfg.k == rs.NUM_SPECULATIVE_TOKENS
