@@ -300,8 +300,9 @@ def embed(table, ids, scale: float | None):
 
 
 def logits(hidden, head, softcap: float | None):
-    """Draft logits: the target's LM head, then its final soft cap."""
-    out = hidden @ head.to(hidden.dtype).T
+    """Draft logits (fp32): the target's LM head in the hidden states' dtype, then its final
+    soft cap. vLLM caps in bf16; the cap is monotone, so only bf16 ties could pick otherwise."""
+    out = (hidden @ head.to(hidden.dtype).T).float()
     if softcap:
         out = torch.tanh(out / softcap) * softcap
     return out
