@@ -538,7 +538,8 @@ def test_trained_drafter_runs_use_it_and_the_random_drafter_runs_references():
         kw = rs.trained_engine_kwargs(spec, Path("/m"))
         assert kw["speculative_config"]["model"] == f"/m/{td.DRAFTER_NAME}"
         assert kw["speculative_config"]["num_speculative_tokens"] == ref.K_DEFAULT
-        assert rs.trained_engine_kwargs(random_run, Path("/m"))["speculative_config"]["model"] == "/m/dflash-r5-for-trained"
+        random_kw = rs.trained_engine_kwargs(random_run, Path("/m"))
+        assert random_kw["speculative_config"]["model"] == "/m/dflash-r5-for-trained"
         assert {k: v for k, v in spec.key().items() if k != "drafter_kind"} == \
             {k: v for k, v in random_run.key().items() if k != "drafter_kind"}
 
@@ -548,7 +549,8 @@ def test_a_trained_drafter_record_never_replaces_a_random_drafter_record():
         raw = {"ok": True, "target_sha256": "a", "groups": {"1": [{"token_ids": [1, 2]}]}, "counters": {}}
         return rs.record(spec, raw, None, {"series_hash": "h" * 64})
 
-    random_rec, trained_rec = rec(rs.RUNS["trained-dflash-fa2-cg-bf16"]), rec(rs.RUNS["trained-dflash-trained-fa2-cg-bf16"])
+    random_rec = rec(rs.RUNS["trained-dflash-fa2-cg-bf16"])
+    trained_rec = rec(rs.RUNS["trained-dflash-trained-fa2-cg-bf16"])
     assert {r["name"] for r in rs.merge([random_rec], [trained_rec])} == {random_rec["name"], trained_rec["name"]}
     old = {k: v for k, v in random_rec.items() if k != "drafter_kind"}  # written before issue 25
     assert rs.merge([old], [random_rec]) == [random_rec]
