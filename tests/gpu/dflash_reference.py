@@ -82,12 +82,18 @@ class Geometry:
 
     @classmethod
     def from_config(cls, cfg: dict) -> "Geometry":
+        dflash = cfg["dflash_config"]
+        # 0.33.0's other per-layer knobs (_resolve_layer_attention) are not modelled: refuse them.
+        unmodelled = {"use_swa", "causal", "attention_sink_bias", "attention_value_scale"} & set(dflash)
+        if unmodelled or "is_causal" in cfg or not cfg.get("is_neox_style", True):
+            raise ValueError(f"drafter config sets what the reference does not model: {sorted(unmodelled)}")
         layers = cfg["num_hidden_layers"]
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e6)
         return cls(cfg["hidden_size"], cfg["intermediate_size"], layers, cfg["num_attention_heads"],
                    cfg["num_key_value_heads"], cfg["head_dim"], cfg["rms_norm_eps"], float(theta),
-                   tuple(cfg["dflash_config"]["target_layer_ids"]), cfg["dflash_config"]["mask_token_id"],
-                   tuple(cfg.get("layer_types") or ["full_attention"] * layers), cfg.get("sliding_window"))
+                   tuple(dflash["target_layer_ids"]), dflash["mask_token_id"],
+                   tuple(cfg.get("layer_types") or ["full_attention"] * layers),
+                   dflash.get("swa_window_size", cfg.get("sliding_window")))
 
 
 @dataclass(frozen=True)

@@ -98,8 +98,8 @@ class DrafterTrainConfig:
     semantics: tuple = ref.SEMANTICS
     # Tokens per teacher-forced pass (rows = this // padded length).
     feature_chunk_tokens: int = 32768
-    # The proof's 128 new tokens, plus K so the last blocks' drafts have greedy tokens to
-    # be checked against (vLLM verifies drafts past max_tokens too).
+    # The proof's 128 new tokens (evaluate continues K further: the last blocks' drafts are
+    # checked against greedy tokens past max_tokens, as vLLM verifies them).
     eval_max_tokens: int = 128
     # 0: every prompt of prompts.json (smoke runs take fewer).
     eval_prompts: int = 0

@@ -198,6 +198,15 @@ def test_context_after_the_anchor_and_padding_rows_are_invisible():
                                   ref.draft_logits(drafter, shared, changed, *args))
 
 
+def test_geometry_refuses_attention_knobs_it_does_not_model():
+    for extra in ({"dflash_config": {**TINY["dflash_config"], "use_swa": True}}, {"is_causal": True},
+                  {"dflash_config": {**TINY["dflash_config"], "causal": False}}):
+        with pytest.raises(ValueError):
+            ref.Geometry.from_config({**TINY, **extra})
+    window = ref.Geometry.from_config({**TINY, "dflash_config": {**TINY["dflash_config"], "swa_window_size": 3}})
+    assert window.sliding_window == 3  # 0.33.0 reads swa_window_size before sliding_window
+
+
 def test_the_embedding_scale_matters_and_is_rounded_to_the_tables_dtype():
     table = torch.randn(VOCAB, 32).to(torch.bfloat16)
     ids = torch.tensor([3, 4])
