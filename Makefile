@@ -117,13 +117,16 @@ gpu-realshape-v33: gpu-realshape-stage
 	RS_POST_NORM=$${RS_POST_NORM:-0.15} OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-v33
 
 ## make gpu-trained: the trained-target proof (issue 23) on a GPU host (kind nvidia-h100-x1): stage,
-## then on the GPU train the target (train_target.py, ~5 min, seeded), quantize it with `launcher quantize`,
+## then on the GPU train the target (train_target.py, ~5 min, seeded) and its DFlash drafter
+## (train_drafter.py, ~3 min, seeded), quantize the target with `launcher quantize`,
 ## and run every trained-* run of realshape.py (RUNS=a,b narrows; RS_PARALLEL="a,b;c,d" runs lanes side by
-## side); results in tests/gpu/results/realshape.* and trained/ (tests/gpu/README.md, "Trained target")
+## side); results in tests/gpu/results/realshape.* and trained/ (tests/gpu/README.md, "Trained target",
+## "Trained drafter")
 .PHONY: gpu-trained
 gpu-trained: gpu-realshape-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-target
+	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-drafter
 	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-trained
 
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time

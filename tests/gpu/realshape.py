@@ -70,6 +70,10 @@ CHILD_TIMEOUT_S = 420
 # allowed on the multimodal runs, up to 32 concurrent requests.
 TRAINED_TARGET = "trained-a4b-r30"
 TRAINED_DRAFTER = "dflash-r5-for-trained"
+# Issue 25: the drafter train_drafter.py trains for the trained target (same shape and
+# config as the random one), and the record it writes beside its weights.
+TRAINED_DRAFTER_TRAINED = "dflash-r5-trained"
+DRAFTER_RECORD = "drafter-train-record.json"
 TRAINED_MAX_MODEL_LEN = 2048
 TRAINED_CONCURRENCY = (1, 4, 17, 32)
 # Blocks of the shared KV pool for the small-pool runs. vLLM 0.21.0 sizes a
@@ -131,6 +135,9 @@ class RunSpec:
     # A DFlash run's no-drafter twin (mode "reference-grouped"): how far the target's
     # own greedy output moves under the same batching, the floor its verdict is read against.
     noise: str | None = None
+    # "random": the drafter of the shape (no draft ever accepted); "trained": train_drafter.py's
+    # (issue 25), whose acceptance the engine's counters measure.
+    drafter: str = "random"
 
     @property
     def has_drafter(self) -> bool:
@@ -150,7 +157,10 @@ class RunSpec:
                 "flash_attn_version": self.flash_attn_version, "cuda_graphs": self.cuda_graphs,
                 "kv_blocks": self.kv_blocks, "batch_invariant": self.batch_invariant,
                 "mm_prefix": self.mm_prefix, "probe": self.probe,
-                "async_scheduling": self.async_scheduling, "target_kind": self.target}
+                "async_scheduling": self.async_scheduling, "target_kind": self.target,
+                # Every run carries it (records written before issue 25 read as "random"), so a
+                # trained-drafter record never replaces a random-drafter one in merge().
+                "drafter_kind": self.drafter}
 
 
 def _runs() -> list[RunSpec]:
@@ -256,6 +266,12 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
             reference="trained-ref-nvfp4", oracle=True),
         run("trained-oracle-fa2-cg-bf16-smallkv", "patched", "dflash", backend="flash_attn",
             reference="trained-ref-bf16", oracle=True, **small),
+        # Issue 25: the trained-dflash-fa2-cg-* engines with the trained drafter, judged against the
+        # same references; the engine's spec-decode counters give the acceptance length.
+        run("trained-dflash-trained-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
+            reference="trained-ref-bf16", drafter="trained"),
+        run("trained-dflash-trained-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
+            reference="trained-ref-nvfp4", drafter="trained"),
     ]
 
 
@@ -296,6 +312,26 @@ def workload(spec: RunSpec, models: Path, token_limit: int) -> tuple[list[list[i
         held = json.loads((models / TRAINED_TARGET / "prompts.json").read_text())
         return [p["token_ids"] for p in held], [p["max_tokens"] for p in held]
     return prompts(token_limit), list(MAX_TOKENS)
+
+
+def drafter_dir(spec: RunSpec, models: Path) -> Path:
+    """The drafter checkpoint a trained-target run loads."""
+    return models / (TRAINED_DRAFTER_TRAINED if spec.drafter == "trained" else TRAINED_DRAFTER)
+
+
+def drafter_identity(spec: RunSpec, models: Path) -> dict:
+    """A trained-drafter run's drafter: its sha256, the target it was trained for, and the offline
+    acceptance train_drafter.py measured on the same prompts under this release's attention
+    semantics, weighted as this run's concurrency groups count requests (train-drafter record)."""
+    if spec.drafter != "trained":
+        return {}
+    path = drafter_dir(spec, models) / DRAFTER_RECORD
+    if not path.exists():
+        return {"drafter_sha256": None, "acceptance_reference": None}
+    rec = json.loads(path.read_text())
+    ev = (rec.get("evaluation") or {}).get(f"vllm-{spec.vllm}") or {}
+    return {"drafter_sha256": rec.get("drafter_sha256"), "drafter_target_sha256": rec.get("target_sha256"),
+            "acceptance_reference": ev.get("as_realshape_groups")}
 
 
 def target_identity(spec: RunSpec, models: Path) -> dict:
@@ -479,7 +515,7 @@ def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
         kwargs["mm_processor_cache_gb"] = 0
     else:
         kwargs["language_model_only"] = True
-    return kwargs | _run_knobs(spec, models / TRAINED_DRAFTER)
+    return kwargs | _run_knobs(spec, drafter_dir(spec, models))
 
 
 def _memory_share() -> dict:
@@ -585,6 +621,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=2,
                                  detokenize=False) for m in max_tokens]
         result.update(target_identity(spec, models))
+        result.update(drafter_identity(spec, models))
         t1 = time.time()
         if llm is None:
             pass  # models loaded: nothing to generate
@@ -867,10 +904,39 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
         fields["reference_nondegenerate"] = ref_block
         fields["proof"] = bool(gate.passes(block) and gate.passes(ref_block) and
                                judge(reference, raw).get("lossless") is True)
+        fields["acceptance"] = acceptance(counters)
+        if spec.drafter == "trained":
+            fields.update(drafter_fields(raw, fields["acceptance"]))
     elif spec.mode in ("reference", "reference-batched"):
         fields["proof"] = bool(gate.passes(block) and passes_agree(raw["passes"])["stable"]) \
             if raw.get("ok") else False
     return fields
+
+
+def acceptance(counters: dict, k: int = NUM_SPECULATIVE_TOKENS) -> dict | None:
+    """vLLM's own acceptance metrics from its spec-decode counters: mean acceptance length
+    (1 + accepted drafts per verify step: the bonus token counts one), accepted drafts per step
+    and the per-position acceptance rates (dflash_reference.summarize, offline, is the same)."""
+    drafts, accepted = counters.get("spec_drafts"), counters.get("spec_accepted_tokens")
+    if not drafts or accepted is None:
+        return None
+    per_pos = counters.get("spec_accepted_per_pos") or []
+    return {"drafts": drafts, "mean_acceptance_length": round(1 + accepted / drafts, 4),
+            "accepted_per_step": round(accepted / drafts, 4),
+            "per_position": [round(c / drafts, 4) for c in per_pos[:k]],
+            "histogram": accepted_hist(counters)}
+
+
+def drafter_fields(raw: dict, measured: dict | None) -> dict:
+    """A trained-drafter run's drafter identity and its acceptance beside the offline reference."""
+    offline = raw.get("acceptance_reference") or {}
+    ratio = None
+    if measured and offline.get("mean_acceptance_length"):
+        ratio = round(measured["mean_acceptance_length"] / offline["mean_acceptance_length"], 4)
+    return {"drafter_sha256": raw.get("drafter_sha256"),
+            "drafter_for_this_target": raw.get("drafter_target_sha256") == raw.get("target_sha256"),
+            "acceptance_reference": raw.get("acceptance_reference"),
+            "acceptance_ratio_to_reference": ratio}
 
 
 def merge(existing: list[dict], new: list[dict]) -> list[dict]:
@@ -927,6 +993,7 @@ def markdown(records: list[dict], meta: dict) -> str:
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | {gate_cell} | "
             f"{r.get('preemptions')} | {r.get('prefix_cache_hits')} | {acc} | {'yes' if r.get('ok') else 'no'} | "
             f"{r.get('lossless')} | {r.get('proof')} | {_detail(r)} |")
+    lines += _drafter_section([r for r in trained if r.get("drafter_kind") == "trained"])
     lines += _oracle_section(oracles)
     lines += [
         "",
@@ -950,6 +1017,34 @@ def markdown(records: list[dict], meta: dict) -> str:
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | "
             f"{'yes' if r.get('ok') else 'no'} | {r.get('lossless')} | {_detail(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _drafter_section(records: list[dict]) -> list[str]:
+    """Issue 25: the trained drafter's acceptance in vLLM beside train_drafter.py's offline estimate."""
+    if not records:
+        return []
+    lines = [
+        "",
+        "## Trained drafter (issue 25): acceptance from vLLM's spec-decode counters",
+        "",
+        "Mean acceptance length = 1 + accepted drafts per verify step (vLLM's definition), over every "
+        "request of the run's concurrency groups. Offline: train_drafter.py's PyTorch estimate on the same "
+        "prompts, the same groups and this release's attention semantics, on the bf16 target.",
+        "",
+        "| run | quant | drafter sha256 | for this target | verify steps | mean acceptance length (vLLM) "
+        "| offline | vLLM / offline | per-position rates (vLLM, 1..15) | lossless | proof |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        acc = r.get("acceptance") or {}
+        off = r.get("acceptance_reference") or {}
+        rates = " ".join(f"{x:.2f}" for x in acc.get("per_position") or []) or "-"
+        lines.append(
+            f"| {r['name']} | {r.get('quantization')} | {str(r.get('drafter_sha256') or '-')[:12]} | "
+            f"{r.get('drafter_for_this_target')} | {acc.get('drafts', '-')} | "
+            f"{acc.get('mean_acceptance_length', '-')} | {off.get('mean_acceptance_length', '-')} | "
+            f"{r.get('acceptance_ratio_to_reference') or '-'} | {rates} | {r.get('lossless')} | {r.get('proof')} |")
+    return lines
 
 
 def _oracle_section(records: list[dict]) -> list[str]:
@@ -1032,6 +1127,10 @@ def _inputs(r: dict) -> str:
 def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int,
             timeout: float) -> dict:
     env = dict(os.environ)
+    if spec.drafter == "trained" and not (drafter_dir(spec, models) / "config.json").exists():
+        return {"name": spec.name, "ok": False, "exit": None,
+                "error": {"root_cause": f"no trained drafter at {drafter_dir(spec, models)}: "
+                                        "run remote.sh train-drafter first"}}
     if spec.oracle:
         try:
             env.update(prepare_oracle(spec, models, logs))

@@ -439,6 +439,31 @@ pack_trained() { # the trained checkpoints as an extras bundle; PACK_PARTS="0 1 
     ls "$pack"
 }
 
+DRAFTER_TRAINED=$MODELS_TRAINED/dflash-r5-trained
+
+drafter_is_current() { # the trained drafter exists and was trained for the target now on disk
+    [ -f "$DRAFTER_TRAINED/drafter-train-record.json" ] && "$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2]))
+sys.exit(0 if d["target_sha256"] == t["target_sha256"] else 1)' \
+        "$DRAFTER_TRAINED/drafter-train-record.json" "$TRAINED/train-record.json" 2>/dev/null
+}
+
+train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on the trained target
+    install
+    mkdir -p "$OUT" "$WORK"
+    [ -f "$TRAINED/train-record.json" ] || { echo "train the target first: remote.sh train-target" >&2; return 1; }
+    if ! drafter_is_current; then
+        # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do.
+        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
+            ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} 2>&1 | grep -v "Loading weights" \
+            | tee "$WORK/train-drafter.log" | grep -v "^step" || true
+        grep "^step" "$WORK/train-drafter.log" | awk 'NR % 8 == 1' || true
+        cp "$WORK/train-drafter.log" "$OUT/"
+    fi
+    drafter_is_current || { echo "no trained drafter for this target (train-drafter.log)" >&2; return 1; }
+    cp "$DRAFTER_TRAINED/drafter-train-record.json" "$OUT/"
+}
+
 trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
     extras
     if [ ! -d "$SITE_QUANT" ]; then
@@ -527,9 +552,10 @@ case "$cmd" in
     stability) stability ;;
     quantize-rs) quantize_rs ;;
     train-target) train_target ;;
+    train-drafter) train_drafter ;;
     trained-nvfp4) trained_nvfp4 ;;
     pack-trained) pack_trained ;;
     check-trained) trained_identity_check ;;
     realshape-trained) realshape_trained ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|trained-nvfp4|pack-trained|check-trained|realshape-trained" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained" >&2; exit 2 ;;
 esac
