@@ -158,6 +158,8 @@ def roofline_block(roof: dict | None, bandwidth: dict | None, bench: dict) -> di
         out["achieved_fraction"] = round(roofline.achieved_fraction(roof["bytes_per_token"], c1["tpot_ms"],
                                                                     bandwidth["copy_gbps"]), 4)
     terms = {k: v for k, v in roof["decode_b1"].items() if k != "total"}
+    # Shares of bytes read (counted), not of profiled time: the full-size runs do not profile kernels.
+    out["share_basis"] = "bytes read per step, counted from the checkpoint (not profiled time)"
     out["largest_share_b1"] = max(terms, key=terms.get)
     b16 = roof.get("decode_b16_terms")
     if b16:
