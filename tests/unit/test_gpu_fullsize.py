@@ -336,3 +336,16 @@ def test_tiny_widths_are_real_multiples():
     assert text["num_hidden_layers"] == 12 and text["vocab_size"] == 512
     assert math.gcd(text["hidden_size"], 16) == 16 and math.gcd(text["moe_intermediate_size"], 16) == 16
     assert max(drafter["dflash_config"]["target_layer_ids"]) + 1 < 12
+
+
+def test_configs_parse_in_transformers_as_vllm_021_reads_them(tiny):
+    from transformers import AutoConfig
+
+    target = AutoConfig.from_pretrained(tiny / "gemma4-26b-a4b-nvfp4")
+    text = target.get_text_config()
+    assert (text.head_dim, text.global_head_dim, text.attention_k_eq_v) == (256, 512, True)
+    assert text.use_bidirectional_attention == "vision" and text.layer_types.count("full_attention") == 2
+    assert (target.vision_config.standardize, target.vision_config.use_clipped_linears) == (True, False)
+    assert target.quantization_config["quant_algo"] == "NVFP4"
+    drafter = AutoConfig.from_pretrained(tiny / "dflash-26b-a4b")
+    assert drafter.model_type == "qwen3" and drafter.dflash_config["target_layer_ids"] == [1, 3, 5, 7, 9]
