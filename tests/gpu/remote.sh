@@ -499,6 +499,8 @@ full_size_checkpoints() { # issue 27: the full-size checkpoints, the copy bandwi
 }
 
 full_launcher() { # the launcher command fullsize_serve.py completes: --test-gpu where the launcher has it
+    # (FIT_LAUNCHER replaces it, e.g. to add --force when a preflight check refuses the test GPU)
+    [ -n "${FIT_LAUNCHER:-}" ] && { echo "$FIT_LAUNCHER"; return; }
     local sets="--set intent.sampler=pytorch"  # the bundle carries no FlashInfer
     if PYTHONPATH=.:$SITE "$PY" -m launcher serve --help 2>/dev/null | grep -q -- '--test-gpu'; then
         echo "$PY -m launcher serve --test-gpu $sets"
