@@ -7,6 +7,7 @@
 #   remote.sh install          reassemble, verify and install the bundle into $SITE (once)
 #   remote.sh proof [ROUND..]  install, make the checkpoints, run ROUNDs (stock, patched;
 #                              default both), compare, write results under $OUT
+#   remote.sh full-size-checkpoints | fit | full-bench   issue 27 (tests/gpu/README.md, "Full size")
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -537,6 +538,77 @@ bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results unde
     (cd "$WORK/bench" && tar -czf "$OUT/bench-logs.tar.gz" logs patch-apply.txt run-*.json)
 }
 
+MODELS_FULL=${MODELS_FULL:-/tmp/models-full}
+FULL_RAW=${FULL_RAW:-$WORK/fullsize-raw}
+
+full_site() { # vLLM 0.21.0, FA2 when carried, and the patched copy the served recipe needs
+    install
+    extras
+    mkdir -p "$OUT" "$WORK" "$FULL_RAW"
+    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+}
+
+full_report() { # fullsize.json / .md from every record on this machine, and the raw records in one archive
+    "$PY" tests/gpu/fullsize_report.py --shapes "$FULL_RAW/fullsize-shapes.json" --runs "$FULL_RAW" \
+        --roofline "$FULL_RAW/roofline.json" --bandwidth "$FULL_RAW/bandwidth.json" \
+        --bench-json tests/gpu/results/bench.json --gpu "$(cat "$WORK/gpu.txt")" \
+        --json "$OUT/fullsize.json" --md "$OUT/fullsize.md" > /dev/null || echo "fullsize_report.py failed" >&2
+    # Whole server logs stay in $FULL_RAW (a DEBUG log can pass the 16 MiB a returned file may have).
+    tar -C "$(dirname "$FULL_RAW")" --exclude='*.server.log' -czf "$OUT/fullsize-raw.tar.gz" "$(basename "$FULL_RAW")"
+}
+
+full_size_checkpoints() { # issue 27: the full-size checkpoints, the copy bandwidth and the roofline
+    full_site
+    if [ ! -f "$MODELS_FULL/fullsize-shapes.json" ]; then
+        PYTHONPATH=$SITE "$PY" tests/gpu/make_fullsize_checkpoints.py "$MODELS_FULL"
+    fi
+    cp "$MODELS_FULL/fullsize-shapes.json" "$FULL_RAW/"
+    PYTHONPATH=$SITE "$PY" tests/gpu/copy_bandwidth.py --json "$FULL_RAW/bandwidth.json"
+    "$PY" tests/gpu/roofline.py --target "$MODELS_FULL/gemma4-26b-a4b-nvfp4" \
+        --drafter "$MODELS_FULL/dflash-26b-a4b" --context 1024 --json "$FULL_RAW/roofline.json"
+    df -h "$MODELS_FULL" | tail -1
+    full_report
+}
+
+full_launcher() { # the launcher command fullsize_serve.py completes: --test-gpu where the launcher has it
+    # (FIT_LAUNCHER replaces it, e.g. to add --force when a preflight check refuses the test GPU)
+    [ -n "${FIT_LAUNCHER:-}" ] && { echo "$FIT_LAUNCHER"; return; }
+    local sets="--set intent.sampler=pytorch"  # the bundle carries no FlashInfer
+    if PYTHONPATH=.:$SITE "$PY" -m launcher serve --help 2>/dev/null | grep -q -- '--test-gpu'; then
+        echo "$PY -m launcher serve --test-gpu $sets"
+    else  # a launcher without --test-gpu (branch served): force past sm_90 and put the FP4 knobs on Marlin
+        echo "$PY -m launcher serve --force --set intent.moe_fp4_backend=marlin --set intent.nvfp4_gemm_backend=marlin $sets"
+    fi
+}
+
+fit() { # one served run in the emulated card's memory: FIT_PROFILE, FIT_DRAFTER (1|0), FIT_CONCURRENCY, FIT_SETS
+    local t0=$SECONDS profile=${FIT_PROFILE:-rtx5090} drafter=${FIT_DRAFTER:-1} label
+    full_site
+    [ -f "$FULL_RAW/fullsize-shapes.json" ] || { echo "run remote.sh full-size-checkpoints first" >&2; return 1; }
+    local dargs=(--no-drafter) vargs=(--vllm-arg=--mm-processor-cache-gb --vllm-arg=0) debug=()
+    # DEBUG logging gives the worker's activation / non-torch split; speed runs leave it off.
+    [ "${FIT_DEBUG_LOG:-1}" = 1 ] && debug=(--debug-log)
+    label=$profile-nodrafter
+    if [ "$drafter" = 1 ]; then dargs=(--drafter "$MODELS_FULL/dflash-26b-a4b"); label=$profile-dflash; fi
+    # A fit-only run (the max_num_seqs level, DEBUG split) keeps its own record beside a speed run's,
+    # and so does a run with FIT_SETS (recipe fields changed, e.g. serve.max_model_len=65536).
+    [ "${FIT_CONCURRENCY:-max}" = max ] && label=$label-fit
+    local sets=() item
+    for item in ${FIT_SETS:-}; do sets+=(--set "$item"); done
+    [ ${#sets[@]} -gt 0 ] && label=$label-set
+    # What sm_12x runs for FLASH_ATTN (the drafter's backend), when FA2 travelled in extras.
+    if [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ]; then
+        vargs+=(--vllm-arg=--attention-config '--vllm-arg={"flash_attn_version": 2}')
+    fi
+    PYTHONPATH=.:$SITE_PATCHED:$SITE "$PY" tests/gpu/fullsize_serve.py --label "$label" --out "$FULL_RAW" \
+        --profile "$profile" --recipe "${FIT_RECIPE:-gemma4-moe-dflash}" --launcher "$(full_launcher)" \
+        --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" "${dargs[@]}" "${sets[@]}" --concurrency "${FIT_CONCURRENCY:-max}" \
+        "${vargs[@]}" "${debug[@]}" --deadline-s $(( ${FIT_BUDGET_S:-555} - (SECONDS - t0) )) \
+        || echo "fullsize_serve.py exited $?" >&2
+    full_report
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -557,5 +629,8 @@ case "$cmd" in
     pack-trained) pack_trained ;;
     check-trained) trained_identity_check ;;
     realshape-trained) realshape_trained ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained" >&2; exit 2 ;;
+    full-size-checkpoints) full_size_checkpoints ;;
+    fit) fit ;;
+    full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|full-size-checkpoints|fit|full-bench" >&2; exit 2 ;;
 esac

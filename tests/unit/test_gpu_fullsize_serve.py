@@ -1,0 +1,343 @@
+"""fullsize_serve.py's orchestration and fullsize_report.py's document, with stand-ins for what needs a GPU.
+
+Stand-ins: the memory blocker (prints what mem_blocker.py prints) and the
+launcher (a tiny OpenAI-style server that logs what vLLM 0.21.0 logs and
+answers /health, /metrics, /v1/models and streamed /v1/completions). Real:
+the harness's process handling, the recipe copy, ``launcher bench`` with its
+built-in client against the stand-in, the log and /metrics parsing, the
+verdict, and the report built from the records it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
+sys.path.insert(0, str(GPU_DIR))
+
+import fullsize_report as fr  # noqa: E402
+import fullsize_serve as fsv  # noqa: E402
+import fullsize_shapes as fs  # noqa: E402
+import memfit  # noqa: E402
+import roofline  # noqa: E402
+
+DEVICE_TOTAL = 85_031_714_816
+
+BLOCKER = textwrap.dedent(f"""\
+    import json, sys, time
+    leave = int(sys.argv[sys.argv.index("--leave-free") + 1])
+    print(json.dumps({{"event": "start", "free": {DEVICE_TOTAL} - 600 * 2**20, "total": {DEVICE_TOTAL},
+                      "device": "Stand-in H100"}}), flush=True)
+    print(json.dumps({{"event": "holding", "held": {DEVICE_TOTAL} - 600 * 2**20 - leave, "free": leave,
+                      "total": {DEVICE_TOTAL}}}), flush=True)
+    while True:
+        time.sleep(0.2)
+""")
+
+SERVER = textwrap.dedent("""\
+    import json, os, sys, threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    argv = sys.argv[1:]
+    port = int(argv[argv.index("--port") + 1])
+    keep = ("VLLM_LOGGING_LEVEL", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
+    json.dump({"argv": argv, "env": {k: os.environ.get(k) for k in keep}}, open(os.environ["FAKE_RECORD"], "w"))
+    print("(EngineCore_DP0 pid=2) INFO Model loading took 18.34 GiB memory and 20.0 seconds", flush=True)
+    print("(EngineCore_DP0 pid=2) INFO Estimated CUDA graph memory: 0.61 GiB total", flush=True)
+    print("(EngineCore_DP0 pid=2) INFO Available KV cache memory: 3.21 GiB", flush=True)
+    print("(EngineCore_DP0 pid=2) INFO GPU KV cache size: 140,352 tokens", flush=True)
+    print("(EngineCore_DP0 pid=2) INFO Maximum concurrency for 131,072 tokens per request: 1.07x", flush=True)
+    if os.environ.get("FAKE_FAIL"):
+        print("ValueError: Free memory on device (1.0/79.19 GiB) on startup is less than desired GPU memory "
+              "utilization", flush=True)
+        sys.exit(1)
+    print("(EngineCore_DP0 pid=2) INFO Graph capturing finished in 21 secs, took 0.58 GiB", flush=True)
+    print("(EngineCore_DP0 pid=2) DEBUG Actual usage is 18.34 GiB for weight, 2.1 GiB for peak activation, "
+          "0.35 GiB for non-torch memory, and 0.58 GiB for CUDAGraph memory.", flush=True)
+    done = [0]
+    lock = threading.Lock()
+    preempt = float(os.environ.get("FAKE_PREEMPTIONS", "0"))
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def _send(self, body, kind="application/json"):
+            data = body.encode()
+            self.send_response(200); self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+        def do_GET(self):
+            if self.path == "/health":
+                self._send("")
+            elif self.path == "/v1/models":
+                self._send(json.dumps({"data": [{"id": "gemma4"}]}))
+            elif self.path == "/metrics":
+                with lock:
+                    n = done[0]
+                self._send(f'vllm:num_preemptions_total{{engine="0"}} {preempt if n else 0.0}\\n'
+                           f'vllm:request_success_total{{engine="0",finished_reason="length"}} {float(n)}\\n'
+                           f'vllm:num_requests_running{{engine="0"}} 3.0\\n'
+                           f'vllm:kv_cache_usage_perc{{engine="0"}} 0.125\\n', "text/plain")
+            else:
+                self.send_response(404); self.end_headers()
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
+            for _ in range(3):
+                self.wfile.write(b'data: {"choices": [{"text": "t"}]}\\n\\n')
+            usage = {"prompt_tokens": 1024, "completion_tokens": body["max_tokens"]}
+            self.wfile.write(("data: " + json.dumps({"choices": [], "usage": usage}) + "\\n\\n").encode())
+            self.wfile.write(b"data: [DONE]\\n\\n")
+            with lock:
+                done[0] += 1
+    ThreadingHTTPServer.request_queue_size = 128  # 22 clients connect at once
+    srv = ThreadingHTTPServer(("127.0.0.1", port), H)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        sys.exit(0)
+""")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(tmp: Path, label: str, *extra: str, env: dict | None = None, monkeypatch=None) -> dict:
+    (tmp / "blocker.py").write_text(BLOCKER)
+    (tmp / "server.py").write_text(SERVER)
+    record_file = tmp / f"{label}.argv.json"
+    monkeypatch.setenv("FAKE_RECORD", str(record_file))
+    monkeypatch.setenv("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "0")  # must not reach the server
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    argv = ["--label", label, "--out", str(tmp / "raw"), "--profile", "rtx5090",
+            "--launcher", shlex.join([sys.executable, str(tmp / "server.py")]), "--model", str(tmp / "m"),
+            "--blocker", shlex.join([sys.executable, str(tmp / "blocker.py")]), "--port", str(_free_port()),
+            "--deadline-s", "120", "--start-timeout-s", "30", "--concurrency", "1,max",
+            "--vllm-arg=--mm-processor-cache-gb", "--vllm-arg=0", *extra]
+    code = fsv.main(argv)
+    record = json.loads((tmp / "raw" / f"{label}.json").read_text())
+    record["_code"] = code
+    record["_server"] = json.loads(record_file.read_text()) if record_file.exists() else None
+    return record
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    tmp = tmp_path_factory.mktemp("fullsize-serve")
+    try:
+        out = {"dflash": _run(tmp, "rtx5090-dflash", "--drafter", str(tmp / "d"), "--debug-log", monkeypatch=mp),
+               "nodrafter": _run(tmp, "rtx5090-nodrafter", "--no-drafter", monkeypatch=mp,
+                                 env={"FAKE_PREEMPTIONS": "2"})}
+    finally:
+        mp.undo()
+    out["dir"] = tmp / "raw"
+    return out
+
+
+def test_server_gets_the_scaled_fraction_and_the_launcher_options(runs):
+    rec = runs["dflash"]
+    argv = rec["_server"]["argv"]
+    f = memfit.scaled_fraction(memfit.CARDS["rtx5090"], 0.80, DEVICE_TOTAL)
+    assert rec["plan"]["scaled_fraction"] == f
+    assert argv[argv.index("--profile") + 1] == "rtx5090" and argv[argv.index("--recipe") + 1] == "gemma4-moe-dflash"
+    assert f"serve.gpu_memory_utilization={f}" in argv
+    assert "--drafter" in argv and "drafter=null" not in argv
+    assert argv[argv.index("--"):] == ["--", "--mm-processor-cache-gb", "0"]
+    assert rec["_server"]["env"] == {"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": None}
+    assert "drafter=null" in runs["nodrafter"]["_server"]["argv"]
+    assert runs["nodrafter"]["_server"]["env"]["VLLM_LOGGING_LEVEL"] is None  # speed runs log at INFO
+
+
+def test_a_served_run_records_memory_bench_and_verdict(runs):
+    rec = runs["dflash"]
+    assert rec["_code"] == 0 and rec["started"] and rec["fits"], rec["why"]
+    assert rec["emulation"].startswith("emulation")
+    assert rec["blocker"]["free_after_bytes"] == memfit.CARDS["rtx5090"].total_bytes
+    assert (rec["log"]["weights_gib"], rec["log"]["activation_peak_gib"], rec["log"]["graph_actual_gib"]) == \
+        (18.34, 2.1, 0.58)
+    assert rec["derived"]["kv_tokens_per_max_model_len"] == round(140352 / 131072, 3)
+    assert set(rec["bench"]) == {"1", "22"}
+    assert rec["bench"]["22"]["successful"] == 88 and rec["bench"]["1"]["successful"] == 4
+    assert rec["bench"]["22"]["output_tok_s"] > 0
+    assert rec["metrics_delta"]["preemptions"] == 0 and rec["metrics_delta"]["requests_finished"] >= 92
+    assert rec["metrics_peaks"]["requests_running"] == 3.0
+    assert "Model loading took" in (runs["dir"] / "rtx5090-dflash.server-excerpt.log").read_text()
+    import yaml
+
+    copy = yaml.safe_load((runs["dir"] / "gemma4-moe-dflash-bench.yaml").read_text())
+    assert [(w["dataset"], w["concurrency"]) for w in copy["bench"]["workloads"]] == [("random", [1, "max"])]
+
+
+def test_preemptions_fail_the_fit(runs):
+    rec = runs["nodrafter"]
+    assert rec["started"] and not rec["fits"]
+    assert rec["why"] == ["2 preemptions"]
+
+
+def test_a_server_that_cannot_start_is_recorded(tmp_path, monkeypatch):
+    rec = _run(tmp_path, "fail", "--no-drafter", env={"FAKE_FAIL": "1"}, monkeypatch=monkeypatch)
+    assert rec["_code"] == 1 and not rec["started"] and not rec["fits"]
+    assert rec["log"]["failures"] == ["free_memory_check"]
+    assert rec["why"][0] == "server exited with code 1 before it was ready"
+
+
+def test_launcher_must_not_carry_its_own_separator(tmp_path):
+    with pytest.raises(SystemExit):
+        fsv.main(["--label", "x", "--out", str(tmp_path), "--profile", "rtx5090", "--launcher", "launcher serve --",
+                  "--model", "m", "--no-drafter"])
+
+
+# ----------------------------------------------------------------- the report
+
+
+def _shapes() -> dict:
+    return {"target_config": fs.target_config(), "drafter_config": fs.drafter_config(),
+            "params_total": 25_805_936_206, "params_text": 25_233_141_790, "params_vision": 572_794_416,
+            "params_active": 3_822_530_590, "target": {"bytes": 18_782_360_732, "bytes_by_class": {"experts": 1}},
+            "drafter": {"bytes": 859_000_000}, "sources": fs.SOURCES}
+
+
+def _roof() -> dict:
+    terms = {"experts": 0.8e9, "attention": 2.2e9, "lm_head": 1.48e9, "kv_cache": 0.2e9}
+    b16 = {"experts": 8e9, "attention": 2.2e9, "lm_head": 1.48e9, "kv_cache": 3.2e9}
+    return {"context": 1024, "bytes_per_token": 5_600_000_000, "decode_b1": {**terms, "total": 5.6e9},
+            "decode_b16_terms": {**b16, "total": 16.8e9}, "decode_b16_per_token": 1_050_000_000,
+            "dflash_step_b1": {"total": 15.7e9}, "expected_experts": {"1": 8}}
+
+
+def test_report_has_issue_27s_fields(runs):
+    records = [json.loads(p.read_text()) for p in sorted(runs["dir"].glob("*.json")) if ".bench." not in p.name]
+    six = {"device": "NVIDIA H200, 143771 MiB, 580", "steps_ms": {"nvfp4": {"decode": {"1": {"decode_30": 5.0}}}}}
+    doc = fr.build(_shapes(), records=records, roof=_roof(), bandwidth={"copy_gbps": 3000.0, "read_gbps": 3300.0},
+                   six_layer=six, gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 580")
+    assert {"model", "gpu", "profiles", "bench", "roofline", "extrapolation_check", "projection"} <= set(doc)
+    assert {"params_total", "params_active", "shapes"} <= set(doc["model"])
+    p = doc["profiles"]["rtx5090"]
+    assert p["fits"] is True and p["preemptions"] == 0
+    assert (p["weights_gib"], p["graph_gib"], p["kv_cache_tokens"]) == (18.34, 0.58, 140352)
+    assert p["memory_budget_gib"] == round(33_668_857_856 * 0.8 / 2**30, 3)
+    assert doc["profiles_without_drafter"]["rtx5090"]["fits"] is False
+    for key in ("no_drafter", "dflash"):
+        assert set(doc["bench"][key]) == {"1", "22"}
+        assert set(doc["bench"][key]["22"]) >= {"output_tok_s", "ttft_ms", "tpot_ms", "successful"}
+    tpot = doc["bench"]["no_drafter"]["1"]["tpot_ms"]
+    r = doc["roofline"]
+    assert r["bandwidth_gbps"] == 3000.0 and r["bytes_per_token"] == 5_600_000_000
+    assert r["achieved_fraction"] == round(5.6e9 / (tpot / 1000) / 3000e9, 4)
+    assert (r["largest_share_b1"], r["largest_share_b16"]) == ("attention", "experts")
+    assert doc["knobs"]["b16"].startswith("the MoE backend")
+    x = doc["extrapolation_check"]
+    assert x["rows"]["1"]["ratio"] == round(tpot / 5.0, 3) and x["same_device_kind"] is False
+    proj = doc["projection"]
+    assert proj["decode_c1"]["rtx5090"]["projection"] is True
+    assert proj["decode_c1"]["rtx5090"]["tok_s"] == round(r["achieved_fraction"] * 1790e9 / 5.6e9, 1)
+    assert proj["dflash_c1_by_acceptance"]["gb10"]["4"] == round(4 * r["achieved_fraction"] * 273e9 / 15.7e9, 1)
+    md = fr.markdown(doc)
+    assert "| rtx5090 | rtx5090-dflash |" in md and "DFlash's overhead" in md and "Projections" in md
+
+
+def test_report_cli_survives_missing_inputs(tmp_path):
+    (tmp_path / "shapes.json").write_text(json.dumps(_shapes()))
+    assert fr.main(["--shapes", str(tmp_path / "shapes.json"), "--runs", str(tmp_path / "none"),
+                    "--json", str(tmp_path / "f.json"), "--md", str(tmp_path / "f.md")]) == 0
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert doc["profiles"] == {} and doc["roofline"] is None and doc["projection"] is None
+
+
+def test_roofline_projection_labels_match_the_module():
+    assert set(roofline.DEVICES_GBPS) == {"rtx5090", "gb10"}
+
+
+# ----------------------------------------------------------------- remote.sh wiring
+
+STUB_PY = textwrap.dedent("""\
+    #!{python}
+    import json, os, sys
+    args = sys.argv[1:]
+    with open(os.environ["STUB_LOG"], "a") as fh:
+        fh.write(json.dumps(args) + "\\n")
+    if args[:4] == ["-m", "launcher", "serve", "--help"]:
+        print("  --test-gpu   plan on a Hopper test GPU" if os.environ.get("STUB_TEST_GPU") else "  --force")
+""")
+
+
+@pytest.mark.parametrize("verb,test_gpu", [("fit", True), ("full-bench", False)])
+def test_remote_sh_passes_the_harness_what_it_needs(tmp_path, verb, test_gpu):
+    """remote.sh fit / full-bench with a stand-in interpreter: the arguments fullsize_serve.py gets."""
+    import os
+    import subprocess
+
+    repo = GPU_DIR.parents[1]
+    site, patched, work = tmp_path / "site", tmp_path / "site-patched", tmp_path / "work"
+    (site / "vllm" / "vllm_flash_attn").mkdir(parents=True)
+    (site / "vllm" / "vllm_flash_attn" / "_vllm_fa2_C.abi3.so").write_text("")
+    (site / ".bundle-installed").write_text("")
+    (patched / "vllm").mkdir(parents=True)
+    (work / "fullsize-raw").mkdir(parents=True)
+    (work / "fullsize-raw" / "fullsize-shapes.json").write_text("{}")
+    stub = tmp_path / "py"
+    stub.write_text(STUB_PY.format(python=sys.executable))
+    stub.chmod(0o755)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 143771 MiB, 580'\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PY": str(stub), "SITE": str(site), "SITE_PATCHED": str(patched), "WORK": str(work),
+           "OUT": str(tmp_path / "out"), "BUNDLE_DIR": str(tmp_path / "bundle"), "MODELS_FULL": "/m",
+           "STUB_LOG": str(tmp_path / "calls.jsonl"), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    if test_gpu:
+        env["STUB_TEST_GPU"] = "1"
+    proc = subprocess.run(["bash", "tests/gpu/remote.sh", verb], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    serve = next(c for c in calls if c and c[0] == "tests/gpu/fullsize_serve.py")
+    opt = {serve[i]: serve[i + 1] for i in range(1, len(serve) - 1) if serve[i].startswith("--")
+           and not serve[i].startswith("--vllm-arg")}
+    assert opt["--profile"] == "rtx5090"
+    assert opt["--label"] == ("rtx5090-dflash-fit" if verb == "fit" else "rtx5090-dflash")
+    assert opt["--drafter"] == "/m/dflash-26b-a4b" and opt["--model"] == "/m/gemma4-26b-a4b-nvfp4"
+    assert opt["--concurrency"] == ("max" if verb == "fit" else "1,4,16,max")
+    assert [a for a in serve if a.startswith("--vllm-arg")] == [
+        "--vllm-arg=--mm-processor-cache-gb", "--vllm-arg=0", "--vllm-arg=--attention-config",
+        '--vllm-arg={"flash_attn_version": 2}']
+    launcher = shlex.split(opt["--launcher"])
+    assert launcher[:4] == [str(stub), "-m", "launcher", "serve"]
+    assert ("--test-gpu" in launcher) == test_gpu and ("--force" in launcher) != test_gpu
+    assert launcher[-2:] == ["--set", "intent.sampler=pytorch"]
+    assert 400 < float(opt["--deadline-s"]) <= 555
+    assert ("--debug-log" in serve) == (verb == "fit")
+    assert any(c and c[0] == "tests/gpu/fullsize_report.py" for c in calls)
+    assert (tmp_path / "out" / "fullsize-raw.tar.gz").is_file()
+
+
+def test_a_fit_run_gives_the_memory_a_speed_run_the_rows():
+    def rec(label, bench, activation):
+        return {"label": label, "profile": "rtx5090", "drafter": "/d", "fits": True, "why": [], "started": True,
+                "log": {"weights_gib": 18.3, "activation_peak_gib": activation}, "plan": {}, "derived": {},
+                "bench": {c: {"output_tok_s": 1.0, "tpot_ms": 2.0, "ttft_ms": 3.0, "successful": 4, "requests": 4}
+                          for c in bench}}
+
+    shorter = rec("rtx5090-dflash-set", ["1", "4", "22"], None)
+    shorter["extra_sets"] = ["serve.max_model_len=65536"]
+    records = [rec("rtx5090-dflash-fit", ["22"], 2.1), rec("rtx5090-dflash", ["1", "22"], None), shorter]
+    for order in (records, records[::-1]):
+        doc = fr.build(_shapes(), records=order, roof=None, bandwidth=None, six_layer=None, gpu=None)
+        assert doc["profiles"]["rtx5090"]["run"] == "rtx5090-dflash-fit"
+        assert doc["profiles"]["rtx5090"]["activation_peak_gib"] == 2.1
+        assert set(doc["bench"]["dflash"]) == {"1", "22"}
+        assert doc["bench"]["runs"]["dflash"] == {"run": "rtx5090-dflash", "extra_sets": []}
+    # Without a run of the recipe as shipped, the changed one gives the rows and says so.
+    doc = fr.build(_shapes(), records=[records[0], shorter], roof=None, bandwidth=None, six_layer=None, gpu=None)
+    assert set(doc["bench"]["dflash"]) == {"1", "4", "22"}
+    assert doc["bench"]["runs"]["dflash"]["extra_sets"] == ["serve.max_model_len=65536"]
+    assert doc["profiles"]["rtx5090"]["run"] == "rtx5090-dflash-fit"
