@@ -471,7 +471,14 @@ def stock(args) -> None:
 def assemble(work: Path, out: Path, meta: dict) -> dict:
     phases = {p: json.loads((work / f"{p}.json").read_text()) for p in ("reference", "dflash", "stock", "bench")
               if (work / f"{p}.json").exists()}
-    doc = {"meta": meta, "servers": report.rows(phases)}
+    rows = report.rows(phases)
+    # Rows of another vLLM already in the record stay (one work folder per vLLM version).
+    earlier = out / "served.json"
+    if earlier.exists():
+        mine = {(r["server"], r.get("vllm")) for r in rows}
+        rows = [r for r in json.loads(earlier.read_text()).get("servers", [])
+                if (r["server"], r.get("vllm")) not in mine and r.get("vllm") not in {v for _, v in mine}] + rows
+    doc = {"meta": meta, "servers": rows}
     out.mkdir(parents=True, exist_ok=True)
     (out / "served.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "served.md").write_text(report.markdown(doc))
@@ -507,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="one more vLLM argument (after `--`) for every server, e.g. --vllm-arg=--enforce-eager")
     parser.add_argument("--assemble-only", action="store_true")
     args = parser.parse_args(argv)
+    # Absolute: the launcher and launcher bench run in a folder of their own.
+    for key in ("model", "drafter", "work", "out"):
+        setattr(args, key, getattr(args, key).resolve())
     args.work.mkdir(parents=True, exist_ok=True)
     args.deadline = time.time() + args.deadline_s
     if not args.assemble_only:

@@ -510,3 +510,15 @@ def test_extra_sets_and_vllm_args_reach_every_server():
     args = served.serve_args("reference", "/m", "/d", 8001, ["serve.max_num_seqs=8"], ["--enforce-eager"])
     cut = args.index("--")
     assert args[cut - 2:cut] == ["--set", "serve.max_num_seqs=8"] and args[-1] == "--enforce-eager"
+
+
+def test_rows_of_another_vllm_stay_in_the_record(made, tmp_path):
+    reqs, vision, _ = made
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "served.json").write_text(json.dumps({"servers": [{"server": "dflash", "vllm": "0.33.0"},
+                                                             {"server": "dflash", "vllm": "0.21.0", "old": 1}]}))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "stock.json").write_text(json.dumps(_phases(reqs, vision)["stock"]))
+    doc = served.assemble(tmp_path / "work", out, {})
+    assert [(r["server"], r["vllm"]) for r in doc["servers"]] == [("dflash", "0.33.0"), ("stock", "0.21.0")]
