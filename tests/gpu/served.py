@@ -137,7 +137,12 @@ def dry_run(args: list[str], site: str, cwd: Path) -> dict:
 
 
 class Launched:
-    """`launcher serve ... --wait` in its own process group, its output in a log file."""
+    """`launcher serve ... --wait`, its output in a log file.
+
+    Kept in this process's session on purpose: the device machine ends a command's
+    processes when the command ends (cut at its time limit too), but not those of a new
+    session, and a vLLM left running would hold the port and a quarter of the GPU for the
+    next call."""
 
     def __init__(self, args: list[str], site: str, cwd: Path, log: Path, timeout: float, force: bool = False):
         flags = ["--wait", "--timeout", str(int(timeout))] + (["--force"] if force else [])
@@ -145,7 +150,7 @@ class Launched:
         self.log_path = log
         self._log = log.open("w")
         self.proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.args], env=launcher_env(site),
-                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
         self.t0 = time.time()
 
     @property
@@ -176,20 +181,33 @@ class Launched:
         return None
 
     def stop(self) -> int | None:
-        """SIGTERM to the launcher (it stops vLLM and waits for it), then the whole group."""
+        """SIGTERM to the launcher (it stops vLLM and waits for it); then SIGKILL to whatever
+        the launcher started that is still there (vLLM's engine core, its API server)."""
+        family = _descendants(self.proc.pid)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for child in family:
+            try:
+                child.kill()
+            except Exception:  # noqa: BLE001 - psutil.NoSuchProcess: already gone
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever of vLLM is left in the group
-        except (ProcessLookupError, PermissionError):
-            pass
         code = self.proc.wait()
         self._log.close()
         return code
+
+
+def _descendants(pid: int) -> list:
+    """The processes ``pid`` started, by psutil (which tells a reused pid from the same one)."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - no psutil, or the launcher is already gone
+        return []
 
 
 # --------------------------------------------------------------- the requests
@@ -278,8 +296,11 @@ def served_name(plan: dict) -> str:
 
 
 def batched_tokens(plan: dict) -> int:
+    """The plan's prefill chunk; the value SETS asks for where the dry run said nothing."""
     argv = plan.get("argv") or []
-    return int(argv[argv.index("--max-num-batched-tokens") + 1])
+    if "--max-num-batched-tokens" in argv:
+        return int(argv[argv.index("--max-num-batched-tokens") + 1])
+    return int(next(x for x in SETS if x.startswith("serve.max_num_batched_tokens=")).split("=")[1])
 
 
 # --------------------------------------------------------------- the inputs
@@ -457,7 +478,7 @@ def stock(args) -> None:
         else:
             ph.stop()
             facts = ph.record.get("log_facts") or {}
-            ph.record["stock_error"] = "start-up: " + (facts.get("error_line") or
+            ph.record["stock_error"] = "start-up: " + (facts.get("error_line") or facts.get("launcher_error") or
                                                        f"launcher exit {ph.record.get('exit_code')} before ready")
             ph.record["stock_outcome"] = "did not start"
     finally:
@@ -497,7 +518,7 @@ def meta(args) -> dict:
 PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phases", default="reference,dflash,stock")
     parser.add_argument("--model", type=Path, required=True)
@@ -513,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-arg", action="append", default=[],
                         help="one more vLLM argument (after `--`) for every server, e.g. --vllm-arg=--enforce-eager")
     parser.add_argument("--assemble-only", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # Absolute: the launcher and launcher bench run in a folder of their own.
     for key in ("model", "drafter", "work", "out"):

@@ -181,7 +181,10 @@ def log_facts(text: str) -> dict:
                  if "Using FlashAttention version" in ln})
     formats = sorted({ln.split("to be '", 1)[1].split("'", 1)[0] for ln in text.splitlines()
                       if "chat template content format to be '" in ln})
+    launcher = [ln for ln in text.splitlines() if ln.startswith(("error: ", "hint: "))]
     return {"forced_whole_mm_input": "Forcing --disable_chunked_mm_input" in text,
+            # the launcher's own refusal (a blocked preflight, a port in use), with its hint
+            "launcher_error": " ".join(launcher[:2]) or None,
             "forced_triton": parsed["log_forced_triton"],
             "backends": sorted(set(parsed["log_backends_explicit"] + parsed["log_backends_auto"])),
             "flash_attn_versions": fa, "chat_template_content_format": formats,

@@ -302,6 +302,13 @@ def test_log_facts():
     assert facts["error_line"] is None or "partial multimodal token" in facts["error_line"]
 
 
+def test_the_launchers_own_refusal_is_kept():
+    text = "recipe x\nerror: preflight blocks the start: no vLLM found\nhint: pass --vllm-python\n"
+    assert report.log_facts(text)["launcher_error"] == \
+        "error: preflight blocks the start: no vLLM found hint: pass --vllm-python"
+    assert report.log_facts(LOG)["launcher_error"] is None
+
+
 def test_stock_start_up_error_is_the_root_cause():
     text = LOG.replace("(EngineCore pid=1) ", "")
     assert "partial multimodal token full attention not supported" in report.log_facts(text)["error_line"]
@@ -522,3 +529,16 @@ def test_rows_of_another_vllm_stay_in_the_record(made, tmp_path):
     (tmp_path / "work" / "stock.json").write_text(json.dumps(_phases(reqs, vision)["stock"]))
     doc = served.assemble(tmp_path / "work", out, {})
     assert [(r["server"], r["vllm"]) for r in doc["servers"]] == [("dflash", "0.33.0"), ("stock", "0.21.0")]
+
+
+def test_remote_sh_calls_served_py_with_flags_it_knows():
+    import re
+
+    text = (GPU_DIR / "remote.sh").read_text()
+    body = text[text.index("\nserved() {"):text.index("\n}\n", text.index("\nserved() {"))]
+    call = body[body.index('"$PY" tests/gpu/served.py'):body.index("\n    tar ")]
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", call))
+    known = {o for a in served.build_parser()._actions for o in a.option_strings}
+    assert flags <= known, flags - known
+    assert {"--phases", "--model", "--drafter", "--site-patched", "--site-stock", "--work", "--out"} <= flags
+    assert "    served) served ;;" in text
