@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +93,7 @@ REFERENCE_SETS = ["drafter=null", "serve.enable_prefix_caching=false"]
 REFERENCE_EXTRA = ["--no-enable-prefix-caching"]  # vLLM's V1 default is on: off must be said
 
 READY = re.compile(r"ready in ([\d.]+) s: ")
+STOP_RESERVE_S = 75  # stopping a server (the launcher waits for vLLM's shutdown) and saving
 STARTING = "starting: "
 START_TIMEOUT_S = 480
 REQUEST_TIMEOUT_S = 300
@@ -187,7 +189,7 @@ class Launched:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=90)
+                self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         for child in family:
@@ -219,12 +221,12 @@ def client(url: str):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0, timeout=REQUEST_TIMEOUT_S)
 
 
-def send(cli, model: str, req: sr.Req) -> dict:
+def send(cli, model: str, req: sr.Req, timeout: float = REQUEST_TIMEOUT_S) -> dict:
     """One request through the openai client; its output record (token ids, top logits,
     usage), or the error."""
     rec: dict = {"id": req.id, "kind": req.kind, "images": req.images, "stream": req.stream}
     kwargs = dict(model=model, messages=sr.openai_messages(req), max_tokens=sr.MAX_TOKENS, temperature=0.0,
-                  seed=0, logprobs=True, top_logprobs=sr.TOP_LOGPROBS,
+                  seed=0, logprobs=True, top_logprobs=sr.TOP_LOGPROBS, timeout=timeout,
                   extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
     if req.tools:
         kwargs.update(tools=req.tools, tool_choice="auto")
@@ -263,11 +265,20 @@ def send(cli, model: str, req: sr.Req) -> dict:
     return rec
 
 
-def run_level(url: str, model: str, reqs: list[sr.Req], concurrency: int) -> list[dict]:
-    """Every request with ``concurrency`` in flight; outputs in request order."""
-    cli = client(url)
+def run_level(url: str, model: str, reqs: list[sr.Req], concurrency: int, deadline: float | None = None) -> list[dict]:
+    """Every request with ``concurrency`` in flight; outputs in request order. A request not
+    started by ``deadline`` is recorded as skipped (the call must end before the device cuts it)."""
+    cli = client(url) if deadline is None or time.time() < deadline else None
+
+    def one(req: sr.Req) -> dict:
+        if deadline is not None and time.time() > deadline:
+            return {"id": req.id, "kind": req.kind, "images": req.images, "error": "skipped: deadline"}
+        # A request in flight may not outlast the call either (the stop reserve stays).
+        left = REQUEST_TIMEOUT_S if deadline is None else deadline + STOP_RESERVE_S - 20 - time.time()
+        return send(cli, model, req, timeout=max(10.0, min(REQUEST_TIMEOUT_S, left)))
+
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(lambda r: send(cli, model, r), reqs))
+        return list(pool.map(one, reqs))
 
 
 def server_tokenize(url: str, model: str, req: sr.Req) -> list[int] | None:
@@ -343,6 +354,15 @@ class Phase:
     def left(self) -> float:
         return self.deadline - time.time()
 
+    @property
+    def last_request(self) -> float:
+        """No request starts after this: time to stop the server and save stays."""
+        return self.deadline - STOP_RESERVE_S
+
+    def failed(self, exc: BaseException) -> None:
+        traceback.print_exc()
+        self.record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+
     def plan(self) -> dict:
         plan = dry_run(self.serve, self.site, self.cwd)
         self.record["plan"] = plan
@@ -384,8 +404,10 @@ def reference(args) -> None:
             ph.record["passes"] = []
             for i in range(2):
                 t0 = time.time()
-                ph.record["passes"].append(run_level(ph.url, model, reqs, 1))
+                ph.record["passes"].append(run_level(ph.url, model, reqs, 1, ph.last_request))
                 print(f"[reference] pass {i + 1}: {time.time() - t0:.0f} s", flush=True)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next phase still runs
+        ph.failed(exc)
     finally:
         ph.stop()
         ph.save()
@@ -406,12 +428,14 @@ def dflash(args) -> None:
         ph.record["levels"] = {}
         for c in sr.CONCURRENCY:
             t0 = time.time()
-            ph.record["levels"][str(c)] = run_level(ph.url, model, reqs, c)
+            ph.record["levels"][str(c)] = run_level(ph.url, model, reqs, c, ph.last_request)
             print(f"[dflash] concurrency {c}: {time.time() - t0:.0f} s", flush=True)
         ph.record["metrics_after"] = scrape(ph.url)
         ph.record["prefix_cache"] = report.prefix_cache(reqs, ph.record["levels"]["1"], vision, tokenize)
         ph.save()  # the requests' record is kept even if the benchmark runs out of time
         bench(ph, model)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next phase still runs
+        ph.failed(exc)
     finally:
         ph.stop()
         ph.save()
@@ -424,6 +448,8 @@ def bench_phase(args) -> None:
         plan = ph.plan()
         if ph.start():
             bench(ph, served_name(plan))
+    except Exception as exc:  # noqa: BLE001 - recorded
+        ph.failed(exc)
     finally:
         ph.stop()
         ph.save()
@@ -481,6 +507,8 @@ def stock(args) -> None:
             ph.record["stock_error"] = "start-up: " + (facts.get("error_line") or facts.get("launcher_error") or
                                                        f"launcher exit {ph.record.get('exit_code')} before ready")
             ph.record["stock_outcome"] = "did not start"
+    except Exception as exc:  # noqa: BLE001 - recorded
+        ph.failed(exc)
     finally:
         ph.stop()
         ph.save()

@@ -203,6 +203,7 @@ def _common(phase: dict) -> dict:
         "started_by": phase.get("started_by"), "argv": phase.get("argv"),
         "env": {k: v for k, v in (plan.get("env") or {}).items()},
         "started": phase.get("started"), "ready_s": phase.get("ready_s"),
+        "phase_error": phase.get("error"), "skipped": phase.get("skipped"),
         "preflight_blocking": [r["message"] for r in plan.get("reasons") or [] if r.get("blocking")],
         "log": phase.get("log_facts"),
     }
@@ -372,7 +373,7 @@ def markdown(doc: dict) -> str:
         if r.get("test_gpu"):
             lines.append(f"- test GPU: {r['test_gpu'].get('stands_in_for')} <- {r['test_gpu'].get('gpu')}: "
                          f"{_cell(r['test_gpu'].get('sets'))}")
-        for key in ("stock_outcome", "refused_without_force", "preflight_blocking", "bench_skipped", "bench_summary",
+        for key in ("phase_error", "skipped", "stock_outcome", "refused_without_force", "preflight_blocking", "bench_skipped", "bench_summary",
                     "reproducible", "lossless_reason", "lossless_by_kind", "nondegenerate",
                     "chunk_boundary", "prefix_cache", "tool", "acceptance", "images_change_detail", "first_image",
                     "log", "errors"):

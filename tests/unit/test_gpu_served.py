@@ -542,3 +542,13 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     assert flags <= known, flags - known
     assert {"--phases", "--model", "--drafter", "--site-patched", "--site-stock", "--work", "--out"} <= flags
     assert "    served) served ;;" in text
+
+
+def test_requests_after_the_deadline_are_skipped_not_sent(made):
+    reqs, _, _ = made
+    import time
+
+    outs = served.run_level("http://127.0.0.1:9", "gemma4", reqs[:3], 2, deadline=time.time() - 1)
+    assert [o["error"] for o in outs] == ["skipped: deadline"] * 3 and [o["id"] for o in outs] == [r.id for r in reqs[:3]]
+    verdict = report.judge([_out(r.id, r.kind, [1]) for r in reqs[:3]], outs)
+    assert not verdict["lossless"] and len(verdict["errors"]) == 3
