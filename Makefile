@@ -129,6 +129,15 @@ gpu-trained: gpu-realshape-stage
 	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-drafter
 	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-trained
 
+## make gpu-served: issue 26 on a GPU host (kind nvidia-h100-x1): stage the bundle and FA2, train the
+## target, then every served phase in one go (tests/gpu/README.md, "Served (issue 26)")
+.PHONY: gpu-served
+gpu-served: gpu-stage
+	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2
+	bash tests/gpu/remote.sh receive
+	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-target
+	SERVED_DEADLINE_S=$${SERVED_DEADLINE_S:-3600} OUT=tests/gpu/results bash tests/gpu/remote.sh served
+
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time
 ## benchmark at Gemma 4 26B-A4B widths, write tests/gpu/results/bench.{json,md} (tests/gpu/README.md)
 bench-gpu: gpu-stage

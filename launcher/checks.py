@@ -7,6 +7,7 @@ from __future__ import annotations
 from launcher.plan import Context, PatchState, Plan, Request, assemble
 from launcher.preflight import Reason
 from launcher.profiles import PROFILES
+from launcher.testgpu import can_stand_in
 from launcher.vllm_compat import nearest_release, parse_version
 
 DRIVER_HINT = "install the NVIDIA driver (570 or newer for Blackwell) so that nvidia-smi works"
@@ -56,17 +57,24 @@ def hardware(plan: Plan, rec, ctx: Context) -> None:
         plan.reasons.append(Reason("hardware", f"no NVIDIA GPU detected: {why}", hint=DRIVER_HINT))
         return
     fitting = [PROFILES[p] for p in rec.profiles]
-    if gpu.capability not in {p.capability for p in fitting}:
+    if plan.test_gpu is not None:
+        # launcher.testgpu swapped the knobs this GPU cannot run; every other check stays.
+        plan.reasons.append(
+            Reason("hardware", f"test GPU: {plan.test_gpu.line()}", blocking=False,
+                   hint="--test-gpu: a stand-in for testing, not a supported card")
+        )
+    elif gpu.capability not in {p.capability for p in fitting}:
         wanted = ", ".join(f"{p.sm} ({p.name})" for p in fitting)
         plan.reasons.append(
             Reason("hardware", f"{gpu.name} is {gpu.sm}; recipe {rec.name} is built for {wanted}",
-                   hint="use a matching GPU, or --force to try anyway")
+                   hint="use a matching GPU, or --force to try anyway"
+                        + ("; on a Hopper test GPU, --test-gpu" if can_stand_in(gpu) else ""))
         )
     if gpu.memory_gib < rec.min_gpu_memory_gib:
         plan.reasons.append(
             Reason("hardware", f"{gpu.name} has {gpu.memory_gib:g} GiB; recipe {rec.name} needs {rec.min_gpu_memory_gib:g} GiB")
         )
-    if gpu.capability != profile.capability:
+    if gpu.capability != profile.capability and plan.test_gpu is None:
         plan.reasons.append(
             Reason("hardware", f"profile {profile.name} is for {profile.sm} but the GPU is {gpu.sm}", blocking=False)
         )

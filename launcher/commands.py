@@ -64,6 +64,7 @@ def serve(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and preflight; start nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: the plan as JSON.")] = False,
     force: Annotated[bool, typer.Option(help="Start even if preflight blocks.")] = False,
+    test_gpu: Annotated[bool, typer.Option("--test-gpu", help="Plan on a Hopper (sm_90) test GPU standing in for the profile's sm_12x card: swaps the Blackwell-only FP4 kernels for Marlin and scales the memory fraction to the card's budget, prints the --set items that implies, keeps every other preflight check (tests/gpu/README.md, 'Served').")] = False,
     wait: Annotated[bool, typer.Option(help="Native: wait for /health, send one chat request, print the endpoint.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 1800.0,
 ) -> None:
@@ -81,6 +82,7 @@ def serve(
     req = plans.Request(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
+        test_gpu=test_gpu,
     )
     from launcher import checks
 
@@ -97,6 +99,8 @@ def serve(
         )
     for warning in plan.warnings:
         typer.echo(f"warning: {warning}", err=True)
+    if plan.test_gpu:
+        typer.echo(f"test GPU: {plan.test_gpu.line()}", err=True)
     if runtime == "docker":
         from launcher.runtime import docker as docker_runtime
 

@@ -25,6 +25,7 @@ from launcher.hardware import HostInfo
 from launcher.paths import models_dir
 from launcher.preflight import Reason
 from launcher.profiles import DEFAULT_PROFILE, PROFILES, profile_for_capability
+from launcher.testgpu import StandIn, can_stand_in, stand_in
 from launcher.vllm_env import VllmEnv
 
 
@@ -67,6 +68,9 @@ class Plan:
     reasons: list[Reason] = field(default_factory=list)
     # The recipe as resolved (--set and the profile applied): what the checks read.
     spec: recipes.Recipe | None = field(default=None, repr=False, compare=False)
+    # --test-gpu: the GPU standing in for the profile's card and the --set items it implied
+    # (launcher.testgpu); None without --test-gpu or when nothing could stand in.
+    test_gpu: StandIn | None = None
 
     @property
     def blocking(self) -> list[Reason]:
@@ -100,6 +104,8 @@ class Request:
     image: str | None = None
     sets: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
+    # Plan for a Hopper test GPU standing in for the profile's sm_12x card (launcher.testgpu).
+    test_gpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,14 @@ def assemble(req: Request, ctx: Context) -> Plan:
     reasons: list[Reason] = []
     warnings: list[str] = []
     profile, profile_source = _choose_profile(req, rec, ctx.host, reasons)
+    standing_in = _test_gpu(req, rec, profile, ctx.host, field_sets, warnings)
+    if standing_in is not None:
+        # Applied as --set items that come before the user's (stand_in skips every field the user set).
+        for dotted, value, _ in standing_in.sets:
+            rec = recipes.set_field(rec, dotted, value)
+        field_sets = {**{k: v for k, v, _ in standing_in.sets}, **field_sets}
+        profile_source = ("--profile" if req.profile else "the recipe's default") + \
+            f", on a {standing_in.gpu.sm} test GPU (--test-gpu)"
     rec = _sets_beat_profile(rec, profile, field_sets)
     built = _built_image(req, rec, profile, ctx) if req.runtime == "docker" else None
     version, version_source = _choose_version(req, rec, ctx, reasons, built)
@@ -212,10 +226,28 @@ def assemble(req: Request, ctx: Context) -> Plan:
         warnings=warnings,
         reasons=reasons,
         spec=rec,
+        test_gpu=standing_in,
     )
     _safety(plan, rec, ctx, req.extra_args)
     _drafter_kernel_risk(plan, rec)
     return plan
+
+
+def _test_gpu(req: Request, rec, profile: str, host: HostInfo, field_sets: dict[str, str],
+              warnings: list[str]) -> StandIn | None:
+    """--test-gpu on a GPU that may stand in for the profile's card; None (with a warning) otherwise.
+    The hardware check (launcher.checks) still refuses a GPU that matches no profile."""
+    if not req.test_gpu:
+        return None
+    gpu = host.gpu
+    if gpu is not None and gpu.capability == PROFILES[profile].capability:
+        warnings.append(f"--test-gpu: {gpu.name} ({gpu.sm}) is the card profile {profile} is for; nothing to stand in")
+        return None
+    if not can_stand_in(gpu):
+        what = f"{gpu.name} ({gpu.sm})" if gpu else "no GPU was detected"
+        warnings.append(f"--test-gpu: {what} cannot stand in for {PROFILES[profile].sm}; only Hopper (sm_90) does")
+        return None
+    return stand_in(rec, profile, gpu, field_sets)
 
 
 def default_image(version: str, profile: str) -> str:
@@ -467,6 +499,7 @@ def to_dict(plan: Plan) -> dict:
         "patches": [{"id": p.id, "applied": p.applied, "detail": p.detail} for p in plan.patches],
         "warnings": plan.warnings,
         "reasons": [{"area": r.area, "message": r.message, "blocking": r.blocking, "hint": r.hint} for r in plan.reasons],
+        "test_gpu": plan.test_gpu.to_dict() if plan.test_gpu else None,
         "verdict": "blocked" if plan.blocking else "ready",
     }
 
@@ -484,6 +517,9 @@ def format_plan(plan: Plan) -> str:
     ]
     if plan.drafter:
         lines.append(f"drafter       {plan.drafter}")
+    if plan.test_gpu:
+        lines.append(f"test GPU      {plan.test_gpu.line()}")
+        lines.extend(f"              note: {note}" for note in plan.test_gpu.notes)
     lines.append(f"endpoint      http://{plan.host}:{plan.port}/v1" + ("  (API key set)" if plan.api_key else ""))
     lines.append("environment")
     shown = redact.env(plan.env)

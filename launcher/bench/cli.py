@@ -27,7 +27,7 @@ def bench(
     profile: Annotated[Optional[str], typer.Option("--profile", help="Profile whose max_num_seqs is concurrency 'max' (default: the recipe's).")] = None,
     workload_: Annotated[list[str], typer.Option("--workload", help="Run only these workloads of the recipe (repeatable).")] = [],
     client: Annotated[str, typer.Option("--client", help="auto (vllm bench serve when installed) | vllm | builtin.")] = "auto",
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="For vllm bench serve: tokenizer folder or repo (default: the model folder if present).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="The served model's folder (or, for vllm bench serve, a tokenizer repo); default: the recipe's model folder if present. A folder's vocabulary bounds the random prompts' token ids.")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", help="API key of the server (default: $VLLM_API_KEY); never printed.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Result JSON (default: bench-<recipe>-<UTC time>.json here).")] = None,
     compare_without_drafter: Annotated[bool, typer.Option("--compare-without-drafter", help="Also print the same workloads on the recipe without its drafter.")] = False,
@@ -57,8 +57,10 @@ def bench(
     earlier = _read_baseline(baseline_result) if compare_without_drafter and baseline_result else None
     key = api_key or os.environ.get("VLLM_API_KEY") or None
     tok = tokenizer or _local_model(rec)
+    from launcher.bench import workload as workloads
+
     kwargs = dict(model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
-                  tokenizer=tok, timeout=timeout, echo=typer.echo)
+                  tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok))
     # Each finished run is written at once, so an error or Ctrl-C later loses none of it.
     doc = runner.bench(rec, base_url=url, on_run=lambda partial: _write(path, partial), **kwargs)
     if compare_without_drafter:

@@ -67,7 +67,7 @@ def pick_client(choice: str) -> str:
 
 def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None, profile: str | None,
           only: list[str] | None, client_choice: str, tokenizer: str | None, timeout: float, echo: Echo,
-          on_run: Callable[[dict], None] | None = None) -> dict:
+          on_run: Callable[[dict], None] | None = None, vocab_size: int | None = None) -> dict:
     """Every run of the recipe's workloads; ``on_run`` gets the document after each run (partial results)."""
     base_url = base_url.rstrip("/")
     runs = workload.runs(rec, profile=profile, only=only)
@@ -84,6 +84,7 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
         "profile": profile_name,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "speculative_decoding": spec_before is not None,
+        "random_token_band": list(workload.token_band(vocab_size)),
         "sampling": {"temperature": rec.bench.temperature, "seed": rec.bench.seed, "ignore_eos": rec.bench.ignore_eos},
         "runs": [],
     }
@@ -100,7 +101,7 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
                                                 ignore_eos=rec.bench.ignore_eos, timeout=timeout, echo=echo)
         else:
             with progress.Requests(label, run.num_prompts) as bar:
-                measured = client.run_level(target, run, workload.prompts(run, rec.bench.seed),
+                measured = client.run_level(target, run, workload.prompts(run, rec.bench.seed, vocab_size),
                                             temperature=rec.bench.temperature, seed=rec.bench.seed,
                                             ignore_eos=rec.bench.ignore_eos, timeout=timeout,
                                             on_done=lambda _res: bar.advance())

@@ -61,11 +61,12 @@ def runs(rec: Recipe, *, profile: str | None, only: list[str] | None) -> list[Ru
     return out
 
 
-def prompts(run: Run, seed: int) -> list[str | list[int]]:
-    """The run's prompts: token-id lists (random) or texts (the bundled set, cycled)."""
+def prompts(run: Run, seed: int, vocab_size: int | None = None) -> list[str | list[int]]:
+    """The run's prompts: token-id lists (random) or texts (the bundled set, cycled).
+    ``vocab_size``: the served model's, when known (random ids then stay inside it)."""
     if run.workload.dataset == "random":
         rng = random.Random(f"{seed}:{run.key}")
-        low, high = RANDOM_TOKEN_RANGE
+        low, high = token_band(vocab_size)
         return [[rng.randrange(low, high) for _ in range(run.workload.input_len)] for _ in range(run.num_prompts)]
     texts = bundled_prompts()
     return [texts[i % len(texts)] for i in range(run.num_prompts)]
@@ -73,3 +74,34 @@ def prompts(run: Run, seed: int) -> list[str | list[int]]:
 
 def bundled_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in PROMPTS_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def token_band(vocab_size: int | None) -> tuple[int, int]:
+    """Where random token ids come from: RANDOM_TOKEN_RANGE, cut to a smaller vocabulary.
+
+    vLLM refuses a prompt holding an id past the model's vocabulary ("Token id ... is
+    out of vocabulary"), so a small model (the GPU harness's trained target has 8,192
+    ids) needs the band cut; the lower end stays above the special tokens where the
+    vocabulary leaves room."""
+    low, high = RANDOM_TOKEN_RANGE
+    if vocab_size is None or vocab_size >= high:
+        return low, high
+    if vocab_size > 2 * low:
+        return low, vocab_size
+    return vocab_size // 2, vocab_size
+
+
+def vocab_size(folder: str | Path | None) -> int | None:
+    """The vocabulary of a local model folder (its config.json, text_config first); None when unknown."""
+    if not folder:
+        return None
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for block in (config.get("text_config"), config):
+        value = block.get("vocab_size") if isinstance(block, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

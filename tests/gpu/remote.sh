@@ -8,6 +8,8 @@
 #   remote.sh proof [ROUND..]  install, make the checkpoints, run ROUNDs (stock, patched;
 #                              default both), compare, write results under $OUT
 #   remote.sh full-size-checkpoints | fit | full-bench   issue 27 (tests/gpu/README.md, "Full size")
+#   remote.sh served           issue 26: servers started by `launcher serve`, chat with
+#                              images, `launcher bench` (SERVED_PHASES narrows; README)
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -516,6 +518,30 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     tar -C "$WORK" -czf "$OUT/realshape-logs-trained.tar.gz" realshape-raw-trained
 }
 
+served() { # issue 26: `launcher serve` servers, chat with images, `launcher bench` (tests/gpu/served.py)
+    # SERVED_PHASES narrows (reference, dflash, stock, bench); a device call holds about two of them
+    # (tests/gpu/README.md, "Served (issue 26)"). Raw phases stay in $WORK/served between calls,
+    # and every call re-renders served.json / served.md from all of them.
+    install
+    extras   # FA2: the servers force it, as sm_12x runs FLASH_ATTN
+    mkdir -p "$OUT" "$WORK/served"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    [ -f "$TRAINED/train-record.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
+    [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
+        || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
+    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    local drafter=${SERVED_DRAFTER:-$MODELS_TRAINED/dflash-r5-for-trained} extra=() item
+    # SERVED_SETS / SERVED_VLLM_ARGS: more --set items / vLLM arguments for every server,
+    # space-separated (e.g. SERVED_VLLM_ARGS=--enforce-eager), recorded in served.json.
+    for item in ${SERVED_SETS:-}; do extra+=(--set "$item"); done
+    for item in ${SERVED_VLLM_ARGS:-}; do extra+=("--vllm-arg=$item"); done
+    PYTHONPATH=.:$SITE "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
+        --model "$TRAINED" --drafter "$drafter" --site-patched "$SITE_PATCHED:$SITE" --site-stock "$SITE" \
+        --series-hash "$(series_hash)" --work "$WORK/served" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
+        --deadline-s "${SERVED_DEADLINE_S:-540}" "${extra[@]}"
+    tar -C "$WORK/served" -czf "$OUT/served-logs.tar.gz" --exclude=./cwd .
+}
+
 bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results under $OUT
     local t0=$SECONDS budget=${BENCH_BUDGET_S:-525}
     install
@@ -632,5 +658,6 @@ case "$cmd" in
     full-size-checkpoints) full_size_checkpoints ;;
     fit) fit ;;
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|full-size-checkpoints|fit|full-bench" >&2; exit 2 ;;
+    served) served ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|full-size-checkpoints|fit|full-bench|served" >&2; exit 2 ;;
 esac

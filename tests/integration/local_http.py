@@ -19,8 +19,8 @@ class LocalHTTP:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         raise NotImplementedError
 
-    def _listen(self) -> None:
-        self._server = _Server(("127.0.0.1", 0), self._handler())
+    def _listen(self, port: int = 0) -> None:
+        self._server = _Server(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

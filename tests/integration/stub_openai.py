@@ -1,6 +1,12 @@
 """A stub OpenAI-compatible server on 127.0.0.1 standing in for a GPU-bound
-``vllm serve``: ``/v1/models``, streaming ``/v1/completions`` and a
-Prometheus ``/metrics`` with vLLM 0.21.0's speculative-decoding counters.
+``vllm serve``: ``/health``, ``/v1/models``, streaming ``/v1/completions``,
+``/v1/chat/completions`` (plain and streamed, with vLLM's logprobs and
+``return_tokens_as_token_ids``), ``/tokenize`` and a Prometheus ``/metrics``
+with vLLM 0.21.0's speculative-decoding counters.
+
+Chat answers are greedy-like: the token ids are a function of the request's
+messages alone (a different image gives other tokens, the same request the
+same tokens on every server), so tests/gpu/served.py's verdicts can be run here.
 
 Its behaviour is set, so tests know the truth to compare against: the first
 chunk comes after ``ttft_s``, then one chunk every ``chunk_s`` carrying
@@ -12,6 +18,7 @@ target's own), split over two engines' series as a multi-engine vLLM does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -39,7 +46,7 @@ class Behaviour:
 
 
 class StubServer(LocalHTTP):
-    def __init__(self, behaviour: Behaviour):
+    def __init__(self, behaviour: Behaviour, port: int = 0):
         self.b = behaviour
         self.lock = threading.Lock()
         self.drafts = [0, 0]
@@ -48,7 +55,9 @@ class StubServer(LocalHTTP):
         self.per_pos = [[0] * behaviour.num_spec_tokens for _ in range(2)]
         self.completions = 0
         self.bodies: list[dict] = []
-        self._listen()
+        self.chats: list[dict] = []
+        self.prefixes: set[str] = set()
+        self._listen(port)
 
     def _count_step(self, engine: int) -> None:
         accepted = self.b.tokens_per_chunk - 1
@@ -96,6 +105,8 @@ class StubServer(LocalHTTP):
                 return True
 
             def do_GET(self) -> None:
+                if self.path == "/health":
+                    return self._json(200, {})
                 if self.path == "/metrics":
                     body = stub.metrics_text().encode()
                     self.send_response(200)
@@ -111,6 +122,11 @@ class StubServer(LocalHTTP):
                     self._json(404, {"error": "not found"})
 
             def do_POST(self) -> None:
+                if self.path in ("/v1/chat/completions", "/tokenize"):
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    if self.path == "/tokenize":
+                        return self._json(200, tokenize_response(body))
+                    return chat_response(stub, self, body)
                 if self.path != "/v1/completions":
                     return self._json(404, {"error": "not found"})
                 if not self._authorized():
@@ -169,3 +185,93 @@ class StubServer(LocalHTTP):
                 self.wfile.write(body)
 
         return Handler
+
+
+# ------------------------------------------------------------------ chat
+
+
+def _prompt_text(messages: list[dict]) -> str:
+    """The request's messages as one string; an image part is its URL (its bytes)."""
+    parts = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, str):
+            parts.append(f"{m['role']}:{content}")
+            continue
+        for p in content:
+            parts.append(f"{m['role']}:" + (p["text"] if p["type"] == "text" else p["image_url"]["url"]))
+    return "\n".join(parts)
+
+
+def chat_tokens(messages: list[dict], n: int) -> list[int]:
+    """The ``n`` token ids the stub answers ``messages`` with (from a hash of them)."""
+    seed = int(hashlib.sha256(_prompt_text(messages).encode()).hexdigest()[:8], 16)
+    return [100 + (seed + 37 * i * i) % 7000 for i in range(n)]
+
+
+def chat_response(self: StubServer, handler, body: dict) -> None:
+    """vLLM's chat completion shape: choices[0].message / delta, logprobs.content with
+    top_logprobs (the sampled token first), usage with prompt_tokens_details."""
+    with self.lock:
+        self.chats.append(body)
+    if body.get("model") != self.b.model:
+        return handler._json(404, {"error": f"model {body.get('model')} does not exist"})
+    n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    ids = chat_tokens(body["messages"], n)
+    as_ids = body.get("return_tokens_as_token_ids")
+    name = (lambda t: f"token_id:{t}") if as_ids else (lambda t: f"t{t}")
+    k = int(body.get("top_logprobs") or 0)
+
+    def logprob(i: int, t: int) -> dict:
+        top = [{"token": name(t), "logprob": 20.0, "bytes": None}] + \
+              [{"token": name(t + j), "logprob": 20.0 - 1.5 * j, "bytes": None} for j in range(1, k)]
+        return {"token": name(t), "logprob": 20.0, "bytes": None, "top_logprobs": top[:k]}
+
+    prompt = _prompt_text(body["messages"])
+    prompt_tokens = len(prompt.split())
+    with self.lock:  # "cached": the longest earlier prompt this one starts with, in whole 16-token blocks
+        cached = max((len(p.split()) for p in self.prefixes if prompt.startswith(p) and p != prompt), default=0)
+        self.prefixes.add(prompt)
+    if self.b.drafter:  # _count_step takes the lock itself
+        for _ in range(n // 4):
+            self._count_step(0)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+    if cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached // 16 * 16}
+    text = "".join(f" w{t}" for t in ids)
+    tool_calls = [] if body.get("tools") else None
+    if not body.get("stream"):
+        choice = {"index": 0, "finish_reason": "length",
+                  "message": {"role": "assistant", "content": text, "tool_calls": tool_calls or []},
+                  "logprobs": {"content": [logprob(i, t) for i, t in enumerate(ids)]} if body.get("logprobs") else None}
+        return handler._json(200, {"id": "chatcmpl-stub", "object": "chat.completion", "created": 0,
+                                   "model": self.b.model, "choices": [choice], "usage": usage})
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.close_connection = True
+    step = max(1, self.b.tokens_per_chunk)
+    for i in range(0, n, step):
+        part = ids[i:i + step]
+        choice = {"index": 0, "delta": {"content": "".join(f" w{t}" for t in part)},
+                  "finish_reason": "length" if i + step >= n else None,
+                  "logprobs": {"content": [logprob(i + j, t) for j, t in enumerate(part)]} if body.get("logprobs") else None}
+        handler._event({"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0,
+                        "model": self.b.model, "choices": [choice]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        handler._event({"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0,
+                        "model": self.b.model, "choices": [], "usage": usage})
+    handler.wfile.write(b"data: [DONE]\n\n")
+    handler.wfile.flush()
+
+
+def tokenize_response(body: dict) -> dict:
+    """A prompt's ids: one id per word, an image as the Gemma 4 span (boi, 64 x image, eoi)."""
+    ids: list[int] = [2]
+    for m in body.get("messages") or []:
+        content = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+        for p in content:
+            ids += [7] + [9] * 64 + [8] if p["type"] == "image_url" else [50] * len(p["text"].split())
+    return {"count": len(ids), "tokens": ids, "max_model_len": 4096}
+

@@ -220,3 +220,17 @@ def test_client_vllm_runs_vllm_bench_serve_and_maps_its_result(tmp_path):
     assert all(c[c.index("--base-url") + 1] == server.url and c[c.index("--model") + 1] == "gemma4" for c in calls)
     # The drafter's acceptance still comes from the server's own /metrics around each run.
     assert all(r["spec_decode"] is not None for r in doc["runs"])
+
+
+def test_random_ids_stay_inside_the_vocabulary_of_the_tokenizer_folder(tmp_path):
+    """The GPU harness benches a trained target of 8,192 ids: vLLM would refuse ids up to 30,000."""
+    model = tmp_path / "small-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 8192}}))
+    with StubServer(Behaviour()) as stub:
+        proc = launcher(["bench", "--recipe", str(small_recipe(tmp_path)), "--url", stub.url, "--client", "builtin",
+                         "--tokenizer", str(model), "--out", "res.json"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ids = [t for b in stub.bodies if isinstance(b["prompt"], list) for t in b["prompt"]]
+    assert ids and max(ids) < 8192 and min(ids) >= 1000
+    assert json.loads((tmp_path / "res.json").read_text())["random_token_band"] == [1000, 8192]

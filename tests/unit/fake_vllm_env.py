@@ -57,6 +57,17 @@ def make_env(root: Path, version: str = "0.33.0", *, with_vllm: bool = True) -> 
         return python
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
+    make_site(site, version)
+    script = python.parent / "vllm"
+    # What pip writes for a console script: the venv's python on the #! line.
+    script.write_text(f"#!{python}\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    return python
+
+
+def make_site(site: Path, version: str = "0.21.0") -> Path:
+    """The stand-in ``vllm`` package and its dist-info in ``site``: a venv's purelib, or a plain
+    folder put on PYTHONPATH (how the GPU harness installs vLLM: pip --target)."""
     pkg = site / "vllm"
     (pkg / "entrypoints" / "cli").mkdir(parents=True)
     (pkg / "__init__.py").write_text(f'__version__ = "{version}"\n')
@@ -66,8 +77,4 @@ def make_env(root: Path, version: str = "0.33.0", *, with_vllm: bool = True) -> 
     info = site / f"vllm-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    script = python.parent / "vllm"
-    # What pip writes for a console script: the venv's python on the #! line.
-    script.write_text(f"#!{python}\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n")
-    script.chmod(0o755)
-    return python
+    return site

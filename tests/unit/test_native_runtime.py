@@ -242,3 +242,33 @@ def test_a_failure_after_the_start_stops_the_child(envs, record, models, monkeyp
     finally:
         if psutil.pid_exists(pid):
             psutil.Process(pid).kill()
+
+
+def test_a_vllm_site_on_pythonpath_is_inspected_and_run_on_loopback(tmp_path, record):
+    """The GPU harness's way (tests/gpu/served.py): vLLM pip-installed with --target into a
+    folder, that folder on PYTHONPATH; `launcher serve` inspects and starts it with its own
+    Python, on 127.0.0.1 unless told otherwise."""
+    from pathlib import Path
+
+    from tests.unit.fake_vllm_env import make_site
+
+    site = make_site(tmp_path / "site", "0.21.0")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]), "MODELS_DIR": str(tmp_path / "m"),
+           "FAKE_RECORD": str(record)}
+    port = _free_port()
+    args = [sys.executable, "-m", "launcher", "serve", "--recipe", "gemma4-e4b", "--port", str(port)]
+    plan = json.loads(subprocess.run(args + ["--dry-run", "--json"], env=env, cwd=tmp_path, capture_output=True,
+                                     text=True, timeout=120).stdout)
+    assert plan["vllm_version"] == "0.21.0" and plan["vllm_version_source"] == "installed"
+    assert plan["vllm_python"] == sys.executable
+    assert plan["argv"][plan["argv"].index("--host") + 1] == "127.0.0.1"
+    # No GPU here: --force past the hardware reason; the fake vLLM answers one chat and exits 3.
+    proc = subprocess.run(args + ["--force", "--wait", "--timeout", "60"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    rec = json.loads(record.read_text())
+    assert rec["python"] == sys.executable and rec["version"] == "0.21.0"
+    assert rec["argv"][rec["argv"].index("--host") + 1] == "127.0.0.1"
+    assert rec["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(site)
+    assert "ready in" in proc.stdout and f"http://127.0.0.1:{port}/v1" in proc.stdout

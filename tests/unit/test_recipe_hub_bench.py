@@ -206,3 +206,22 @@ def test_the_text_recipe_names_models_pull_for_its_missing_checkpoint(models):
                                    "--vllm-version", "0.21.0"])
     hints = {r["area"]: r["hint"] for r in json.loads(res.stdout)["reasons"]}
     assert hints["checkpoint"] == "fetch it with: launcher models pull --recipe gemma4-moe-dflash-text"
+
+
+def test_random_prompts_stay_inside_a_small_models_vocabulary(tmp_path):
+    """vLLM refuses an id past the vocabulary: the harness's trained target has 8,192."""
+    rec = parse(tail=BENCH)
+    a = workload.runs(rec, profile=None, only=None)[0]
+    assert workload.token_band(None) == workload.token_band(262144) == workload.RANDOM_TOKEN_RANGE
+    assert workload.token_band(8192) == (1000, 8192)
+    assert workload.token_band(1500) == (750, 1500)
+    ids = workload.prompts(a, seed=0, vocab_size=8192)
+    assert all(1000 <= t < 8192 for p in ids for t in p)
+    assert workload.prompts(a, seed=0) == workload.prompts(a, seed=0, vocab_size=None)  # unchanged without one
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"text_config": {"vocab_size": 8192}, "vocab_size": 5}')
+    assert workload.vocab_size(tmp_path / "m") == 8192
+    (tmp_path / "m" / "config.json").write_text('{"vocab_size": 4096}')
+    assert workload.vocab_size(tmp_path / "m") == 4096
+    assert workload.vocab_size(tmp_path / "nothing") is None and workload.vocab_size(None) is None
+    assert workload.vocab_size("google/gemma-4-26B-A4B-it") is None  # a repo id, not a folder

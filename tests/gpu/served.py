@@ -1,0 +1,595 @@
+"""Issue 26 on the GPU: servers started by `launcher serve`, chat through the `openai` client, `launcher bench`.
+
+Three phases, each its own server on 127.0.0.1, each leaving a raw record in
+``--work`` (``<phase>.json``, ``<phase>.log``); every call then re-renders
+``served.json`` / ``served.md`` in ``--out`` from all phases present, so the
+phases may run in separate device calls on one warm machine:
+
+* ``reference``: the recipe without its drafter (``--set drafter=null``), prefix
+  caching off, the 22 requests of served_requests.build one at a time, twice
+  (a verdict needs both passes to agree);
+* ``dflash``: the recipe as is, the same requests at 1, 8 and 22 in flight, the
+  drafter's acceptance from ``/metrics`` around them, then ``launcher bench
+  --recipe gemma4-moe-dflash`` against the same server;
+* ``stock``: unpatched vLLM. The launcher refuses it (the required patches are not
+  applied): the refusal is recorded from ``--dry-run --json``, then it is started
+  with ``--force`` and the first error (start-up, or the first image request) is
+  recorded as ``stock_error``;
+* ``bench``: the ``dflash`` server again, for ``launcher bench`` alone, where the
+  ``dflash`` phase ran out of time for it (one device call is 10 minutes).
+
+Every server is `launcher serve --recipe gemma4-moe-dflash --test-gpu ...
+--wait`, run by the interpreter that runs this file with ``PYTHONPATH`` = the vLLM
+site (the launcher then inspects and starts that vLLM: launcher/vllm_env.py).
+The --set items and extra vLLM arguments every server gets are in ``SETS`` and
+``EXTRA_ARGS``, each with its reason.
+
+``python tests/gpu/served.py --phases reference,dflash,stock --model M --drafter D
+--site-patched P1:P2 --site-stock S --work W --out O`` (``remote.sh served`` wraps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import served_report as report  # noqa: E402
+import served_requests as sr  # noqa: E402
+
+RECIPE = "gemma4-moe-dflash"
+PORTS = {"dflash": 8000, "reference": 8001, "stock": 8002, "bench": 8000}
+
+# --set items every server gets: the GPU harness's trained target in place of the 26B.
+SETS = [
+    # The trained target is bf16: its NVFP4 copy's one-at-a-time reference does not reproduce
+    # on Hopper (Marlin; tests/gpu/README.md, "What the H100 runs found", item 4).
+    "target.format=bf16",
+    # vLLM 0.21.0 refuses every FP4 MoE backend name for an unquantized MoE ("moe_backend='marlin'
+    # is not supported for unquantized MoE"): the bf16 target's MoE backend is vLLM's choice.
+    "intent.moe_fp4_backend=auto",
+    # The target's max_position_embeddings: its rotary tables end there.
+    "serve.max_model_len=4096",
+    # With chunked multimodal input off (forced for Gemma 4) a chunk must hold the largest
+    # multimodal item: 32 video frames x 78 tokens = 2,496 (gemma4_mm.get_mm_max_tokens_per_item);
+    # 2,560 is also a boundary a ~2,600-token prompt crosses (the chunk-boundary request).
+    "serve.max_num_batched_tokens=2560",
+    # The device bundle leaves FlashInfer out (tests/gpu/bundle-requirements.txt).
+    "VLLM_USE_FLASHINFER_SAMPLER=0",
+]
+# Extra vLLM arguments (after `--`), the same on every server.
+EXTRA_ARGS = [
+    # FLASH_ATTN as sm_12x runs it (FA2; Hopper would pick FA3).
+    "--attention-config", '{"flash_attn_version": 2}',
+    # The "logprobs" are the raw logits: compare.py's tie rule measures bf16 steps of logits.
+    "--logprobs-mode", "raw_logits",
+    # usage.prompt_tokens_details.cached_tokens: the prefix-cache hit of each request.
+    "--enable-prompt-tokens-details",
+    # vLLM 0.21.0 + transformers 5.13.1 cannot profile Gemma 4's vision encoder with the
+    # processor cache on (tests/gpu/README.md, "What the H100 runs found", item 8).
+    "--mm-processor-cache-gb", "0",
+    # The trained target's template loops over a macro argument, which vLLM's detection reads
+    # as the "string" format; that format moves every image to the front of its message.
+    "--chat-template-content-format", "openai",
+]
+# The reference: no drafter, every prompt computed from scratch (a prefix-cache hit computes
+# the rest of a prompt in another batch shape, which moves near-tie argmaxes: realshape.py).
+REFERENCE_SETS = ["drafter=null", "serve.enable_prefix_caching=false"]
+REFERENCE_EXTRA = ["--no-enable-prefix-caching"]  # vLLM's V1 default is on: off must be said
+
+READY = re.compile(r"ready in ([\d.]+) s: ")
+STOP_RESERVE_S = 75  # stopping a server (the launcher waits for vLLM's shutdown) and saving
+STARTING = "starting: "
+START_TIMEOUT_S = 480
+REQUEST_TIMEOUT_S = 300
+
+
+# --------------------------------------------------------------- the servers
+
+
+def serve_args(phase: str, model: str, drafter: str, port: int, more_sets: list[str] = (),
+               more_args: list[str] = ()) -> list[str]:
+    """`launcher serve` arguments of a phase (without --wait, --timeout, --force, --dry-run);
+    ``more_sets`` / ``more_args`` (--set / --vllm-arg) come last, the same on every server."""
+    args = ["serve", "--recipe", RECIPE, "--model", model, "--test-gpu", "--host", "127.0.0.1", "--port", str(port)]
+    sets = SETS + (REFERENCE_SETS if phase == "reference" else []) + list(more_sets)
+    if phase != "reference":
+        args += ["--drafter", drafter]
+    for item in sets:
+        args += ["--set", item]
+    return args + ["--", *EXTRA_ARGS, *(REFERENCE_EXTRA if phase == "reference" else []), *more_args]
+
+
+def _with_flags(args: list[str], *flags: str) -> list[str]:
+    """Launcher flags go before `--` (after it they would be vLLM's)."""
+    cut = args.index("--")
+    return args[:cut] + list(flags) + args[cut:]
+
+
+def launcher_env(site: str) -> dict:
+    env = dict(os.environ)
+    # The vLLM site first; the launcher (this checkout) last, so nothing of it shadows vLLM's imports.
+    env["PYTHONPATH"] = os.pathsep.join([site, str(REPO)])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def dry_run(args: list[str], site: str, cwd: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "launcher", *_with_flags(args, "--dry-run", "--json")],
+                          env=launcher_env(site), cwd=cwd, capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-2000:]}"}
+
+
+class Launched:
+    """`launcher serve ... --wait`, its output in a log file.
+
+    Kept in this process's session on purpose: the device machine ends a command's
+    processes when the command ends (cut at its time limit too), but not those of a new
+    session, and a vLLM left running would hold the port and a quarter of the GPU for the
+    next call."""
+
+    def __init__(self, args: list[str], site: str, cwd: Path, log: Path, timeout: float, force: bool = False):
+        flags = ["--wait", "--timeout", str(int(timeout))] + (["--force"] if force else [])
+        self.args = _with_flags(args, *flags)
+        self.log_path = log
+        self._log = log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.args], env=launcher_env(site),
+                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.t0 = time.time()
+
+    @property
+    def started_by(self) -> str:
+        return shlex.join(["launcher", *self.args])
+
+    def text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def argv(self) -> list[str] | None:
+        """The command the launcher printed before it started vLLM (what really ran)."""
+        for line in self.text().splitlines():
+            if line.startswith(STARTING):
+                return shlex.split(line[len(STARTING):])
+        return None
+
+    def wait_ready(self, timeout: float) -> float | None:
+        """Seconds to ready (the launcher's own "ready in" line: /health and a first chat),
+        or None when the launcher exited first or ``timeout`` passed."""
+        end = time.time() + timeout
+        while time.time() < end:
+            m = READY.search(self.text())
+            if m:
+                return float(m.group(1))
+            if self.proc.poll() is not None:
+                return None
+            time.sleep(2)
+        return None
+
+    def stop(self) -> int | None:
+        """SIGTERM to the launcher (it stops vLLM and waits for it); then SIGKILL to whatever
+        the launcher started that is still there (vLLM's engine core, its API server)."""
+        family = _descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for child in family:
+            try:
+                child.kill()
+            except Exception:  # noqa: BLE001 - psutil.NoSuchProcess: already gone
+                pass
+        code = self.proc.wait()
+        self._log.close()
+        return code
+
+
+def _descendants(pid: int) -> list:
+    """The processes ``pid`` started, by psutil (which tells a reused pid from the same one)."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - no psutil, or the launcher is already gone
+        return []
+
+
+# --------------------------------------------------------------- the requests
+
+
+def client(url: str):
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+
+
+def send(cli, model: str, req: sr.Req, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+    """One request through the openai client; its output record (token ids, top logits,
+    usage), or the error."""
+    rec: dict = {"id": req.id, "kind": req.kind, "images": req.images, "stream": req.stream}
+    kwargs = dict(model=model, messages=sr.openai_messages(req), max_tokens=sr.MAX_TOKENS, temperature=0.0,
+                  seed=0, logprobs=True, top_logprobs=sr.TOP_LOGPROBS, timeout=timeout,
+                  extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    if req.tools:
+        kwargs.update(tools=req.tools, tool_choice="auto")
+    t0 = time.time()
+    try:
+        content, text, usage, finish, calls = [], [], None, None, 0
+        if req.stream:
+            chunks = 0
+            for chunk in cli.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
+                chunks += 1
+                usage = chunk.usage or usage
+                for ch in chunk.choices:
+                    if ch.logprobs is not None and ch.logprobs.content:
+                        content += [c.model_dump() for c in ch.logprobs.content]
+                    if ch.delta is not None and ch.delta.content:
+                        text.append(ch.delta.content)
+                    finish = ch.finish_reason or finish
+            rec["chunks"] = chunks
+        else:
+            resp = cli.chat.completions.create(**kwargs)
+            choice = resp.choices[0]
+            content = [c.model_dump() for c in (choice.logprobs.content if choice.logprobs else None) or []]
+            text = [choice.message.content or ""]
+            calls = len(choice.message.tool_calls or [])
+            finish, usage = choice.finish_reason, resp.usage
+        rec.update(report.output_record(content))
+        details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+        rec.update(prompt_tokens=getattr(usage, "prompt_tokens", None),
+                   completion_tokens=getattr(usage, "completion_tokens", None),
+                   # vLLM leaves the details out when nothing was cached
+                   cached_tokens=(getattr(details, "cached_tokens", None) or 0),
+                   finish_reason=finish, text_chars=len("".join(text)), tool_calls=calls)
+    except Exception as exc:  # noqa: BLE001 - every failure is a result here
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:800]
+    rec["wall_s"] = round(time.time() - t0, 2)
+    return rec
+
+
+def run_level(url: str, model: str, reqs: list[sr.Req], concurrency: int, deadline: float | None = None) -> list[dict]:
+    """Every request with ``concurrency`` in flight; outputs in request order. A request not
+    started by ``deadline`` is recorded as skipped (the call must end before the device cuts it)."""
+    cli = client(url) if deadline is None or time.time() < deadline else None
+
+    def one(req: sr.Req) -> dict:
+        if deadline is not None and time.time() > deadline:
+            return {"id": req.id, "kind": req.kind, "images": req.images, "error": "skipped: deadline"}
+        # A request in flight may not outlast the call either (the stop reserve stays).
+        left = REQUEST_TIMEOUT_S if deadline is None else deadline + STOP_RESERVE_S - 20 - time.time()
+        return send(cli, model, req, timeout=max(10.0, min(REQUEST_TIMEOUT_S, left)))
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, reqs))
+
+
+def server_tokenize(url: str, model: str, req: sr.Req) -> list[int] | None:
+    """The server's own prompt ids for ``req`` (vLLM's /tokenize renders the chat and runs the
+    multimodal processor); None when it will not say."""
+    body = json.dumps({"model": model, "messages": sr.openai_messages(req), "add_generation_prompt": True}).encode()
+    http = urllib.request.Request(f"{url}/tokenize", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(http, timeout=120) as resp:
+            return json.loads(resp.read()).get("tokens")
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+
+
+def scrape(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+            return resp.read().decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+def served_name(plan: dict) -> str:
+    argv = plan.get("argv") or []
+    return argv[argv.index("--served-model-name") + 1] if "--served-model-name" in argv else "gemma4"
+
+
+def batched_tokens(plan: dict) -> int:
+    """The plan's prefill chunk; the value SETS asks for where the dry run said nothing."""
+    argv = plan.get("argv") or []
+    if "--max-num-batched-tokens" in argv:
+        return int(argv[argv.index("--max-num-batched-tokens") + 1])
+    return int(next(x for x in SETS if x.startswith("serve.max_num_batched_tokens=")).split("=")[1])
+
+
+# --------------------------------------------------------------- the inputs
+
+
+def inputs(model: Path, chunk: int) -> tuple[list[sr.Req], sr.Vision, object]:
+    """The requests (the chunk-boundary one made for ``chunk``), the image geometry, the local tokenizer."""
+    config = json.loads((model / "config.json").read_text())
+    vision = sr.Vision.from_config(config)
+    prompts = json.loads((model / "prompts.json").read_text())
+    texts = [p["text"] for p in prompts]
+    # The filler: held-out texts no other request uses, none of the shared-prefix ones (their
+    # first blocks would come from the prefix cache and move the first chunk's start).
+    filler = "\n".join(p["text"] for p in prompts[18:] if not p.get("shared_prefix"))
+    tokenize = sr.local_tokenizer(model)
+    chunk_req = sr.chunk_boundary_request(filler, tokenize, vision, chunk)
+    return sr.build(texts, chunk_req), vision, tokenize
+
+
+# --------------------------------------------------------------- the phases
+
+
+class Phase:
+    """One server's phase: plan, start, requests, stop; everything into a raw record."""
+
+    def __init__(self, name: str, args, site: str):
+        self.name, self.args, self.site, self.deadline = name, args, site, args.deadline
+        self.work: Path = args.work
+        self.cwd = self.work / "cwd"
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.port = PORTS[name]
+        self.url = f"http://127.0.0.1:{self.port}"
+        # The bench phase serves what the dflash phase serves.
+        self.serve = serve_args("dflash" if name == "bench" else name, str(args.model), str(args.drafter),
+                                self.port, args.set, args.vllm_arg)
+        self.record: dict = {"server": name, "series": "stock" if name == "stock" else args.series_hash,
+                             "launcher_env": {"PYTHONPATH": launcher_env(site)["PYTHONPATH"]}}
+        self.server: Launched | None = None
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    @property
+    def last_request(self) -> float:
+        """No request starts after this: time to stop the server and save stays."""
+        return self.deadline - STOP_RESERVE_S
+
+    def failed(self, exc: BaseException) -> None:
+        traceback.print_exc()
+        self.record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+
+    def plan(self) -> dict:
+        plan = dry_run(self.serve, self.site, self.cwd)
+        self.record["plan"] = plan
+        self.record["vllm"] = plan.get("vllm_version")
+        return plan
+
+    def start(self, force: bool = False) -> bool:
+        timeout = min(START_TIMEOUT_S, self.left() - 60)
+        if timeout < 120:
+            self.record.update(started=False, skipped="deadline: no time left to start a server")
+            return False
+        self.server = Launched(self.serve, self.site, self.cwd, self.work / f"{self.name}.log", timeout, force)
+        self.record["started_by"] = self.server.started_by
+        ready = self.server.wait_ready(timeout + 30)
+        self.record.update(started=ready is not None, ready_s=ready, argv=self.server.argv())
+        print(f"[{self.name}] {'ready in %.0f s' % ready if ready is not None else 'NOT ready'}", flush=True)
+        return ready is not None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.record["exit_code"] = self.server.stop()
+            self.record["log_facts"] = report.log_facts(self.server.text())
+            self.server = None
+
+    def save(self) -> None:
+        (self.work / f"{self.name}.json").write_text(json.dumps(self.record) + "\n")
+
+
+def reference(args) -> None:
+    ph = Phase("reference", args, args.site_patched)
+    try:
+        plan = ph.plan()
+        reqs, vision, _ = inputs(args.model, batched_tokens(plan))
+        ph.record.update(requests=[r.to_dict() for r in reqs], vision=vision.__dict__)
+        if ph.start():
+            model = served_name(plan)
+            chunk = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
+            ph.record["server_tokenize"] = server_tokenize(ph.url, model, chunk)
+            ph.record["passes"] = []
+            for i in range(2):
+                t0 = time.time()
+                ph.record["passes"].append(run_level(ph.url, model, reqs, 1, ph.last_request))
+                print(f"[reference] pass {i + 1}: {time.time() - t0:.0f} s", flush=True)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next phase still runs
+        ph.failed(exc)
+    finally:
+        ph.stop()
+        ph.save()
+
+
+def dflash(args) -> None:
+    ph = Phase("dflash", args, args.site_patched)
+    try:
+        plan = ph.plan()
+        reqs, vision, tokenize = inputs(args.model, batched_tokens(plan))
+        ph.record.update(requests=[r.to_dict() for r in reqs], vision=vision.__dict__)
+        if not ph.start():
+            return
+        model = served_name(plan)
+        chunk = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
+        ph.record["server_tokenize"] = server_tokenize(ph.url, model, chunk)
+        ph.record["metrics_before"] = scrape(ph.url)
+        ph.record["levels"] = {}
+        for c in sr.CONCURRENCY:
+            t0 = time.time()
+            ph.record["levels"][str(c)] = run_level(ph.url, model, reqs, c, ph.last_request)
+            print(f"[dflash] concurrency {c}: {time.time() - t0:.0f} s", flush=True)
+        ph.record["metrics_after"] = scrape(ph.url)
+        ph.record["prefix_cache"] = report.prefix_cache(reqs, ph.record["levels"]["1"], vision, tokenize)
+        ph.save()  # the requests' record is kept even if the benchmark runs out of time
+        bench(ph, model)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next phase still runs
+        ph.failed(exc)
+    finally:
+        ph.stop()
+        ph.save()
+
+
+def bench_phase(args) -> None:
+    """The dflash server once more, for `launcher bench` alone."""
+    ph = Phase("bench", args, args.site_patched)
+    try:
+        plan = ph.plan()
+        if ph.start():
+            bench(ph, served_name(plan))
+    except Exception as exc:  # noqa: BLE001 - recorded
+        ph.failed(exc)
+    finally:
+        ph.stop()
+        ph.save()
+
+
+BENCH_NEEDS_S = 200  # both workloads at 1 and 22 in flight, 256 tokens each, on the trained target
+
+
+def bench(ph: Phase, model: str) -> None:
+    """`launcher bench --recipe gemma4-moe-dflash` against the running server."""
+    if ph.left() < BENCH_NEEDS_S + 60:
+        ph.record["bench_skipped"] = f"deadline: {ph.left():.0f} s left, the benchmark needs about {BENCH_NEEDS_S}"
+        return
+    out = ph.args.out / f"served-bench-{ph.record.get('vllm')}.json"
+    cmd = [sys.executable, "-m", "launcher", "bench", "--recipe", RECIPE, "--url", ph.url, "--model", model,
+           "--client", "builtin", "--tokenizer", str(ph.args.model), "--out", str(out), "--timeout", "300"]
+    ph.record["bench_command"] = shlex.join(["launcher", *cmd[3:]])
+    try:
+        # The site for the launcher's own dependencies (pydantic travels in the bundle).
+        proc = subprocess.run(cmd, env=launcher_env(ph.site), cwd=ph.cwd, capture_output=True, text=True,
+                              timeout=ph.left() - 30)
+        ph.record["bench_exit"] = proc.returncode
+        ph.record["bench_output"] = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
+    except subprocess.TimeoutExpired:
+        ph.record["bench_exit"] = "timeout"
+    if out.exists():
+        ph.record["bench"] = f"tests/gpu/results/{out.name}"
+        doc = json.loads(out.read_text())
+        ph.record["bench_summary"] = [
+            {"workload": r["workload"], "concurrency": r["concurrency"],
+             "output_tok_s": r.get("output_throughput"), "mean_tpot_ms": r.get("mean_tpot_ms"),
+             "mean_acceptance_length": (r.get("spec_decode") or {}).get("mean_acceptance_length")}
+            for r in doc.get("runs") or []]
+
+
+def stock(args) -> None:
+    ph = Phase("stock", args, args.site_stock)
+    try:
+        plan = ph.plan()
+        ph.record["refused_without_force"] = bool(plan.get("verdict") == "blocked")
+        reqs, _, _ = inputs(args.model, batched_tokens(plan))
+        first = next(r for r in reqs if r.id == "image-first")
+        if ph.start(force=True):
+            out = send(client(ph.url), served_name(plan), first)
+            ph.record["first_image"] = {k: out.get(k) for k in ("id", "error", "completion_tokens", "prompt_tokens")}
+            ph.record["request_counts"] = sr.counts([first])
+            ph.record["stock_error"] = f"first image request: {out['error']}" if out.get("error") else None
+            ph.record["stock_outcome"] = "started; the first image request " + \
+                ("failed" if out.get("error") else "was answered")
+        elif ph.record.get("skipped"):
+            ph.record["stock_outcome"] = ph.record["skipped"]
+        else:
+            ph.stop()
+            facts = ph.record.get("log_facts") or {}
+            ph.record["stock_error"] = "start-up: " + (facts.get("error_line") or facts.get("launcher_error") or
+                                                       f"launcher exit {ph.record.get('exit_code')} before ready")
+            ph.record["stock_outcome"] = "did not start"
+    except Exception as exc:  # noqa: BLE001 - recorded
+        ph.failed(exc)
+    finally:
+        ph.stop()
+        ph.save()
+
+
+# --------------------------------------------------------------- the record
+
+
+def assemble(work: Path, out: Path, meta: dict) -> dict:
+    phases = {p: json.loads((work / f"{p}.json").read_text()) for p in ("reference", "dflash", "stock", "bench")
+              if (work / f"{p}.json").exists()}
+    rows = report.rows(phases)
+    # Rows of another vLLM already in the record stay (one work folder per vLLM version).
+    earlier = out / "served.json"
+    if earlier.exists():
+        mine = {(r["server"], r.get("vllm")) for r in rows}
+        rows = [r for r in json.loads(earlier.read_text()).get("servers", [])
+                if (r["server"], r.get("vllm")) not in mine and r.get("vllm") not in {v for _, v in mine}] + rows
+    doc = {"meta": meta, "servers": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "served.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "served.md").write_text(report.markdown(doc))
+    return doc
+
+
+def meta(args) -> dict:
+    record = args.model / "train-record.json"
+    sha = json.loads(record.read_text()).get("target_sha256") if record.exists() else None
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "gpu": args.gpu, "model": str(args.model), "target_sha256": sha, "drafter": str(args.drafter),
+            "command": "bash tests/gpu/remote.sh served", "sets": SETS + args.set,
+            "extra_args": EXTRA_ARGS + args.vllm_arg, "reference_sets": REFERENCE_SETS + REFERENCE_EXTRA}
+
+
+PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phases", default="reference,dflash,stock")
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--drafter", type=Path, required=True)
+    parser.add_argument("--site-patched", required=True, help="PYTHONPATH of the patched vLLM")
+    parser.add_argument("--site-stock", help="PYTHONPATH of the stock vLLM")
+    parser.add_argument("--series-hash", default=None)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--gpu", default="")
+    parser.add_argument("--deadline-s", type=float, default=540, help="for every phase of this call together")
+    parser.add_argument("--set", action="append", default=[], help="one more launcher --set for every server")
+    parser.add_argument("--vllm-arg", action="append", default=[],
+                        help="one more vLLM argument (after `--`) for every server, e.g. --vllm-arg=--enforce-eager")
+    parser.add_argument("--assemble-only", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Absolute: the launcher and launcher bench run in a folder of their own.
+    for key in ("model", "drafter", "work", "out"):
+        setattr(args, key, getattr(args, key).resolve())
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.deadline = time.time() + args.deadline_s
+    if not args.assemble_only:
+        for name in [p for p in args.phases.split(",") if p]:
+            if name not in PHASES:
+                parser.error(f"unknown phase {name!r}: {', '.join(PHASES)}")
+            if name == "stock" and not args.site_stock:
+                parser.error("the stock phase needs --site-stock")
+            print(f"[{name}] ...", flush=True)
+            PHASES[name](args)
+            # After each phase: a call cut short keeps what finished.
+            assemble(args.work, args.out, meta(args))
+    doc = assemble(args.work, args.out, meta(args))
+    for row in doc["servers"]:
+        print(f"{row['server']}: started={row.get('started')} lossless={row.get('lossless')} "
+              f"images_change_output={row.get('images_change_output')} acceptance={row.get('acceptance_length')} "
+              f"stock_error={row.get('stock_error')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

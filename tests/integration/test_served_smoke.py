@@ -1,0 +1,156 @@
+"""tests/gpu/served.py end to end on this machine, with stand-ins for what needs a GPU.
+
+vLLM cannot serve here, so a stand-in ``vllm`` package in a plain folder (the way
+the device puts a vLLM site on ``PYTHONPATH``) answers as ``vllm serve``: its
+entry point runs tests/integration/stub_openai.StubServer on the port the launcher
+gives it (chat with logprobs and token ids, streaming, ``/tokenize``, ``/metrics``,
+the completions ``launcher bench`` sends). A second stand-in plays stock vLLM 0.21.0
+and dies at start-up with the seed error. Real: `launcher serve --test-gpu --wait`
+run as served.py runs it (its own process group, the vLLM site on PYTHONPATH, stopped
+with SIGTERM), the `openai` client (pip-installed into the cache once, at the bundle's
+pins), `launcher bench`, the record. Not real: the preflight (no GPU, no weights
+here), so every server is started with --force.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+
+import served  # noqa: E402
+
+from tests.unit.test_gpu_served import make_model_dir  # noqa: E402
+
+MAIN = textwrap.dedent("""\
+    import os, signal, sys, threading
+    argv = sys.argv[1:]
+    port = int(argv[argv.index("--port") + 1])
+    print("WARNING Forcing --disable_chunked_mm_input for models with multimodal-bidirectional attention.", flush=True)
+    if STOCK:
+        print("ValueError: Selected backend AttentionBackendEnum.FLASH_ATTN is not valid for this configuration. "
+              "Reason: ['partial multimodal token full attention not supported']", flush=True)
+        print("RuntimeError: Engine core initialization failed. See root cause above.", flush=True)
+        sys.exit(1)
+    from tests.integration.stub_openai import Behaviour, StubServer
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with StubServer(Behaviour(model="gemma4", drafter="--speculative-config" in argv, ttft_s=0.0, chunk_s=0.0005),
+                    port=port):
+        stop.wait()
+""")
+
+
+def fake_site(root: Path, stock: bool) -> Path:
+    pkg = root / "vllm"
+    (pkg / "entrypoints" / "cli").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__version__ = "0.21.0"\n')
+    (pkg / "entrypoints" / "__init__.py").write_text("")
+    (pkg / "entrypoints" / "cli" / "__init__.py").write_text("")
+    (pkg / "entrypoints" / "cli" / "main.py").write_text(f"STOCK = {stock}\n" + MAIN)
+    info = root / "vllm-0.21.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.21.0\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def openai_client():
+    """The bundle's openai pins (tests/gpu/bundle-requirements.txt), installed into the cache once."""
+    from tests.unit.test_gpu_lm_files import _pip_target
+
+    target = _pip_target("openai-client", ["openai==2.54.0", "distro==1.9.0", "jiter==0.19.0", "sniffio==1.3.1"])
+    sys.path.insert(0, str(target))
+    import openai
+
+    return openai
+
+
+@pytest.mark.network
+def test_served_phases_end_to_end_against_stand_ins(openai_client, tmp_path, monkeypatch):
+    class Forced(served.Launched):
+        # No GPU and no weights here: the preflight blocks every start (the device's does not).
+        def __init__(self, args, site, cwd, log, timeout, force=False):
+            super().__init__(args, site, cwd, log, timeout, True)
+
+    monkeypatch.setattr(served, "Launched", Forced)
+    monkeypatch.setattr(served, "PORTS", {"dflash": _free_port(), "reference": _free_port(), "stock": _free_port(),
+                                          "bench": _free_port()})
+    monkeypatch.setenv("MODELS_DIR", str(tmp_path / "models"))
+    model = make_model_dir(tmp_path / "trained")
+    patched, stock = fake_site(tmp_path / "site-patched", False), fake_site(tmp_path / "site-stock", True)
+    out, work = tmp_path / "out", tmp_path / "work"
+    code = served.main(["--model", str(model), "--drafter", str(tmp_path / "drafter"), "--site-patched", str(patched),
+                        "--site-stock", str(stock), "--series-hash", "f" * 64, "--work", str(work), "--out", str(out),
+                        "--gpu", "stand-in", "--deadline-s", "500"])
+    assert code == 0
+    doc = json.loads((out / "served.json").read_text())
+    ref, dfl, stk = doc["servers"]
+    assert [r["server"] for r in doc["servers"]] == ["reference", "dflash", "stock"]
+
+    # Started by the launcher, with the vLLM site on PYTHONPATH, on 127.0.0.1.
+    for row in (ref, dfl):
+        assert row["started"] and row["ready_s"] is not None
+        assert row["started_by"].startswith("launcher serve --recipe gemma4-moe-dflash --model ")
+        assert "--test-gpu" in row["started_by"] and "--wait" in row["started_by"]
+        assert row["argv"][1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(model)]
+        assert row["argv"][row["argv"].index("--host") + 1] == "127.0.0.1"
+        assert row["vllm"] == "0.21.0" and row["series"] == "f" * 64
+        assert row["recipe"] == "gemma4-moe-dflash" and row["profile"] == "rtx5090"
+    assert "--speculative-config" in dfl["argv"] and "--speculative-config" not in ref["argv"]
+    assert "--no-enable-prefix-caching" in ref["argv"]
+
+    # The requests, their verdicts, the evidence.
+    assert ref["reproducible"]["reproducible"] and ref["images_change_output"] is True
+    assert dfl["requests"] == {"text": 8, "image": 6, "multi_image": 3, "image_at_chunk_boundary": 1,
+                               "multi_turn_image": 1, "tool": 1, "stream": 2}
+    assert dfl["concurrency"] == [1, 8, 22] and dfl["lossless"] is True and not dfl["errors"]
+    assert all(v["identical"] == 22 for v in dfl["verdict"].values())
+    assert dfl["acceptance_length"] == pytest.approx(1.0) and dfl["acceptance_above_bar"] is False
+    assert dfl["tool"]["accepted"] and dfl["tool"]["answered"]
+    assert dfl["prefix_cache"]["cached_tokens"] > 0
+    assert dfl["chunk_boundary"]["disable_chunked_mm_input_forced"] is True
+    assert "server_image_start" in dfl["chunk_boundary"]
+    # launcher bench against the same server, its JSON beside the record.
+    assert dfl["bench"] == "tests/gpu/results/served-bench-0.21.0.json"
+    bench = json.loads((out / "served-bench-0.21.0.json").read_text())
+    assert {(r["workload"], r["concurrency"]) for r in bench["runs"]} == {("random", 1), ("random", 22),
+                                                                           ("prompts", 1), ("prompts", 22)}
+    assert bench["random_token_band"][1] == 8192
+
+    # Stock: refused without --force, then the start-up error.
+    assert stk["refused_without_force"] and stk["preflight_blocking"]
+    assert stk["stock_error"].startswith("start-up: ValueError: Selected backend")
+    assert "partial multimodal token full attention not supported" in stk["stock_error"]
+    assert (out / "served.md").read_text().count("\n## ") == 3
+
+    # Every server was stopped: nothing listens on the ports any more.
+    for port in served.PORTS.values():
+        assert _port_free(port)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False

@@ -1,0 +1,554 @@
+"""The pure parts of tests/gpu/served.py (issue 26): images, requests, the chunk-boundary
+arithmetic, output parsing, verdicts, acceptance from /metrics, the record.
+
+The image and template arithmetic is also checked against transformers' own Gemma 4
+processor (the one vLLM 0.21.0 builds) in a subprocess with Pillow and torchvision, as
+tests/unit/test_gpu_lm_files.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+
+GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
+sys.path.insert(0, str(GPU_DIR))
+
+import lm_files as lm  # noqa: E402
+import served  # noqa: E402
+import served_report as report  # noqa: E402
+import served_requests as sr  # noqa: E402
+import train_target as tt  # noqa: E402
+
+VISION_CFG = tt.target_config()["vision_config"]
+STDLIB_FILES = ["argparse.py", "dataclasses.py", "difflib.py", "enum.py", "functools.py", "json/decoder.py",
+                "json/encoder.py", "pprint.py", "random.py", "shlex.py", "statistics.py", "string.py",
+                "textwrap.py", "tokenize.py", "typing.py", "uuid.py", "warnings.py", "weakref.py", "calendar.py",
+                "csv.py", "fractions.py", "heapq.py", "inspect.py", "locale.py", "pathlib.py", "pickle.py",
+                "queue.py", "sched.py", "selectors.py", "socket.py", "subprocess.py", "tarfile.py", "threading.py",
+                "traceback.py", "zipfile/__init__.py", "ast.py"]
+
+
+def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and RGB rows of an 8-bit RGB PNG with filter 0, checking every CRC."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        assert struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(kind + body)
+        chunks[kind] = body
+        pos += 12 + n
+    w, h, depth, color, _, _, _ = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
+    assert (depth, color) == (8, 2) and b"IEND" in chunks
+    raw = zlib.decompress(chunks[b"IDAT"])
+    stride = 1 + 3 * w
+    rows = [raw[i * stride:(i + 1) * stride] for i in range(h)]
+    assert all(r[0] == 0 for r in rows)
+    return w, h, [r[1:] for r in rows]
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+def make_model_dir(out: Path) -> Path:
+    """A folder with what served.py reads of the trained target: config, tokenizer, chat
+    template, processor files and prompts.json (held-out stdlib texts), no weights."""
+    real = Path(lm._stdlib_dir())
+    texts = [(real / f).read_text(encoding="utf-8") for f in STDLIB_FILES if (real / f).is_file()]
+    assert len(texts) >= 30
+    out.mkdir(parents=True, exist_ok=True)
+    tok = lm.train_tokenizer(texts[:20], vocab_size=1024)
+    lm.write_lm_files(tok, out, VISION_CFG)
+    (out / "config.json").write_text(json.dumps(tt.target_config()))
+    prompts = [{"text": t[:3000 if i < 18 else 20000], "token_ids": [2], "max_tokens": 128} for i, t in enumerate(texts)]
+    prompts[19]["shared_prefix"] = 640  # left out of the filler
+    (out / "prompts.json").write_text(json.dumps(prompts))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("trained"))
+
+
+@pytest.fixture(scope="module")
+def made(model_dir):
+    return served.inputs(model_dir, 2560)
+
+
+# ------------------------------------------------------------------ images
+
+
+def test_pngs_are_deterministic_valid_and_unlike_each_other():
+    seen = {}
+    for name, image in sr.IMAGES.items():
+        data = sr.png(image)
+        assert data == sr.png(image)  # same bytes every time
+        assert len(data) < 64_000
+        w, h, rows = decode_png(data)
+        assert (w, h) == (image.width, image.height)
+        seen[name] = rows
+    # visually different: most pixels differ between any two (compared on the common area)
+    for a, b in (("A", "B"), ("A", "C"), ("B", "C")):
+        h = min(len(seen[a]), len(seen[b]))
+        w = min(len(seen[a][0]), len(seen[b][0])) // 3
+        differ = sum(seen[a][y][3 * x:3 * x + 3] != seen[b][y][3 * x:3 * x + 3] for y in range(h) for x in range(w))
+        assert differ > 0.5 * w * h, (a, b, differ)
+    url = sr.data_url("B")
+    assert url.startswith("data:image/png;base64,")
+    import base64
+    assert base64.b64decode(url.split(",", 1)[1]) == sr.png(sr.IMAGES["B"])
+
+
+def test_soft_tokens_follow_vllms_formula():
+    v = sr.Vision.from_config(tt.target_config())
+    assert (v.patch_size, v.pooling_kernel_size, v.max_soft_tokens) == (16, 3, 70)
+    assert (v.boi_id, v.image_id, v.eoi_id) == (lm.SPECIAL_TOKENS["<|image>"], lm.SPECIAL_TOKENS["<|image|>"],
+                                                lm.SPECIAL_TOKENS["<image|>"])
+    # 256x256: 630 patches allowed, 16x16 -> scaled to 384x384 (24x24 patches) -> 576 / 9 = 64
+    assert sr.soft_tokens(sr.IMAGES["A"], v) == 64
+    assert sr.soft_tokens(sr.IMAGES["B"], v) == sr.soft_tokens(sr.IMAGES["C"], v) == 63
+    assert sr.image_span(sr.IMAGES["A"], v) == 66
+    huge = sr.Image("x", 3, 900, "gradient")
+    assert sr.soft_tokens(huge, v) <= 70  # clamped, as vLLM clamps
+
+
+# ------------------------------------------------------------------ requests
+
+
+def test_the_22_requests_cover_every_kind(made):
+    reqs, _, _ = made
+    assert len(reqs) == 22 == max(sr.CONCURRENCY)
+    assert len({r.id for r in reqs}) == 22
+    assert sr.counts(reqs) == {"text": 8, "image": 6, "multi_image": 3, "image_at_chunk_boundary": 1,
+                               "multi_turn_image": 1, "tool": 1, "stream": 2}
+    by = {r.id: r for r in reqs}
+    # 1-3 images, at the start, the end, the middle
+    assert {len(r.images) for r in reqs if r.images} == {1, 2, 3}
+    first_part = lambda r: r.messages[0]["content"][0]["type"]  # noqa: E731
+    assert first_part(by["image-first"]) == "image" and by["image-last"].messages[0]["content"][-1]["type"] == "image"
+    assert [p["type"] for p in by["image-middle"].messages[0]["content"]] == ["text", "image", "text"]
+    assert by["multi-bac"].images == ["B", "A", "C"]
+    # the probes: one prompt, three images
+    probes = [r for r in reqs if r.probe == "images"]
+    assert [r.images for r in probes] == [["A"], ["B"], ["C"]]
+    strip = lambda r: [p for p in r.messages[0]["content"] if p["type"] == "text"]  # noqa: E731
+    assert strip(probes[0]) == strip(probes[1]) == strip(probes[2])
+    # the multi-turn request repeats image-first's turn and comes after it
+    ids = [r.id for r in reqs]
+    assert ids.index("multi-turn") > ids.index("image-first")
+    assert by["multi-turn"].messages[0] == by["image-first"].messages[0]
+    assert [m["role"] for m in by["multi-turn"].messages] == ["user", "assistant", "user"]
+    assert by["tool"].tools and by["tool"].tools[0]["function"]["name"] == "run_python"
+    assert [r.id for r in reqs if r.stream] == ["stream-text", "stream-image"]
+    # requests.json round trip
+    assert [r.to_dict() for r in sr.loads(sr.dumps(reqs))] == [r.to_dict() for r in reqs]
+
+
+def test_openai_messages_carry_the_pngs_in_place(made):
+    reqs, _, _ = made
+    req = next(r for r in reqs if r.id == "multi-bac")
+    parts = sr.openai_messages(req)[0]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "text", "image_url", "text", "image_url"]
+    assert parts[0]["image_url"]["url"] == sr.data_url("B")
+    tool = sr.openai_messages(next(r for r in reqs if r.kind == "tool"))
+    assert isinstance(tool[0]["content"], str)
+    assert json.dumps(sr.openai_messages(req))  # JSON as the client sends it
+
+
+# ------------------------------------------------------------- chunk boundary
+
+
+def test_the_chunk_boundary_image_straddles_the_first_chunk(made, model_dir):
+    reqs, vision, tokenize = made
+    req = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
+    n = req.notes
+    assert n["chunk"] == 2560 and n["straddles"]
+    assert n["image_start"] < 2560 < n["image_end"] == n["image_start"] + n["span"]
+    assert abs(n["image_start"] - (2560 - n["span"] // 2)) <= 3  # half a span before the boundary
+    ids = tokenize(req.messages)
+    assert ids.count(vision.image_id) == 1 and ids.index(vision.image_id) == n["image_start"]
+    assert n["prompt_tokens_expanded"] == len(ids) - 1 + n["span"]
+    assert n["prompt_tokens_expanded"] + sr.MAX_TOKENS <= 4096  # fits the served max_model_len
+    # the filler shares no prefix with another request (a cache hit would move the first chunk)
+    text = req.messages[0]["content"][0]["text"]
+    others = [p.get("text") or "" for r in reqs if r is not req for m in r.messages
+              for p in (m["content"] if isinstance(m["content"], list) else [{"text": m["content"]}])]
+    assert not any(o[:200] == text[:200] for o in others)
+
+
+def test_expanded_spans_shift_later_images():
+    v = sr.Vision()
+    ids = [2, 5, 9, 30, 31, 9, 32]
+    a, b = sr.IMAGES["A"], sr.IMAGES["B"]
+    (s1, e1), (s2, e2) = sr.expanded_spans(ids, [a, b], v)
+    assert (s1, e1) == (2, 2 + 66)
+    assert s2 == 5 + 65 and e2 == s2 + 65
+    with pytest.raises(ValueError):
+        sr.expanded_spans(ids, [a], v)
+    assert sr.straddles(10, 20, 15) and not sr.straddles(10, 20, 10) and not sr.straddles(10, 20, 20)
+
+
+def test_a_filler_too_short_is_refused(model_dir):
+    tokenize = sr.local_tokenizer(model_dir)
+    with pytest.raises(ValueError, match="filler too short"):
+        sr.chunk_boundary_request("def f():\n    return 1\n", tokenize, sr.Vision(), 2560)
+
+
+def test_local_render_is_the_trained_template(model_dir):
+    template = (model_dir / "chat_template.jinja").read_text()
+    req = sr.Req("x", "image", [{"role": "user", "content": [{"type": "text", "text": " Look: "},
+                                                            {"type": "image", "image": "A"},
+                                                            {"type": "text", "text": "Why?"}]},
+                                {"role": "assistant", "content": "Because."}])
+    assert sr.render(template, req.messages) == \
+        "<bos><|turn>user\nLook:\n\n<|image|>\n\nWhy?<turn|>\n<|turn>model\nBecause.<turn|>\n<|turn>model\n"
+
+
+# ------------------------------------------------------------------ outputs
+
+
+def _content(ids, tops):
+    return [{"token": f"token_id:{t}", "logprob": 0.0,
+             "top_logprobs": [{"token": f"token_id:{a}", "logprob": b} for a, b in top]} for t, top in zip(ids, tops)]
+
+
+def test_output_record_reads_token_ids_and_ranks_by_value():
+    content = _content([5, 7], [[(5, 10.0), (3, 9.5)], [(7, 4.0), (2, 4.5), (7, 4.0), (9, 1.0)]])
+    rec = report.output_record(content)
+    assert rec["token_ids"] == [5, 7]
+    assert rec["top"][0] == [[5, 10.0, 1], [3, 9.5, 2]]
+    assert rec["top"][1] == [[2, 4.5, 1], [7, 4.0, 2], [9, 1.0, 3]]  # the sampled token listed first, ranked by value
+    nan = report.output_record(_content([1], [[(1, None), (2, 0.5)]]))
+    assert nan["top"][0][-1][0] == 1 and str(nan["top"][0][-1][1]) == "nan"
+    with pytest.raises(ValueError, match="return_tokens_as_token_ids"):
+        report.output_record([{"token": "hello", "top_logprobs": []}])
+
+
+def _out(id_, kind, ids, gaps=None):
+    top = [[[t, 10.0, 1], [t + 1, 10.0 - (gaps or {}).get(i, 2.0), 2]] for i, t in enumerate(ids)]
+    return {"id": id_, "kind": kind, "token_ids": list(ids), "top": top}
+
+
+def test_judge_is_compares_tie_rule_per_request():
+    ref = [_out("a", "text", [1, 2, 3]), _out("b", "image", [4, 5, 6], gaps={1: 0.0}), _out("c", "tool", [7, 8])]
+    same = judge = report.judge(ref, [dict(o) for o in ref])
+    assert same["lossless"] and same["identical"] == 3
+    tie = report.judge(ref, [ref[0], _out("b", "image", [4, 6, 9]), ref[2]])  # 6 is b's runner-up at a 0 gap
+    assert tie["lossless"] and tie["divergences"][0]["tie"] and tie["divergences"][0]["id"] == "b"
+    off = report.judge(ref, [_out("a", "text", [1, 3, 3]), ref[1], {"id": "c", "kind": "tool", "error": "boom"}])
+    assert not off["lossless"] and off["errors"] == [{"id": "c", "error": "boom"}]
+    kinds = {"a": "text", "b": "image", "c": "tool"}
+    assert report.lossless_by_kind({"1": judge, "8": off}, kinds) == {"image": True, "text": False, "tool": False}
+    agree = report.passes_agree(ref, [dict(o) for o in ref])
+    assert agree == {"reproducible": True, "differing": [], "failed": []}
+    assert report.passes_agree(ref, [ref[0], _out("b", "image", [4, 5, 7]), ref[2]])["differing"] == ["b"]
+
+
+def test_images_change_output_needs_every_probe_pair_to_differ(made):
+    reqs, _, _ = made
+    outs = [_out("probe-A", "image", [1, 2]), _out("probe-B", "image", [1, 3]), _out("probe-C", "image", [2, 2])]
+    assert report.images_change_output(outs, reqs)["value"] is True
+    outs[2] = _out("probe-C", "image", [1, 2])
+    got = report.images_change_output(outs, reqs)
+    assert got["value"] is False and got["pairs"]["probe-A vs probe-C"] is False
+    assert report.images_change_output(outs[:2], reqs)["value"] is None
+
+
+METRICS = """# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="gemma4"}} {drafts}
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="gemma4"}} {draft_tokens}
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="gemma4"}} {accepted}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="gemma4",position="0"}} {pos0}
+"""
+
+
+def test_acceptance_length_comes_from_two_metrics_scrapes():
+    before = METRICS.format(drafts=10, draft_tokens=150, accepted=5, pos0=5)
+    after = METRICS.format(drafts=110, draft_tokens=1650, accepted=85, pos0=65)
+    acc = report.acceptance(before, after)
+    assert acc["drafts"] == 100 and acc["accepted_tokens"] == 80
+    assert acc["mean_acceptance_length"] == pytest.approx(1.8)
+    assert acc["per_position_acceptance"] == [pytest.approx(0.6)]
+    assert report.acceptance(None, after) is None
+    assert report.acceptance("# nothing\n", "# nothing\n") is None  # no drafter: no counters
+
+
+LOG = """INFO 11-26 19:26:47 [config.py:159] Gemma4 model has heterogeneous head dimensions (head_dim=256, global_head_dim=512). Forcing TRITON_ATTN backend to prevent mixed-backend numerical divergence.
+WARNING 11-26 19:26:47 [cuda.py:237] Forcing --disable_chunked_mm_input for models with multimodal-bidirectional attention.
+INFO 11-26 19:26:49 [cuda.py:312] Using AttentionBackendEnum.TRITON_ATTN backend.
+INFO 11-26 19:26:50 [cuda.py:312] Using AttentionBackendEnum.FLASH_ATTN backend.
+INFO 11-26 19:26:50 [flash_attn.py:661] Using FlashAttention version 2
+INFO 11-26 19:28:40 [hf.py:478] Detected the chat template content format to be 'string'. You can set `--chat-template-content-format` to override this.
+(EngineCore pid=1) ValueError: Selected backend AttentionBackendEnum.FLASH_ATTN is not valid for this configuration. Reason: ['partial multimodal token full attention not supported']
+RuntimeError: Engine core initialization failed. See root cause above.
+"""
+
+
+def test_log_facts():
+    facts = report.log_facts(LOG)
+    assert facts["forced_whole_mm_input"] and facts["forced_triton"]
+    assert facts["backends"] == ["FLASH_ATTN", "TRITON_ATTN"] and facts["flash_attn_versions"] == ["2"]
+    assert facts["chat_template_content_format"] == ["string"]
+    assert facts["error_line"] is None or "partial multimodal token" in facts["error_line"]
+
+
+def test_the_launchers_own_refusal_is_kept():
+    text = "recipe x\nerror: preflight blocks the start: no vLLM found\nhint: pass --vllm-python\n"
+    assert report.log_facts(text)["launcher_error"] == \
+        "error: preflight blocks the start: no vLLM found hint: pass --vllm-python"
+    assert report.log_facts(LOG)["launcher_error"] is None
+
+
+def test_stock_start_up_error_is_the_root_cause():
+    text = LOG.replace("(EngineCore pid=1) ", "")
+    assert "partial multimodal token full attention not supported" in report.log_facts(text)["error_line"]
+
+
+# ------------------------------------------------------------------ the record
+
+
+def _phases(reqs, vision):
+    ref_outs = [_out(r.id, r.kind, [i + 1, i + 2, i + 3 + (i % 3)]) for i, r in enumerate(reqs)]
+    for o in ref_outs:
+        if o["id"] == "chunk-boundary":
+            o.update(prompt_tokens=2600, cached_tokens=0)
+    plan = {"recipe": "gemma4-moe-dflash", "profile": "rtx5090", "vllm_version": "0.21.0",
+            "test_gpu": {"stands_in_for": "rtx5090 (sm_120)", "gpu": "H100", "sets": ["a=b"]},
+            "env": {"X": "1"}, "reasons": [], "argv": ["vllm", "serve", "m"]}
+    common = {"plan": plan, "vllm": "0.21.0", "started": True, "ready_s": 99.0, "argv": ["python", "-m", "vllm"],
+              "started_by": "launcher serve --recipe gemma4-moe-dflash", "requests": [r.to_dict() for r in reqs],
+              "vision": vision.__dict__, "log_facts": {"forced_whole_mm_input": True}}
+    chunk = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
+    server_ids = [0] * chunk.notes["image_start"] + [vision.boi_id] + [9] * (chunk.notes["span"] - 2) + [vision.eoi_id]
+    reference = {**common, "server": "reference", "series": "abc123", "passes": [ref_outs, ref_outs],
+                 "server_tokenize": server_ids}
+    dflash = {**common, "server": "dflash", "series": "abc123",
+              "levels": {str(c): [dict(o) for o in ref_outs] for c in sr.CONCURRENCY},
+              "metrics_before": METRICS.format(drafts=0, draft_tokens=0, accepted=0, pos0=0),
+              "metrics_after": METRICS.format(drafts=100, draft_tokens=1500, accepted=2, pos0=2),
+              "bench": "tests/gpu/results/served-bench-0.21.0.json", "server_tokenize": server_ids}
+    stock = {"server": "stock", "series": "stock", "vllm": "0.21.0", "started": False, "plan": {
+        **plan, "reasons": [{"area": "patches", "message": "required patch x is not applied", "blocking": True}]},
+        "stock_error": "start-up: ValueError: ... partial multimodal token full attention not supported",
+        "stock_outcome": "did not start", "refused_without_force": True, "started_by": "launcher serve ... --force"}
+    return {"reference": reference, "dflash": dflash, "stock": stock}
+
+
+def test_rows_carry_the_issues_fields(made, tmp_path):
+    reqs, vision, _ = made
+    phases = _phases(reqs, vision)
+    for name, phase in phases.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(phase))
+    doc = served.assemble(tmp_path, tmp_path / "out", {"command": "bash tests/gpu/remote.sh served"})
+    ref, dfl, stock = doc["servers"]
+    for row in (ref, dfl, stock):
+        for key in ("vllm", "series", "recipe", "profile", "started_by", "argv", "requests", "images_change_output",
+                    "concurrency", "lossless", "nondegenerate", "acceptance_length", "bench", "stock_error"):
+            assert key in row, (row["server"], key)
+    assert ref["reproducible"]["reproducible"] and ref["images_change_output"] is True
+    assert dfl["lossless"] is True and dfl["concurrency"] == [1, 8, 22]
+    assert dfl["requests"] == sr.counts(reqs) and set(dfl["lossless_by_kind"]) == set(sr.KINDS)
+    assert dfl["acceptance_length"] == pytest.approx(1.02) and dfl["acceptance_above_bar"] is False
+    assert dfl["chunk_boundary"]["straddles"] and dfl["chunk_boundary"]["server_agrees"]
+    assert dfl["chunk_boundary"]["span_kept_whole"]
+    assert dfl["tool"]["accepted"] and dfl["bench"].endswith(".json")
+    assert stock["stock_error"].startswith("start-up:") and stock["preflight_blocking"]
+    assert stock["lossless"] is None and stock["refused_without_force"]
+    md = (tmp_path / "out" / "served.md").read_text()
+    assert "| dflash | 0.21.0 | abc123 | rtx5090 |" in md and "partial multimodal token" in md
+    assert json.loads((tmp_path / "out" / "served.json").read_text()) == doc
+
+
+def test_a_divergence_off_a_tie_makes_the_row_not_lossless(made, tmp_path):
+    reqs, vision, _ = made
+    phases = _phases(reqs, vision)
+    outs = phases["dflash"]["levels"]["22"]
+    outs[3] = dict(outs[3], token_ids=[99] + outs[3]["token_ids"][1:])
+    (row,) = report.rows({"reference": phases["reference"], "dflash": phases["dflash"]})[1:]
+    assert row["lossless"] is False and row["lossless_by_kind"][outs[3]["kind"]] is False
+    assert row["verdict"]["22"]["divergences"][0]["id"] == outs[3]["id"]
+    phases["reference"]["passes"][1] = [dict(o, token_ids=[0]) for o in phases["reference"]["passes"][1]]
+    (row,) = report.rows({"reference": phases["reference"], "dflash": phases["dflash"]})[1:]
+    assert row["lossless"] is None and row["lossless_reason"] == "reference not reproducible"
+
+
+# ------------------------------------------------------------------ the servers
+
+
+def test_serve_args_put_launcher_flags_before_the_vllm_arguments():
+    args = served.serve_args("dflash", "/m", "/d", 8000)
+    cut = args.index("--")
+    assert args[:4] == ["serve", "--recipe", "gemma4-moe-dflash", "--model"] and "--test-gpu" in args[:cut]
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    assert args[cut + 1:] == served.EXTRA_ARGS
+    full = served._with_flags(args, "--wait", "--timeout", "480")
+    assert full.index("--wait") < full.index("--") and full[full.index("--") + 1:] == served.EXTRA_ARGS
+    ref = served.serve_args("reference", "/m", "/d", 8001)
+    assert "--drafter" not in ref and "drafter=null" in ref and ref[-1] == "--no-enable-prefix-caching"
+
+
+def test_the_served_plan_is_ready_on_a_test_gpu(model_dir, monkeypatch, tmp_path):
+    """The --set items and extra arguments served.py gives the launcher make a plan with no
+    blocking reason on an H100 standing in (weights aside: the folder has none here)."""
+    from launcher.checks import resolve
+    from launcher.plan import Request
+    from tests.unit.conftest import H100, make_ctx
+
+    monkeypatch.setenv("MODELS_DIR", str(tmp_path))
+    for phase in ("dflash", "reference"):
+        args = served.serve_args(phase, str(model_dir), str(model_dir), 8000)
+        cut = args.index("--")
+        sets = [args[i + 1] for i, a in enumerate(args[:cut]) if a == "--set"]
+        req = Request("gemma4-moe-dflash", model=str(model_dir), vllm_version="0.21.0", test_gpu=True, sets=sets,
+                      extra_args=args[cut + 1:])
+        plan = resolve(req, make_ctx(H100, vllm="0.21.0", transformers="5.13.1"))
+        assert plan.test_gpu is not None
+        assert (plan.drafter is None) == (phase == "reference")
+        argv = plan.argv
+        assert argv[argv.index("--max-num-batched-tokens") + 1] == "2560"
+        assert argv[argv.index("--max-model-len") + 1] == "4096"
+        assert "--moe-backend" not in argv  # bf16 MoE: vLLM's own choice
+        assert plan.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+        blocking = [r.message for r in plan.reasons if r.blocking and r.area not in ("checkpoint", "drafter")]
+        assert blocking == []
+        assert ("--enable-prefix-caching" in argv) == (phase == "dflash")
+
+
+def test_the_straddle_needs_a_chunk_of_the_largest_multimodal_item():
+    """2,560 >= 32 video frames x (70 + 2 + 6) tokens: vLLM refuses a smaller chunk with chunked mm input off."""
+    chunk = int(next(s for s in served.SETS if s.startswith("serve.max_num_batched_tokens=")).split("=")[1])
+    assert chunk >= 32 * (70 + 2 + 6)
+
+
+# ------------------------------------------------- against transformers' processor
+
+CHECK = textwrap.dedent(r'''
+    import io, json, sys, types
+    sys.path.insert(0, sys.argv[3])
+    import served_requests as sr
+
+    # PyPI's torchvision is a CUDA build whose ops cannot register against the venv's CPU torch;
+    # Gemma 4's processors use only its pure-torch transforms (as test_gpu_lm_files.CHECKER does).
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError as exc:
+        if "torchvision::" not in str(exc):
+            raise
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        for stub in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+            sys.modules[stub] = types.ModuleType(stub)
+        import torchvision  # noqa: F401
+    from PIL import Image
+    from transformers import AutoProcessor, AutoTokenizer
+    lm_dir = sys.argv[1]
+    reqs = [sr.Req(**d) for d in json.loads(open(sys.argv[2]).read())]
+    tok = AutoTokenizer.from_pretrained(lm_dir)
+    proc = AutoProcessor.from_pretrained(lm_dir)
+    template = open(lm_dir + "/chat_template.jinja").read()
+    vision = sr.Vision()
+    res = {"soft": {}, "requests": []}
+    for name, image in sr.IMAGES.items():
+        img = Image.open(io.BytesIO(sr.png(image)))
+        res["soft"][name] = [int(proc.image_processor(img, return_tensors="pt")["num_soft_tokens_per_image"][0]),
+                             sr.soft_tokens(image, vision), list(img.size), img.mode]
+    for r in reqs:
+        if not r.images:
+            continue
+        hf = tok.apply_chat_template(sr.template_messages(r.messages), add_generation_prompt=True, tokenize=False)
+        mine = sr.render(template, r.messages)
+        images = [Image.open(io.BytesIO(sr.png(sr.IMAGES[n]))) for n in r.images]
+        ids = proc(text=hf, images=images, return_tensors="pt")["input_ids"][0].tolist()
+        boi = [i for i, t in enumerate(ids) if t == vision.boi_id]
+        eoi = [i + 1 for i, t in enumerate(ids) if t == vision.eoi_id]
+        local = sr.expanded_spans(sr.local_tokenizer(lm_dir)(r.messages), [sr.IMAGES[n] for n in r.images], vision)
+        res["requests"].append({"id": r.id, "same_prompt": hf == mine, "hf_spans": list(zip(boi, eoi)),
+                                "local_spans": local, "hf_len": len(ids)})
+    print(json.dumps(res))
+''')
+
+
+@pytest.mark.network  # Pillow and torchvision are pip-installed into the cache once
+def test_images_and_spans_match_transformers_gemma4_processor(made, model_dir, tmp_path):
+    from tests.unit.test_gpu_lm_files import _vision_deps
+
+    reqs, _, _ = made
+    (tmp_path / "reqs.json").write_text(sr.dumps(reqs))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join([str(p) for p in _vision_deps()] + [env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(model_dir), str(tmp_path / "reqs.json"), str(GPU_DIR)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (hf, mine, size, mode) in res["soft"].items():
+        assert hf == mine, (name, hf, mine)
+        assert tuple(size) == (sr.IMAGES[name].width, sr.IMAGES[name].height) and mode == "RGB"
+    assert len(res["requests"]) == 12  # every request with an image
+    for r in res["requests"]:
+        assert r["same_prompt"], r["id"]
+        assert [tuple(s) for s in r["hf_spans"]] == [tuple(s) for s in r["local_spans"]], r
+
+
+def test_a_benchmark_run_in_a_call_of_its_own_joins_the_dflash_row(made):
+    reqs, vision, _ = made
+    phases = _phases(reqs, vision)
+    phases["dflash"].pop("bench")
+    phases["dflash"]["bench_skipped"] = "deadline: 120 s left, the benchmark needs about 200"
+    row = report.rows({"dflash": phases["dflash"]})[0]
+    assert row["bench"] is None and row["bench_skipped"].startswith("deadline")
+    phases["bench"] = {"server": "bench", "bench": "tests/gpu/results/served-bench-0.21.0.json",
+                       "bench_summary": [{"workload": "random", "concurrency": 1}], "started_by": "launcher serve x"}
+    row = report.rows(phases)[1]
+    assert row["server"] == "dflash" and row["bench"].endswith("served-bench-0.21.0.json")
+    assert row["bench_skipped"] is None and row["bench_summary"][0]["workload"] == "random"
+
+
+def test_extra_sets_and_vllm_args_reach_every_server():
+    args = served.serve_args("reference", "/m", "/d", 8001, ["serve.max_num_seqs=8"], ["--enforce-eager"])
+    cut = args.index("--")
+    assert args[cut - 2:cut] == ["--set", "serve.max_num_seqs=8"] and args[-1] == "--enforce-eager"
+
+
+def test_rows_of_another_vllm_stay_in_the_record(made, tmp_path):
+    reqs, vision, _ = made
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "served.json").write_text(json.dumps({"servers": [{"server": "dflash", "vllm": "0.33.0"},
+                                                             {"server": "dflash", "vllm": "0.21.0", "old": 1}]}))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "stock.json").write_text(json.dumps(_phases(reqs, vision)["stock"]))
+    doc = served.assemble(tmp_path / "work", out, {})
+    assert [(r["server"], r["vllm"]) for r in doc["servers"]] == [("dflash", "0.33.0"), ("stock", "0.21.0")]
+
+
+def test_remote_sh_calls_served_py_with_flags_it_knows():
+    import re
+
+    text = (GPU_DIR / "remote.sh").read_text()
+    body = text[text.index("\nserved() {"):text.index("\n}\n", text.index("\nserved() {"))]
+    call = body[body.index('"$PY" tests/gpu/served.py'):body.index("\n    tar ")]
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", call))
+    known = {o for a in served.build_parser()._actions for o in a.option_strings}
+    assert flags <= known, flags - known
+    assert {"--phases", "--model", "--drafter", "--site-patched", "--site-stock", "--work", "--out"} <= flags
+    assert "    served) served ;;" in text
+
+
+def test_requests_after_the_deadline_are_skipped_not_sent(made):
+    reqs, _, _ = made
+    import time
+
+    outs = served.run_level("http://127.0.0.1:9", "gemma4", reqs[:3], 2, deadline=time.time() - 1)
+    assert [o["error"] for o in outs] == ["skipped: deadline"] * 3 and [o["id"] for o in outs] == [r.id for r in reqs[:3]]
+    verdict = report.judge([_out(r.id, r.kind, [1]) for r in reqs[:3]], outs)
+    assert not verdict["lossless"] and len(verdict["errors"]) == 3
