@@ -284,23 +284,8 @@ CHECKER = textwrap.dedent(r'''
 
     lm_dir, specials = sys.argv[1], json.loads(sys.argv[2])
 
-    def torchvision_without_ops():
-        """PyPI's torchvision is a CUDA build: its _C cannot load against a CPU torch, and
-        importing torchvision then fails registering fake kernels for its ops. Gemma 4's
-        processors use only transforms.v2.functional (pure torch), so the op registrations
-        are stubbed out when, and only when, that happens."""
-        try:
-            import torchvision  # noqa: F401
-            return False
-        except RuntimeError as exc:
-            if "torchvision::" not in str(exc):
-                raise
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        for stub in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-            sys.modules[stub] = types.ModuleType(stub)
-        import torchvision  # noqa: F401
-        return True
+    sys.path.insert(0, sys.argv[3])
+    from torchvision_cpu import torchvision_without_ops
 
     res = {"torchvision_ops_stubbed": torchvision_without_ops()}
     import numpy as np
@@ -389,7 +374,8 @@ def _check(lm_dir: Path, extra_paths: list[Path]) -> dict:
                                                                          if env.get("PYTHONPATH") else []))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["TOKENIZERS_PARALLELISM"] = "false"
-    proc = subprocess.run([sys.executable, "-c", CHECKER, str(lm_dir), json.dumps(lm.SPECIAL_TOKENS)],
+    proc = subprocess.run([sys.executable, "-c", CHECKER, str(lm_dir), json.dumps(lm.SPECIAL_TOKENS),
+                           str(Path(__file__).parent)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

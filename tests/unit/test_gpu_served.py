@@ -437,18 +437,9 @@ CHECK = textwrap.dedent(r'''
     sys.path.insert(0, sys.argv[3])
     import served_requests as sr
 
-    # PyPI's torchvision is a CUDA build whose ops cannot register against the venv's CPU torch;
-    # Gemma 4's processors use only its pure-torch transforms (as test_gpu_lm_files.CHECKER does).
-    try:
-        import torchvision  # noqa: F401
-    except RuntimeError as exc:
-        if "torchvision::" not in str(exc):
-            raise
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        for stub in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
-            sys.modules[stub] = types.ModuleType(stub)
-        import torchvision  # noqa: F401
+    sys.path.insert(0, sys.argv[4])
+    from torchvision_cpu import torchvision_without_ops
+    torchvision_without_ops()
     from PIL import Image
     from transformers import AutoProcessor, AutoTokenizer
     lm_dir = sys.argv[1]
@@ -486,7 +477,8 @@ def test_images_and_spans_match_transformers_gemma4_processor(made, model_dir, t
     (tmp_path / "reqs.json").write_text(sr.dumps(reqs))
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(p) for p in _vision_deps()] + [env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", CHECK, str(model_dir), str(tmp_path / "reqs.json"), str(GPU_DIR)],
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(model_dir), str(tmp_path / "reqs.json"), str(GPU_DIR),
+                           str(Path(__file__).parent)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
