@@ -460,7 +460,7 @@ BENCH_NEEDS_S = 200  # both workloads at 1 and 22 in flight, 256 tokens each, on
 
 def bench(ph: Phase, model: str) -> None:
     """`launcher bench --recipe gemma4-moe-dflash` against the running server."""
-    if ph.left() < BENCH_NEEDS_S + 60:
+    if ph.left() < BENCH_NEEDS_S + STOP_RESERVE_S:
         ph.record["bench_skipped"] = f"deadline: {ph.left():.0f} s left, the benchmark needs about {BENCH_NEEDS_S}"
         return
     out = ph.args.out / f"served-bench-{ph.record.get('vllm')}.json"
@@ -470,7 +470,7 @@ def bench(ph: Phase, model: str) -> None:
     try:
         # The site for the launcher's own dependencies (pydantic travels in the bundle).
         proc = subprocess.run(cmd, env=launcher_env(ph.site), cwd=ph.cwd, capture_output=True, text=True,
-                              timeout=ph.left() - 30)
+                              timeout=ph.left() - STOP_RESERVE_S)
         ph.record["bench_exit"] = proc.returncode
         ph.record["bench_output"] = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
     except subprocess.TimeoutExpired:
