@@ -308,7 +308,7 @@ def test_every_tiny_tensor_maps_onto_a_vllm_021_parameter(tiny):
 def test_tiny_processor_loads_with_the_generated_tokenizer(tiny):
     """The tokenizer and processor files as vLLM's Gemma 4 processor reads them (the trained
     target's checker, tests/unit/test_gpu_lm_files.py), at the released 280 soft tokens."""
-    from tests.unit.test_gpu_lm_files import CHECKER, _vision_deps
+    from tests.unit.test_gpu_lm_files import _vision_deps, checker_argv
 
     target = tiny / "gemma4-26b-a4b-nvfp4"
     cfg = json.loads((target / "config.json").read_text())
@@ -316,7 +316,7 @@ def test_tiny_processor_loads_with_the_generated_tokenizer(tiny):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(p) for p in _vision_deps()] + [env.get("PYTHONPATH", "")])
     env.setdefault("HF_HUB_OFFLINE", "1")
-    proc = subprocess.run([sys.executable, "-c", CHECKER, str(target), json.dumps(specials)],
+    proc = subprocess.run(checker_argv(target, specials),
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])

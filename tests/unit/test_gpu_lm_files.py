@@ -279,6 +279,11 @@ def _transformers_517() -> Path:
 
 # Runs in a subprocess: loads the files with whatever transformers is first on
 # sys.path and reports what the processor did, as JSON on the last line.
+def checker_argv(lm_dir, specials: dict) -> list[str]:
+    """The command line that runs CHECKER on ``lm_dir`` (it imports torchvision_cpu from this folder)."""
+    return [sys.executable, "-c", CHECKER, str(lm_dir), json.dumps(specials), str(Path(__file__).parent)]
+
+
 CHECKER = textwrap.dedent(r'''
     import json, sys, types
 
@@ -374,8 +379,7 @@ def _check(lm_dir: Path, extra_paths: list[Path]) -> dict:
                                                                          if env.get("PYTHONPATH") else []))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["TOKENIZERS_PARALLELISM"] = "false"
-    proc = subprocess.run([sys.executable, "-c", CHECKER, str(lm_dir), json.dumps(lm.SPECIAL_TOKENS),
-                           str(Path(__file__).parent)],
+    proc = subprocess.run(checker_argv(lm_dir, lm.SPECIAL_TOKENS),
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
