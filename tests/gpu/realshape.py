@@ -892,7 +892,8 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
     outputs worth comparing (gate.py) and, for DFlash, lossless against a
     reproducing reference of the same target."""
     counters = raw.get("counters") or {}
-    block = gate.nondegenerate(generated(raw)) if raw.get("ok") else None
+    # A run that failed made no output: an empty block (0 sequences) that fails the gate, not a missing one.
+    block = gate.nondegenerate(generated(raw) if raw.get("ok") else [])
     fields = {"target_name": raw.get("target_name"), "target_sha256": raw.get("target_sha256"),
               "nondegenerate": block, "preemptions": counters.get("preemptions"),
               "prefix_cache_hits": prefix_cache_hits(raw), "counters": counters,
