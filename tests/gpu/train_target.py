@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -158,11 +159,12 @@ def _permute_rows(rows, order, inverse):
     torch's deterministic mode runs as a sort; a permutation's gradient is
     just the inverse gather.
     """
-    return _Permute.apply(rows, order, inverse)
+    return _permute_op().apply(rows, order, inverse)
 
 
-def _permute_class():
-    import torch
+@functools.cache
+def _permute_op():
+    import torch  # here, so this module loads on hosts without torch
 
     class Permute(torch.autograd.Function):
         @staticmethod
@@ -176,18 +178,6 @@ def _permute_class():
             return grad[inverse], None, None
 
     return Permute
-
-
-class _LazyPermute:
-    """torch is imported on first use, so this module loads on hosts without it."""
-
-    def apply(self, *args):
-        global _Permute
-        _Permute = _permute_class()
-        return _Permute.apply(*args)
-
-
-_Permute = _LazyPermute()
 
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
