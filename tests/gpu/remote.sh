@@ -387,7 +387,8 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
     mkdir -p "$OUT" "$WORK"
     # A checkpoint carried back from an earlier session (extras-trained, pack-trained) saves
     # the training; TRAIN_REPEAT=1 trains anyway and compares (run-to-run determinism).
-    extras
+    # In the background (train-bg) the extras may still be arriving: the calls install them.
+    [ -n "${TRAIN_BG:-}" ] || extras
     if [ -f "$MODELS_TRAINED/shapes.json" ]; then
         trained_identity_check
         if [ "${TRAIN_REPEAT:-0}" = 1 ]; then train_repeat; fi
@@ -402,6 +403,62 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
     fi
     [ -f "$TRAINED/train-record.json" ] || { echo "no trained target (train.log)" >&2; return 1; }
     cp "$TRAINED/train-record.json" "$OUT/"
+}
+
+train_background() { # install, then train-target (and TRAIN_BG_DRAFTER=1: train-drafter) in a
+    # session of its own: it outlives this call, so the calls that carry the extras run meanwhile
+    install
+    mkdir -p "$WORK"
+    if [ -f "$WORK/train-bg.out" ] && [ ! -f "$WORK/train-bg.rc" ]; then
+        echo "training already running in the background ($WORK/train-bg.out)"; return 0
+    fi
+    rm -f "$WORK/train-bg.rc" "$WORK/train-bg.out"
+    # A snapshot of the tree: the next call's copy of the repository replaces these files,
+    # and bash reads a script while it runs.
+    rm -rf "$WORK/bg-tree" && mkdir -p "$WORK/bg-tree"
+    tar --exclude=./.stage -cf - . | tar -xf - -C "$WORK/bg-tree"
+    rm -f "$WORK/drafter-bg.rc"
+    local steps="bash tests/gpu/remote.sh train-target; echo \$? > $WORK/train-bg.rc"
+    [ "${TRAIN_BG_DRAFTER:-0}" = 1 ] && touch "$WORK/bg-tree/.drafter-asked" && steps="$steps; [ \$(cat $WORK/train-bg.rc) = 0 ] && \
+bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc"
+    (cd "$WORK/bg-tree" && TRAIN_BG=1 OUT=$WORK/train-bg-out setsid nohup bash -c "$steps" \
+        > "$WORK/train-bg.out" 2>&1 < /dev/null &)
+    echo "training in the background (log: $WORK/train-bg.out; the next calls wait for it)"
+}
+
+wait_training() { # block until a background training (train_background) has ended; its logs to $OUT
+    [ -f "$WORK/train-bg.out" ] || return 0
+    local waited=0
+    while [ ! -f "$WORK/train-bg.rc" ]; do sleep 5; waited=$((waited + 5)); done
+    echo "background training ended with $(cat "$WORK/train-bg.rc") (waited ${waited}s here)"
+    grep -v "^step" "$WORK/train-bg.out" | tail -25 || true
+    mkdir -p "$OUT"
+    cp "$WORK/train-bg.out" "$OUT/train-bg.log"
+    cp "$WORK"/train-bg-out/*.json "$OUT/" 2>/dev/null || true
+    [ "$(cat "$WORK/train-bg.rc")" = 0 ]
+}
+
+wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1) has ended
+    [ -f "$WORK/train-bg.out" ] && grep -q . "$WORK/train-bg.rc" 2>/dev/null || return 0
+    [ "$(cat "$WORK/train-bg.rc")" = 0 ] || return 0
+    [ -f "$WORK/bg-tree/.drafter-asked" ] || return 0
+    while [ ! -f "$WORK/drafter-bg.rc" ]; do sleep 5; done
+    echo "background drafter training ended with $(cat "$WORK/drafter-bg.rc")"
+    grep -v "^step" "$WORK/drafter-bg.out" | tail -12 || true
+    mkdir -p "$OUT" && cp "$WORK/drafter-bg.out" "$OUT/train-drafter-bg.log"
+    cp "$WORK"/train-bg-out/drafter-train-record.json "$OUT/" 2>/dev/null || true
+}
+
+seed_raw() { # raw reference records carried from an earlier machine (.stage/realshape-raw-trained):
+    # a DFlash run is judged against them as against its own reference, target_sha256 permitting
+    local d=$STAGE/realshape-raw-trained f
+    [ -d "$d" ] || return 0
+    mkdir -p "$WORK/realshape-raw-trained"
+    for f in "$d"/*.raw.json; do
+        [ -f "$f" ] || continue
+        [ -f "$WORK/realshape-raw-trained/$(basename "$f")" ] || cp "$f" "$WORK/realshape-raw-trained/"
+        echo "carried raw record: $(basename "$f")"
+    done
 }
 
 trained_identity_check() { # the checkpoint on disk is the one its train record names
@@ -467,7 +524,21 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     cp "$DRAFTER_TRAINED/drafter-train-record.json" "$OUT/"
 }
 
+quant_background() { # trained-nvfp4 in a session of its own, once the background training has ended
+    extras   # here, not in the background: two calls must not install at once
+    [ -d "$SITE_QUANT" ] || { echo "extras-quant not carried: nothing to quantize" >&2; return 1; }
+    rm -f "$WORK/quant-bg.rc"
+    (cd "$WORK/bg-tree" && QUANT_BG_SELF=1 OUT=$WORK/train-bg-out setsid nohup bash -c \
+        "while [ ! -f $WORK/train-bg.rc ]; do sleep 5; done; bash tests/gpu/remote.sh trained-nvfp4; echo \$? > $WORK/quant-bg.rc" \
+        > "$WORK/quant-bg.out" 2>&1 < /dev/null &)
+    echo "NVFP4 copy in the background once training ends (log: $WORK/quant-bg.out)"
+}
+
 trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
+    if [ -f "$WORK/quant-bg.out" ] && [ -z "${QUANT_BG_SELF:-}" ]; then
+        while [ ! -f "$WORK/quant-bg.rc" ]; do sleep 5; done
+        echo "background NVFP4 copy ended with $(cat "$WORK/quant-bg.rc")"; tail -5 "$WORK/quant-bg.out"
+    fi
     extras
     if [ ! -d "$SITE_QUANT" ]; then
         echo "extras-quant not carried: no NVFP4 copy, so no *-nvfp4 run can start"; return 0
@@ -487,7 +558,10 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     extras
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    wait_training
+    case "${RUNS:-}${RS_PARALLEL:-}" in *dflash-trained*) wait_drafter ;; esac
     [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
+    seed_raw
     trained_nvfp4
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
     realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
@@ -650,6 +724,9 @@ case "$cmd" in
     stability) stability ;;
     quantize-rs) quantize_rs ;;
     train-target) train_target ;;
+    train-bg) train_background ;;
+    quant-bg) quant_background ;;
+    wait-training) wait_training ;;
     train-drafter) train_drafter ;;
     trained-nvfp4) trained_nvfp4 ;;
     pack-trained) pack_trained ;;
@@ -659,5 +736,5 @@ case "$cmd" in
     fit) fit ;;
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|full-size-checkpoints|fit|full-bench|served" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|full-size-checkpoints|fit|full-bench|served" >&2; exit 2 ;;
 esac

@@ -55,7 +55,7 @@ def test_oracle_runs_have_their_dflash_engine_and_reference(name, dflash, ref, t
 def test_the_small_pool_oracle_run_forces_preemption_and_only_oracle_runs_are_oracles():
     assert rs.RUNS["trained-oracle-fa2-cg-bf16-smallkv"].kv_blocks == rs.TRAINED_SMALL_POOL
     assert rs.RUNS["trained-oracle-fa2-cg-bf16-smallkv"].concurrency == (17, 32)
-    assert {n for n, s in rs.RUNS.items() if s.oracle} == {t[0] for t in TRIPLES}
+    assert {n for n, s in rs.RUNS.items() if s.oracle} == {t[0] for t in TRIPLES} | {t[0] + "-bi" for t in TRIPLES}
     # The default order (all trained runs, remote.sh without RUNS) has each reference first.
     names = list(rs.RUNS)
     for name, _, ref in TRIPLES:
@@ -326,3 +326,15 @@ def test_oracle_records_keep_apart_from_dflash_records_and_get_their_own_section
     assert "trained-oracle-fa2-cg-bf16" not in head  # not in the DFlash table
     row = next(ln for ln in section.splitlines() if ln.startswith("| trained-oracle-fa2-cg-bf16 "))
     assert " ".join(["2"] * (K + 1)) in row and "| 113 |" in row and row.count("True") >= 5
+
+
+def test_batch_invariant_twins_are_judged_against_the_batch_invariant_reference():
+    for name, dflash, ref in TRIPLES:
+        for base in (name, dflash, ref):
+            twin = rs.RUNS[base + "-bi"]
+            assert twin.batch_invariant and not rs.RUNS[base].batch_invariant
+            assert twin.reference == (rs.RUNS[base].reference + "-bi" if rs.RUNS[base].reference else None)
+            assert twin.noise is None and twin.key() != rs.RUNS[base].key()
+    # An oracle twin plans from its own reference's raw record: order_runs puts that first.
+    assert rs.order_runs(["trained-oracle-fa2-cg-bf16-bi", "trained-ref-bf16-bi"]) == \
+        ["trained-ref-bf16-bi", "trained-oracle-fa2-cg-bf16-bi"]
