@@ -11,8 +11,10 @@ writes them, analysed by the real oracle.analyse.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +57,8 @@ def test_oracle_runs_have_their_dflash_engine_and_reference(name, dflash, ref, t
 def test_the_small_pool_oracle_run_forces_preemption_and_only_oracle_runs_are_oracles():
     assert rs.RUNS["trained-oracle-fa2-cg-bf16-smallkv"].kv_blocks == rs.TRAINED_SMALL_POOL
     assert rs.RUNS["trained-oracle-fa2-cg-bf16-smallkv"].concurrency == (17, 32)
-    assert {n for n, s in rs.RUNS.items() if s.oracle} == {t[0] for t in TRIPLES} | {t[0] + "-bi" for t in TRIPLES}
+    assert {n for n, s in rs.RUNS.items() if s.oracle} == \
+        {t[0] + suffix for t in TRIPLES for suffix in ("", "-bi", "-bi-noinductor")}
     # The default order (all trained runs, remote.sh without RUNS) has each reference first.
     names = list(rs.RUNS)
     for name, _, ref in TRIPLES:
@@ -330,11 +333,17 @@ def test_oracle_records_keep_apart_from_dflash_records_and_get_their_own_section
 
 def test_batch_invariant_twins_are_judged_against_the_batch_invariant_reference():
     for name, dflash, ref in TRIPLES:
-        for base in (name, dflash, ref):
-            twin = rs.RUNS[base + "-bi"]
+        for base, suffix in itertools.product((name, dflash, ref), ("-bi", "-bi-noinductor")):
+            twin = rs.RUNS[base + suffix]
             assert twin.batch_invariant and not rs.RUNS[base].batch_invariant
-            assert twin.reference == (rs.RUNS[base].reference + "-bi" if rs.RUNS[base].reference else None)
-            assert twin.noise is None and twin.key() != rs.RUNS[base].key()
+            assert twin.reference == (rs.RUNS[base].reference + suffix if rs.RUNS[base].reference else None)
+            assert twin.key() != rs.RUNS[base].key()
+            # Without inductor the graphs are still captured: only the compile backend changes.
+            assert (rs._run_knobs(twin, Path("d"))["compilation_config"].get("backend") == "eager") == \
+                (suffix == "-bi-noinductor")
+    noinductor = rs.RUNS["trained-dflash-fa2-cg-bf16-bi-noinductor"]
+    assert noinductor.noise == "trained-refgroups-bf16-bi-noinductor" and noinductor.cuda_graphs
+    assert rs.RUNS["trained-refgroups-bf16-bi-noinductor"].reference == "trained-ref-bf16-bi-noinductor"
     # An oracle twin plans from its own reference's raw record: order_runs puts that first.
     assert rs.order_runs(["trained-oracle-fa2-cg-bf16-bi", "trained-ref-bf16-bi"]) == \
         ["trained-ref-bf16-bi", "trained-oracle-fa2-cg-bf16-bi"]
