@@ -281,7 +281,7 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
     by_name = {r.name: r for r in runs}
     twins = [by_name[n] for n in BATCH_INVARIANT_TWINS]
     return runs + [_batch_invariant_twin(r) for r in twins] + \
-        [_batch_invariant_twin(r, compile_backend="eager") for r in twins + [by_name["trained-refgroups-bf16"]]]
+        [_batch_invariant_twin(r, compile_backend="eager") for r in twins + [by_name["trained-refgroups-bf16"], by_name["trained-refgroups-bf16-smallkv"]]]
 
 
 # The runs whose verdict also needs exact numbers: found on the H100 (target 7b296e34),
@@ -473,13 +473,14 @@ def oracle_workload(plan: dict, prompts: list[list[int]]) -> list[int]:
     return [r["max_tokens"] for r in plan["requests"]]
 
 
-def oracle_result(spec: RunSpec, raw_dir: Path) -> dict:
+def oracle_result(spec: RunSpec, raw_dir: Path, max_tokens: list[int] | None) -> dict:
     """Parent side, after the child: the oracle's log analysed into the raw record, so
-    verdicts (and --merge-only) need only the raw records."""
+    verdicts (and --merge-only) need only the raw records. ``max_tokens``: the child's
+    per-prompt limits (``oracle_max_tokens``), which decide the verifies vLLM leaves uncounted."""
     _, log_path = oracle_paths(spec, raw_dir)
     lines = oracle.read_log(log_path) if log_path.exists() else []
     return {"oracle_log_lines": len(lines),
-            "oracle_analysis": oracle.analyse(lines, NUM_SPECULATIVE_TOKENS)}
+            "oracle_analysis": oracle.analyse(lines, NUM_SPECULATIVE_TOKENS, max_tokens)}
 
 
 # --------------------------------------------------------------------- child
@@ -1211,7 +1212,7 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     raw["assert_lines"] = [ln for ln in text.splitlines()
                            if "Assertion" in ln or "index out of bounds" in ln][:10]
     if spec.oracle:
-        raw.update(oracle_result(spec, logs))
+        raw.update(oracle_result(spec, logs, raw.get("oracle_max_tokens")))
     return raw
 
 
@@ -1316,6 +1317,8 @@ def main(argv: list[str] | None = None) -> int:
         if name not in RUNS or RUNS[name].vllm != args.vllm:
             continue
         spec = RUNS[name]
+        if spec.oracle and oracle_paths(spec, raw_dir)[1].exists():
+            raw.update(oracle_result(spec, raw_dir, raw.get("oracle_max_tokens")))  # this analysis, not the run's
         ref_spec = reference_for(spec)
         reference = raws.get(ref_spec.name) if ref_spec else None
         records.append(record(spec, raw, reference, meta, raws.get(spec.noise) if spec.noise else None))

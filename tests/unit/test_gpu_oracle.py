@@ -475,3 +475,22 @@ def test_v2_hook_binds_positional_calls_and_skips_dummy_runs(tmp_path, monkeypat
     # A step that proposes nothing (num_speculative_tokens=0) still logs its verify rows.
     spec.propose(*args, num_speculative_tokens=0)
     assert len(oracle.read_log(tmp_path / "log.jsonl")) == 4 and o.proposals == 2
+
+
+def test_a_verify_after_the_request_reached_max_tokens_is_left_out_as_vllm_does():
+    # vLLM's async scheduler schedules one more step for a request before the output that
+    # finished it is processed; Scheduler.update_from_output skips the finished request, so
+    # that step's drafts never reach the spec-decode counters (seen on the H100: 48 of 781).
+    def rec(call, d, n, f, tail=False):
+        return {"call": call, "row": 0, "req": "0-a", "p": 0, "d": d, "sampled": True, "n": n,
+                "last_ok": True, "step": call - 1, "f": f, "f_eff": f, "k": K, "tail": tail}
+    records = [rec(1, 0, 1, 4), rec(2, K, 6, 2), rec(3, K, 9, 5), rec(4, K, 15, 7, tail=True), rec(5, K, 23, 1)]
+    everything = oracle.analyse(records, K)
+    counted = oracle.analyse(records, K, max_tokens=[10])
+    assert everything["verified"] == 4 and everything["tail_drafts"] == 1
+    assert counted["verified"] == 3 and counted["after_finish_verifies"] == 1
+    assert counted["expected_hist"] == oracle.histogram([4, 2, 5], K)
+    # The discarded step may draft past the reference (tail) and still checks its tokens.
+    assert counted["tail_drafts"] == 0 and counted["num_mismatches"] == 0
+    wrong = records[:-1] + [rec(5, K, 22, 1)]  # accepted 6, planned 7: a mismatch all the same
+    assert oracle.analyse(wrong, K, max_tokens=[10])["num_mismatches"] == 1
