@@ -347,3 +347,17 @@ def test_batch_invariant_twins_are_judged_against_the_batch_invariant_reference(
     # An oracle twin plans from its own reference's raw record: order_runs puts that first.
     assert rs.order_runs(["trained-oracle-fa2-cg-bf16-bi", "trained-ref-bf16-bi"]) == \
         ["trained-ref-bf16-bi", "trained-oracle-fa2-cg-bf16-bi"]
+
+
+def test_the_preemption_controls_differ_from_the_small_pool_run_in_one_knob_each():
+    base = rs.RUNS["trained-dflash-fa2-cg-bf16-smallkv-bi-noinductor"]
+    sync = rs.RUNS["trained-dflash-fa2-cg-bf16-smallkv-sync-bi-noinductor"]
+    alone = rs.RUNS["trained-refgroups-bf16-tinykv-bi-noinductor"]
+    assert rs._run_knobs(sync, Path("d"))["async_scheduling"] is False
+    assert "async_scheduling" not in rs._run_knobs(base, Path("d"))
+    assert {k: v for k, v in sync.key().items() if k != "async_scheduling"} == \
+        {k: v for k, v in base.key().items() if k != "async_scheduling"}
+    # The target alone, exact numerics, in a pool under the small one (it did not preempt in that).
+    assert alone.kv_blocks < base.kv_blocks and alone.mode == "reference-grouped" and not alone.has_drafter
+    assert alone.reference == sync.reference == "trained-ref-bf16-bi-noinductor"
+    assert rs.trained_engine_kwargs(sync, Path("m"))["async_scheduling"] is False
