@@ -417,10 +417,14 @@ train_background() { # install, then train-target (and TRAIN_BG_DRAFTER=1: train
     # and bash reads a script while it runs.
     rm -rf "$WORK/bg-tree" && mkdir -p "$WORK/bg-tree"
     tar --exclude=./.stage -cf - . | tar -xf - -C "$WORK/bg-tree"
-    rm -f "$WORK/drafter-bg.rc"
+    rm -f "$WORK/drafter-bg.rc" "$WORK/drafter-bg.asked"
     local steps="bash tests/gpu/remote.sh train-target; echo \$? > $WORK/train-bg.rc"
-    [ "${TRAIN_BG_DRAFTER:-0}" = 1 ] && touch "$WORK/bg-tree/.drafter-asked" && steps="$steps; [ \$(cat $WORK/train-bg.rc) = 0 ] && \
+    if [ "${TRAIN_BG_DRAFTER:-0}" = 1 ]; then
+        # drafter-bg.rc is written whatever happens (1 when the target failed), so waits end.
+        touch "$WORK/drafter-bg.asked"
+        steps="$steps; [ \$(cat $WORK/train-bg.rc) = 0 ] && \
 bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc"
+    fi
     (cd "$WORK/bg-tree" && TRAIN_BG=1 OUT=$WORK/train-bg-out setsid nohup bash -c "$steps" \
         > "$WORK/train-bg.out" 2>&1 < /dev/null &)
     echo "training in the background (log: $WORK/train-bg.out; the next calls wait for it)"
@@ -439,11 +443,10 @@ wait_training() { # block until a background training (train_background) has end
 }
 
 wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1) has ended
-    [ -f "$WORK/train-bg.out" ] && grep -q . "$WORK/train-bg.rc" 2>/dev/null || return 0
-    [ "$(cat "$WORK/train-bg.rc")" = 0 ] || return 0
-    [ -f "$WORK/bg-tree/.drafter-asked" ] || return 0
+    [ -f "$WORK/drafter-bg.asked" ] || return 0
     while [ ! -f "$WORK/drafter-bg.rc" ]; do sleep 5; done
     echo "background drafter training ended with $(cat "$WORK/drafter-bg.rc")"
+    [ -f "$WORK/drafter-bg.out" ] || return 0  # the target failed: the drafter never started
     grep -v "^step" "$WORK/drafter-bg.out" | tail -12 || true
     mkdir -p "$OUT" && cp "$WORK/drafter-bg.out" "$OUT/train-drafter-bg.log"
     cp "$WORK"/train-bg-out/drafter-train-record.json "$OUT/" 2>/dev/null || true

@@ -399,8 +399,7 @@ def reference(args) -> None:
         ph.record.update(requests=[r.to_dict() for r in reqs], vision=vision.__dict__)
         if ph.start():
             model = served_name(plan)
-            chunk = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
-            ph.record["server_tokenize"] = server_tokenize(ph.url, model, chunk)
+            record_chunk_tokenize(ph, model, reqs)
             ph.record["passes"] = []
             for i in range(2):
                 t0 = time.time()
@@ -413,6 +412,12 @@ def reference(args) -> None:
         ph.save()
 
 
+def record_chunk_tokenize(ph, model: str, reqs) -> None:
+    """The server's own tokenization of the chunk-boundary image request, into the phase's record."""
+    chunk = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
+    ph.record["server_tokenize"] = server_tokenize(ph.url, model, chunk)
+
+
 def dflash(args) -> None:
     ph = Phase("dflash", args, args.site_patched)
     try:
@@ -422,8 +427,7 @@ def dflash(args) -> None:
         if not ph.start():
             return
         model = served_name(plan)
-        chunk = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
-        ph.record["server_tokenize"] = server_tokenize(ph.url, model, chunk)
+        record_chunk_tokenize(ph, model, reqs)
         ph.record["metrics_before"] = scrape(ph.url)
         ph.record["levels"] = {}
         for c in sr.CONCURRENCY:
