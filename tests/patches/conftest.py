@@ -64,6 +64,14 @@ READS = [
     "vllm/model_executor/models/qwen3_dspark.py",
     "vllm/model_executor/models/qwen3_xpress.py",
     "vllm/model_executor/models/lilicorr.py",
+    "vllm/v1/core/block_pool.py",
+    "vllm/v1/core/single_type_kv_cache_manager.py",
+    "vllm/v1/core/kv_cache_coordinator.py",
+    "vllm/v1/core/kv_cache_metrics.py",
+    "vllm/v1/core/sched/async_scheduler.py",
+    "vllm/v1/core/sched/utils.py",
+    "vllm/v1/utils.py",
+    "vllm/utils/__init__.py",
 ]
 
 
