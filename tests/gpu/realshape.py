@@ -49,6 +49,7 @@ import gate  # noqa: E402
 import lm_files  # noqa: E402
 import oracle  # noqa: E402
 import run_modes  # noqa: E402
+import sched_events  # noqa: E402
 
 TARGET = "gemma4-a4b-r30"
 DRAFTER = "dflash-r5-for-a4b-r30"
@@ -665,6 +666,8 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
             spec_probe.install(os.environ["REALSHAPE_PROBE_OUT"], shapes["vocab"],
                                shapes.get("max_position_embeddings", 4096))
         orc = install_oracle(spec) if spec.oracle else None
+        # Small pools: which request was preempted (a divergence there is judged by it).
+        events = sched_events.install() if spec.kv_blocks and spec.mode != "init" else None
         if spec.mode == "init":
             llm, (_executor, runner) = None, load_models_only(engine_kwargs(spec, models))
             result["started"] = "executor (models loaded; no KV cache, no scheduler)"
@@ -690,10 +693,16 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         elif spec.mode == "reference-batched":
             result["passes"] = [_generate(llm, params, toks) for _ in range(2)]
         else:
-            result["groups"] = {str(c): _generate(llm, params, toks[:c]) for c in spec.concurrency}
+            result["groups"] = {}
+            for c in spec.concurrency:
+                if events is not None:
+                    events.group = str(c)
+                result["groups"][str(c)] = _generate(llm, params, toks[:c])
         result["generate_s"] = round(time.time() - t1, 2)
         if llm is not None and spec.trained:
             result["counters"] = engine_counters(llm)
+        if events is not None:
+            result["sched_events"] = events.summary(toks)
         if orc is not None:  # calls == 0: the hook never ran (the drafter's own drafts were verified)
             result["oracle_calls"] = {"calls": orc.calls, "proposals": orc.proposals, "unknown_rows": orc.unknown}
         result["ok"] = True
@@ -732,6 +741,7 @@ def judge(reference: dict | None, run: dict) -> dict:
     if reference.get("target_sha256") != run.get("target_sha256"):
         return {"lossless": None, "reason": "reference ran another target (target_sha256 differs)"}
     ref = reference["passes"][0]
+    events = {(e["group"], e["prompt"]): e for e in run.get("sched_events") or []}
     divergences, identical, total = [], 0, 0
     for group, outs in run["groups"].items():
         for i, out in enumerate(outs):
@@ -740,9 +750,24 @@ def judge(reference: dict | None, run: dict) -> dict:
             if d is None:
                 identical += 1
             else:
-                divergences.append({"concurrency": int(group), **d})
-    return {"lossless": all(d["tie"] for d in divergences), "prompt_runs": total,
-            "identical": identical, "divergences": divergences}
+                seen = events.get((group, i))
+                divergences.append({"concurrency": int(group), **d, **(
+                    {"preempted_at_output_tokens": [e["output_tokens"] for e in seen["preempted"]],
+                     "unscheduled_steps": len(seen["unscheduled"])} if seen else {})})
+    verdict = {"lossless": all(d["tie"] for d in divergences), "prompt_runs": total,
+               "identical": identical, "divergences": divergences}
+    if "sched_events" in run:
+        verdict["preemption"] = _preemption_split(run, divergences)
+    return verdict
+
+
+def _preemption_split(run: dict, divergences: list[dict]) -> dict:
+    """Small pools: prompt runs whose request was preempted, and how many of each kind diverged."""
+    preempted = {(e["group"], e["prompt"]) for e in run["sched_events"] if e["preempted"]}
+    diverged = {(str(d["concurrency"]), d["prompt"]) for d in divergences}
+    return {"prompt_runs_preempted": len(preempted),
+            "diverged_preempted": len(diverged & preempted),
+            "diverged_not_preempted": len(diverged - preempted)}
 
 
 def truncated(reference: dict, lengths: list[int]) -> dict:
