@@ -116,6 +116,43 @@ def test_divergence_on_an_exact_tie_to_the_runner_up_is_lossless():
     assert v["lossless"] is True and v["divergences"][0]["tie"] is True
 
 
+def test_small_pool_divergences_say_whether_their_request_was_preempted_before_them():
+    ev = _load("sched_events").SchedEvents()
+    prompts = [[10, 11], [20, 21], [30, 31]]
+
+    def request(rid, prompt, outputs):
+        return type("R", (), {"request_id": rid, "prompt_token_ids": prompt, "num_output_tokens": outputs,
+                              "num_computed_tokens": 40, "num_in_flight_tokens": 16})()
+
+    ev.group = "3"
+    ev.preempted(request("a", prompts[0], 5))       # before its divergence at 7
+    ev.preempted(request("b", prompts[1], 9))       # after its divergence at 1
+    ev.scheduled([request("c", prompts[2], 2)], {"a": 1, "b": 1})  # c skipped once, before 4
+    ref_outs = [_out(list(range(1, 13))), _out([5, 6, 7]), _out([8, 9, 10, 11, 12])]
+    ref = _reference([ref_outs, ref_outs])
+    run = {"ok": True, "sched_events": ev.summary(prompts), "groups": {"3": [
+        _out(list(range(1, 8)) + [99] + list(range(9, 13))), _out([5, 99, 7]), _out([8, 9, 10, 11, 99])]}}
+    v = rs.judge(ref, run)
+    by_prompt = {d["prompt"]: d for d in v["divergences"]}
+    assert (by_prompt[0]["preempted_before"], by_prompt[0]["unscheduled_before"]) == (1, 0)
+    assert (by_prompt[1]["preempted_before"], by_prompt[1]["unscheduled_before"]) == (0, 0)
+    assert (by_prompt[2]["preempted_before"], by_prompt[2]["unscheduled_before"]) == (0, 1)
+    assert v["preemption"] == {"prompt_runs_preempted": 2, "diverged_preempted": 2, "diverged_not_preempted": 1}
+
+
+def test_runs_without_scheduler_events_get_no_preemption_split():
+    ref_out = _out([1, 2, 3])
+    v = rs.judge(_reference([[ref_out], [ref_out]]), {"ok": True, "groups": {"1": [_out([1, 2, 4])]}})
+    assert "preemption" not in v and "preempted_before" not in v["divergences"][0]
+
+
+def test_merge_keeps_a_batch_invariant_twin_apart_from_its_no_inductor_twin():
+    base = {"vllm": "0.21.0", "series": "patched", "mode": "dflash", "kv_blocks": 1000, "batch_invariant": True}
+    old = [dict(base, name="x-bi", ok=False), dict(base, name="x-bi-noinductor", compile_backend="eager", ok=False)]
+    merged = rs.merge(old, [dict(base, name="x-bi-noinductor", compile_backend="eager", ok=True)])
+    assert sorted((r["name"], r["ok"]) for r in merged) == [("x-bi", False), ("x-bi-noinductor", True)]
+
+
 def test_merge_replaces_the_same_configuration_and_keeps_others():
     old = [{"vllm": "0.21.0", "series": "stock", "target": {"sliding": 25, "full": 5},
             "drafter_layers": 5, "mode": "dflash", "quantization": "bf16", "drafter_backend": "auto",
