@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
+import input_trace  # noqa: E402
 import gate  # noqa: E402
 import lm_files  # noqa: E402
 import oracle  # noqa: E402
@@ -127,6 +128,9 @@ class RunSpec:
     # async scheduler switched (None keeps vLLM's default).
     probe: bool = False
     async_scheduling: bool | None = None
+    # Diagnosis only: input_trace records what the target was fed, per request and step
+    # (a divergent request's inputs are checked against its reference sequence).
+    trace_inputs: bool = False
     # The release the run needs (remote.sh realshape / realshape-v33 run one each).
     vllm: str = "0.21.0"
     # Images allowed per prompt. Token-id prompts cannot pass vLLM's multimodal
@@ -166,6 +170,7 @@ class RunSpec:
                 "flash_attn_version": self.flash_attn_version, "cuda_graphs": self.cuda_graphs,
                 "kv_blocks": self.kv_blocks, "batch_invariant": self.batch_invariant,
                 **({"compile_backend": self.compile_backend} if self.compile_backend else {}),
+                **({"trace_inputs": True} if self.trace_inputs else {}),
                 "mm_prefix": self.mm_prefix, "probe": self.probe,
                 "async_scheduling": self.async_scheduling, "target_kind": self.target,
                 # Every run carries it (records written before issue 25 read as "random"), so a
@@ -298,6 +303,10 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
         # drafter slot mapping can write anywhere.
         run("trained-dflash-eager-bf16-smallkv-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="trained-ref-bf16-bi-noinductor", cuda_graphs=False, **small, **exact),
+        # The same engine as trained-dflash-fa2-cg-bf16-smallkv-bi-noinductor with what the
+        # target was fed recorded: were the divergent requests' inputs right?
+        run("trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor", "patched", "dflash", backend="flash_attn",
+            reference="trained-ref-bf16-bi-noinductor", trace_inputs=True, **small, **exact),
     ]
     by_name = {r.name: r for r in runs}
     twins = [by_name[n] for n in BATCH_INVARIANT_TWINS]
@@ -674,6 +683,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         orc = install_oracle(spec) if spec.oracle else None
         # Small pools: which request was preempted (a divergence there is judged by it).
         events = sched_events.install() if spec.kv_blocks and spec.mode != "init" else None
+        trace = input_trace.install() if spec.trace_inputs else None
         if spec.mode == "init":
             llm, (_executor, runner) = None, load_models_only(engine_kwargs(spec, models))
             result["started"] = "executor (models loaded; no KV cache, no scheduler)"
@@ -701,14 +711,17 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         else:
             result["groups"] = {}
             for c in spec.concurrency:
-                if events is not None:
-                    events.group = str(c)
+                for recorder in (events, trace):
+                    if recorder is not None:
+                        recorder.group = str(c)
                 result["groups"][str(c)] = _generate(llm, params, toks[:c])
         result["generate_s"] = round(time.time() - t1, 2)
         if llm is not None and spec.trained:
             result["counters"] = engine_counters(llm)
         if events is not None:
             result["sched_events"] = events.summary(toks)
+        if trace is not None:
+            result["input_trace"] = trace.summary(toks)
         if orc is not None:  # calls == 0: the hook never ran (the drafter's own drafts were verified)
             result["oracle_calls"] = {"calls": orc.calls, "proposals": orc.proposals, "unknown_rows": orc.unknown}
         result["ok"] = True
@@ -750,6 +763,7 @@ def judge(reference: dict | None, run: dict) -> dict:
     # Small-pool runs record scheduler events; a request without any had none.
     events = ({(e["group"], e["prompt"]): e for e in run["sched_events"]}
               if "sched_events" in run else None)
+    traced = {(e["group"], e["prompt"]): e for e in run.get("input_trace") or []}
     divergences, identical, total = [], 0, 0
     for group, outs in run["groups"].items():
         for i, out in enumerate(outs):
@@ -760,6 +774,11 @@ def judge(reference: dict | None, run: dict) -> dict:
             else:
                 divergences.append({"concurrency": int(group), **d, **(
                     {} if events is None else _events_before(events.get((group, i)), d["position"]))})
+                if (group, i) in traced:
+                    row = traced[group, i]
+                    divergences[-1]["inputs"] = input_trace.check(
+                        row["writes"], row["prompt_tokens"] + ref[i]["token_ids"],
+                        len(row["prompt_tokens"]) + d["position"])
     verdict = {"lossless": all(d["tie"] for d in divergences), "prompt_runs": total,
                "identical": identical, "divergences": divergences}
     if events is not None:
@@ -1045,7 +1064,7 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     # RunSpec.key()'s fields; a record written before a field existed had its default.
     # compile_backend is in key() only when set, so name it: a -bi-noinductor record must
     # not replace its -bi twin.
-    defaults = {**RunSpec("", "patched", "reference").key(), "compile_backend": None}
+    defaults = {**RunSpec("", "patched", "reference").key(), "compile_backend": None, "trace_inputs": False}
 
     def ident(r: dict) -> tuple:
         # A patched record replaces the same configuration's record of an

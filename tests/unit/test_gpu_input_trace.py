@@ -1,0 +1,58 @@
+"""tests/gpu/input_trace.py's pure parts: recording a runner's inputs and checking a divergent
+request's against its reference sequence, without vLLM or a GPU (the runner is a stand-in with
+the buffers the hook reads, as CPU tensors)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from tests.unit.gpu_scripts import load as _load
+
+it = _load("input_trace")
+
+
+def _runner(req_ids, prompts, chunks):
+    """chunks: per request, (first position, token ids) of this step, in batch order."""
+    bounds = np.cumsum([0] + [len(ids) for _, ids in chunks])
+    ids = [t for _, c in chunks for t in c]
+    positions = [p for first, c in chunks for p in range(first, first + len(c))]
+    return SimpleNamespace(
+        input_batch=SimpleNamespace(num_reqs=len(req_ids), req_ids=list(req_ids)),
+        query_start_loc=SimpleNamespace(np=bounds),
+        input_ids=SimpleNamespace(gpu=torch.tensor(ids + [0, 0], dtype=torch.int32)),  # padded, as graphs are
+        positions=torch.tensor(positions + [0, 0]),
+        requests={r: SimpleNamespace(prompt_token_ids=p) for r, p in zip(req_ids, prompts)})
+
+
+def test_record_keeps_each_requests_writes_by_first_position_and_maps_prompts():
+    trace = it.InputTrace()
+    trace.group = "4"
+    trace.record(_runner(["a", "b"], [[7, 8], [9]], [(0, [7, 8]), (0, [9])]))
+    trace.record(_runner(["b"], [[9]], [(1, [5, 6, 6])]))
+    rows = {r["prompt"]: r for r in trace.summary([[9], [7, 8]])}
+    assert rows[1]["writes"] == [[0, [7, 8]]] and rows[1]["group"] == "4"
+    assert rows[0]["writes"] == [[0, [9]], [1, [5, 6, 6]]] and rows[0]["prompt_tokens"] == [9]
+
+
+def test_check_finds_a_wrong_token_fed_before_the_divergence():
+    expected = [1, 2, 3, 4, 5, 6]  # prompt [1, 2, 3], outputs [4, 5, 6]
+    writes = [[0, [1, 2, 3]], [3, [4, 9, 9]], [4, [7, 9]], [5, [6]]]  # position 4 fed 7, not 5
+    verdict = it.check(writes, expected, first_wrong=5)
+    assert verdict["mismatches"] == 1 and verdict["first_mismatches"] == [[4, 7, 5]]
+    assert verdict["steps_replayed"] == 3
+
+
+def test_check_passes_rejected_drafts_overwritten_before_the_divergent_step():
+    expected = [1, 2, 3, 4, 5, 6]
+    # Drafts 9, 9 at positions 4, 5 are rejected; the next step rewrites position 4 with 5.
+    writes = [[0, [1, 2, 3]], [3, [4, 9, 9]], [4, [5, 9]], [5, [8]]]
+    verdict = it.check(writes, expected, first_wrong=5)
+    assert verdict["mismatches"] == 0 and verdict["positions_fed"] == 5 and verdict["positions_not_fed"] == 0
+
+
+def test_check_counts_prefix_cache_hits_as_not_fed():
+    verdict = it.check([[2, [3]], [3, [4]]], [1, 2, 3, 4, 5], first_wrong=4)
+    assert (verdict["positions_fed"], verdict["positions_not_fed"], verdict["mismatches"]) == (2, 2, 0)
