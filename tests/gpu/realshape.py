@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
+import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
 import gate  # noqa: E402
 import lm_files  # noqa: E402
@@ -131,6 +132,10 @@ class RunSpec:
     # Diagnosis only: input_trace records what the target was fed, per request and step
     # (a divergent request's inputs are checked against its reference sequence).
     trace_inputs: bool = False
+    # Issue 25, item 3: draft_capture records what vLLM's drafter was fed and proposed, and the
+    # reference drafter judges the drafts on the same inputs (prefix caching off: a cached
+    # prefix feeds the drafter no features).
+    capture_drafts: bool = False
     # The release the run needs (remote.sh realshape / realshape-v33 run one each).
     vllm: str = "0.21.0"
     # Images allowed per prompt. Token-id prompts cannot pass vLLM's multimodal
@@ -171,6 +176,7 @@ class RunSpec:
                 "kv_blocks": self.kv_blocks, "batch_invariant": self.batch_invariant,
                 **({"compile_backend": self.compile_backend} if self.compile_backend else {}),
                 **({"trace_inputs": True} if self.trace_inputs else {}),
+                **({"capture_drafts": True} if self.capture_drafts else {}),
                 "mm_prefix": self.mm_prefix, "probe": self.probe,
                 "async_scheduling": self.async_scheduling, "target_kind": self.target,
                 # Every run carries it (records written before issue 25 read as "random"), so a
@@ -287,6 +293,10 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
             reference="trained-ref-bf16", drafter="trained"),
         run("trained-dflash-trained-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
             reference="trained-ref-nvfp4", drafter="trained"),
+        # Issue 25, item 3: draft equivalence with the reference drafter (one at a time and 8 in
+        # flight, prefix caching off), judged against the same reference for losslessness.
+        run("trained-dflash-trained-fa2-cg-bf16-capture", "patched", "dflash", backend="flash_attn",
+            reference="trained-ref-bf16", drafter="trained", capture_drafts=True, concurrency=(1, 8)),
     ]
     # Found under exact numerics (2026-11-27): DFlash in the small pool diverged with
     # preemption, the target alone there neither preempted nor diverged. These two
@@ -577,7 +587,7 @@ def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
         model=str(target), dtype="bfloat16", max_model_len=TRAINED_MAX_MODEL_LEN, seed=0,
         logprobs_mode="raw_logits", disable_log_stats=False, **_memory_share(),
         # One-at-a-time references compute every prompt from scratch (see engine_kwargs).
-        enable_prefix_caching=spec.mode in ("dflash", "reference-grouped"),
+        enable_prefix_caching=spec.mode in ("dflash", "reference-grouped") and not spec.capture_drafts,
         max_num_seqs=1 if spec.mode == "reference" else max(TRAINED_CONCURRENCY),
         enforce_eager=not spec.cuda_graphs,
     )
@@ -628,6 +638,32 @@ def _generate(llm, params, batch: list[list[int]]) -> list[dict]:
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params[:len(batch)],
                         use_tqdm=False)
     return [run_modes._output_record(p, o) for p, o in zip(batch, outs)]
+
+
+def draft_equivalence(spec: RunSpec, models: Path, captured) -> dict:
+    """Child side, after generation: vLLM's drafts against dflash_reference.py's drafter on the
+    captured inputs, and the captured features against the Hugging Face target's (bf16 target
+    folder: the NVFP4 copy keeps the embedding in bf16, and the features are judged as fed)."""
+    import torch
+    from safetensors.torch import load_file
+
+    import dflash_reference as ref
+    import train_drafter
+
+    folder = drafter_dir(spec, models)
+    config = json.loads((folder / "config.json").read_text())
+    drafter = ref.Drafter(ref.Geometry.from_config(config))
+    drafter.load_state_dict({n: t.float() for n, t in load_file(str(folder / "model.safetensors")).items()})
+    drafter = drafter.to("cuda").eval()
+    target_dir = models / TRAINED_TARGET
+    model = train_drafter.load_target(target_dir, "cuda")
+    shared = train_drafter.shared_from_target(model, target_dir)
+    out = draft_capture.compare_capture(captured, drafter, shared, f"vllm-{spec.vllm}", NUM_SPECULATIVE_TOKENS)
+    out["features"] = draft_capture.feature_agreement(captured, model, list(drafter.g.target_layer_ids))
+    out["propose_calls"] = captured.calls
+    del model, drafter
+    torch.cuda.empty_cache()
+    return out
 
 
 def load_models_only(kwargs: dict):
@@ -684,6 +720,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         # Small pools: which request was preempted (a divergence there is judged by it).
         events = sched_events.install() if spec.kv_blocks and spec.mode != "init" else None
         trace = input_trace.install() if spec.trace_inputs else None
+        captured = draft_capture.install(TRAINED_MAX_MODEL_LEN) if spec.capture_drafts else None
         if spec.mode == "init":
             llm, (_executor, runner) = None, load_models_only(engine_kwargs(spec, models))
             result["started"] = "executor (models loaded; no KV cache, no scheduler)"
@@ -722,6 +759,8 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
             result["sched_events"] = events.summary(toks)
         if trace is not None:
             result["input_trace"] = trace.summary(toks)
+        if captured is not None:
+            result["draft_equivalence"] = draft_equivalence(spec, models, captured)
         if orc is not None:  # calls == 0: the hook never ran (the drafter's own drafts were verified)
             result["oracle_calls"] = {"calls": orc.calls, "proposals": orc.proposals, "unknown_rows": orc.unknown}
         result["ok"] = True
@@ -924,6 +963,8 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict, noise: 
         rec["assert_lines"] = raw["assert_lines"]
     if raw.get("probe") is not None:
         rec["probe_reports"] = raw["probe"][:12]
+    if raw.get("draft_equivalence") is not None:
+        rec["draft_equivalence"] = raw["draft_equivalence"]
     if spec.mode in ("dflash", "reference-grouped"):
         v = judge_oracle(reference, raw) if spec.oracle else judge(reference, raw)
         rec["lossless"] = v.get("lossless")
@@ -1064,7 +1105,8 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     # RunSpec.key()'s fields; a record written before a field existed had its default.
     # compile_backend is in key() only when set, so name it: a -bi-noinductor record must
     # not replace its -bi twin.
-    defaults = {**RunSpec("", "patched", "reference").key(), "compile_backend": None, "trace_inputs": False}
+    defaults = {**RunSpec("", "patched", "reference").key(), "compile_backend": None, "trace_inputs": False,
+                "capture_drafts": False}
 
     def ident(r: dict) -> tuple:
         # A patched record replaces the same configuration's record of an

@@ -1,0 +1,200 @@
+"""Draft equivalence (issue 25, item 3): vLLM's DFlash drafts against the reference drafter,
+fed the inputs vLLM's own drafter was fed.
+
+``install()`` (vLLM 0.21.0, in-process engine: VLLM_ENABLE_V1_MULTIPROCESSING=0) wraps
+``GPUModelRunner.propose_draft_token_ids`` (to hand the runner to the drafter, as
+oracle.py does) and ``DFlashProposer.propose``, read-only. Per request it keeps what the
+drafter received: the context features (``target_hidden_states``, the target's stream
+after each ``target_layer_ids`` layer, before the drafter's ``fc``), their positions and
+token ids, and per propose call the anchor (the bonus token's position), the bonus token
+and the K drafts vLLM returned. Rows of rejected drafts (``num_rejected_tokens_gpu``) are
+not context; a partial prefill chunk's drafts are discarded by vLLM and are not recorded.
+
+``compare()`` runs dflash_reference.py's drafter (weights from the drafter checkpoint) on
+the same features, positions and bonus tokens, one forward per request with every anchor,
+and counts the contexts whose K drafts equal vLLM's, a draft counting as equal when the
+reference's logit for vLLM's token is within one bf16 step of its own top one (compare.py's
+tie rule). It also checks the features themselves against the Hugging Face target's
+stream at the same layers for the same tokens (``features``: cosine similarity per row):
+equal drafts on wrong features would hide a layer-offset bug.
+
+Prefix caching must be off for these runs: a cached prefix feeds the drafter no features.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Request:
+    features: object  # torch tensor [max_len, F], bf16, CPU
+    tokens: list[int]
+    valid: list[bool]
+    contexts: list[dict] = field(default_factory=list)
+
+
+class Capture:
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.requests: dict[str, _Request] = {}
+        self.calls = 0
+
+    def _request(self, rid: str, width: int, dtype) -> _Request:
+        import torch
+
+        if rid not in self.requests:
+            self.requests[rid] = _Request(torch.zeros(self.max_len, width, dtype=dtype),
+                                          [0] * self.max_len, [False] * self.max_len)
+        return self.requests[rid]
+
+    def step(self, req_ids: list[str], bounds: list[int], positions: list[int], tokens: list[int],
+             hidden, rejected: list[int], bonus: list[int], drafts: list[list[int]],
+             sampled: list[bool]) -> None:
+        """One propose call. ``hidden``: CPU [num_tokens, F]; row r of request i lies in
+        bounds[i]:bounds[i + 1], its last ``rejected[i]`` rows were rejected drafts."""
+        self.calls += 1
+        for i, rid in enumerate(req_ids):
+            start, end = bounds[i], bounds[i + 1] - rejected[i]
+            if end <= start:
+                continue
+            req = self._request(rid, hidden.shape[1], hidden.dtype)
+            for row in range(start, end):
+                pos = positions[row]
+                if pos < self.max_len:
+                    req.features[pos] = hidden[row]
+                    req.tokens[pos], req.valid[pos] = tokens[row], True
+            anchor = positions[end - 1] + 1
+            if sampled[i] and anchor < self.max_len:
+                req.contexts.append({"anchor": anchor, "bonus": bonus[i], "drafts": drafts[i]})
+
+
+def install(max_len: int) -> Capture:
+    import importlib
+
+    import torch
+
+    capture = Capture(max_len)
+    runner_cls = importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
+    proposer_cls = importlib.import_module("vllm.v1.spec_decode.dflash").DFlashProposer
+    orig_pdt = runner_cls.propose_draft_token_ids
+
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        self.drafter._capture_runner = self
+        return orig_pdt(self, scheduler_output, *args, **kwargs)
+
+    orig = proposer_cls.propose
+    sig = inspect.signature(orig)
+
+    def propose(self, *args, **kwargs):
+        runner = getattr(self, "_capture_runner", None)
+        if runner is None or torch.cuda.is_current_stream_capturing():
+            return orig(self, *args, **kwargs)
+        bound = sig.bind(self, *args, **kwargs)
+        cad = bound.arguments["common_attn_metadata"]
+        rej = bound.arguments.get("num_rejected_tokens_gpu")
+        req_ids = list(runner.input_batch.req_ids)
+        n = len(req_ids)
+        # Snapshots before the call: propose changes seq_lens in place, and the hidden
+        # states are the raw features (combine_hidden_states runs inside).
+        bounds = cad.query_start_loc_cpu[:n + 1].tolist()
+        total = bounds[-1]
+        hidden = bound.arguments["target_hidden_states"][:total].to("cpu")
+        positions = bound.arguments["target_positions"][:total].tolist()
+        tokens = bound.arguments["target_token_ids"][:total].tolist()
+        rejected = rej[:n].tolist() if rej is not None else [0] * n
+        bonus = bound.arguments["next_token_ids"][:n].tolist()
+        mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
+        out = orig(self, *args, **kwargs)
+        sampled = [not bool(mask[i]) if mask is not None else True for i in range(n)]
+        capture.step(req_ids, bounds, positions, tokens, hidden, rejected, bonus, out[:n].tolist(), sampled)
+        return out
+
+    runner_cls.propose_draft_token_ids = propose_draft_token_ids
+    proposer_cls.propose = propose
+    return capture
+
+
+# ------------------------------------------------------------------ comparison
+
+
+def reference_drafts(drafter, shared, features, anchors: list[int], bonus: list[int], semantics: str, k: int):
+    """The reference's logits [A, K, V] for blocks at ``anchors`` over context rows
+    ``features`` [T, F] (positions 0..T-1), each block seeing the rows before its anchor."""
+    import torch
+
+    import dflash_reference as ref
+
+    device = next(drafter.parameters()).device
+    feats = features.to(device)[None]
+    ctx_pos = torch.arange(feats.shape[1], device=device)[None]
+    anchor_t = torch.tensor(anchors, device=device)[None]
+    bonus_t = torch.tensor(bonus, device=device)[None]
+    with torch.no_grad():
+        return ref.draft_logits(drafter, shared, feats, ctx_pos, bonus_t, anchor_t, semantics, k)[0]
+
+
+def judge_context(logits, drafts: list[int]) -> str:
+    """'equal' (vLLM's drafts are the reference's argmax), 'tie' (some differ, each within
+    one bf16 step of the reference's top logit) or 'unequal'."""
+    import compare
+
+    top_values, top_ids = logits.max(-1)
+    verdict = "equal"
+    for j, token in enumerate(drafts):
+        if token == int(top_ids[j]):
+            continue
+        if not compare.is_tie(float(top_values[j]), float(logits[j, token])):
+            return "unequal"
+        verdict = "tie"
+    return verdict
+
+
+def compare_capture(capture: Capture, drafter, shared, semantics: str, k: int) -> dict:
+    """Draft equivalence over every recorded context whose context rows were all fed."""
+    counts = {"equal": 0, "tie": 0, "unequal": 0}
+    incomplete, first_unequal = 0, []
+    for rid, req in capture.requests.items():
+        usable = [c for c in req.contexts if all(req.valid[:c["anchor"]])]
+        incomplete += len(req.contexts) - len(usable)
+        if not usable:
+            continue
+        width = max(c["anchor"] for c in usable)
+        logits = reference_drafts(drafter, shared, req.features[:width], [c["anchor"] for c in usable],
+                                  [c["bonus"] for c in usable], semantics, k)
+        for c, lg in zip(usable, logits):
+            verdict = judge_context(lg.float().cpu(), c["drafts"][:k])
+            counts[verdict] += 1
+            if verdict == "unequal" and len(first_unequal) < 5:
+                first_unequal.append({"request": rid, "anchor": c["anchor"], "vllm": c["drafts"][:k],
+                                      "reference": lg.argmax(-1).tolist()})
+    contexts = sum(counts.values())
+    return {"contexts": contexts, "equal": counts["equal"] + counts["tie"], "exact": counts["equal"],
+            "ties": counts["tie"], "unequal": counts["unequal"], "incomplete_contexts": incomplete,
+            "equal_fraction": round((counts["equal"] + counts["tie"]) / contexts, 4) if contexts else None,
+            "first_unequal": first_unequal, "semantics": semantics, "k": k}
+
+
+def feature_agreement(capture: Capture, model, layer_ids, chunk_tokens: int = 32768) -> dict:
+    """Captured feature rows against the Hugging Face target's stream at ``layer_ids`` for the
+    same tokens (train_drafter.target_features): cosine similarity per row."""
+    import torch
+
+    import train_drafter
+
+    cosines = []
+    for req in capture.requests.values():
+        length = next((p for p, ok in enumerate(req.valid) if not ok), len(req.valid))
+        if length < 2:
+            continue
+        feats, _, _ = train_drafter.target_features(model, [req.tokens[:length]], layer_ids, chunk_tokens)
+        mine = req.features[:length].float()
+        theirs = feats[0, :length].float().cpu()
+        cosines.append(torch.nn.functional.cosine_similarity(mine, theirs, dim=-1))
+    if not cosines:
+        return {"rows": 0}
+    allc = torch.cat(cosines)
+    return {"rows": int(allc.numel()), "min_cosine": round(float(allc.min()), 5),
+            "median_cosine": round(float(allc.median()), 5),
+            "rows_below_0_99": int((allc < 0.99).sum())}

@@ -1,0 +1,113 @@
+"""tests/gpu/draft_capture.py without vLLM or a GPU: the capture's bookkeeping on a propose
+call's arguments (CPU tensors in vLLM's layout), and the equivalence verdict against
+dflash_reference.py's drafter on a small random geometry (on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.unit.gpu_scripts import GPU_DIR
+from tests.unit.gpu_scripts import load as _load
+
+K = 3
+VOCAB = 50
+CONFIG = {
+    "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4,
+    "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def dc():
+    import sys
+
+    sys.path.insert(0, str(GPU_DIR))  # draft_capture imports compare and dflash_reference
+    try:
+        yield _load("draft_capture")
+    finally:
+        sys.path.remove(str(GPU_DIR))
+
+
+def _step(dc_capture, rid_rows, rejected, sampled=None, width=32, seed=0):
+    """One propose call: rid_rows = [(request id, first position, n rows)] in batch order."""
+    gen = torch.Generator().manual_seed(seed)
+    bounds, positions, tokens = [0], [], []
+    for _, first, n in rid_rows:
+        positions += list(range(first, first + n))
+        tokens += [(7 * p) % VOCAB for p in range(first, first + n)]
+        bounds.append(bounds[-1] + n)
+    hidden = torch.randn(bounds[-1], width, generator=gen).to(torch.bfloat16)
+    drafts = [[5, 6, 7] for _ in rid_rows]
+    dc_capture.step([r for r, _, _ in rid_rows], bounds, positions, tokens, hidden, rejected,
+                    [11 + i for i in range(len(rid_rows))], drafts, sampled or [True] * len(rid_rows))
+    return hidden
+
+
+def test_capture_keeps_accepted_rows_and_anchors_after_the_last_one(dc):
+    cap = dc.Capture(max_len=64)
+    hidden = _step(cap, [("a", 0, 10), ("b", 0, 6)], [0, 0], sampled=[True, False])  # b: partial prefill
+    _step(cap, [("a", 10, 4)], [2], seed=1)  # 2 rejected drafts: positions 12, 13 are not context
+    a = cap.requests["a"]
+    assert a.valid[:12] == [True] * 12 and a.valid[12:14] == [False, False]
+    assert torch.equal(a.features[3], hidden[3])
+    assert [c["anchor"] for c in a.contexts] == [10, 12] and a.contexts[0]["bonus"] == 11
+    assert cap.requests["b"].contexts == [] and cap.requests["b"].valid[:6] == [True] * 6
+
+
+def _reference(dc):
+    import dflash_reference as ref
+
+    torch.manual_seed(0)
+    drafter = ref.Drafter(ref.Geometry.from_config(CONFIG))
+    drafter.init_weights(0.3)
+    shared = ref.Shared(torch.randn(VOCAB, 16), 4.0, 30.0)
+    return drafter.eval(), shared
+
+
+def _capture_with_reference_drafts(dc, drafter, shared, semantics):
+    cap = dc.Capture(max_len=32)
+    _step(cap, [("a", 0, 12)], [0])
+    _step(cap, [("a", 12, 4)], [1], seed=2)
+    req = cap.requests["a"]
+    logits = dc.reference_drafts(drafter, shared, req.features[:15], [c["anchor"] for c in req.contexts],
+                                 [c["bonus"] for c in req.contexts], semantics, K)
+    for c, lg in zip(req.contexts, logits):
+        c["drafts"] = lg.argmax(-1).tolist()
+    return cap, logits
+
+
+def test_the_reference_drafts_on_the_captured_inputs_are_equal(dc):
+    drafter, shared = _reference(dc)
+    cap, _ = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.33.0")
+    out = dc.compare_capture(cap, drafter, shared, "vllm-0.33.0", K)
+    assert (out["contexts"], out["equal"], out["exact"], out["unequal"]) == (2, 2, 2, 0)
+
+
+def test_a_draft_far_from_the_reference_top_is_unequal_and_reported(dc):
+    drafter, shared = _reference(dc)
+    cap, logits = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.33.0")
+    worst = int(logits[1, 0].argmin())
+    cap.requests["a"].contexts[1]["drafts"][0] = worst
+    out = dc.compare_capture(cap, drafter, shared, "vllm-0.33.0", K)
+    assert (out["equal"], out["unequal"]) == (1, 1)
+    assert out["first_unequal"][0]["anchor"] == cap.requests["a"].contexts[1]["anchor"]
+
+
+def test_semantics_matter_drafts_made_under_one_release_differ_under_the_other(dc):
+    # 0.21.0 runs every drafter layer without a window; 0.33.0 keeps the sliding layer's
+    # window of 4: with 12 context rows the drafts must not all agree, or the check is blind.
+    drafter, shared = _reference(dc)
+    _, new = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.33.0")
+    _, old = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.21.0")
+    assert not torch.allclose(new, old)
+
+
+def test_contexts_with_unfed_rows_are_left_out_and_counted(dc):
+    drafter, shared = _reference(dc)
+    cap = dc.Capture(max_len=32)
+    _step(cap, [("a", 4, 8)], [0])  # positions 0-3 never fed (a prefix-cache hit)
+    out = dc.compare_capture(cap, drafter, shared, "vllm-0.21.0", K)
+    assert (out["contexts"], out["incomplete_contexts"]) == (0, 1)
