@@ -91,6 +91,8 @@ TRAINED_CONCURRENCY = (1, 4, 17, 32)
 TRAINED_SMALL_POOL = 1000
 # Just above the start-up minimum, for the target alone to preempt too.
 TRAINED_TINY_POOL = 850
+# Issue 25: the drafter-side patches whose reversal the ablation measures, per release.
+DRAFTER_SIDE_PATCHES = {"0.21.0": ("dflash-target-layer-ids-offset", "gemma4-dflash-embed-scale-logit-softcap")}
 # Where the target name of records written before issue 23 comes from.
 RANDOM_TARGET_NAME = "random-a4b-r30-postnorm0.15"
 
@@ -136,6 +138,9 @@ class RunSpec:
     # reference drafter judges the drafts on the same inputs (prefix caching off: a cached
     # prefix feeds the drafter no features).
     capture_drafts: bool = False
+    # Issue 25's ablation: the whole series less this patch id (remote.sh builds that tree
+    # under --reverted-sites/<id>).
+    revert: str | None = None
     # The release the run needs (remote.sh realshape / realshape-v33 run one each).
     vllm: str = "0.21.0"
     # Images allowed per prompt. Token-id prompts cannot pass vLLM's multimodal
@@ -177,6 +182,7 @@ class RunSpec:
                 **({"compile_backend": self.compile_backend} if self.compile_backend else {}),
                 **({"trace_inputs": True} if self.trace_inputs else {}),
                 **({"capture_drafts": True} if self.capture_drafts else {}),
+                **({"revert": self.revert} if self.revert else {}),
                 "mm_prefix": self.mm_prefix, "probe": self.probe,
                 "async_scheduling": self.async_scheduling, "target_kind": self.target,
                 # Every run carries it (records written before issue 25 read as "random"), so a
@@ -298,6 +304,11 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
         run("trained-dflash-trained-fa2-cg-bf16-capture", "patched", "dflash", backend="flash_attn",
             reference="trained-ref-bf16", drafter="trained", capture_drafts=True, concurrency=(1, 8)),
     ]
+    # Issue 25's ablation: the capture run on the series less one drafter-side patch. Lossless
+    # output stays expected (the target verifies); equivalence and acceptance say what it did.
+    capture = next(r for r in runs if r.name == "trained-dflash-trained-fa2-cg-bf16-capture")
+    runs += [dataclasses.replace(capture, name=f"{capture.name}-without-{pid}", revert=pid)
+             for pid in DRAFTER_SIDE_PATCHES["0.21.0"]]
     # Found under exact numerics (2026-11-27): DFlash in the small pool diverged with
     # preemption, the target alone there neither preempted nor diverged. These two
     # separate preemption from DFlash-with-preemption, and the async scheduler from both.
@@ -930,6 +941,8 @@ def _quant_backends(log_text: str) -> dict:
 def _series_of(spec: RunSpec, meta: dict) -> str | None:
     """The hash of the tree a patched run used: mm-prefix runs use the series
     less the text-only patch where remote.sh built one."""
+    if spec.revert:  # remote.sh stamps each reverted tree's own hash into the meta
+        return (meta.get("series_hash_reverted") or {}).get(spec.revert)
     if spec.mm_prefix and meta.get("series_hash_mm") and not spec.trained:
         return meta["series_hash_mm"]
     return meta.get("series_hash")
@@ -1106,7 +1119,7 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     # compile_backend is in key() only when set, so name it: a -bi-noinductor record must
     # not replace its -bi twin.
     defaults = {**RunSpec("", "patched", "reference").key(), "compile_backend": None, "trace_inputs": False,
-                "capture_drafts": False}
+                "capture_drafts": False, "revert": None}
 
     def ident(r: dict) -> tuple:
         # A patched record replaces the same configuration's record of an
@@ -1366,6 +1379,15 @@ def lane_problems(lanes: str, raw_dir: Path) -> list[str]:
     return problems
 
 
+def _reverted_site(args, patch_id: str) -> str:
+    """The PYTHONPATH of the tree without ``patch_id``: that tree, then the rest of
+    --site-patched's path (the bundle's site with vLLM's dependencies)."""
+    if not args.reverted_sites:
+        raise SystemExit(f"a run reverts {patch_id}: pass --reverted-sites")
+    rest = args.site_patched.split(":", 1)[1:] if args.site_patched else []
+    return ":".join([str(Path(args.reverted_sites) / patch_id), *rest])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child")
@@ -1376,7 +1398,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site-patched", help="vLLM with the whole series (text-only runs)")
     parser.add_argument("--site-patched-mm", help="vLLM with the series less the text-only patch "
                         "(mm-prefix runs; default: --site-patched)")
+    parser.add_argument("--reverted-sites", help="folder of vLLM trees, one per reverted patch id "
+                        "(<folder>/<id>: the series less that patch), for runs with a revert")
     parser.add_argument("--runs", help=f"comma-separated, from {list(RUNS)} (default: all, ranked)")
+    parser.add_argument("--reverts-of", help="print the patch ids the named runs revert, and exit")
     parser.add_argument("--raw-dir", type=Path, help="per-run raw results and logs")
     parser.add_argument("--out", type=Path, help="realshape.json to merge into")
     parser.add_argument("--md", type=Path)
@@ -1392,6 +1417,10 @@ def main(argv: list[str] | None = None) -> int:
         problems = lane_problems(args.check_lanes, args.raw_dir or Path("/tmp/realshape-raw"))
         print("\n".join(problems) or "lanes ok", flush=True)
         return 2 if problems else 0
+    if args.reverts_of is not None:
+        names = [n for n in re.split(r"[,;]", args.reverts_of) if n]
+        print(" ".join(sorted({RUNS[n].revert for n in names if n in RUNS and RUNS[n].revert})))
+        return 0
     if args.child:
         res = run_child(RUNS[args.child], args.models, args.token_limit)
         args.result.write_text(json.dumps(res) + "\n")
@@ -1421,6 +1450,7 @@ def main(argv: list[str] | None = None) -> int:
         # whole series serves both; the series-less-0008 tree is for token-id
         # prompts with limits of 0 on the random target.
         site = (args.site_stock if spec.series == "stock"
+                else _reverted_site(args, spec.revert) if spec.revert
                 else args.site_patched_mm if spec.mm_prefix and args.site_patched_mm and not spec.trained
                 else args.site_patched)
         print(f"[{name}] ...", flush=True)

@@ -133,6 +133,25 @@ site_is_current() { # site_is_current SITE [PATCHES_ROOT]: patched with this che
 SITE_PATCHED_MM=${SITE_PATCHED_MM:-/tmp/site-patched-mm}
 MM_PATCHES=${MM_PATCHES:-/tmp/patches-mm}
 
+REVERTED_SITES=${REVERTED_SITES:-/tmp/site-reverted}
+
+reverted_sites() { # reverted_sites RUN_NAMES: for each patch id those runs revert (issue 25's
+    # ablation), vLLM with the 0.21.0 series less that patch, and its hash in reverted-hashes.json
+    local ids id root hashes="{}"
+    ids=$("$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --reverts-of "$1") || return 1
+    for id in $ids; do
+        root=$WORK/patches-without-$id
+        rm -rf "$root" && cp -a patches "$root"
+        rm -f "$root"/vllm/0.21.0/*-"$id".patch
+        sed -i "/-$id\.patch/d" "$root/vllm/0.21.0/series"
+        site_is_current "$REVERTED_SITES/$id" "$root" \
+            || patched_site "$REVERTED_SITES/$id" "$root" > "$WORK/patch-apply-without-$id.txt"
+        hashes=$("$PY" -c 'import json, sys; d = json.loads(sys.argv[1]); d[sys.argv[2]] = sys.argv[3]; print(json.dumps(d))' \
+            "$hashes" "$id" "$(series_hash "$REVERTED_SITES/$id" "$root")")
+    done
+    echo "$hashes" > "$WORK/reverted-hashes.json"
+}
+
 mm_patches_root() { # the series without gemma4-text-only-per-layer-attention-backend
     # Token-id prompts need the multimodal limits at 0, which that patch reads
     # as text-only serving. With images allowed (the gemma4-moe-dflash recipe)
@@ -240,14 +259,16 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
 realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM]: date, GPU, versions, series hashes, command
     local site=${2:-$SITE} hash=${3-$(series_hash)} hash_mm=${4-$(series_hash "$SITE_PATCHED_MM" "$MM_PATCHES")}
     PYTHONPATH=$site "$PY" - "$1" "$WORK/gpu.txt" "$hash" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
-        "$hash_mm" <<'EOF'
-import datetime, json, sys
+        "$hash_mm" "$WORK/reverted-hashes.json" <<'EOF'
+import datetime, json, os, sys
 import torch, vllm
 json.dump({
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     "gpu": open(sys.argv[2]).read().strip(), "vllm": vllm.__version__, "torch": torch.__version__,
     "series_hash": sys.argv[3] or None,
     "series_hash_mm": sys.argv[5] or None,
+    # The trees of issue 25's ablation runs: the series less one patch id, each its own hash.
+    "series_hash_reverted": json.load(open(sys.argv[6])) if os.path.exists(sys.argv[6]) else {},
     "post_norm_scale": sys.argv[4] or None,
     "command": "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')",
 }, open(sys.argv[1], "w"), indent=1)
@@ -567,8 +588,9 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     seed_raw
     trained_nvfp4
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    reverted_sites "${RUNS:-}${RS_PARALLEL:-}"
     realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
-    local sites=(--site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE") lane i=0 pids=()
+    local sites=(--site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE" --reverted-sites "$REVERTED_SITES") lane i=0 pids=()
     if [ -n "${RS_PARALLEL:-}" ]; then
         # RS_PARALLEL="a,b;c,d": each lane runs its runs in order, lanes side by side on
         # the GPU (engine start-up is mostly CPU: compile and graph capture). Lanes

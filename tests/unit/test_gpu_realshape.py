@@ -7,6 +7,7 @@ verdicts must refuse a moving reference and name divergences by concurrency.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.unit.gpu_scripts import load as _load
@@ -328,3 +329,18 @@ def test_the_grouped_noise_run_is_the_dflash_engine_without_its_drafter():
     kd, kn = rs.trained_engine_kwargs(dflash, models), rs.trained_engine_kwargs(noise, models)
     assert kn["enable_prefix_caching"] is True and "speculative_config" not in kn
     assert {k: v for k, v in kd.items() if k != "speculative_config"} == kn
+
+
+def test_ablation_runs_revert_each_drafter_side_patch_of_the_series_and_carry_that_trees_hash():
+    from launcher.patching.series import series_for
+
+    ids = {p.id for p in series_for("0.21.0").patches}
+    ablation = {n: s for n, s in rs.RUNS.items() if s.revert}
+    assert {s.revert for s in ablation.values()} == set(rs.DRAFTER_SIDE_PATCHES["0.21.0"]) <= ids
+    for name, spec in ablation.items():
+        assert spec.capture_drafts and spec.drafter == "trained" and name.endswith(f"-without-{spec.revert}")
+        meta = {"series_hash": "full", "series_hash_reverted": {spec.revert: "less-" + spec.revert}}
+        assert rs._series_of(spec, meta) == "less-" + spec.revert
+    capture = rs.RUNS["trained-dflash-trained-fa2-cg-bf16-capture"]
+    assert rs._series_of(capture, {"series_hash": "full"}) == "full"
+    assert len({json.dumps(s.key(), sort_keys=True) for s in [capture, *ablation.values()]}) == 1 + len(ablation)
