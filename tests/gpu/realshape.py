@@ -1277,6 +1277,18 @@ def _detail(r: dict) -> str:
             detail += f"; {len(divs)} divergent (ties: {sum(d['tie'] for d in divs)}, max gap {worst:.3g})"
         if v.get("reason"):
             detail += f"; {v['reason']}"
+        split = v.get("preemption")
+        if split and divs:
+            detail += (f"; divergent with their request preempted: {split['diverged_preempted']}, "
+                       f"not preempted: {split['diverged_not_preempted']} "
+                       f"({split['prompt_runs_preempted']} prompt runs preempted)")
+        if any(d.get("inputs") for d in divs):
+            wrong = sum(bool((d.get("inputs") or {}).get("mismatches")) for d in divs)
+            detail += f"; fed a wrong token before diverging: {wrong} of {len(divs)}"
+        eq = r.get("draft_equivalence")
+        if eq:
+            detail += (f"; drafts equal to the reference's: {eq.get('equal')}/{eq.get('contexts')} contexts "
+                       f"({eq.get('ties')} on ties)")
         noise = r.get("batch_noise")
         if noise and noise.get("within") is not None:
             detail += (f"; within batch noise of {noise['run']} ({noise['noise_divergences']} divergent, "
