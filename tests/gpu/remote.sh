@@ -615,6 +615,8 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
         MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py realshape-raw-trained rs-meta-trained.json "${sites[@]}"
     fi
     tar -C "$WORK" -czf "$OUT/realshape-logs-trained.tar.gz" realshape-raw-trained
+    [ -f "$OUT/realshape.json" ] && "$PY" tests/gpu/acceptance_report.py --realshape "$OUT/realshape.json" --out-dir "$OUT"
+    return 0
 }
 
 served() { # issue 26: `launcher serve` servers, chat with images, `launcher bench` (tests/gpu/served.py)
