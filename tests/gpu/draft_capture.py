@@ -1,9 +1,11 @@
 """Draft equivalence (issue 25, item 3): vLLM's DFlash drafts against the reference drafter,
 fed the inputs vLLM's own drafter was fed.
 
-``install()`` (vLLM 0.21.0, in-process engine: VLLM_ENABLE_V1_MULTIPROCESSING=0) wraps
-``GPUModelRunner.propose_draft_token_ids`` (to hand the runner to the drafter, as
-oracle.py does) and ``DFlashProposer.propose``, read-only. Per request it keeps what the
+``install(max_len, release)`` (in-process engine: VLLM_ENABLE_V1_MULTIPROCESSING=0) wraps,
+read-only, vLLM 0.21.0's ``GPUModelRunner.propose_draft_token_ids`` (to hand the runner to
+the drafter, as oracle.py does) and ``DFlashProposer.propose``, or 0.33.0's V2
+``DFlashSpeculator.propose`` (its ``aux_hidden_states`` and ``input_batch``; the V2 runner is
+0.33.0's default for DFlash, pinned by VLLM_USE_V2_MODEL_RUNNER=1). Per request it keeps what the
 drafter received: the context features (``target_hidden_states``, the target's stream
 after each ``target_layer_ids`` layer, before the drafter's ``fc``), their positions and
 token ids, and per propose call the anchor (the bonus token's position), the bonus token
@@ -70,12 +72,22 @@ class Capture:
                 req.contexts.append({"anchor": anchor, "bonus": bonus[i], "drafts": drafts[i]})
 
 
-def install(max_len: int) -> Capture:
+def install(max_len: int, release: str = "0.21.0") -> Capture:
+    capture = Capture(max_len)
+    if release == "0.21.0":
+        _install_v1(capture)
+    elif release == "0.33.0":
+        _install_v2(capture)
+    else:
+        raise ValueError(f"draft_capture: no hook for vLLM {release} (0.21.0, 0.33.0)")
+    return capture
+
+
+def _install_v1(capture: Capture) -> None:
     import importlib
 
     import torch
 
-    capture = Capture(max_len)
     runner_cls = importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
     proposer_cls = importlib.import_module("vllm.v1.spec_decode.dflash").DFlashProposer
     orig_pdt = runner_cls.propose_draft_token_ids
@@ -113,7 +125,43 @@ def install(max_len: int) -> Capture:
 
     runner_cls.propose_draft_token_ids = propose_draft_token_ids
     proposer_cls.propose = propose
-    return capture
+
+
+def _install_v2(capture: Capture) -> None:
+    """0.33.0: DFlashSpeculator.propose gets the batch (``input_batch``: req_ids, token ids,
+    positions, query_start_loc_np) and the target's ``aux_hidden_states`` itself; the bonus
+    token is ``last_sampled[idx_mapping]``, a request drafts only with ``num_sampled > 0``, and
+    the drafts are the first ``num_speculative_tokens`` columns of its output."""
+    import importlib
+
+    import torch
+
+    cls = importlib.import_module("vllm.v1.worker.gpu.spec_decode.dflash.speculator").DFlashSpeculator
+    orig = cls.propose
+    sig = inspect.signature(orig)
+
+    def propose(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if a.get("dummy_run") or not a.get("aux_hidden_states") or torch.cuda.is_current_stream_capturing():
+            return orig(self, *args, **kwargs)
+        ib = a["input_batch"]
+        n, total = ib.num_reqs, ib.num_tokens
+        bounds = ib.query_start_loc_np[:n + 1].tolist()
+        hidden = torch.cat([h[:total] for h in a["aux_hidden_states"]], dim=-1).to("cpu")
+        positions = ib.positions[:total].tolist()
+        tokens = ib.input_ids[:total].tolist()
+        rejected = a["num_rejected"][:n].tolist()
+        sampled = [x > 0 for x in a["num_sampled"][:n].tolist()]
+        bonus = a["last_sampled"][ib.idx_mapping[:n]].tolist()
+        out = orig(self, *args, **kwargs)
+        k = a.get("num_speculative_tokens") or out.shape[-1]
+        capture.step(list(ib.req_ids)[:n], bounds, positions, tokens, hidden, rejected, bonus,
+                     out[:n, :k].tolist(), sampled)
+        return out
+
+    cls.propose = propose
 
 
 # ------------------------------------------------------------------ comparison

@@ -92,7 +92,8 @@ TRAINED_SMALL_POOL = 1000
 # Just above the start-up minimum, for the target alone to preempt too.
 TRAINED_TINY_POOL = 850
 # Issue 25: the drafter-side patches whose reversal the ablation measures, per release.
-DRAFTER_SIDE_PATCHES = {"0.21.0": ("dflash-target-layer-ids-offset", "gemma4-dflash-embed-scale-logit-softcap")}
+DRAFTER_SIDE_PATCHES = {"0.21.0": ("dflash-target-layer-ids-offset", "gemma4-dflash-embed-scale-logit-softcap"),
+                        "0.33.0": ("gemma4-dflash-embed-scale-logit-softcap",)}
 # Where the target name of records written before issue 23 comes from.
 RANDOM_TARGET_NAME = "random-a4b-r30-postnorm0.15"
 
@@ -241,6 +242,7 @@ def _runs() -> list[RunSpec]:
                 diagnostic=True),
         *_runs_v33(nvfp4),
         *_runs_trained(nvfp4),
+        *_runs_v33_trained(nvfp4),
     ]
 
 
@@ -389,6 +391,54 @@ def _runs_v33(nvfp4: str) -> list[RunSpec]:
         RunSpec("v33-patched-fa2-nvfp4-images", "patched", "init", nvfp4, "flash_attn", 2, image_limit=1,
                 vllm=v),
     ]
+
+
+def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
+    """The trained target on vLLM 0.33.0 (issues 24 and 25: "on both 0.21.0 and 0.33.0"), with
+    images allowed as the multimodal recipe serves it: 0.33.0 turns the target's mm-prefix off
+    only where every multimodal limit is 0, so here the drafter's FLASH_ATTN meets the
+    mm-prefix check, which the stock run shows. The drafter runs on the V2 model runner
+    (0.33.0's default for DFlash; the oracle pins it). Exact-numerics twins as on 0.21.0."""
+    v = "0.33.0"
+
+    def run(name, series, mode, quant="bf16", backend=None, **kw):
+        kw.setdefault("image_limit", 1)
+        kw.setdefault("concurrency", TRAINED_CONCURRENCY)
+        return RunSpec(name, series, mode, quant, backend, 2, target="trained", vllm=v, **kw)
+
+    small = dict(kv_blocks=TRAINED_SMALL_POOL, concurrency=(17, 32))
+    exact = dict(batch_invariant=True, compile_backend="eager")
+    runs = [
+        run("v33-trained-ref-bf16", "patched", "reference"),
+        run("v33-trained-dflash-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16"),
+        run("v33-trained-stock-fa2-cg-bf16", "stock", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16"),
+        run("v33-trained-ref-nvfp4", "patched", "reference", nvfp4),
+        run("v33-trained-dflash-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
+            reference="v33-trained-ref-nvfp4"),
+        run("v33-trained-stock-fa2-cg-nvfp4", "stock", "dflash", nvfp4, "flash_attn",
+            reference="v33-trained-ref-nvfp4"),
+        run("v33-trained-dflash-trained-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16", drafter="trained"),
+        run("v33-trained-ref-bf16-bi-noinductor", "patched", "reference", **exact),
+        run("v33-trained-ref-nvfp4-bi-noinductor", "patched", "reference", nvfp4, **exact),
+        run("v33-trained-dflash-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16-bi-noinductor", **exact),
+        run("v33-trained-oracle-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16-bi-noinductor", oracle=True, **exact),
+        run("v33-trained-oracle-fa2-cg-nvfp4-bi-noinductor", "patched", "dflash", nvfp4, "flash_attn",
+            reference="v33-trained-ref-nvfp4-bi-noinductor", oracle=True, **exact),
+        run("v33-trained-oracle-fa2-cg-bf16-smallkv-bi-noinductor", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16-bi-noinductor", oracle=True, **small, **exact),
+        run("v33-trained-dflash-fa2-cg-bf16-smallkv-bi-noinductor", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16-bi-noinductor", **small, **exact),
+        run("v33-trained-dflash-trained-fa2-cg-bf16-capture", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16", drafter="trained", capture_drafts=True, concurrency=(1, 8)),
+    ]
+    capture = runs[-1]
+    return runs + [dataclasses.replace(capture, name=f"{capture.name}-without-{pid}", revert=pid)
+                   for pid in DRAFTER_SIDE_PATCHES[v]]
 
 
 RUNS = {r.name: r for r in _runs()}
@@ -731,7 +781,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         # Small pools: which request was preempted (a divergence there is judged by it).
         events = sched_events.install() if spec.kv_blocks and spec.mode != "init" else None
         trace = input_trace.install() if spec.trace_inputs else None
-        captured = draft_capture.install(TRAINED_MAX_MODEL_LEN) if spec.capture_drafts else None
+        captured = draft_capture.install(TRAINED_MAX_MODEL_LEN, spec.vllm) if spec.capture_drafts else None
         if spec.mode == "init":
             llm, (_executor, runner) = None, load_models_only(engine_kwargs(spec, models))
             result["started"] = "executor (models loaded; no KV cache, no scheduler)"

@@ -580,6 +580,29 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     # realshape.py runs each oracle run after its reference when both are asked for
     install
     extras
+    trained_setup || return 1
+    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    reverted_sites "${RUNS:-}${RS_PARALLEL:-}"
+    realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
+    trained_lanes 0.21.0 realshape-raw-trained rs-meta-trained.json \
+        --site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE" --reverted-sites "$REVERTED_SITES"
+}
+
+realshape_v33_trained() { # the trained target on vLLM 0.33.0 (issues 24, 25): the v33-trained-* runs
+    install   # the trained target, its NVFP4 copy and the drafter are made with 0.21.0's bundle
+    extras
+    install_v33
+    trained_setup || return 1
+    site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+    realshape_meta "$WORK/rs-meta-v33-trained.json" "$SITE33" "$(series_hash "$SITE33_PATCHED")" ""
+    # As realshape-v33: 0.33.0's first, measuring CUDA-graph capture took 156 s of a start.
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0} \
+        trained_lanes "$V33" realshape-raw-v33-trained rs-meta-v33-trained.json \
+        --site-stock "$SITE33" --site-patched "$SITE33_PATCHED:$SITE33"
+}
+
+trained_setup() { # what every trained-target run needs: the target (and the drafter when asked
+    # for), the carried raw references, the NVFP4 copy
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     wait_training
@@ -587,34 +610,37 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
     seed_raw
     trained_nvfp4
-    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
-    reverted_sites "${RUNS:-}${RS_PARALLEL:-}"
-    realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
-    local sites=(--site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE" --reverted-sites "$REVERTED_SITES") lane i=0 pids=()
+}
+
+trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes side by side, or RUNS
+    # (default: every trained run of VLLM) in one, merged into $OUT; then the acceptance report
+    local v=$1 raw=$2 meta=$3 lane i=0 pids=()
+    shift 3
+    mkdir -p "$WORK/$raw"
     if [ -n "${RS_PARALLEL:-}" ]; then
         # RS_PARALLEL="a,b;c,d": each lane runs its runs in order, lanes side by side on
         # the GPU (engine start-up is mostly CPU: compile and graph capture). Lanes
         # write raw runs only; one merge judges them all at the end.
         # An oracle run (issue 24) makes its plan from its reference's raw record: refuse
         # lanes where that record may be absent or rewritten while the oracle run starts.
-        "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/realshape-raw-trained" \
+        "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" \
             --check-lanes "$RS_PARALLEL" || return 1
         IFS=';' read -r -a lanes <<< "$RS_PARALLEL"
         for lane in "${lanes[@]}"; do
             RS_GPU_UTIL=${RS_GPU_UTIL:-0.25} RS_KV_CACHE_GIB=${RS_KV_CACHE_GIB:-6} \
-                "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/realshape-raw-trained" \
-                --deadline-s "${ROUND_DEADLINE_S:-540}" --runs "$lane" "${sites[@]}" \
+                "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$v" \
+                --deadline-s "${ROUND_DEADLINE_S:-540}" --runs "$lane" "$@" \
                 > "$WORK/lane-$i.log" 2>&1 &
             pids+=($!); i=$((i + 1)); sleep "${RS_LANE_STAGGER_S:-20}"
         done
         for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/lane-$i.log" | tail -12; done
-        MODELS_RS=$MODELS_TRAINED realshape_py realshape-raw-trained rs-meta-trained.json --merge-only "${sites[@]}"
+        MODELS_RS=$MODELS_TRAINED realshape_py "$raw" "$meta" --vllm "$v" --merge-only "$@"
     else
         local names
-        names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained))')}
-        MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py realshape-raw-trained rs-meta-trained.json "${sites[@]}"
+        names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained and s.vllm == sys.argv[1]))' "$v")}
+        MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py "$raw" "$meta" --vllm "$v" "$@"
     fi
-    tar -C "$WORK" -czf "$OUT/realshape-logs-trained.tar.gz" realshape-raw-trained
+    tar -C "$WORK" -czf "$OUT/${raw/realshape-raw/realshape-logs}.tar.gz" "$raw"
     [ -f "$OUT/realshape.json" ] && "$PY" tests/gpu/acceptance_report.py --realshape "$OUT/realshape.json" --out-dir "$OUT"
     return 0
 }
@@ -746,6 +772,7 @@ case "$cmd" in
     realshape) realshape ;;
     install-v33) install_v33 ;;
     realshape-v33) realshape_v33 ;;
+    realshape-v33-trained) realshape_v33_trained ;;
     determinism) determinism ;;
     bench) bench_run ;;
     stability) stability ;;
@@ -763,5 +790,5 @@ case "$cmd" in
     fit) fit ;;
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|full-size-checkpoints|fit|full-bench|served" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served" >&2; exit 2 ;;
 esac

@@ -220,7 +220,7 @@ def test_each_semantics_records_its_own_series_and_reference():
 
 
 def test_v33_runs_are_judged_by_v33_references_and_only_image_runs_allow_images():
-    v33 = [r for r in rs.RUNS.values() if r.vllm == "0.33.0"]
+    v33 = [r for r in rs.RUNS.values() if r.vllm == "0.33.0" and not r.trained]
     assert {r.series for r in v33} == {"stock", "patched"}
     assert {r.quant for r in v33} == {"bf16", "modelopt-nvfp4"}
     for r in v33:
@@ -335,7 +335,7 @@ def test_ablation_runs_revert_each_drafter_side_patch_of_the_series_and_carry_th
     from launcher.patching.series import series_for
 
     ids = {p.id for p in series_for("0.21.0").patches}
-    ablation = {n: s for n, s in rs.RUNS.items() if s.revert}
+    ablation = {n: s for n, s in rs.RUNS.items() if s.revert and s.vllm == "0.21.0"}
     assert {s.revert for s in ablation.values()} == set(rs.DRAFTER_SIDE_PATCHES["0.21.0"]) <= ids
     for name, spec in ablation.items():
         assert spec.capture_drafts and spec.drafter == "trained" and name.endswith(f"-without-{spec.revert}")
@@ -344,3 +344,23 @@ def test_ablation_runs_revert_each_drafter_side_patch_of_the_series_and_carry_th
     capture = rs.RUNS["trained-dflash-trained-fa2-cg-bf16-capture"]
     assert rs._series_of(capture, {"series_hash": "full"}) == "full"
     assert len({json.dumps(s.key(), sort_keys=True) for s in [capture, *ablation.values()]}) == 1 + len(ablation)
+
+
+def test_v33_trained_runs_allow_images_are_judged_by_v33_trained_references_and_ablate_0_33s_patch():
+    from launcher.patching.series import series_for
+
+    v33 = {n: r for n, r in rs.RUNS.items() if r.vllm == "0.33.0" and r.trained}
+    names = set(v33)
+    assert {"v33-trained-ref-bf16", "v33-trained-dflash-fa2-cg-bf16", "v33-trained-stock-fa2-cg-bf16",
+            "v33-trained-oracle-fa2-cg-bf16-smallkv-bi-noinductor",
+            "v33-trained-dflash-trained-fa2-cg-bf16-capture"} <= names
+    for r in v33.values():
+        assert r.image_limit == 1 and r.mm_prefix and r.flash_attn_version == 2
+        ref = rs.reference_for(r)
+        if r.mode == "dflash":
+            assert ref.vllm == "0.33.0" and ref.trained and ref.quant == r.quant
+            assert ref.batch_invariant == r.batch_invariant and ref.compile_backend == r.compile_backend
+    oracles = [r for r in v33.values() if r.oracle]
+    assert any(r.kv_blocks for r in oracles) and any(not r.kv_blocks for r in oracles)
+    reverted = {r.revert for r in v33.values() if r.revert}
+    assert reverted == set(rs.DRAFTER_SIDE_PATCHES["0.33.0"]) <= {p.id for p in series_for("0.33.0").patches}
