@@ -893,7 +893,8 @@ def _events_before(seen: dict | None, position: int) -> dict:
     if seen is None:
         return {"preempted_before": 0, "unscheduled_before": 0}
     return {"preempted_before": sum(e["output_tokens"] <= position for e in seen["preempted"]),
-            "unscheduled_before": sum(e["output_tokens"] <= position for e in seen["unscheduled"])}
+            "unscheduled_before": sum(e["output_tokens"] <= position for e in seen["unscheduled"]),
+            "first_steps": seen.get("first_steps")}
 
 
 def _preemption_split(run: dict, divergences: list[dict]) -> dict:
