@@ -883,6 +883,12 @@ def judge(reference: dict | None, run: dict) -> dict:
                "identical": identical, "divergences": divergences}
     if events is not None:
         verdict["preemption"] = _preemption_split(run, divergences)
+    if run.get("input_trace") and run.get("kv_cache_groups"):
+        kv = input_trace.block_conflicts(run["input_trace"], run["kv_cache_groups"])
+        victims = {tuple(v) for v in kv["victims"]}
+        for d in divergences:
+            d["kv_victim"] = (str(d["concurrency"]), d["prompt"]) in victims
+        verdict["kv_conflicts"] = kv
     return verdict
 
 
@@ -1336,6 +1342,9 @@ def _detail(r: dict) -> str:
         if any(d.get("inputs") for d in divs):
             wrong = sum(bool((d.get("inputs") or {}).get("mismatches")) for d in divs)
             detail += f"; fed a wrong token before diverging: {wrong} of {len(divs)}"
+        if v.get("kv_conflicts") is not None:
+            detail += (f"; KV blocks taken while still read: {v['kv_conflicts']['conflicts']} "
+                       f"(divergent victims: {sum(bool(d.get('kv_victim')) for d in divs)} of {len(divs)})")
         eq = r.get("draft_equivalence")
         if eq:
             detail += (f"; drafts equal to the reference's: {eq.get('equal')}/{eq.get('contexts')} contexts "

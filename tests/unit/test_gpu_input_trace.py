@@ -15,12 +15,15 @@ it = _load("input_trace")
 
 
 def _runner(req_ids, prompts, chunks):
-    """chunks: per request, (first position, token ids) of this step, in batch order."""
+    """chunks: per request, (first position, token ids) of this step, in batch order; one KV
+    cache group whose slots are 100 + position."""
     bounds = np.cumsum([0] + [len(ids) for _, ids in chunks])
     ids = [t for _, c in chunks for t in c]
     positions = [p for first, c in chunks for p in range(first, first + len(c))]
+    table = SimpleNamespace(slot_mapping=SimpleNamespace(gpu=torch.tensor([100 + p for p in positions] + [-1, -1])))
     return SimpleNamespace(
-        input_batch=SimpleNamespace(num_reqs=len(req_ids), req_ids=list(req_ids)),
+        input_batch=SimpleNamespace(num_reqs=len(req_ids), req_ids=list(req_ids),
+                                    block_table=SimpleNamespace(block_tables=[table])),
         query_start_loc=SimpleNamespace(np=bounds),
         input_ids=SimpleNamespace(gpu=torch.tensor(ids + [0, 0], dtype=torch.int32)),  # padded, as graphs are
         positions=torch.tensor(positions + [0, 0]),
@@ -33,8 +36,9 @@ def test_record_keeps_each_requests_writes_by_first_position_and_maps_prompts():
     trace.record(_runner(["a", "b"], [[7, 8], [9]], [(0, [7, 8]), (0, [9])]))
     trace.record(_runner(["b"], [[9]], [(1, [5, 6, 6])]))
     rows = {r["prompt"]: r for r in trace.summary([[9], [7, 8]])}
-    assert rows[1]["writes"] == [[0, [7, 8]]] and rows[1]["group"] == "4"
-    assert rows[0]["writes"] == [[0, [9]], [1, [5, 6, 6]]] and rows[0]["prompt_tokens"] == [9]
+    assert rows[1]["writes"] == [[0, [7, 8], [[100, 101]], 1]] and rows[1]["group"] == "4"
+    assert rows[0]["writes"] == [[0, [9], [[100]], 1], [1, [5, 6, 6], [[101, 102, 103]], 2]]
+    assert rows[0]["prompt_tokens"] == [9]
 
 
 def test_check_finds_a_wrong_token_fed_before_the_divergence():
@@ -56,3 +60,34 @@ def test_check_passes_rejected_drafts_overwritten_before_the_divergent_step():
 def test_check_counts_prefix_cache_hits_as_not_fed():
     verdict = it.check([[2, [3]], [3, [4]]], [1, 2, 3, 4, 5], first_wrong=4)
     assert (verdict["positions_fed"], verdict["positions_not_fed"], verdict["mismatches"]) == (2, 2, 0)
+
+
+SLIDING = [{"block_size": 2, "sliding_window": 4}]
+FULL = [{"block_size": 2, "sliding_window": None}]
+
+
+def _row(prompt, writes):
+    """writes: (step, first position, slots) with one group."""
+    return {"group": "2", "prompt": prompt, "writes": [[first, [0] * len(slots), [slots], step]
+                                                       for step, first, slots in writes]}
+
+
+def test_a_block_reused_while_its_owner_still_reads_it_is_a_conflict():
+    # A writes positions 0..5 into blocks 10, 11, 12 (slots 20..25), then decodes on at 6 and 7.
+    a = _row(0, [(1, 0, [20, 21, 22, 23, 24, 25]), (2, 6, [26]), (4, 7, [27])])
+    # B takes block 10 (A's positions 0, 1) at step 2 and block 12 (positions 4, 5) at step 3.
+    b = _row(1, [(2, 0, [20, 21]), (3, 2, [24, 25])])
+    sliding = it.block_conflicts([a, b], SLIDING)
+    # Window 4 at A's next query 7: positions 4..6 are read, so block 12, not block 10.
+    assert sliding["conflicts"] == 1 and sliding["victims"] == [["2", 0]]  # one takeover, counted once
+    assert {c["block"] for c in sliding["first"]} == {12}
+    assert sliding["first"][0]["victim_positions"] == [4, 5]
+    full = it.block_conflicts([a, b], FULL)
+    assert {c["block"] for c in full["first"]} == {10, 12}
+
+
+def test_blocks_of_an_ended_or_restarted_life_are_free_to_take():
+    a = _row(0, [(1, 0, [20, 21, 22, 23]), (2, 4, [24]), (5, 0, [30, 31, 32, 33, 34])])  # restarts at 5
+    b = _row(1, [(3, 0, [20, 21, 22, 23])])  # takes A's first life's blocks after A's preemption
+    c = _row(2, [(6, 0, [24, 25])])  # A's first life never reads position 4 again
+    assert it.block_conflicts([a, b, c], FULL)["conflicts"] == 0
