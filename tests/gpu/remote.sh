@@ -446,8 +446,11 @@ train_background() { # install, then train-target (and TRAIN_BG_DRAFTER=1: train
         steps="$steps; [ \$(cat $WORK/train-bg.rc) = 0 ] && \
 bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc"
     fi
-    (cd "$WORK/bg-tree" && TRAIN_BG=1 OUT=$WORK/train-bg-out setsid nohup bash -c "$steps" \
-        > "$WORK/train-bg.out" 2>&1 < /dev/null &)
+    # The redirections belong to the backgrounded group, not to setsid inside it: otherwise the
+    # group's shell waits for the training holding the caller's stdout, and a call piped through
+    # `tail` ran to its time limit (2026-11-27).
+    (cd "$WORK/bg-tree" && TRAIN_BG=1 OUT=$WORK/train-bg-out exec setsid nohup bash -c "$steps") \
+        > "$WORK/train-bg.out" 2>&1 < /dev/null &
     echo "training in the background (log: $WORK/train-bg.out; the next calls wait for it)"
 }
 
@@ -552,9 +555,9 @@ quant_background() { # trained-nvfp4 in a session of its own, once the backgroun
     extras   # here, not in the background: two calls must not install at once
     [ -d "$SITE_QUANT" ] || { echo "extras-quant not carried: nothing to quantize" >&2; return 1; }
     rm -f "$WORK/quant-bg.rc"
-    (cd "$WORK/bg-tree" && QUANT_BG_SELF=1 OUT=$WORK/train-bg-out setsid nohup bash -c \
-        "while [ ! -f $WORK/train-bg.rc ]; do sleep 5; done; bash tests/gpu/remote.sh trained-nvfp4; echo \$? > $WORK/quant-bg.rc" \
-        > "$WORK/quant-bg.out" 2>&1 < /dev/null &)
+    (cd "$WORK/bg-tree" && QUANT_BG_SELF=1 OUT=$WORK/train-bg-out exec setsid nohup bash -c \
+        "while [ ! -f $WORK/train-bg.rc ]; do sleep 5; done; bash tests/gpu/remote.sh trained-nvfp4; echo \$? > $WORK/quant-bg.rc") \
+        > "$WORK/quant-bg.out" 2>&1 < /dev/null &
     echo "NVFP4 copy in the background once training ends (log: $WORK/quant-bg.out)"
 }
 
