@@ -25,8 +25,12 @@ Prefix caching must be off for these runs: a cached prefix feeds the drafter no 
 
 from __future__ import annotations
 
-import inspect
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hooks  # noqa: E402
 
 
 @dataclass
@@ -86,8 +90,6 @@ def install(max_len: int, release: str = "0.21.0") -> Capture:
 def _install_v1(capture: Capture) -> None:
     import importlib
 
-    import torch
-
     runner_cls = importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
     proposer_cls = importlib.import_module("vllm.v1.spec_decode.dflash").DFlashProposer
     orig_pdt = runner_cls.propose_draft_token_ids
@@ -97,26 +99,26 @@ def _install_v1(capture: Capture) -> None:
         return orig_pdt(self, scheduler_output, *args, **kwargs)
 
     orig = proposer_cls.propose
-    sig = inspect.signature(orig)
+    read = hooks.argument_reader(orig)
 
     def propose(self, *args, **kwargs):
         runner = getattr(self, "_capture_runner", None)
-        if runner is None or torch.cuda.is_current_stream_capturing():
+        if runner is None or hooks.capturing():
             return orig(self, *args, **kwargs)
-        bound = sig.bind(self, *args, **kwargs)
-        cad = bound.arguments["common_attn_metadata"]
-        rej = bound.arguments.get("num_rejected_tokens_gpu")
+        a = read(self, args, kwargs)
+        cad = a["common_attn_metadata"]
+        rej = a.get("num_rejected_tokens_gpu")
         req_ids = list(runner.input_batch.req_ids)
         n = len(req_ids)
         # Snapshots before the call: propose changes seq_lens in place, and the hidden
         # states are the raw features (combine_hidden_states runs inside).
         bounds = cad.query_start_loc_cpu[:n + 1].tolist()
         total = bounds[-1]
-        hidden = bound.arguments["target_hidden_states"][:total].to("cpu")
-        positions = bound.arguments["target_positions"][:total].tolist()
-        tokens = bound.arguments["target_token_ids"][:total].tolist()
+        hidden = a["target_hidden_states"][:total].to("cpu")
+        positions = a["target_positions"][:total].tolist()
+        tokens = a["target_token_ids"][:total].tolist()
         rejected = rej[:n].tolist() if rej is not None else [0] * n
-        bonus = bound.arguments["next_token_ids"][:n].tolist()
+        bonus = a["next_token_ids"][:n].tolist()
         mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
         out = orig(self, *args, **kwargs)
         sampled = [not bool(mask[i]) if mask is not None else True for i in range(n)]
@@ -138,13 +140,11 @@ def _install_v2(capture: Capture) -> None:
 
     cls = importlib.import_module("vllm.v1.worker.gpu.spec_decode.dflash.speculator").DFlashSpeculator
     orig = cls.propose
-    sig = inspect.signature(orig)
+    read = hooks.argument_reader(orig)
 
     def propose(self, *args, **kwargs):
-        bound = sig.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        if a.get("dummy_run") or not a.get("aux_hidden_states") or torch.cuda.is_current_stream_capturing():
+        a = read(self, args, kwargs)
+        if a.get("dummy_run") or not a.get("aux_hidden_states") or hooks.capturing():
             return orig(self, *args, **kwargs)
         ib = a["input_batch"]
         n, total = ib.num_reqs, ib.num_tokens

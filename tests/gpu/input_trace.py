@@ -27,6 +27,12 @@ its writes start over at a lower position) or ends.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hooks  # noqa: E402
+
 
 class InputTrace:
     def __init__(self) -> None:
@@ -98,7 +104,6 @@ def check(writes: list[list], expected: list[int], first_wrong: int) -> dict:
 
 
 def install() -> InputTrace:
-    import torch
     from vllm.v1.spec_decode.dflash import DFlashProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -106,7 +111,7 @@ def install() -> InputTrace:
     forward = GPUModelRunner._model_forward
 
     def _model_forward(self, *args, **kwargs):
-        if not torch.cuda.is_current_stream_capturing():
+        if not hooks.capturing():
             trace.record(self)
         return forward(self, *args, **kwargs)
 
@@ -120,7 +125,7 @@ def install() -> InputTrace:
 
     def build_model_inputs_first_pass(self, num_tokens, *args, **kwargs):
         runner = getattr(self, "_trace_runner", None)
-        if runner is not None and not torch.cuda.is_current_stream_capturing():
+        if runner is not None and not hooks.capturing():
             per_request = 1 + self.num_speculative_tokens
             trace.record_drafter(runner, self.kv_cache_gid, self.positions[:num_tokens].tolist(),
                                  self._slot_mapping_buffer[:num_tokens].tolist(), per_request)

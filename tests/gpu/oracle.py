@@ -35,12 +35,15 @@ engine), and identical prompts have identical references anyway.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hooks  # noqa: E402
 
 K_DEFAULT = 15
 PLAN_VERSION = 1
@@ -362,12 +365,6 @@ def _write_drafts(out, drafts: dict[int, list[int]], k: int) -> None:
         out[rows, :k] = vals
 
 
-def _capturing() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def _install_v1(oracle: Oracle, hook: dict) -> None:
     """0.21.0: GPUModelRunner.propose_draft_token_ids stashes the step's scheduler output
     (drafts scheduled per request) and itself on the drafter; DFlashProposer.propose (inherited from
@@ -389,14 +386,14 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
         return orig_pdt(self, scheduler_output, *args, **kwargs)
 
     orig = cls.propose
-    sig = inspect.signature(orig)
+    read = hooks.argument_reader(orig)
 
     def propose(self, *args, **kwargs):
-        if _capturing():
+        if hooks.capturing():
             return orig(self, *args, **kwargs)
-        bound = sig.bind(self, *args, **kwargs)
-        cad = bound.arguments["common_attn_metadata"]
-        rej = bound.arguments.get("num_rejected_tokens_gpu")
+        a = read(self, args, kwargs)
+        cad = a["common_attn_metadata"]
+        rej = a.get("num_rejected_tokens_gpu")
         runner = getattr(self, "_oracle_runner", None)
         if runner is None:  # not called from the runner's propose_draft_token_ids
             return orig(self, *args, **kwargs)
@@ -404,7 +401,7 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
         nreq = len(req_ids)
         seq = cad.seq_lens[:nreq].tolist()
         rejl = rej[:nreq].tolist() if rej is not None else [0] * nreq
-        last = bound.arguments["next_token_ids"][:nreq].tolist()
+        last = a["next_token_ids"][:nreq].tolist()
         sched = getattr(runner, "_oracle_scheduler_output", None)
         spec = getattr(sched, "scheduled_spec_decode_tokens", None) or {}
         mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
@@ -439,21 +436,19 @@ def _install_v2(oracle: Oracle, hook: dict) -> None:
     states_cls = getattr(smod, hook["states_class"])
 
     orig_add = states_cls.add_request
-    add_sig = inspect.signature(orig_add)
+    read_add = hooks.argument_reader(orig_add)
 
     def add_request(self, *args, **kwargs):
-        a = add_sig.bind(self, *args, **kwargs).arguments
+        a = read_add(self, args, kwargs)
         oracle.note_prompt(a["req_id"], list(a["all_token_ids"])[:a["prompt_len"]])
         return orig_add(self, *args, **kwargs)
 
     orig = cls.propose
-    sig = inspect.signature(orig)
+    read = hooks.argument_reader(orig)
 
     def propose(self, *args, **kwargs):
-        bound = sig.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        if a.get("dummy_run") or _capturing():
+        a = read(self, args, kwargs)
+        if a.get("dummy_run") or hooks.capturing():
             return orig(self, *args, **kwargs)
         ib = a["input_batch"]
         nreq = ib.num_reqs
