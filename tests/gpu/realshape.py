@@ -331,6 +331,11 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
         # target was fed recorded: were the divergent requests' inputs right?
         run("trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="trained-ref-bf16-bi-noinductor", trace_inputs=True, **small, **exact),
+        # The same on the series less 0014 (the tree the 2/49 ran on, but with 0015): its KV trace
+        # should show the drafter's post-prefill queries landing in blocks other requests read.
+        run("trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor-without-dflash-lookahead-slots-at-prefill",
+            "patched", "dflash", backend="flash_attn", reference="trained-ref-bf16-bi-noinductor",
+            trace_inputs=True, revert="dflash-lookahead-slots-at-prefill", **small, **exact),
     ]
     by_name = {r.name: r for r in runs}
     twins = [by_name[n] for n in BATCH_INVARIANT_TWINS]

@@ -335,7 +335,7 @@ def test_ablation_runs_revert_each_drafter_side_patch_of_the_series_and_carry_th
     from launcher.patching.series import series_for
 
     ids = {p.id for p in series_for("0.21.0").patches}
-    ablation = {n: s for n, s in rs.RUNS.items() if s.revert and s.vllm == "0.21.0"}
+    ablation = {n: s for n, s in rs.RUNS.items() if s.revert and s.vllm == "0.21.0" and s.capture_drafts}
     assert {s.revert for s in ablation.values()} == set(rs.DRAFTER_SIDE_PATCHES["0.21.0"]) <= ids
     for name, spec in ablation.items():
         assert spec.capture_drafts and spec.drafter == "trained" and name.endswith(f"-without-{spec.revert}")
@@ -364,3 +364,12 @@ def test_v33_trained_runs_allow_images_are_judged_by_v33_trained_references_and_
     assert any(r.kv_blocks for r in oracles) and any(not r.kv_blocks for r in oracles)
     reverted = {r.revert for r in v33.values() if r.revert}
     assert reverted == set(rs.DRAFTER_SIDE_PATCHES["0.33.0"]) <= {p.id for p in series_for("0.33.0").patches}
+
+
+def test_the_trace_run_without_0014_reverts_a_patch_of_the_series_and_traces():
+    from launcher.patching.series import series_for
+
+    spec = rs.RUNS["trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor-without-dflash-lookahead-slots-at-prefill"]
+    assert spec.revert in {p.id for p in series_for("0.21.0").patches}
+    assert spec.trace_inputs and spec.kv_blocks == rs.TRAINED_SMALL_POOL and spec.batch_invariant
+    assert rs._series_of(spec, {"series_hash": "full", "series_hash_reverted": {spec.revert: "less"}}) == "less"
