@@ -1,7 +1,14 @@
 """Does vLLM's scheduler hand a KV block to one (request, group) while another still reads it?
 
-Usage: ``python sched_sim_probe.py TREE [--sync] [--seed N] [--num-blocks N]``;
-prints one JSON object. ``TREE`` is a vLLM 0.21.0 site-packages tree (the
+Usage: ``python sched_sim_probe.py TREE [--sync] [--seed N] [--num-blocks N] [--accept-all]
+[--prompt-extra N]`` (every prompt N tokens longer);
+prints one JSON object. Two more modes, for the per-patch tests of 0014 and 0015:
+``--single P [--connector none|sync|async] [--external N]`` schedules one request of
+a P-token prompt once (optionally with a KV connector stand-in that reports N
+externally cached tokens, loaded synchronously or asynchronously) and reports the
+blocks it got and where its drafter queries land; ``--lookahead-by-method`` builds
+the real ``Scheduler`` for each speculative method and reports its
+``num_lookahead_tokens``. ``TREE`` is a vLLM 0.21.0 site-packages tree (the
 released one, or one with patches applied, e.g. 0013 through
 ``tests.integration.patch_trees.single_patch_tree``).
 
@@ -36,7 +43,8 @@ execute, ``update_from_output``, then ``update_draft_token_ids`` in
 ``post_step``) and ``EngineCore.step_with_batch_queue`` (async: queue of 2,
 step N+1 scheduled before step N's output is processed; an empty step is
 processed at once, as there). The model runner is written out too: it samples
-one token per request that is not a partial prefill (every draft rejected),
+one token per request that is not a partial prefill (every draft rejected; with
+``--accept-all``, every draft accepted: the drafts and a bonus token),
 drafts 15 random tokens (sync) and keeps the worker's per-request block tables
 the way ``GPUModelRunner._update_states`` does (new requests' ``block_ids``,
 running requests' ``new_block_ids`` appended, resumed requests' replaced,
@@ -107,6 +115,7 @@ CONFIG = {"max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_scheduled_t
           "max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN, "enable_chunked_prefill": True,
           "long_prefill_token_threshold": 0, "policy": "fcfs", "scheduler_reserve_full_isl": True,
           "enable_prefix_caching": True, "num_speculative_tokens": SPEC, "method": "dflash (use_eagle() True)"}
+METHODS = ["dflash", "eagle", "eagle3", "mtp", "draft_model", "ngram"]
 # (block_size, sliding_window) per KV cache group: 0-4 sliding, 5 full, 6 the drafter.
 GROUPS = [(16, WINDOW)] * 5 + [(16, None), (32, None)]
 DRAFTER_GID = 6
@@ -160,9 +169,17 @@ def kv_cache_config(num_blocks: int):
     return kvi.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
-def vllm_config(num_blocks: int, async_scheduling: bool):
+def speculative_config(method: str):
+    """The SpeculativeConfig fields and predicates Scheduler.__init__ reads (as in vllm/config/speculative.py)."""
+    return types.SimpleNamespace(
+        num_speculative_tokens=SPEC, method=method,
+        use_eagle=lambda: method in ("eagle", "eagle3", "mtp", "dflash"),
+        use_dflash=lambda: method == "dflash", uses_draft_model=lambda: method == "draft_model")
+
+
+def vllm_config(num_blocks: int, async_scheduling: bool, method: str = "dflash"):
     ns = types.SimpleNamespace
-    spec = ns(num_speculative_tokens=SPEC, method="dflash", use_eagle=lambda: True, uses_draft_model=lambda: False)
+    spec = speculative_config(method)
     return ns(
         scheduler_config=ns(max_num_seqs=MAX_NUM_SEQS, max_num_scheduled_tokens=MAX_NUM_SCHEDULED_TOKENS,
                             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, policy="fcfs",
@@ -182,8 +199,10 @@ def vllm_config(num_blocks: int, async_scheduling: bool):
 class Worker:
     """The GPU worker's view: per-request block tables and positions, from SchedulerOutputs only."""
 
-    def __init__(self, async_scheduling: bool, rng: random.Random, label_of):
+    def __init__(self, async_scheduling: bool, rng: random.Random, label_of, accept_all: bool = False):
         self.async_scheduling = async_scheduling
+        self.accept_all = accept_all
+        self.accepted_steps = 0  # decode steps whose drafts were all accepted
         self.rng = rng
         self.label_of = label_of
         self.tables: dict[str, list[list[int]]] = {}
@@ -248,7 +267,7 @@ class Worker:
                     table.extend(ids)
             # The worker's deferred correction: under async scheduling, a request that
             # was in the previous step's batch with drafts has num_computed_tokens
-            # optimistic by that step's (all rejected) drafts.
+            # optimistic by that step's rejected drafts (all of them, or none with --accept-all).
             corrected = sent
             if self.async_scheduling and self.prev_batch.get(rid):
                 corrected = sent - self.prev_batch[rid]
@@ -267,7 +286,10 @@ class Worker:
             slots = [self._slots(rid, g, positions, "target") for g in range(len(GROUPS))]
             row = self.rows[rid]
             row["writes"].append([start, ids, slots, self.step])
-            valid = n - n_spec  # every draft rejected
+            partial = start + n - n_spec < len(toks)
+            valid = n if self.accept_all else n - n_spec  # every draft accepted, or every one rejected
+            if self.accept_all and n_spec:
+                self.accepted_steps += 1
             last = start + valid - 1
             self.next_pos[rid] = start + valid
             # DFlash query: bonus + SPEC masks after the last accepted position.
@@ -283,25 +305,26 @@ class Worker:
                                           "scheduled": [start, n, n_spec], "query": [q[0], q[-1]],
                                           "drafter_table_len": len(self.tables[rid][DRAFTER_GID]),
                                           "positions_beyond": len(self.beyond_table) - before})
-            partial = start + valid < len(toks)
             if not partial:
-                token = self.rng.randrange(1, 200_000)
-                sampled[rid] = [token]
-                toks.append(token)
+                drafts = [t if t >= 0 else self.rng.randrange(1, 200_000)  # async: placeholders
+                          for t in so.scheduled_spec_decode_tokens.get(rid, ())] if self.accept_all else []
+                sampled[rid] = [*drafts, self.rng.randrange(1, 200_000)]
+                toks.extend(sampled[rid])
             else:
                 sampled[rid] = []
-            batch[rid] = n_spec
+            batch[rid] = 0 if self.accept_all else n_spec  # rejected drafts
         self.prev_batch = batch
         return sampled
 
 
 class Engine:
-    def __init__(self, classes, root: Path, async_scheduling: bool, seed: int, num_blocks: int):
+    def __init__(self, classes, root: Path, async_scheduling: bool, seed: int, num_blocks: int,
+                 accept_all: bool = False, method: str = "dflash"):
         kcu = sys.modules["vllm.v1.core.kv_cache_utils"]
         self.request_mod = sys.modules["vllm.v1.request"]
         self.async_scheduling = async_scheduling
         config = kv_cache_config(num_blocks)
-        vcfg = vllm_config(num_blocks, async_scheduling)
+        vcfg = vllm_config(num_blocks, async_scheduling, method)
         block_size, hash_block_size = kcu.resolve_kv_cache_block_sizes(config, vcfg)
         self.block_sizes = {"scheduler_block_size": block_size, "hash_block_size": hash_block_size}
         kcu.init_none_hash(swp._sha256)
@@ -314,7 +337,7 @@ class Engine:
         self.rng = random.Random(seed)
         self.labels: dict[str, list] = {}
         self.worker = Worker(async_scheduling, random.Random(seed + 1),
-                             lambda rid: self.labels[rid])
+                             lambda rid: self.labels[rid], accept_all)
         self.queue: list = []  # (scheduler_output, sampled) in flight
         self.preemptions: list[dict] = []
         self.steps = 0
@@ -380,18 +403,84 @@ class Engine:
             assert guard < 100_000
 
 
+class Connector:
+    """A KV connector (KVConnectorBase_V1, scheduler side) reporting ``external`` cached tokens."""
+
+    def __init__(self, external: int, load_async: bool):
+        self.external, self.load_async = external, load_async
+        self.calls: list = []
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        self.calls.append(["get_num_new_matched_tokens", num_computed_tokens])
+        return self.external, self.load_async
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        self.calls.append(["update_state_after_alloc", [len(ids) for ids in blocks.get_block_ids()],
+                           num_external_tokens])
+
+    def build_connector_meta(self, scheduler_output):
+        return None
+
+
+def single(classes, root: Path, prompt_len: int, connector: str, external: int) -> dict:
+    """One request, one Scheduler.schedule (synchronous scheduling), its blocks and drafter queries."""
+    engine = Engine(classes, root, False, 0, NUM_BLOCKS)
+    if connector != "none":
+        engine.s.connector = Connector(external, connector == "async")
+    prompt = [random.Random(0).randrange(1, 200_000) for _ in range(prompt_len)]
+    engine.add("single", 0, prompt)
+    so = engine.s.schedule()
+    rid = "single-0"
+    engine.worker.execute(so)
+    request = engine.s.requests[rid]
+    w = engine.worker
+    return {
+        "tree": str(root), "prompt": prompt_len, "connector": connector, "external": external,
+        "num_lookahead_tokens": engine.s.num_lookahead_tokens,
+        "block_sizes": [bs for bs, _ in GROUPS], "drafter_group": DRAFTER_GID,
+        "scheduled": dict(so.num_scheduled_tokens), "status": request.status.name,
+        "num_computed_tokens": request.num_computed_tokens,
+        "table_lens": [len(ids) for ids in engine.s.kv_cache_manager.get_blocks(rid).get_block_ids()],
+        "drafter_query": [q[0] for q in w.rows[rid]["drafter_writes"]],
+        "beyond_table": {"count": len(w.beyond_table), "events": w.beyond_steps},
+        "connector_calls": engine.s.connector.calls if connector != "none" else [],
+    }
+
+
+def lookahead_by_method(classes, root: Path) -> dict:
+    out = {}
+    for method in METHODS:
+        engine = Engine(classes, root, False, 0, NUM_BLOCKS, method=method)
+        out[method] = {"num_spec_tokens": engine.s.num_spec_tokens,
+                       "num_lookahead_tokens": engine.s.num_lookahead_tokens, "use_eagle": engine.s.use_eagle}
+    return {"tree": str(root), "num_speculative_tokens": SPEC, "methods": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("tree")
     ap.add_argument("--sync", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-blocks", type=int, default=NUM_BLOCKS)
+    ap.add_argument("--accept-all", action="store_true", help="the model accepts every draft")
+    ap.add_argument("--prompt-extra", type=int, default=0, help="every prompt this many tokens longer")
+    ap.add_argument("--single", type=int, metavar="PROMPT_LEN", help="one request, one schedule() call")
+    ap.add_argument("--connector", choices=["none", "sync", "async"], default="none")
+    ap.add_argument("--external", type=int, default=0, help="tokens the connector reports cached")
+    ap.add_argument("--lookahead-by-method", action="store_true")
     args = ap.parse_args()
     root = Path(args.tree)
     classes = load(root)
-    engine = Engine(classes, root, not args.sync, args.seed, args.num_blocks)
+    if args.single is not None:
+        print(json.dumps(single(classes, root, args.single, args.connector, args.external)))
+        return
+    if args.lookahead_by_method:
+        print(json.dumps(lookahead_by_method(classes, root)))
+        return
+    engine = Engine(classes, root, not args.sync, args.seed, args.num_blocks, args.accept_all)
     rng = random.Random(args.seed)
-    prompts = [[rng.randrange(1, 200_000) for _ in range(n)] for n in PROMPTS]
+    lengths = [n + args.prompt_extra for n in PROMPTS]
+    prompts = [[rng.randrange(1, 200_000) for _ in range(n)] for n in lengths]
     for i in range(FIRST_WAVE):
         engine.add("wave1", i, prompts[i])
     engine.run_to_completion()
@@ -400,8 +489,10 @@ def main() -> None:
     engine.run_to_completion()
     w = engine.worker
     rows = w.past_rows + list(w.rows.values())
-    outputs = {"/".join(map(str, engine.labels[rid])): len(w.tokens[rid]) - PROMPTS[engine.labels[rid][1]]
-               for rid in w.rows}
+    # With --accept-all the worker keeps the tokens of a last step past max_tokens (check_stop drops them).
+    outputs = {"/".join(map(str, engine.labels[rid])):
+               min(len(w.tokens[rid]) - lengths[engine.labels[rid][1]], MAX_TOKENS) if args.accept_all
+               else len(w.tokens[rid]) - lengths[engine.labels[rid][1]] for rid in w.rows}
     per_request: dict[str, int] = {}
     for p in engine.preemptions:
         key = "/".join(map(str, p["request"]))
@@ -416,6 +507,8 @@ def main() -> None:
     print(json.dumps({
         "tree": str(root), "mode": "sync" if args.sync else "async", "seed": args.seed,
         "num_blocks": args.num_blocks, "config": CONFIG, **engine.block_sizes,
+        "prompt_extra": args.prompt_extra, "accept_all": args.accept_all, "accepted_steps": w.accepted_steps,
+        "num_lookahead_tokens": engine.s.num_lookahead_tokens,
         "scheduler_class": type(engine.s).__name__,
         "coordinator": type(engine.s.kv_cache_manager.coordinator).__name__,
         "steps": w.step, "position_checks": w.position_checks,

@@ -72,6 +72,14 @@ READS = [
     "vllm/v1/core/sched/utils.py",
     "vllm/v1/utils.py",
     "vllm/utils/__init__.py",
+    # tests/integration/sched_sim_probe.py (the real Scheduler)
+    "vllm/v1/request.py",
+    "vllm/v1/core/kv_cache_manager.py",
+    "vllm/v1/core/encoder_cache_manager.py",
+    "vllm/v1/core/sched/output.py",
+    "vllm/v1/core/sched/request_queue.py",
+    "vllm/v1/core/sched/interface.py",
+    "vllm/v1/core/sched/scheduler.py",
 ]
 
 
