@@ -91,7 +91,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
-from tests.patches import vllm_source  # noqa: E402  (before the stand-in torch)
 from tests.integration import series_0_21_0_probe as probe  # noqa: E402
 from tests.integration import sliding_window_async_probe as swp  # noqa: E402
 from input_trace import block_conflicts  # noqa: E402
@@ -141,17 +140,8 @@ def load(root: Path):
     # PrefillStats: a record that keeps what set() is given (metrics only).
     sys.modules["vllm.v1.request"].PrefillStats = type(
         "PrefillStats", (), {"set": lambda self, **kwargs: self.__dict__.update(kwargs)})
-    rel = "vllm/v1/core/sched/utils.py"
-    utils = vllm_source.load(root, rel, overrides=swp._real_imports(root, rel))
-    rel = "vllm/v1/core/sched/scheduler.py"
-    overrides = {**swp._real_imports(root, rel), "check_stop": utils["check_stop"], "remove_all": utils["remove_all"],
-                 "SupportsHMA": swp.SupportsHMA, "envs": types.SimpleNamespace(VLLM_USE_V2_MODEL_RUNNER=False),
-                 "record_function_or_nullcontext": lambda name: contextlib.nullcontext()}
-    scheduler = vllm_source.load(root, rel, overrides=overrides)["Scheduler"]
-    rel = "vllm/v1/core/sched/async_scheduler.py"
-    async_scheduler = vllm_source.load(root, rel, overrides={**swp._real_imports(root, rel),
-                                                             "Scheduler": scheduler})["AsyncScheduler"]
-    return scheduler, async_scheduler
+    return swp.scheduler_classes(root, envs=types.SimpleNamespace(VLLM_USE_V2_MODEL_RUNNER=False),
+                                 record_function_or_nullcontext=lambda name: contextlib.nullcontext())
 
 
 def kv_cache_config(num_blocks: int):

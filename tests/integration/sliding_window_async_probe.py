@@ -183,12 +183,14 @@ class RecordingConnector(SupportsHMA):
         return False, None
 
 
-def scheduler_classes(root: Path) -> tuple[type, type]:
+def scheduler_classes(root: Path, **extra_overrides) -> tuple[type, type]:
+    """The tree's Scheduler and AsyncScheduler; ``extra_overrides`` bind more of scheduler.py's
+    imported names (what a probe that runs ``schedule()`` needs beyond the bookkeeping)."""
     rel = "vllm/v1/core/sched/utils.py"
     utils = vllm_source.load(root, rel, overrides=_real_imports(root, rel))
     rel = "vllm/v1/core/sched/scheduler.py"
     overrides = {**_real_imports(root, rel), "check_stop": utils["check_stop"],
-                 "remove_all": utils["remove_all"], "SupportsHMA": SupportsHMA}
+                 "remove_all": utils["remove_all"], "SupportsHMA": SupportsHMA, **extra_overrides}
     scheduler = vllm_source.load(root, rel, overrides=overrides)["Scheduler"]
     rel = "vllm/v1/core/sched/async_scheduler.py"
     async_scheduler = vllm_source.load(root, rel, overrides={**_real_imports(root, rel),
