@@ -90,19 +90,14 @@ def install(max_len: int, release: str = "0.21.0") -> Capture:
 def _install_v1(capture: Capture) -> None:
     import importlib
 
-    runner_cls = importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
+    hooks.hand_runner_to_drafter(importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner)
     proposer_cls = importlib.import_module("vllm.v1.spec_decode.dflash").DFlashProposer
-    orig_pdt = runner_cls.propose_draft_token_ids
-
-    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
-        self.drafter._capture_runner = self
-        return orig_pdt(self, scheduler_output, *args, **kwargs)
 
     orig = proposer_cls.propose
     read = hooks.argument_reader(orig)
 
     def propose(self, *args, **kwargs):
-        runner = getattr(self, "_capture_runner", None)
+        runner = hooks.runner_of(self)
         if runner is None or hooks.capturing():
             return orig(self, *args, **kwargs)
         a = read(self, args, kwargs)
@@ -125,7 +120,6 @@ def _install_v1(capture: Capture) -> None:
         capture.step(req_ids, bounds, positions, tokens, hidden, rejected, bonus, out[:n].tolist(), sampled)
         return out
 
-    runner_cls.propose_draft_token_ids = propose_draft_token_ids
     proposer_cls.propose = propose
 
 

@@ -115,16 +115,11 @@ def install() -> InputTrace:
             trace.record(self)
         return forward(self, *args, **kwargs)
 
-    pdt = GPUModelRunner.propose_draft_token_ids
-
-    def propose_draft_token_ids(self, *args, **kwargs):
-        self.drafter._trace_runner = self
-        return pdt(self, *args, **kwargs)
-
+    hooks.hand_runner_to_drafter(GPUModelRunner)
     build = DFlashProposer.build_model_inputs_first_pass
 
     def build_model_inputs_first_pass(self, num_tokens, *args, **kwargs):
-        runner = getattr(self, "_trace_runner", None)
+        runner = hooks.runner_of(self)
         if runner is not None and not hooks.capturing():
             per_request = 1 + self.num_speculative_tokens
             trace.record_drafter(runner, self.kv_cache_gid, self.positions[:num_tokens].tolist(),
@@ -132,7 +127,6 @@ def install() -> InputTrace:
         return build(self, num_tokens, *args, **kwargs)
 
     GPUModelRunner._model_forward = _model_forward
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     DFlashProposer.build_model_inputs_first_pass = build_model_inputs_first_pass
     return trace
 

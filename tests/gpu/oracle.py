@@ -376,14 +376,7 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
     mod = importlib.import_module(hook["proposer_module"])
     rmod = importlib.import_module(hook["runner_module"])
     cls = getattr(mod, hook["proposer_class"])
-    runner_cls = rmod.GPUModelRunner
-    orig_pdt = getattr(runner_cls, hook["runner_method"])
-
-    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
-        # The 0.21.0 proposer keeps no reference to its runner: hand it over here.
-        self._oracle_scheduler_output = scheduler_output
-        self.drafter._oracle_runner = self
-        return orig_pdt(self, scheduler_output, *args, **kwargs)
+    hooks.hand_runner_to_drafter(rmod.GPUModelRunner, hook["runner_method"])
 
     orig = cls.propose
     read = hooks.argument_reader(orig)
@@ -394,7 +387,7 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
         a = read(self, args, kwargs)
         cad = a["common_attn_metadata"]
         rej = a.get("num_rejected_tokens_gpu")
-        runner = getattr(self, "_oracle_runner", None)
+        runner = hooks.runner_of(self)
         if runner is None:  # not called from the runner's propose_draft_token_ids
             return orig(self, *args, **kwargs)
         req_ids = list(runner.input_batch.req_ids)
@@ -402,7 +395,7 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
         seq = cad.seq_lens[:nreq].tolist()
         rejl = rej[:nreq].tolist() if rej is not None else [0] * nreq
         last = a["next_token_ids"][:nreq].tolist()
-        sched = getattr(runner, "_oracle_scheduler_output", None)
+        sched = getattr(runner, "_hooks_scheduler_output", None)
         spec = getattr(sched, "scheduled_spec_decode_tokens", None) or {}
         mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
         out = orig(self, *args, **kwargs)
@@ -418,7 +411,6 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
         _write_drafts(out, oracle.step(rows, k), k)
         return out
 
-    setattr(runner_cls, hook["runner_method"], propose_draft_token_ids)
     cls.propose = propose
 
 

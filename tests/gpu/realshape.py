@@ -309,9 +309,7 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
     ]
     # Issue 25's ablation: the capture run on the series less one drafter-side patch. Lossless
     # output stays expected (the target verifies); equivalence and acceptance say what it did.
-    capture = next(r for r in runs if r.name == "trained-dflash-trained-fa2-cg-bf16-capture")
-    runs += [dataclasses.replace(capture, name=f"{capture.name}-without-{pid}", revert=pid)
-             for pid in DRAFTER_SIDE_PATCHES["0.21.0"]]
+    runs += [_without(runs[-1], pid) for pid in DRAFTER_SIDE_PATCHES["0.21.0"]]
     # Found under exact numerics (2026-11-27): DFlash in the small pool diverged with
     # preemption, the target alone there neither preempted nor diverged. These two
     # separate preemption from DFlash-with-preemption, and the async scheduler from both.
@@ -331,12 +329,10 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
         # target was fed recorded: were the divergent requests' inputs right?
         run("trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="trained-ref-bf16-bi-noinductor", trace_inputs=True, **small, **exact),
-        # The same on the series less 0014 (the tree the 2/49 ran on, but with 0015): its KV trace
-        # should show the drafter's post-prefill queries landing in blocks other requests read.
-        run("trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor-without-dflash-lookahead-slots-at-prefill",
-            "patched", "dflash", backend="flash_attn", reference="trained-ref-bf16-bi-noinductor",
-            trace_inputs=True, revert="dflash-lookahead-slots-at-prefill", **small, **exact),
     ]
+    # The same on the series less 0014 (the tree the 2/49 ran on, but with 0015): its KV trace
+    # should show the drafter's post-prefill queries landing in blocks other requests read.
+    runs.append(_without(runs[-1], "dflash-lookahead-slots-at-prefill"))
     by_name = {r.name: r for r in runs}
     twins = [by_name[n] for n in BATCH_INVARIANT_TWINS]
     noise = [by_name[n] for n in ("trained-refgroups-bf16", "trained-refgroups-bf16-smallkv")]
@@ -356,6 +352,11 @@ BATCH_INVARIANT_TWINS = (
     "trained-dflash-fa2-cg-bf16-smallkv", "trained-oracle-fa2-cg-bf16", "trained-oracle-fa2-cg-nvfp4",
     "trained-oracle-fa2-cg-bf16-smallkv",
 )
+
+
+def _without(spec: RunSpec, patch_id: str) -> RunSpec:
+    """``spec`` on the series less ``patch_id`` (remote.sh builds that tree)."""
+    return dataclasses.replace(spec, name=f"{spec.name}-without-{patch_id}", revert=patch_id)
 
 
 def _batch_invariant_twin(spec: RunSpec, compile_backend: str | None = None) -> RunSpec:
@@ -442,9 +443,7 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
         run("v33-trained-dflash-trained-fa2-cg-bf16-capture", "patched", "dflash", backend="flash_attn",
             reference="v33-trained-ref-bf16", drafter="trained", capture_drafts=True, concurrency=(1, 8, 17)),
     ]
-    capture = runs[-1]
-    return runs + [dataclasses.replace(capture, name=f"{capture.name}-without-{pid}", revert=pid)
-                   for pid in DRAFTER_SIDE_PATCHES[v]]
+    return runs + [_without(runs[-1], pid) for pid in DRAFTER_SIDE_PATCHES[v]]
 
 
 RUNS = {r.name: r for r in _runs()}
@@ -1497,7 +1496,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if problems else 0
     if args.reverts_of is not None:
         names = [n for n in re.split(r"[,;]", args.reverts_of) if n]
-        print(" ".join(sorted({RUNS[n].revert for n in names if n in RUNS and RUNS[n].revert})))
+        print(" ".join(sorted({RUNS[n].revert for n in names
+                               if n in RUNS and RUNS[n].revert and RUNS[n].vllm == args.vllm})))
         return 0
     if args.child:
         res = run_child(RUNS[args.child], args.models, args.token_limit)
