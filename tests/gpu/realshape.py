@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the launcher's stamp layout
+from launcher.patching.stamp import STAMP_REL  # noqa: E402
 import compare  # noqa: E402
 import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
@@ -1000,11 +1002,13 @@ def _quant_backends(log_text: str) -> dict:
     return {"linear_backend": linear or None, "moe_backend": moe or None}
 
 
-def _series_of(spec: RunSpec, meta: dict) -> str | None:
-    """The hash of the tree a patched run used: mm-prefix runs use the series
-    less the text-only patch where remote.sh built one."""
-    if spec.revert:  # remote.sh stamps each reverted tree's own hash into the meta
-        return (meta.get("series_hash_reverted") or {}).get(spec.revert)
+def _series_of(spec: RunSpec, raw: dict, meta: dict) -> str | None:
+    """The hash of the tree a patched run used: the one its tree's stamp named when it ran
+    (run_tree_hash), so a raw record carried to a later machine keeps its own. Raw records
+    written before 2026-11-27 have none: the merge's meta, where mm-prefix runs use the
+    series less the text-only patch where remote.sh built one."""
+    if raw.get("series_hash"):
+        return raw["series_hash"]
     if spec.mm_prefix and meta.get("series_hash_mm") and not spec.trained:
         return meta["series_hash_mm"]
     return meta.get("series_hash")
@@ -1016,7 +1020,7 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict, noise: 
     rec = {
         "name": spec.name, **spec.key(),
         "vllm": raw.get("vllm_version") or meta.get("vllm"),
-        "series": "stock" if spec.series == "stock" else _series_of(spec, meta),
+        "series": "stock" if spec.series == "stock" else _series_of(spec, raw, meta),
         "target": {"sliding": 25, "full": 5},
         "drafter_layers": 5 if spec.has_drafter else None,
         "drafter_backend_observed": _backend(backends.get("drafter", {})),
@@ -1456,6 +1460,15 @@ def lane_problems(lanes: str, raw_dir: Path) -> list[str]:
     return problems
 
 
+def run_tree_hash(site: str | None) -> str | None:
+    """The series hash stamped into the vLLM tree a run imported (the first entry of its
+    PYTHONPATH), or None for an unpatched tree."""
+    if not site:
+        return None
+    stamp = Path(site.split(":")[0]) / STAMP_REL
+    return json.loads(stamp.read_text()).get("series_hash") if stamp.exists() else None
+
+
 def _reverted_site(args, patch_id: str) -> str:
     """The PYTHONPATH of the tree without ``patch_id``: that tree, then the rest of
     --site-patched's path (the bundle's site with vLLM's dependencies)."""
@@ -1534,6 +1547,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] ...", flush=True)
         t0 = time.time()
         raw = run_one(spec, args.models, site, raw_dir, token_limit, min(CHILD_TIMEOUT_S, left + 30))
+        raw["series_hash"] = run_tree_hash(site)
         (raw_dir / f"{name}.raw.json").write_text(json.dumps(raw) + "\n")
         status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
         print(f"    {time.time() - t0:.0f}s {status}", flush=True)

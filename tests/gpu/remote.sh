@@ -137,8 +137,9 @@ REVERTED_SITES=${REVERTED_SITES:-/tmp/site-reverted}
 
 reverted_sites() { # reverted_sites RUN_NAMES VERSION FROM_SITE: for each patch id those runs revert
     # (issue 25's ablation, the trace run without 0014), FROM_SITE's vLLM with VERSION's series
-    # less that patch under $REVERTED_SITES/VERSION/<id>, its hash in reverted-hashes-VERSION.json
-    local v=$2 from=$3 ids id root hashes="{}"
+    # less that patch under $REVERTED_SITES/VERSION/<id> (its stamp names that series' hash,
+    # which realshape.py records for each run from the tree it ran on)
+    local v=$2 from=$3 ids id root
     ids=$("$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --vllm "$v" --reverts-of "$1") || return 1
     for id in $ids; do
         root=$WORK/patches-$v-without-$id
@@ -147,10 +148,7 @@ reverted_sites() { # reverted_sites RUN_NAMES VERSION FROM_SITE: for each patch 
         sed -i "/-$id\.patch/d" "$root/vllm/$v/series"
         site_is_current "$REVERTED_SITES/$v/$id" "$root" \
             || patched_site "$REVERTED_SITES/$v/$id" "$root" "$from" > "$WORK/patch-apply-$v-without-$id.txt"
-        hashes=$("$PY" -c 'import json, sys; d = json.loads(sys.argv[1]); d[sys.argv[2]] = sys.argv[3]; print(json.dumps(d))' \
-            "$hashes" "$id" "$(series_hash "$REVERTED_SITES/$v/$id" "$root")")
     done
-    echo "$hashes" > "$WORK/reverted-hashes-$v.json"
 }
 
 mm_patches_root() { # the series without gemma4-text-only-per-layer-attention-backend
@@ -257,21 +255,17 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
     [ "$found" = 1 ] || echo "no extras*.json carried (stage.py --extras): FA2 absent, FLASH_ATTN runs FA3"
 }
 
-realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM REVERTED_HASHES.json]: date, GPU, versions,
-    # series hashes, command
+realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM]: date, GPU, versions, series hashes, command
     local site=${2:-$SITE} hash=${3-$(series_hash)} hash_mm=${4-$(series_hash "$SITE_PATCHED_MM" "$MM_PATCHES")}
-    local reverted=${5:-$WORK/reverted-hashes-0.21.0.json}
     PYTHONPATH=$site "$PY" - "$1" "$WORK/gpu.txt" "$hash" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
-        "$hash_mm" "$reverted" <<'EOF'
-import datetime, json, os, sys
+        "$hash_mm" <<'EOF'
+import datetime, json, sys
 import torch, vllm
 json.dump({
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     "gpu": open(sys.argv[2]).read().strip(), "vllm": vllm.__version__, "torch": torch.__version__,
     "series_hash": sys.argv[3] or None,
     "series_hash_mm": sys.argv[5] or None,
-    # The trees of issue 25's ablation runs: the series less one patch id, each its own hash.
-    "series_hash_reverted": json.load(open(sys.argv[6])) if os.path.exists(sys.argv[6]) else {},
     "post_norm_scale": sys.argv[4] or None,
     "command": "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')",
 }, open(sys.argv[1], "w"), indent=1)
@@ -589,7 +583,7 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     trained_setup || return 1
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
     reverted_sites "${RUNS:-}${RS_PARALLEL:-}" 0.21.0 "$SITE"
-    realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" "" "$WORK/reverted-hashes-0.21.0.json"
+    realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
     trained_lanes 0.21.0 realshape-raw-trained rs-meta-trained.json \
         --site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE" --reverted-sites "$REVERTED_SITES/0.21.0"
 }
@@ -601,8 +595,7 @@ realshape_v33_trained() { # the trained target on vLLM 0.33.0 (issues 24, 25): t
     trained_setup || return 1
     site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
     reverted_sites "${RUNS:-}${RS_PARALLEL:-}" "$V33" "$SITE33"
-    realshape_meta "$WORK/rs-meta-v33-trained.json" "$SITE33" "$(series_hash "$SITE33_PATCHED")" "" \
-        "$WORK/reverted-hashes-$V33.json"
+    realshape_meta "$WORK/rs-meta-v33-trained.json" "$SITE33" "$(series_hash "$SITE33_PATCHED")" ""
     # As realshape-v33: 0.33.0's first, measuring CUDA-graph capture took 156 s of a start.
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0} \
         trained_lanes "$V33" realshape-raw-v33-trained rs-meta-v33-trained.json \

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.patching.engine import status
 from launcher.patching.stamp import STAMP_REL
+from tests.unit.gpu_scripts import load
 from tests.integration.patch_trees import pristine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +25,10 @@ RUN = "trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor-without-dflash-loo
 V33_RUN = "v33-trained-dflash-trained-fa2-cg-bf16-capture-without-gemma4-dflash-embed-scale-logit-softcap"
 
 pytestmark = pytest.mark.network  # the released wheel
+realshape = load("realshape")
 
 
-def test_each_reverted_tree_lacks_only_its_patch_and_its_hash_is_recorded(tmp_path):
+def test_each_reverted_tree_lacks_only_its_patch_and_carries_its_own_series_hash(tmp_path):
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
     script = tmp_path / "remote-functions.sh"
     script.write_text(functions + '\nreverted_sites "$1" 0.21.0 "$SITE"\n')
@@ -40,11 +43,11 @@ def test_each_reverted_tree_lacks_only_its_patch_and_its_hash_is_recorded(tmp_pa
     scheduler = (site / "vllm/v1/core/sched/scheduler.py").read_text()
     assert "0 if request.num_computed_tokens == 0 else self.num_lookahead_tokens" in scheduler  # 0014 left out
     assert "num_in_flight_tokens" in scheduler and "self.num_spec_tokens + 1" in scheduler  # 0013, 0015 in
-    hashes = json.loads((tmp_path / "work" / "reverted-hashes-0.21.0.json").read_text())
-    assert list(hashes) == ["dflash-lookahead-slots-at-prefill"]
-    assert len(hashes["dflash-lookahead-slots-at-prefill"]) == 64
+    # The tree's stamp names the series it carries; realshape.py records that hash for the run.
     stamp = json.loads((site / STAMP_REL).read_text())
-    assert stamp["series_hash"] == hashes["dflash-lookahead-slots-at-prefill"]
     assert "dflash-lookahead-slots-at-prefill" not in json.dumps(stamp)
+    full = status(str(pristine("0.21.0", "site-packages"))).series_hash  # this checkout's whole series
+    assert len(stamp["series_hash"]) == 64 and stamp["series_hash"] != full
+    assert realshape.run_tree_hash(f"{site}:/tmp/site") == stamp["series_hash"]
     assert sorted(p.name for p in (tmp_path / "reverted" / "0.21.0").iterdir()) == [
         "dflash-lookahead-slots-at-prefill"]

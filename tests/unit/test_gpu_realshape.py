@@ -339,10 +339,11 @@ def test_ablation_runs_revert_each_drafter_side_patch_of_the_series_and_carry_th
     assert {s.revert for s in ablation.values()} == set(rs.DRAFTER_SIDE_PATCHES["0.21.0"]) <= ids
     for name, spec in ablation.items():
         assert spec.capture_drafts and spec.drafter == "trained" and name.endswith(f"-without-{spec.revert}")
-        meta = {"series_hash": "full", "series_hash_reverted": {spec.revert: "less-" + spec.revert}}
-        assert rs._series_of(spec, meta) == "less-" + spec.revert
+        # The record names the hash stamped on the tree the run imported, not the merge's.
+        assert rs._series_of(spec, {"series_hash": "less-" + spec.revert}, {"series_hash": "full"}) \
+            == "less-" + spec.revert
     capture = rs.RUNS["trained-dflash-trained-fa2-cg-bf16-capture"]
-    assert rs._series_of(capture, {"series_hash": "full"}) == "full"
+    assert rs._series_of(capture, {}, {"series_hash": "full"}) == "full"  # raw records of before 2026-11-27
     assert len({json.dumps(s.key(), sort_keys=True) for s in [capture, *ablation.values()]}) == 1 + len(ablation)
 
 
@@ -372,4 +373,14 @@ def test_the_trace_run_without_0014_reverts_a_patch_of_the_series_and_traces():
     spec = rs.RUNS["trained-dflash-fa2-cg-bf16-smallkv-trace-bi-noinductor-without-dflash-lookahead-slots-at-prefill"]
     assert spec.revert in {p.id for p in series_for("0.21.0").patches}
     assert spec.trace_inputs and spec.kv_blocks == rs.TRAINED_SMALL_POOL and spec.batch_invariant
-    assert rs._series_of(spec, {"series_hash": "full", "series_hash_reverted": {spec.revert: "less"}}) == "less"
+    assert rs._series_of(spec, {"series_hash": "less"}, {"series_hash": "full"}) == "less"
+
+
+def test_a_run_records_the_series_hash_stamped_on_the_tree_it_imported(tmp_path):
+    from launcher.patching.stamp import STAMP_REL
+
+    tree = tmp_path / "site-reverted"
+    (tree / STAMP_REL).parent.mkdir(parents=True)
+    (tree / STAMP_REL).write_text(json.dumps({"series_hash": "abc123", "patches": []}))
+    assert rs.run_tree_hash(f"{tree}:/tmp/site") == "abc123"
+    assert rs.run_tree_hash(str(tmp_path / "stock")) is None and rs.run_tree_hash(None) is None
