@@ -152,18 +152,19 @@ def block_conflicts(rows: list[dict], groups: list[dict], limit: int = 50) -> di
     """Writes into a block another (request, group) still reads. ``rows``: InputTrace.summary();
     ``groups``: the run's kv_cache_groups (block_size, sliding_window, per gid)."""
     events = []  # (step, order, request, life, gid, positions, slots)
+    # Each request life's queries: (step, first position fed), in step order.
+    next_query: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for r, row in enumerate(rows):
-        for life, writes in enumerate(_lives(row["writes"])):
+        lives = _lives(row["writes"])
+        for life, writes in enumerate(lives):
+            next_query[r, life] = [(w[3], _positions(w)[0]) for w in writes if _positions(w)]
             for w in writes:
                 for gid, slots in enumerate(w[2]):
                     events.append((w[3], 0, r, life, gid, _positions(w), slots))
-        for dw in row.get("drafter_writes") or []:
-            positions, slots, gid, step = dw
-            life = _life_at(row["writes"], step)
+        for positions, slots, gid, step in row.get("drafter_writes") or []:
+            life = max((n for n, lw in enumerate(lives) if lw and lw[0][3] <= step), default=0)
             events.append((step, 1, r, life, gid, positions, slots))
     events.sort(key=lambda e: (e[0], e[1]))
-    # Each request life's next query position after each step: the first position it feeds next.
-    next_query = _next_queries(rows)
     owner: dict[int, tuple] = {}  # block -> (request, life, gid, {positions})
     conflicts = []
     for step, _, r, life, gid, positions, slots in events:
@@ -184,23 +185,6 @@ def block_conflicts(rows: list[dict], groups: list[dict], limit: int = 50) -> di
             owner[b][3].add(p)
     victims = sorted({(c["victim"]["group"], c["victim"]["prompt"]) for c in conflicts}, key=str)
     return {"conflicts": len(conflicts), "victims": [list(v) for v in victims], "first": conflicts[:limit]}
-
-
-def _life_at(writes: list[list], step: int) -> int:
-    life = 0
-    for n, lw in enumerate(_lives(writes)):
-        if lw and lw[0][3] <= step:
-            life = n
-    return life
-
-
-def _next_queries(rows: list[dict]) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """(request, life) -> [(step, first position fed)] in step order."""
-    out = {}
-    for r, row in enumerate(rows):
-        for life, writes in enumerate(_lives(row["writes"])):
-            out[r, life] = [(w[3], _positions(w)[0]) for w in writes if _positions(w)]
-    return out
 
 
 def _still_read(own: tuple, step: int, next_query: dict, groups: list[dict]) -> list[int]:
