@@ -456,6 +456,15 @@ def prompts(token_limit: int) -> list[list[int]]:
     return [[rng.randrange(3, token_limit) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
+def as_groups(items: list, concurrency: tuple[int, ...] = TRAINED_CONCURRENCY) -> list:
+    """``items`` (one per prompt) as a grouped run sees them: the first c for every c, in order.
+
+    The first prompts count once per group they are in, so a gate over a grouped
+    record weighs them more than a reference record does.
+    """
+    return [item for c in concurrency for item in items[:c]]
+
+
 def workload(spec: RunSpec, models: Path, token_limit: int) -> tuple[list[list[int]], list[int]]:
     """(prompt token ids, max new tokens per prompt) of a run."""
     if spec.trained:
