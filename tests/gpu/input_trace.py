@@ -135,13 +135,15 @@ def install() -> InputTrace:
 
 
 def _lives(writes: list[list]) -> list[list[list]]:
-    """A request's writes split where it starts over (a first position below the last one's:
-    recomputation after preemption)."""
+    """A request's writes split where it starts over (a first position at or below the last
+    one's: recomputation after preemption). Every other step moves on by at least one token
+    (a verify always keeps its bonus token), and a request preempted during its recompute
+    prefill starts over at the same position 0 (seen on the H100, 2026-11-27)."""
     lives: list[list[list]] = [[]]
     last = -1
     for w in writes:
         first = _positions(w)[0] if _positions(w) else last
-        if first < last:
+        if first <= last:
             lives.append([])
         lives[-1].append(w)
         last = first
@@ -165,7 +167,7 @@ def block_conflicts(rows: list[dict], groups: list[dict], limit: int = 50) -> di
             life = max((n for n, lw in enumerate(lives) if lw and lw[0][3] <= step), default=0)
             events.append((step, 1, r, life, gid, positions, slots))
     events.sort(key=lambda e: (e[0], e[1]))
-    owner: dict[int, tuple] = {}  # block -> (request, life, gid, {positions})
+    owners: dict[int, dict] = {}  # block -> {"readers": {(request, life, gid): {positions}}, "slots": {slot: position}}
     conflicts = []
     for step, _, r, life, gid, positions, slots in events:
         size = groups[gid]["block_size"]
@@ -173,18 +175,35 @@ def block_conflicts(rows: list[dict], groups: list[dict], limit: int = 50) -> di
             if s < 0:
                 continue
             b = s // size
-            own = owner.get(b)
-            if own and own[:3] != (r, life, gid):
-                needed = _still_read(own, step, next_query, groups)
-                if needed:
-                    conflicts.append({"step": step, "block": b, "writer": _who(rows, r, gid, p),
-                                      "victim": _who(rows, own[0], own[2], None), "victim_positions": needed[:8]})
-                owner[b] = (r, life, gid, set())
-            elif not own:
-                owner[b] = (r, life, gid, set())
-            owner[b][3].add(p)
+            own = owners.get(b)
+            me = (r, life, gid)
+            if own is None or (me not in own["readers"] and not _shared(rows, own, me, p, s)):
+                for reader, held in (own or {"readers": {}})["readers"].items():
+                    needed = _still_read((*reader, held), step, next_query, groups)
+                    if needed:
+                        conflicts.append({"step": step, "block": b, "writer": _who(rows, r, gid, p),
+                                          "victim": _who(rows, reader[0], reader[2], None),
+                                          "victim_positions": needed[:8]})
+                own = owners[b] = {"readers": {}, "slots": {}}
+            own["readers"].setdefault(me, set()).add(p)
+            own["slots"][s] = p
     victims = sorted({(c["victim"]["group"], c["victim"]["prompt"]) for c in conflicts}, key=str)
     return {"conflicts": len(conflicts), "victims": [list(v) for v in victims], "first": conflicts[:limit]}
+
+
+def _shared(rows: list[dict], own: dict, me: tuple, position: int, slot: int) -> bool:
+    """A prefix-cache block: ``me`` rewrites a slot at the position its readers wrote there,
+    with the same prompt up to it (vLLM recomputes a cached block's tokens when another
+    group's hit is shorter; the values are the same, so this takes nothing from anyone)."""
+    if own["slots"].get(slot) != position:
+        return False
+    mine = rows[me[0]].get("prompt_tokens")
+    for reader in own["readers"]:
+        theirs = rows[reader[0]].get("prompt_tokens")
+        if mine is None or theirs is None or position >= min(len(mine), len(theirs)) \
+                or mine[:position + 1] != theirs[:position + 1]:
+            return False
+    return True
 
 
 def _still_read(own: tuple, step: int, next_query: dict, groups: list[dict]) -> list[int]:

@@ -91,3 +91,27 @@ def test_blocks_of_an_ended_or_restarted_life_are_free_to_take():
     b = _row(1, [(3, 0, [20, 21, 22, 23])])  # takes A's first life's blocks after A's preemption
     c = _row(2, [(6, 0, [24, 25])])  # A's first life never reads position 4 again
     assert it.block_conflicts([a, b, c], FULL)["conflicts"] == 0
+
+
+def test_a_prefix_cache_block_rewritten_with_the_same_prompt_is_shared_not_taken():
+    # A and B share the prompt's first 4 tokens; vLLM hands B A's cached blocks 10, 11 and,
+    # when another group's hit is shorter, B recomputes positions 0..3 into them.
+    a = {**_row(0, [(1, 0, [20, 21, 22, 23, 24]), (3, 5, [25]), (5, 6, [26])]), "prompt_tokens": [5, 6, 7, 8, 9]}
+    b = {**_row(1, [(2, 0, [20, 21, 22, 23, 30]), (3, 5, [31]), (5, 6, [32])]), "prompt_tokens": [5, 6, 7, 8, 4]}
+    assert it.block_conflicts([a, b], FULL)["conflicts"] == 0
+    # The same slots with another prompt are a takeover: A still reads positions 0..3.
+    c = {**b, "prompt": 2, "prompt_tokens": [1, 6, 7, 8, 4]}
+    taken = it.block_conflicts([a, c], FULL)
+    assert taken["conflicts"] == 2 and taken["victims"] == [["2", 0]]
+    # And a write at another position into a shared block is one too, whoever shared it.
+    d = {**_row(3, [(4, 7, [21])]), "prompt_tokens": [5, 6, 7, 8, 9]}
+    late = it.block_conflicts([a, b, d], FULL)
+    assert late["conflicts"] == 2 and sorted(late["victims"]) == [["2", 0], ["2", 1]]
+
+
+def test_a_restart_preempted_during_its_recompute_is_a_life_of_its_own():
+    # A restarts at 0 at step 3, is preempted again before decoding, and restarts at 0 at step 6:
+    # the blocks of the step-3 life went back to the pool and B may take them at step 5.
+    a = _row(0, [(1, 0, [20, 21]), (2, 2, [22]), (3, 0, [40, 41, 42]), (6, 0, [50, 51, 52]), (7, 3, [53])])
+    b = _row(1, [(5, 0, [40, 41]), (8, 2, [42])])
+    assert it.block_conflicts([a, b], FULL)["conflicts"] == 0
