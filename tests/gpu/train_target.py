@@ -97,6 +97,14 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     eval_windows: int = 64
+    # Token-level unlikelihood (Welleck et al. 2019, "Neural text generation with
+    # unlikelihood training"): weight of -log(1 - p(c)) summed over the tokens c already in
+    # the window (the target excluded), added to the cross entropy. 0 is plain maximum
+    # likelihood. Why: at 680 and 1000 steps the greedy output looped (median distinct
+    # fraction 0.195 and 0.191 where the held-out text itself has 0.57) while held-out
+    # perplexity fell from 50 to 31; more steps do not stop the loops, and the gate needs
+    # output that says something.
+    unlikelihood: float = 0.0
     log_every: int = 10
     vocab_size: int = lm_files.VOCAB_SIZE
 
@@ -261,13 +269,33 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _loss(model, batch):
+def _loss(model, batch, unlikelihood: float = 0.0):
     import torch
     import torch.nn.functional as F
 
     with torch.autocast(batch.device.type, dtype=torch.bfloat16):
         logits = model(input_ids=batch, use_cache=False).logits
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    logits = logits[:, :-1].float()
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    if not unlikelihood:
+        return nll
+    return nll + unlikelihood * unlikelihood_loss(logits, batch)
+
+
+def unlikelihood_loss(logits, batch):
+    """Mean over predicted positions of -sum log(1 - p(c)), c in the tokens seen so far in
+    the window other than the one to predict. ``logits``: [B, T-1, V] for ``batch`` [B, T]."""
+    import torch
+    import torch.nn.functional as F
+
+    vocab = logits.shape[-1]
+    seen = F.one_hot(batch[:, :-1], vocab).cumsum(dim=1) > 0  # position t: tokens 0..t
+    seen.scatter_(2, batch[:, 1:].unsqueeze(-1), False)  # the target is no candidate
+    # The bos every window starts with is context, not a token to unlearn.
+    seen[:, :, lm_files.CONFIG_IDS["bos_token_id"]] = False
+    probs = torch.softmax(logits, dim=-1)
+    penalty = -torch.log(torch.clamp(1.0 - probs, min=1e-5)) * seen
+    return penalty.sum(dim=-1).mean()
 
 
 def train(model, stream: list[int], cfg: TrainConfig, device: str) -> list[dict]:
@@ -290,7 +318,7 @@ def train(model, stream: list[int], cfg: TrainConfig, device: str) -> list[dict]
         total = 0.0
         for _ in range(cfg.accumulation):
             batch = torch.from_numpy(windows(data, cfg.micro_batch, cfg.seq_len, rng)).to(device)
-            loss = _loss(model, batch) / cfg.accumulation
+            loss = _loss(model, batch, cfg.unlikelihood) / cfg.accumulation
             loss.backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -459,10 +487,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="models folder: the target, the drafter and the records go here")
     parser.add_argument("--steps", type=int, help=f"optimizer steps (default {TrainConfig.steps})")
+    parser.add_argument("--unlikelihood", type=float,
+                        help=f"token-level unlikelihood weight (default {TrainConfig.unlikelihood})")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--stdlib", type=Path, help="corpus root (default: this interpreter's stdlib)")
     args = parser.parse_args(argv)
-    cfg = TrainConfig() if args.steps is None else dataclasses.replace(TrainConfig(), steps=args.steps)
+    cfg = TrainConfig()
+    if args.steps is not None:
+        cfg = dataclasses.replace(cfg, steps=args.steps)
+    if args.unlikelihood is not None:
+        cfg = dataclasses.replace(cfg, unlikelihood=args.unlikelihood)
 
     import torch
     import transformers

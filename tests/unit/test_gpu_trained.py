@@ -283,3 +283,23 @@ def test_prefix_cache_hits_come_from_each_requests_cached_tokens():
     assert rs.prefix_cache_hits(raw) == 1280
     old = {"ok": True, "counters": {"prefix_cache_hits": 7}, "groups": {"1": [_out([1, 2])]}}
     assert rs.prefix_cache_hits(old) == 7
+
+
+def test_unlikelihood_penalises_only_tokens_already_in_the_window():
+    torch = pytest.importorskip("torch", reason="the trainer's loss needs torch (in the dev venv)")
+    tt = _load("train_target")
+    bos = tt.lm_files.CONFIG_IDS["bos_token_id"]
+    batch = torch.tensor([[bos, 20, 21, 20, 22]])
+    logits = torch.zeros(1, 4, 30)
+    # Uniform over 30 tokens: each candidate costs -log(1 - 1/30).
+    unit = -math.log(1 - 1 / 30)
+    # Candidates per predicted position: {} (bos only), {20}, {20, 21} minus target 20 -> {21},
+    # {20, 21}: 0 + 1 + 1 + 2 over 4 positions.
+    assert float(tt.unlikelihood_loss(logits, batch)) == pytest.approx(unit * 4 / 4, rel=1e-5)
+    # Mass moved onto a token already seen raises it; onto an unseen one it does not.
+    seen, unseen = logits.clone(), logits.clone()
+    seen[0, 3, 21] = 5.0
+    unseen[0, 3, 25] = 5.0
+    assert tt.unlikelihood_loss(seen, batch) > tt.unlikelihood_loss(logits, batch) > tt.unlikelihood_loss(unseen, batch)
+    # Weight 0 is the plain cross entropy the perplexity is measured with.
+    assert tt.TrainConfig().unlikelihood == 0.0
