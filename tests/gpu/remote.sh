@@ -414,7 +414,8 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
     if [ ! -f "$MODELS_TRAINED/shapes.json" ]; then
         # The bundle's transformers 5.13.1 writes the config vLLM 0.21.0 reads.
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$MODELS_TRAINED" \
-            ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} 2>&1 | grep -v "Writing model shards" | tee "$WORK/train.log" \
+            ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} ${TRAIN_UNLIKELIHOOD:+--unlikelihood "$TRAIN_UNLIKELIHOOD"} \
+            2>&1 | grep -v "Writing model shards" | tee "$WORK/train.log" \
             | grep -v "^step" || true
         grep "^step" "$WORK/train.log" | awk 'NR % 10 == 1' || true
         cp "$WORK/train.log" "$OUT/"
