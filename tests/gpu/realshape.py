@@ -81,6 +81,8 @@ TRAINED_DRAFTER_TRAINED = "dflash-r5-trained"
 DRAFTER_RECORD = "drafter-train-record.json"
 TRAINED_MAX_MODEL_LEN = 2048
 TRAINED_CONCURRENCY = (1, 4, 17, 32)
+# Issue 25 measures acceptance at 1, 8 and 22 requests in flight.
+ACCEPTANCE_CONCURRENCY = (1, 8, 22)
 # Blocks of the shared KV pool for the small-pool runs. vLLM 0.21.0 sizes a
 # block's bytes by the target's KV heads, so the count follows the target:
 # with 8/4/1 heads it refused 400 ("estimated maximum model length is 1088"),
@@ -297,12 +299,15 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
             reference="trained-ref-nvfp4", oracle=True),
         run("trained-oracle-fa2-cg-bf16-smallkv", "patched", "dflash", backend="flash_attn",
             reference="trained-ref-bf16", oracle=True, **small),
+        run("trained-oracle-fa2-cg-nvfp4-smallkv", "patched", "dflash", nvfp4, "flash_attn",
+            reference="trained-ref-nvfp4", oracle=True, **small),
         # Issue 25: the trained-dflash-fa2-cg-* engines with the trained drafter, judged against the
-        # same references; the engine's spec-decode counters give the acceptance length.
+        # same references, at the issue's 1, 8 and 22 in flight; the engine's spec-decode counters
+        # give the acceptance length.
         run("trained-dflash-trained-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
-            reference="trained-ref-bf16", drafter="trained"),
+            reference="trained-ref-bf16", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
         run("trained-dflash-trained-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
-            reference="trained-ref-nvfp4", drafter="trained"),
+            reference="trained-ref-nvfp4", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
         # Issue 25, item 3: draft equivalence with the reference drafter (1, 8 and 17 in flight:
         # 26 requests, about 27 verify steps each at the measured acceptance, so well over the
         # 200 contexts asked for; prefix caching off), judged against the same reference.
@@ -352,7 +357,8 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
 BATCH_INVARIANT_TWINS = (
     "trained-ref-bf16", "trained-dflash-fa2-cg-bf16", "trained-ref-nvfp4", "trained-dflash-fa2-cg-nvfp4",
     "trained-dflash-fa2-cg-bf16-smallkv", "trained-oracle-fa2-cg-bf16", "trained-oracle-fa2-cg-nvfp4",
-    "trained-oracle-fa2-cg-bf16-smallkv",
+    "trained-oracle-fa2-cg-bf16-smallkv", "trained-dflash-fa2-cg-nvfp4-smallkv", "trained-oracle-fa2-cg-nvfp4-smallkv",
+    "trained-dflash-trained-fa2-cg-bf16", "trained-dflash-trained-fa2-cg-nvfp4",
 )
 
 
@@ -490,7 +496,20 @@ def drafter_identity(spec: RunSpec, models: Path) -> dict:
     rec = json.loads(path.read_text())
     ev = (rec.get("evaluation") or {}).get(f"vllm-{spec.vllm}") or {}
     return {"drafter_sha256": rec.get("drafter_sha256"), "drafter_target_sha256": rec.get("target_sha256"),
-            "acceptance_reference": ev.get("as_realshape_groups")}
+            "acceptance_reference": offline_acceptance(ev, spec.concurrency)}
+
+
+def offline_acceptance(evaluation: dict, concurrency: tuple[int, ...]) -> dict | None:
+    """train_drafter.py's offline acceptance weighted as this run's groups weigh the prompts
+    (prompt i once per group that holds it), from its per-prompt verify steps; records
+    without them keep the estimate train_drafter.py weighted for TRAINED_CONCURRENCY."""
+    per_prompt = evaluation.get("per_prompt_steps")
+    if not per_prompt:
+        return evaluation.get("as_realshape_groups")
+    import dflash_reference  # torch: only where a drafter record is judged
+
+    return dflash_reference.summarize([f for steps in as_groups(per_prompt, concurrency) for f in steps],
+                                      NUM_SPECULATIVE_TOKENS)
 
 
 def target_identity(spec: RunSpec, models: Path) -> dict:

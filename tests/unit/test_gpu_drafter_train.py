@@ -543,7 +543,8 @@ def test_trained_drafter_runs_use_it_and_the_random_drafter_runs_references():
         assert spec.drafter == "trained" and random_run.drafter == "random"
         assert spec.reference == random_run.reference and spec.vllm == "0.21.0"
         assert (spec.cuda_graphs, spec.flash_attn_version, spec.drafter_backend) == (True, 2, "flash_attn")
-        assert spec.concurrency == random_run.concurrency == td.GROUPS
+        # Issue 25 asks for 1, 8 and 22 in flight; the offline estimate follows the run's groups.
+        assert spec.concurrency == rs.ACCEPTANCE_CONCURRENCY == (1, 8, 22)
         kw = rs.trained_engine_kwargs(spec, Path("/m"))
         assert kw["speculative_config"]["model"] == f"/m/{td.DRAFTER_NAME}"
         assert kw["speculative_config"]["num_speculative_tokens"] == ref.K_DEFAULT
@@ -597,6 +598,21 @@ def test_trained_drafter_fields_carry_identity_and_the_offline_reference(tmp_pat
     assert fields["drafter_sha256"] == "d" * 64 and fields["proof"] is True
     md = rs.markdown([rs.record(spec, raw, reference, {"series_hash": "h" * 64})], {})
     assert "## Trained drafter (issue 25)" in md and "| 4.6 | 4.0 | 1.15 |" in md
+
+
+def test_the_offline_reference_is_weighted_as_the_runs_own_groups(tmp_path):
+    # Three prompts' verify steps (accepted drafts per step); a run of groups (1, 2) serves
+    # prompt 0 twice and prompt 1 once: steps 1, 2, 1, 2, 3 -> 1 + 9 / 5.
+    evaluation = {"per_prompt_steps": [[1, 2], [3], [0, 0]], "as_realshape_groups": {"mean_acceptance_length": 9.9}}
+    got = rs.offline_acceptance(evaluation, (1, 2))
+    assert got["mean_acceptance_length"] == 2.8 and got["steps"] == 5
+    assert rs.offline_acceptance(evaluation, (3,))["steps"] == 5  # 2 + 1 + 2
+    # Records written before per-prompt steps were kept fall back to train_drafter's weighting.
+    assert rs.offline_acceptance({"as_realshape_groups": {"mean_acceptance_length": 4.0}}, (1, 2)) == \
+        {"mean_acceptance_length": 4.0}
+    # The acceptance runs are at the issue's 1, 8 and 22 in flight, with exact-numerics twins.
+    assert rs.RUNS["trained-dflash-trained-fa2-cg-bf16"].concurrency == (1, 8, 22)
+    assert rs.RUNS["trained-dflash-trained-fa2-cg-nvfp4-bi-noinductor"].reference == "trained-ref-nvfp4-bi-noinductor"
 
 
 def test_a_trained_drafter_run_without_the_drafter_fails_by_name(tmp_path):

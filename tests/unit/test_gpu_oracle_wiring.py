@@ -27,6 +27,7 @@ TRIPLES = [  # oracle run, the DFlash run whose engine it has, its reference
     ("trained-oracle-fa2-cg-bf16", "trained-dflash-fa2-cg-bf16", "trained-ref-bf16"),
     ("trained-oracle-fa2-cg-nvfp4", "trained-dflash-fa2-cg-nvfp4", "trained-ref-nvfp4"),
     ("trained-oracle-fa2-cg-bf16-smallkv", "trained-dflash-fa2-cg-bf16-smallkv", "trained-ref-bf16"),
+    ("trained-oracle-fa2-cg-nvfp4-smallkv", "trained-dflash-fa2-cg-nvfp4-smallkv", "trained-ref-nvfp4"),
 ]
 SHA = "a" * 64
 
