@@ -5,15 +5,21 @@
 One record per configuration (vLLM release, quantization) of the trained drafter's DFlash runs:
 vLLM's acceptance (its spec-decode counters) beside train_drafter.py's offline reference on the
 same prompts and semantics, the draft equivalence of the capture run (draft_capture.py) and the
-ablation rows of the capture runs on the series less one drafter-side patch. Fields the runs have
-not measured yet (speed at this width, the projection) stay null and the markdown says so.
+ablation rows of the capture runs on the series less one drafter-side patch, and the speed at this
+width (speed.py: the trained-speed-* runs, DFlash against the target alone, beside bench_report's
+projection at the measured acceptance and step times). Fields the runs have not measured yet stay
+null and the markdown says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import speed  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 K = 15
@@ -23,6 +29,9 @@ MIN_ACCEPTANCE = 3.0
 MAX_RELATIVE_GAP = 0.10
 MIN_CONTEXTS = 200
 MIN_EQUAL_FRACTION = 0.99
+# Speed: at concurrency 1 DFlash beats the target alone, and the measured speed-up is within
+# 15 % of the projection.
+MAX_PROJECTION_GAP = 0.15
 
 
 def _trained(records: list[dict]) -> list[dict]:
@@ -39,7 +48,26 @@ def _equivalence(rec: dict | None) -> dict | None:
             "features_min_cosine": (eq.get("features") or {}).get("min_cosine")}
 
 
-def _row(rec: dict, capture: dict | None, ablation: list[dict]) -> dict:
+def _speed(records: list[dict], rec: dict) -> dict:
+    """The speed runs of ``rec``'s release, series and quantization, paired per concurrency."""
+    def find(mode: str) -> dict | None:
+        return next((r for r in records if r.get("speed") and r.get("mode") == mode and r.get("ok")
+                     and all(r.get(k) == rec.get(k) for k in ("vllm", "series", "quantization"))), None)
+
+    dflash, alone = find("dflash"), find("reference-grouped")
+    if not (dflash and alone):
+        return {}
+    return speed.pair(dflash["speed"], alone["speed"])
+
+
+def _speed_bar(paired: dict) -> bool | None:
+    one = paired.get("1")
+    if not one or one["measured_speedup"] is None or one["projected_speedup"] is None:
+        return None
+    return one["measured_speedup"] > 1 and abs(one["measured_over_projected"] - 1) <= MAX_PROJECTION_GAP
+
+
+def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | None = None) -> dict:
     measured = (rec.get("acceptance") or {}).get("mean_acceptance_length")
     reference = (rec.get("acceptance_reference") or {}).get("mean_acceptance_length")
     gap = abs(measured - reference) / reference if measured and reference else None
@@ -60,25 +88,37 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict]) -> dict:
                       "draft_equivalence_contexts": (_equivalence(a) or {}).get("contexts"),
                       "mean_acceptance_length_vllm": (a.get("acceptance") or {}).get("mean_acceptance_length")}
                      for a in ablation],
-        # Item 5 (speed at this width) has not run: no number is made up here.
-        "tok_s": None, "projected_speedup": None,
+        # Item 5, per concurrency of the speed runs (null where they have not run).
+        "speed_concurrency": [int(c) for c in paired] if paired else None,
+        "tok_s": {c: p["tok_s"] for c, p in paired.items()} if paired else None,
+        "measured_speedup": {c: p["measured_speedup"] for c, p in paired.items()} if paired else None,
+        "projected_speedup": {c: p["projected_speedup"] for c, p in paired.items()} if paired else None,
+        "speed": paired or None,
+        "speed_bar_met": _speed_bar(paired or {}),
     }
 
 
 def build(records: list[dict]) -> list[dict]:
-    trained = _trained(records)
+    trained = [r for r in _trained(records) if not r.get("speed")]
     plain = [r for r in trained if not r.get("capture_drafts") and not r.get("revert")]
     rows = []
     for rec in plain:
         same = [r for r in trained if r.get("vllm") == rec.get("vllm") and r.get("quantization") == rec.get("quantization")]
         capture = next((r for r in same if r.get("capture_drafts") and not r.get("revert")), None)
         ablation = [r for r in same if r.get("revert")]
-        rows.append(_row(rec, capture, ablation))
+        rows.append(_row(rec, capture, ablation, _speed(records, rec)))
     return rows
 
 
 def _cell(value) -> str:
     return "-" if value is None else str(value)
+
+
+def _speed_cell(paired: dict | None) -> str:
+    if not paired:
+        return "-"
+    return "; ".join(f"{c}: {_cell(p['tok_s']['dflash'])} / {_cell(p['tok_s']['no_drafter'])}, "
+                     f"{_cell(p['measured_speedup'])} / {_cell(p['projected_speedup'])}" for c, p in paired.items())
 
 
 def markdown(rows: list[dict]) -> str:
@@ -92,7 +132,8 @@ def markdown(rows: list[dict]) -> str:
         f"{MIN_EQUAL_FRACTION:.0%} of at least {MIN_CONTEXTS} contexts. `-`: not measured yet.",
         "",
         "| run | vLLM | series | quant | acceptance vLLM | reference | gap | bar | draft equivalence | lossless "
-        "| ablation (reverted: equal contexts, acceptance) | tok/s |",
+        "| ablation (reverted: equal contexts, acceptance) | tok/s DFlash / alone, measured / projected speed-up "
+        "(per concurrency) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -105,7 +146,7 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['run']} | {r['vllm']} | {str(r['series'])[:8]} | {r['quantization']} | "
             f"{_cell(r['mean_acceptance_length_vllm'])} | {_cell(r['mean_acceptance_length_reference'])} | "
             f"{_cell(r['relative_gap'])} | {'met' if r['acceptance_bar_met'] else 'not met'} | {eq_cell} | "
-            f"{_cell(r['lossless'])} | {abl} | {_cell(r['tok_s'])} |")
+            f"{_cell(r['lossless'])} | {abl} | {_speed_cell(r['speed'])} |")
     return "\n".join(lines) + "\n"
 
 

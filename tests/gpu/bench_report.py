@@ -161,6 +161,11 @@ def _draft_for(steps: dict, dtype: str, backend: str) -> tuple[dict, str]:
     return steps.get("bf16", {}).get("draft", {}).get(backend, {}), "bf16"
 
 
+def projected_speedup(tau: float, t_decode: float, t_draft: float, t_verify: float) -> float:
+    """FORMULA: tau tokens a DFlash step (draft + verify) against one token a decode step."""
+    return tau * t_decode / (t_draft + t_verify)
+
+
 def ratios_and_projection(steps: dict) -> tuple[dict, dict]:
     ratios: dict = {}
     projection: dict = {"formula": FORMULA, "taus": TAUS, "published": {**PUBLISHED_TAUS, "source": PUBLISHED_SOURCE},
@@ -179,8 +184,8 @@ def ratios_and_projection(steps: dict) -> tuple[dict, dict]:
                     "verify_over_decode": round(t_ver / t_dec, 4),
                     "draft_from": draft_from,
                 }
-                row = {str(t): round(t * t_dec / (t_dr + t_ver), 3) for t in TAUS}
-                row |= {name: round(t * t_dec / (t_dr + t_ver), 3) for name, t in PUBLISHED_TAUS.items()}
+                row = {str(t): round(projected_speedup(t, t_dec, t_dr, t_ver), 3) for t in TAUS}
+                row |= {name: round(projected_speedup(t, t_dec, t_dr, t_ver), 3) for name, t in PUBLISHED_TAUS.items()}
                 projection.setdefault(dtype, {}).setdefault(backend, {})[b] = row
     return ratios, projection
 

@@ -83,6 +83,8 @@ TRAINED_MAX_MODEL_LEN = 2048
 TRAINED_CONCURRENCY = (1, 4, 17, 32)
 # Issue 25 measures acceptance at 1, 8 and 22 requests in flight.
 ACCEPTANCE_CONCURRENCY = (1, 8, 22)
+# ... and speed at 1, 4 and 16.
+SPEED_CONCURRENCY = (1, 4, 16)
 # Blocks of the shared KV pool for the small-pool runs. vLLM 0.21.0 sizes a
 # block's bytes by the target's KV heads, so the count follows the target:
 # with 8/4/1 heads it refused 400 ("estimated maximum model length is 1088"),
@@ -166,6 +168,9 @@ class RunSpec:
     # "random": the drafter of the shape (no draft ever accepted); "trained": train_drafter.py's
     # (issue 25), whose acceptance the engine's counters measure.
     drafter: str = "random"
+    # Issue 25, item 5: each group generated twice, a warm-up and a pass timed by wall clock
+    # and CUDA events per step (speed.py). Needs the GPU to itself: never in RS_PARALLEL lanes.
+    speed: bool = False
 
     @property
     def has_drafter(self) -> bool:
@@ -188,6 +193,7 @@ class RunSpec:
                 **({"trace_inputs": True} if self.trace_inputs else {}),
                 **({"capture_drafts": True} if self.capture_drafts else {}),
                 **({"revert": self.revert} if self.revert else {}),
+                **({"speed": True} if self.speed else {}),
                 "mm_prefix": self.mm_prefix, "probe": self.probe,
                 "async_scheduling": self.async_scheduling, "target_kind": self.target,
                 # Every run carries it (records written before issue 25 read as "random"), so a
@@ -308,6 +314,14 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
             reference="trained-ref-bf16", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
         run("trained-dflash-trained-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
             reference="trained-ref-nvfp4", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
+        # Issue 25, item 5: speed at this width, DFlash (trained drafter) against the target
+        # alone, default numerics, 1, 4 and 16 in flight, through the offline engine until
+        # `launcher serve` runs on the GPU. One at a time: each needs the GPU to itself.
+        *[run(f"trained-speed-{kind}-fa2-cg-{q}", "patched", mode, quant, **extra, reference=f"trained-ref-{q}",
+              concurrency=SPEED_CONCURRENCY, speed=True)
+          for q, quant in (("bf16", "bf16"), ("nvfp4", nvfp4))
+          for kind, mode, extra in (("dflash-trained", "dflash", {"backend": "flash_attn", "drafter": "trained"}),
+                                    ("nodrafter", "reference-grouped", {}))],
         # Issue 25, item 3: draft equivalence with the reference drafter (1, 8 and 17 in flight:
         # 26 requests, about 27 verify steps each at the measured acceptance, so well over the
         # 200 contexts asked for; prefix caching off), judged against the same reference.
@@ -841,6 +855,11 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
                                 for _ in range(2)]
         elif spec.mode == "reference-batched":
             result["passes"] = [_generate(llm, params, toks) for _ in range(2)]
+        elif spec.speed:
+            import speed
+
+            result["speed"] = speed.measure(llm, runner, params, toks, spec.concurrency, _generate, engine_counters)
+            result["groups"] = {c: g.pop("outputs") for c, g in result["speed"].items()}
         else:
             result["groups"] = {}
             for c in spec.concurrency:
@@ -1086,6 +1105,10 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict, noise: 
         rec.update(trained_fields(spec, raw, reference))
     if spec.noise:
         rec["batch_noise"] = within_batch_noise(rec["divergences"], reference, noise, spec.noise)
+    if raw.get("speed"):
+        import speed
+
+        rec["speed"] = speed.summary(raw["speed"], spec.has_drafter, NUM_SPECULATIVE_TOKENS)
     return rec
 
 
@@ -1213,7 +1236,7 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     # compile_backend is in key() only when set, so name it: a -bi-noinductor record must
     # not replace its -bi twin.
     defaults = {**RunSpec("", "patched", "reference").key(), "compile_backend": None, "trace_inputs": False,
-                "capture_drafts": False, "revert": None}
+                "capture_drafts": False, "revert": None, "speed": False}
 
     def ident(r: dict) -> tuple:
         # A patched record replaces the same configuration's record of an
@@ -1473,9 +1496,13 @@ def order_runs(names: list[str]) -> list[str]:
 def lane_problems(lanes: str, raw_dir: Path) -> list[str]:
     """RS_PARALLEL lanes ("a,b;c,d") run side by side: an oracle run needs its reference
     in its own lane (order_runs puts it first), or a raw record of it from an earlier
-    call that no lane rewrites meanwhile."""
+    call that no lane rewrites meanwhile. A speed run (issue 25) times the GPU: it runs
+    only where there is one lane."""
     split = [[n for n in lane.split(",") if n] for lane in lanes.split(";")]
     problems = []
+    if len(split) > 1:
+        problems += [f"{n}: a speed run needs the GPU to itself: run it with RUNS, not in RS_PARALLEL lanes"
+                     for lane in split for n in lane if n in RUNS and RUNS[n].speed]
     for lane in split:
         for name in lane:
             spec = RUNS.get(name)

@@ -41,3 +41,75 @@ def test_bars_refuse_low_acceptance_and_too_few_contexts():
     assert rows[0]["acceptance_bar_met"] is False  # under 3 although equal to the reference
     assert rows[0]["draft_equivalence"]["holds"] is False  # fewer than 200 contexts
     assert "not met" in ar.markdown(rows) and "150/150" in ar.markdown(rows)
+
+
+# ------------------------------------------------------------------ speed at this width (item 5)
+
+sp = _load("speed")
+br = _load("bench_report")
+
+
+def _steps(n_tokens, step_ms, count, propose_ms=None):
+    return [{"step_ms": step_ms, "forward_tokens": n_tokens, **({"propose_ms": propose_ms} if propose_ms else {})}
+            for _ in range(count)]
+
+
+def test_speed_summary_reads_steady_steps_and_the_passes_counters():
+    # Concurrency 4: a 16-token prefill step is not a verify step (4 * 16 = 64 tokens are).
+    dflash = {"4": {"wall_s": 2.0, "generated": 512,
+                    "steps": _steps(300, 9.0, 1, 1.0) + _steps(64, 5.0, 20, 1.5) + _steps(64, 7.0, 1, 1.5),
+                    "counters": {"spec_drafts": 100, "spec_accepted_tokens": 300}}}
+    alone = {"4": {"wall_s": 4.0, "generated": 512, "steps": _steps(300, 9.0, 1) + _steps(4, 2.0, 127)}}
+    d = sp.summary(dflash, True, 15)["4"]
+    assert (d["tok_s"], d["verify_steps"], d["t_verify_ms"], d["t_draft_ms"], d["tau"]) == (256.0, 21, 3.5, 1.5, 4.0)
+    a = sp.summary(alone, False, 15)["4"]
+    assert (a["tok_s"], a["decode_steps"], a["t_decode_ms"]) == (128.0, 127, 2.0)
+    paired = sp.pair(sp.summary(dflash, True, 15), sp.summary(alone, False, 15))["4"]
+    # tau 4 tokens for 1.5 + 3.5 ms against one token per 2 ms: 1.6; measured 256 / 128 = 2.
+    assert paired["projected_speedup"] == 1.6 and paired["measured_speedup"] == 2.0
+    assert paired["measured_over_projected"] == 1.25
+    assert br.projected_speedup(4, 2.0, 1.5, 3.5) == 1.6
+
+
+def test_counter_deltas_are_per_pass():
+    before = {"spec_drafts": 10, "spec_accepted_per_pos": [5, 3], "preemptions": 0}
+    after = {"spec_drafts": 25, "spec_accepted_per_pos": [9, 4], "preemptions": 1}
+    assert sp.counter_delta(before, after) == {"spec_drafts": 15, "spec_accepted_per_pos": [4, 1], "preemptions": 1}
+    assert sp.counter_delta({}, {"spec_accepted_per_pos": [2]}) == {"spec_accepted_per_pos": [2]}
+
+
+def test_rows_carry_the_speed_runs_of_their_configuration_and_the_bar_at_concurrency_1():
+    def speed_rec(name, mode, summary, **kw):
+        return {"name": name, "mode": mode, "drafter_kind": "trained" if mode == "dflash" else "random",
+                "vllm": "0.21.0", "quantization": "bf16", "series": "abc", "ok": True, "speed": summary, **kw}
+    fast = {"1": {"tok_s": 300.0, "tau": 4.0, "t_draft_ms": 1.0, "t_verify_ms": 3.0}}
+    alone = {"1": {"tok_s": 100.0, "t_decode_ms": 3.0}}
+    records = [_rec("plain", 4.2), speed_rec("s-dflash", "dflash", fast), speed_rec("s-alone", "reference-grouped", alone),
+               speed_rec("s-other-quant", "reference-grouped", alone) | {"quantization": "modelopt-nvfp4"}]
+    rows = {r["run"]: r for r in ar.build(records)}
+    assert set(rows) == {"plain"}  # a speed run is no acceptance row of its own
+    row = rows["plain"]
+    assert row["tok_s"] == {"1": {"dflash": 300.0, "no_drafter": 100.0}}
+    assert row["projected_speedup"] == {"1": 3.0} and row["measured_speedup"] == {"1": 3.0}
+    assert row["speed_bar_met"] is True and "300.0 / 100.0, 3.0 / 3.0" in ar.markdown([row])
+    # Slower than the projection by more than 15 %: the bar is not met.
+    records[1]["speed"] = {"1": dict(fast["1"], tok_s=240.0)}
+    assert ar.build(records)[0]["speed_bar_met"] is False
+    # No speed runs: nothing is made up.
+    lone = ar.build([_rec("plain", 4.2)])[0]
+    assert lone["tok_s"] is None and lone["speed_bar_met"] is None and lone["projected_speedup"] is None
+
+
+def test_speed_runs_time_the_gpu_alone_and_pair_dflash_with_the_target_alone():
+    rs = _load("realshape")
+    names = [n for n, s in rs.RUNS.items() if s.speed]
+    assert sorted(names) == sorted(f"trained-speed-{k}-fa2-cg-{q}" for k in ("dflash-trained", "nodrafter")
+                                   for q in ("bf16", "nvfp4"))
+    for q in ("bf16", "nvfp4"):
+        d, a = rs.RUNS[f"trained-speed-dflash-trained-fa2-cg-{q}"], rs.RUNS[f"trained-speed-nodrafter-fa2-cg-{q}"]
+        assert (d.mode, d.drafter, a.mode) == ("dflash", "trained", "reference-grouped")
+        assert d.concurrency == a.concurrency == (1, 4, 16) and d.quant == a.quant
+        assert not d.batch_invariant and d.cuda_graphs and d.flash_attn_version == 2
+    assert rs.lane_problems("trained-speed-nodrafter-fa2-cg-bf16;trained-ref-bf16", rs.Path("/nonexistent"))
+    assert rs.lane_problems("trained-speed-nodrafter-fa2-cg-bf16,trained-speed-dflash-trained-fa2-cg-bf16",
+                            rs.Path("/nonexistent")) == []

@@ -1,0 +1,109 @@
+"""Issue 25, item 5: output tok/s with DFlash and without the drafter at this width, beside
+bench_report's projection at the acceptance and step times measured in the same runs.
+
+Child side (``measure``, on the GPU, in the realshape engine's process): for each
+concurrency c, the first c prompts are generated twice, a warm-up (Triton kernels compiled
+and the prompts' prefixes cached on first use) and a timed pass. The timed pass gives the
+wall time, the generated tokens, the engine's spec-decode counters over that pass, and CUDA
+events around each engine step (``bench_steps.StepTimer``: the whole step, the target
+forward and, with a drafter, ``propose``). Both engines see the same warm cache.
+
+Record side (``summary``, ``pair``; pure Python): tok/s = generated tokens / wall seconds;
+the decode step time (no drafter) is the median step that forwarded exactly c tokens, the
+verify step time (DFlash) the median step that forwarded c * (K + 1) tokens minus its
+``propose``, the draft time the median ``propose`` of those steps; tau (mean acceptance
+length) comes from the pass's counters. The projection is bench_report's formula with these
+numbers, and the measured speed-up is the DFlash engine's tok/s over the no-drafter engine's.
+Speed runs must have the GPU to themselves: run them outside RS_PARALLEL lanes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_report  # noqa: E402
+
+
+def measure(llm, runner, params: list, toks: list[list[int]], concurrency: tuple[int, ...],
+            generate, counters) -> dict:
+    """``generate(llm, params, batch)`` -> output records; ``counters(llm)`` -> the engine's
+    counters. Returns {str(c): {"outputs", "wall_s", "generated", "steps", "counters"}}."""
+    import torch
+
+    import bench_steps
+
+    timer = bench_steps.StepTimer(torch, runner)
+    out: dict = {}
+    for c in concurrency:
+        batch = toks[:c]
+        generate(llm, params, batch)  # warm-up
+        before = counters(llm)
+        timer.active = True
+        t0 = time.perf_counter()
+        outputs = generate(llm, params, batch)
+        wall = time.perf_counter() - t0
+        timer.active = False
+        out[str(c)] = {"outputs": outputs, "wall_s": round(wall, 4),
+                       "generated": sum(len(o["token_ids"]) for o in outputs),
+                       "steps": timer.collect(), "counters": counter_delta(before, counters(llm))}
+    return out
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    delta = {}
+    for key, value in after.items():
+        was = before.get(key)
+        if isinstance(value, list):
+            was = was or [0] * len(value)
+            delta[key] = [a - b for a, b in zip(value, was)]
+        elif isinstance(value, (int, float)):
+            delta[key] = value - (was or 0)
+    return delta
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 4) if values else None
+
+
+def summary(speed: dict, has_drafter: bool, k: int) -> dict:
+    """Per concurrency: tok/s, the step times the projection needs, and tau from the counters."""
+    rows = {}
+    for c, g in speed.items():
+        n = int(c)
+        row = {"tok_s": round(g["generated"] / g["wall_s"], 2) if g.get("wall_s") else None,
+               "wall_s": g.get("wall_s"), "generated": g.get("generated")}
+        if has_drafter:
+            verify = [s for s in g["steps"] if s.get("forward_tokens") == n * (k + 1) and "propose_ms" in s]
+            row["verify_steps"] = len(verify)
+            row["t_verify_ms"] = _median([s["step_ms"] - s["propose_ms"] for s in verify])
+            row["t_draft_ms"] = _median([s["propose_ms"] for s in verify])
+            drafts = (g.get("counters") or {}).get("spec_drafts") or 0
+            accepted = (g.get("counters") or {}).get("spec_accepted_tokens") or 0
+            row["tau"] = round(1 + accepted / drafts, 4) if drafts else None
+        else:
+            decode = [s for s in g["steps"] if s.get("forward_tokens") == n]
+            row["decode_steps"] = len(decode)
+            row["t_decode_ms"] = _median([s["step_ms"] for s in decode])
+        rows[c] = row
+    return rows
+
+
+def pair(dflash: dict, no_drafter: dict) -> dict:
+    """Per concurrency both engines ran: tok/s, the measured speed-up, bench_report's projection
+    at the measured tau and step times, and measured over projected."""
+    out = {}
+    for c in sorted(set(dflash) & set(no_drafter), key=int):
+        d, b = dflash[c], no_drafter[c]
+        measured = round(d["tok_s"] / b["tok_s"], 4) if d.get("tok_s") and b.get("tok_s") else None
+        inputs = (d.get("tau"), b.get("t_decode_ms"), d.get("t_draft_ms"), d.get("t_verify_ms"))
+        projected = None if None in inputs else round(bench_report.projected_speedup(*inputs), 4)
+        out[c] = {"tok_s": {"dflash": d.get("tok_s"), "no_drafter": b.get("tok_s")},
+                  "measured_speedup": measured, "projected_speedup": projected,
+                  "measured_over_projected": round(measured / projected, 4) if measured and projected else None,
+                  "tau": d.get("tau"), "t_decode_ms": b.get("t_decode_ms"),
+                  "t_draft_ms": d.get("t_draft_ms"), "t_verify_ms": d.get("t_verify_ms")}
+    return out
