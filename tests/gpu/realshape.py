@@ -449,7 +449,14 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
         run("v33-trained-stock-fa2-cg-nvfp4", "stock", "dflash", nvfp4, "flash_attn",
             reference="v33-trained-ref-nvfp4"),
         run("v33-trained-dflash-trained-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
-            reference="v33-trained-ref-bf16", drafter="trained"),
+            reference="v33-trained-ref-bf16", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
+        run("v33-trained-dflash-trained-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
+            reference="v33-trained-ref-nvfp4", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
+        *[run(f"v33-trained-speed-{kind}-fa2-cg-{q}", "patched", mode, quant, **extra,
+              reference=f"v33-trained-ref-{q}", concurrency=SPEED_CONCURRENCY, speed=True)
+          for q, quant in (("bf16", "bf16"), ("nvfp4", nvfp4))
+          for kind, mode, extra in (("dflash-trained", "dflash", {"backend": "flash_attn", "drafter": "trained"}),
+                                    ("nodrafter", "reference-grouped", {}))],
         run("v33-trained-ref-bf16-bi-noinductor", "patched", "reference", **exact),
         run("v33-trained-ref-nvfp4-bi-noinductor", "patched", "reference", nvfp4, **exact),
         run("v33-trained-dflash-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",

@@ -103,10 +103,12 @@ def test_rows_carry_the_speed_runs_of_their_configuration_and_the_bar_at_concurr
 def test_speed_runs_time_the_gpu_alone_and_pair_dflash_with_the_target_alone():
     rs = _load("realshape")
     names = [n for n, s in rs.RUNS.items() if s.speed]
-    assert sorted(names) == sorted(f"trained-speed-{k}-fa2-cg-{q}" for k in ("dflash-trained", "nodrafter")
-                                   for q in ("bf16", "nvfp4"))
-    for q in ("bf16", "nvfp4"):
-        d, a = rs.RUNS[f"trained-speed-dflash-trained-fa2-cg-{q}"], rs.RUNS[f"trained-speed-nodrafter-fa2-cg-{q}"]
+    assert sorted(names) == sorted(f"{v}trained-speed-{k}-fa2-cg-{q}" for v in ("", "v33-")
+                                   for k in ("dflash-trained", "nodrafter") for q in ("bf16", "nvfp4"))
+    for v, q in [(v, q) for v in ("", "v33-") for q in ("bf16", "nvfp4")]:
+        d = rs.RUNS[f"{v}trained-speed-dflash-trained-fa2-cg-{q}"]
+        a = rs.RUNS[f"{v}trained-speed-nodrafter-fa2-cg-{q}"]
+        assert d.vllm == a.vllm == ("0.33.0" if v else "0.21.0")
         assert (d.mode, d.drafter, a.mode) == ("dflash", "trained", "reference-grouped")
         assert d.concurrency == a.concurrency == (1, 4, 16) and d.quant == a.quant
         assert not d.batch_invariant and d.cuda_graphs and d.flash_attn_version == 2
