@@ -452,40 +452,6 @@ bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $
     echo "training in the background (log: $WORK/train-bg.out; the next calls wait for it)"
 }
 
-train_pilots() { # TRAIN_PILOTS="NAME:ARGS;NAME:ARGS": train_target.py variants side by side in the
-    # background, each into /tmp/pilot-NAME (the GPU is far from full with one); wait-pilots collects
-    install
-    mkdir -p "$WORK"
-    rm -rf "$WORK/pilot-tree" && mkdir -p "$WORK/pilot-tree"
-    tar --exclude=./.stage -cf - . | tar -xf - -C "$WORK/pilot-tree"
-    local spec name args
-    IFS=';' read -r -a specs <<< "${TRAIN_PILOTS:?TRAIN_PILOTS=\"NAME:ARGS;...\"}"
-    for spec in "${specs[@]}"; do
-        name=${spec%%:*}; args=${spec#*:}
-        rm -f "$WORK/pilot-$name.rc"
-        # shellcheck disable=SC2086
-        (cd "$WORK/pilot-tree" && CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE exec setsid nohup bash -c \
-            "$PY tests/gpu/train_target.py /tmp/pilot-$name $args; echo \$? > $WORK/pilot-$name.rc") \
-            > "$WORK/pilot-$name.log" 2>&1 < /dev/null &
-        echo "pilot $name: train_target.py $args (log: $WORK/pilot-$name.log)"
-    done
-}
-
-wait_pilots() { # block until every background pilot has ended; their logs and records to $OUT
-    local log name
-    mkdir -p "$OUT"
-    for log in "$WORK"/pilot-*.log; do
-        [ -f "$log" ] || continue
-        name=$(basename "$log" .log); name=${name#pilot-}
-        while [ ! -f "$WORK/pilot-$name.rc" ]; do sleep 5; done
-        echo "pilot $name ended with $(cat "$WORK/pilot-$name.rc")"
-        grep -v "^step\|Writing model shards" "$log" | tail -6
-        grep "^step" "$log" | awk 'NR % 20 == 1' | tail -6
-        cp "$log" "$OUT/"
-        cp "/tmp/pilot-$name/trained-a4b-r30/train-record.json" "$OUT/pilot-$name-train-record.json" 2>/dev/null || true
-    done
-}
-
 wait_training() { # block until a background training (train_background) has ended; its logs to $OUT
     [ -f "$WORK/train-bg.out" ] || return 0
     local waited=0
@@ -817,8 +783,6 @@ case "$cmd" in
     train-bg) train_background ;;
     quant-bg) quant_background ;;
     wait-training) wait_training ;;
-    train-pilots) train_pilots ;;
-    wait-pilots) wait_pilots ;;
     train-drafter) train_drafter ;;
     trained-nvfp4) trained_nvfp4 ;;
     pack-trained) pack_trained ;;
