@@ -664,6 +664,8 @@ served() { # issue 26: `launcher serve` servers, chat with images, `launcher ben
     # space-separated (e.g. SERVED_VLLM_ARGS=--enforce-eager), recorded in served.json.
     for item in ${SERVED_SETS:-}; do extra+=(--set "$item"); done
     for item in ${SERVED_VLLM_ARGS:-}; do extra+=("--vllm-arg=$item"); done
+    # SERVED_EXACT=1: batch-invariant servers without inductor, the numerics the real-shape proofs use.
+    [ "${SERVED_EXACT:-0}" = 1 ] && extra+=(--exact-numerics)
     PYTHONPATH=.:$SITE "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
         --model "$TRAINED" --drafter "$drafter" --site-patched "$SITE_PATCHED:$SITE" --site-stock "$SITE" \
         --series-hash "$(series_hash)" --work "$WORK/served" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \

@@ -95,6 +95,12 @@ REFERENCE_EXTRA = ["--no-enable-prefix-caching"]  # vLLM's V1 default is on: off
 READY = re.compile(r"ready in ([\d.]+) s: ")
 STOP_RESERVE_S = 75  # stopping a server (the launcher waits for vLLM's shutdown) and saving
 STARTING = "starting: "
+# --exact-numerics. Found by the real-shape runs (tests/gpu/README.md, "Batching, not drafting"):
+# with default numerics the target alone parts from its one-at-a-time reference wherever
+# batching moves a near-tie, so a server at 8 or 22 in flight cannot be lossless by the strict
+# rule whatever DFlash does; with batch invariance and no inductor kernels DFlash gave 54/54.
+EXACT_ENV = {"VLLM_BATCH_INVARIANT": "1"}
+EXACT_ARGS = ["--compilation-config", '{"backend": "eager"}']
 START_TIMEOUT_S = 480
 REQUEST_TIMEOUT_S = 300
 
@@ -544,7 +550,8 @@ def meta(args) -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "gpu": args.gpu, "model": str(args.model), "target_sha256": sha, "drafter": str(args.drafter),
             "command": "bash tests/gpu/remote.sh served", "sets": SETS + args.set,
-            "extra_args": EXTRA_ARGS + args.vllm_arg, "reference_sets": REFERENCE_SETS + REFERENCE_EXTRA}
+            "extra_args": EXTRA_ARGS + args.vllm_arg, "reference_sets": REFERENCE_SETS + REFERENCE_EXTRA,
+            "numerics": "exact: VLLM_BATCH_INVARIANT=1, compile backend eager" if args.exact_numerics else "default"}
 
 
 PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase}
@@ -565,6 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], help="one more launcher --set for every server")
     parser.add_argument("--vllm-arg", action="append", default=[],
                         help="one more vLLM argument (after `--`) for every server, e.g. --vllm-arg=--enforce-eager")
+    parser.add_argument("--exact-numerics", action="store_true",
+                        help="every server with VLLM_BATCH_INVARIANT=1 and compile backend eager (see EXACT)")
     parser.add_argument("--assemble-only", action="store_true")
     return parser
 
@@ -577,6 +586,10 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, key, getattr(args, key).resolve())
     args.work.mkdir(parents=True, exist_ok=True)
     args.deadline = time.time() + args.deadline_s
+    if args.exact_numerics:
+        # Inherited by every `launcher serve` (launcher_env) and so by each vLLM it starts.
+        os.environ.update(EXACT_ENV)
+        args.vllm_arg = args.vllm_arg + EXACT_ARGS
     if not args.assemble_only:
         for name in [p for p in args.phases.split(",") if p]:
             if name not in PHASES:

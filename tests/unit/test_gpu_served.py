@@ -529,7 +529,9 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     text = (GPU_DIR / "remote.sh").read_text()
     body = text[text.index("\nserved() {"):text.index("\n}\n", text.index("\nserved() {"))]
     call = body[body.index('"$PY" tests/gpu/served.py'):body.index("\n    tar ")]
-    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", call))
+    # The call, and the flags the body adds to it through extra+=(...).
+    added = " ".join(line for line in body.splitlines() if "extra+=" in line)
+    flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", call + " " + added))
     known = {o for a in served.build_parser()._actions for o in a.option_strings}
     assert flags <= known, flags - known
     assert {"--phases", "--model", "--drafter", "--site-patched", "--site-stock", "--work", "--out"} <= flags
@@ -544,3 +546,27 @@ def test_requests_after_the_deadline_are_skipped_not_sent(made):
     assert [o["error"] for o in outs] == ["skipped: deadline"] * 3 and [o["id"] for o in outs] == [r.id for r in reqs[:3]]
     verdict = report.judge([_out(r.id, r.kind, [1]) for r in reqs[:3]], outs)
     assert not verdict["lossless"] and len(verdict["errors"]) == 3
+
+
+def test_exact_numerics_reach_every_server_and_the_record(model_dir, monkeypatch, tmp_path):
+    """--exact-numerics: VLLM_BATCH_INVARIANT=1 in every launcher's environment and the eager
+    compile backend after `--`, and the launcher still plans the server with no blocking reason."""
+    from launcher.checks import resolve
+    from launcher.plan import Request
+    from tests.unit.conftest import H100, make_ctx
+
+    monkeypatch.setenv("MODELS_DIR", str(tmp_path))
+    # Set here (not deleted) so that monkeypatch restores the environment after main() sets it.
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    args = served.serve_args("dflash", str(model_dir), str(model_dir), 8000, [], served.EXACT_ARGS)
+    cut = args.index("--")
+    sets = [args[i + 1] for i, a in enumerate(args[:cut]) if a == "--set"]
+    plan = resolve(Request("gemma4-moe-dflash", model=str(model_dir), vllm_version="0.21.0", test_gpu=True,
+                           sets=sets, extra_args=args[cut + 1:]), make_ctx(H100, vllm="0.21.0", transformers="5.13.1"))
+    assert plan.argv[plan.argv.index("--compilation-config") + 1] == '{"backend": "eager"}'
+    assert [r.message for r in plan.reasons if r.blocking and r.area not in ("checkpoint", "drafter")] == []
+    out = tmp_path / "out"
+    served.main(["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
+                 "--work", str(tmp_path / "work"), "--out", str(out), "--exact-numerics", "--assemble-only"])
+    assert served.launcher_env("/site")["VLLM_BATCH_INVARIANT"] == "1"
+    assert json.loads((out / "served.json").read_text())["meta"]["numerics"].startswith("exact")
