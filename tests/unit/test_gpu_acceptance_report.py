@@ -115,3 +115,64 @@ def test_speed_runs_time_the_gpu_alone_and_pair_dflash_with_the_target_alone():
     assert rs.lane_problems("trained-speed-nodrafter-fa2-cg-bf16;trained-ref-bf16", rs.Path("/nonexistent"))
     assert rs.lane_problems("trained-speed-nodrafter-fa2-cg-bf16,trained-speed-dflash-trained-fa2-cg-bf16",
                             rs.Path("/nonexistent")) == []
+
+
+def test_measure_times_the_second_pass_of_each_group_through_the_runners_steps(monkeypatch):
+    """speed.measure on a stand-in engine: the GPU's CUDA events are replaced by a clock that
+    advances 2 ms per event (mocked: no GPU here); the runner's step methods are the ones
+    bench_steps.StepTimer wraps in vLLM 0.21.0."""
+    torch = __import__("pytest").importorskip("torch", reason="speed.measure imports torch (the test venv has it)")
+
+    class Event:
+        clock = [0.0]
+
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            Event.clock[0] += 2.0
+            self.t = Event.clock[0]
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Runner:
+        def __init__(self):
+            self.model = type("M", (), {"compute_logits": lambda self, h: h})()
+            self.drafter = type("D", (), {"propose": lambda self: None})()
+
+        def execute_model(self):
+            return None
+
+        def _model_forward(self, input_ids=None):
+            return input_ids
+
+        def sample_tokens(self):
+            return None
+
+    runner = Runner()
+    counters = {"spec_drafts": 0, "spec_accepted_tokens": 0}
+
+    def generate(llm, params, batch):
+        for _ in range(3):  # three verify steps of len(batch) * 16 tokens
+            runner.execute_model()
+            runner._model_forward(input_ids=torch.zeros(len(batch) * 16))
+            runner.model.compute_logits(None)
+            runner.drafter.propose()
+            runner.sample_tokens()
+            counters["spec_drafts"] += len(batch)
+            counters["spec_accepted_tokens"] += 2 * len(batch)
+        return [{"token_ids": [1] * 10} for _ in batch]
+
+    out = sp.measure(None, runner, [], [[1]] * 4, (1, 4), generate, lambda llm: dict(counters))
+    assert set(out) == {"1", "4"}
+    four = out["4"]
+    assert four["generated"] == 40 and len(four["outputs"]) == 4
+    # Only the timed pass: its own 3 steps and counters (the warm-up's are not in them).
+    assert len(four["steps"]) == 3 and four["counters"] == {"spec_drafts": 12, "spec_accepted_tokens": 24}
+    assert all(s["forward_tokens"] == 64 and s["propose_ms"] > 0 for s in four["steps"])
+    row = sp.summary({"4": four}, True, 15)["4"]
+    assert row["verify_steps"] == 3 and row["tau"] == 3.0
