@@ -1536,8 +1536,13 @@ def _reverted_site(args, patch_id: str) -> str:
     --site-patched's path (the bundle's site with vLLM's dependencies)."""
     if not args.reverted_sites:
         raise SystemExit(f"a run reverts {patch_id}: pass --reverted-sites")
+    tree = Path(args.reverted_sites) / patch_id
+    if not tree.is_dir():
+        # Otherwise the run would import the stock vLLM further down the path and be
+        # recorded as the whole series.
+        raise SystemExit(f"a run reverts {patch_id}, but {tree} does not exist (remote.sh reverted_sites)")
     rest = args.site_patched.split(":", 1)[1:] if args.site_patched else []
-    return ":".join([str(Path(args.reverted_sites) / patch_id), *rest])
+    return ":".join([str(tree), *rest])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1570,7 +1575,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(problems) or "lanes ok", flush=True)
         return 2 if problems else 0
     if args.reverts_of is not None:
-        names = [n for n in re.split(r"[,;]", args.reverts_of) if n]
+        # None named: the runs remote.sh runs when neither RUNS nor RS_PARALLEL narrows them.
+        names = [n for n in re.split(r"[,;]", args.reverts_of) if n] or \
+            [n for n, r in RUNS.items() if r.trained and r.vllm == args.vllm]
         print(" ".join(sorted({RUNS[n].revert for n in names
                                if n in RUNS and RUNS[n].revert and RUNS[n].vllm == args.vllm})))
         return 0

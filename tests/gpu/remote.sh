@@ -143,6 +143,8 @@ reverted_sites() { # reverted_sites RUN_NAMES VERSION FROM_SITE: for each patch 
     ids=$("$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --vllm "$v" --reverts-of "$1") || return 1
     for id in $ids; do
         root=$WORK/patches-$v-without-$id
+        grep -q -- "-$id\.patch\$" "patches/vllm/$v/series" \
+            || { echo "reverted_sites: $id is not in the $v series" >&2; return 1; }
         rm -rf "$root" && cp -a patches "$root"
         rm -f "$root/vllm/$v"/*-"$id".patch
         sed -i "/-$id\.patch/d" "$root/vllm/$v/series"
@@ -499,7 +501,8 @@ train_repeat() { # train again from scratch into a second folder: the same targe
     local again=$WORK/models-retrain
     rm -rf "$again"
     CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$again" \
-        ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} > "$WORK/retrain.log" 2>&1 || true
+        ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} ${TRAIN_UNLIKELIHOOD:+--unlikelihood "$TRAIN_UNLIKELIHOOD"} \
+        > "$WORK/retrain.log" 2>&1 || true
     "$PY" tests/gpu/trained_pack.py repeat "$TRAINED/train-record.json" \
         "$again/trained-a4b-r30/train-record.json" | tee "$OUT/train-repeat.json"
 }
@@ -581,9 +584,10 @@ realshape_trained() { # the proof on the trained target, vLLM 0.21.0, whole seri
     # realshape.py runs each oracle run after its reference when both are asked for
     install
     extras
-    trained_setup || return 1
+    # Not `trained_setup || return 1`: bash ignores set -e inside a function called that way.
+    trained_setup
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
-    reverted_sites "${RUNS:-}${RS_PARALLEL:-}" 0.21.0 "$SITE"
+    reverted_sites "${RUNS:-};${RS_PARALLEL:-}" 0.21.0 "$SITE"
     realshape_meta "$WORK/rs-meta-trained.json" "$SITE" "$(series_hash)" ""
     trained_lanes 0.21.0 realshape-raw-trained rs-meta-trained.json \
         --site-stock "$SITE" --site-patched "$SITE_PATCHED:$SITE" --reverted-sites "$REVERTED_SITES/0.21.0"
@@ -593,9 +597,9 @@ realshape_v33_trained() { # the trained target on vLLM 0.33.0 (issues 24, 25): t
     install   # the trained target, its NVFP4 copy and the drafter are made with 0.21.0's bundle
     extras
     install_v33
-    trained_setup || return 1
+    trained_setup
     site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
-    reverted_sites "${RUNS:-}${RS_PARALLEL:-}" "$V33" "$SITE33"
+    reverted_sites "${RUNS:-};${RS_PARALLEL:-}" "$V33" "$SITE33"
     realshape_meta "$WORK/rs-meta-v33-trained.json" "$SITE33" "$(series_hash "$SITE33_PATCHED")" ""
     # As realshape-v33: 0.33.0's first, measuring CUDA-graph capture took 156 s of a start.
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0} \

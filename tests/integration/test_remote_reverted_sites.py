@@ -51,3 +51,33 @@ def test_each_reverted_tree_lacks_only_its_patch_and_carries_its_own_series_hash
     assert realshape.run_tree_hash(f"{site}:/tmp/site") == stamp["series_hash"]
     assert sorted(p.name for p in (tmp_path / "reverted" / "0.21.0").iterdir()) == [
         "dflash-lookahead-slots-at-prefill"]
+
+
+def test_no_run_named_means_the_default_trained_runs_and_a_missing_tree_is_refused(tmp_path, capsys):
+    # remote.sh passes "${RUNS:-};${RS_PARALLEL:-}": with neither set it runs every trained run of
+    # the release, so their reverts must be built too.
+    assert realshape.main(["--models", str(tmp_path), "--vllm", "0.21.0", "--reverts-of", ";"]) == 0
+    default = set(capsys.readouterr().out.split())
+    assert "dflash-lookahead-slots-at-prefill" in default and "dflash-target-layer-ids-offset" in default
+    args = type("A", (), {"reverted_sites": str(tmp_path), "site_patched": "/p:/site"})()
+    with pytest.raises(SystemExit, match="does not exist"):
+        realshape._reverted_site(args, "dflash-lookahead-slots-at-prefill")
+    (tmp_path / "dflash-lookahead-slots-at-prefill").mkdir()
+    assert realshape._reverted_site(args, "dflash-lookahead-slots-at-prefill") == \
+        f"{tmp_path}/dflash-lookahead-slots-at-prefill:/site"
+
+
+def test_a_patch_id_not_in_the_series_is_refused(tmp_path):
+    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
+    script = tmp_path / "remote-functions.sh"
+    script.write_text(functions + '\nreverted_sites "$1" 0.21.0 /nonexistent\n')
+    # The run-name lookup stood in by a script that names a misspelt id (the lookup is tested above).
+    lookup = tmp_path / "py"
+    lookup.write_text("#!/bin/sh\necho dflash-lookahead-slots-at-prefil\n")
+    lookup.chmod(0o755)
+    done = subprocess.run(["bash", str(script), "any"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, WORK=str(tmp_path), PY=str(lookup),
+                                   REVERTED_SITES=str(tmp_path / "reverted")))
+    assert done.returncode != 0
+    assert "dflash-lookahead-slots-at-prefil is not in the 0.21.0 series" in done.stderr
+    assert not (tmp_path / "reverted").exists()
