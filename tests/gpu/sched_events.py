@@ -28,9 +28,12 @@ class SchedEvents:
         self.by_request: dict[str, dict] = {}
 
     def _entry(self, request) -> dict:
-        return self.by_request.setdefault(request.request_id, {
-            "group": self.group, "prompt": list(request.prompt_token_ids or []),
-            "preempted": [], "unscheduled": [], "first_steps": []})
+        entry = self.by_request.get(request.request_id)
+        if entry is None:  # once a request: scheduled() calls this for every request every step
+            entry = self.by_request[request.request_id] = {
+                "group": self.group, "prompt": list(request.prompt_token_ids or []),
+                "preempted": [], "unscheduled": [], "first_steps": []}
+        return entry
 
     def preempted(self, request) -> None:
         self._entry(request)["preempted"].append({

@@ -573,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vllm-arg", action="append", default=[],
                         help="one more vLLM argument (after `--`) for every server, e.g. --vllm-arg=--enforce-eager")
     parser.add_argument("--exact-numerics", action="store_true",
-                        help="every server with VLLM_BATCH_INVARIANT=1 and compile backend eager (see EXACT)")
+                        help="every server with VLLM_BATCH_INVARIANT=1 and compile backend eager (EXACT_ENV, EXACT_ARGS)")
     parser.add_argument("--assemble-only", action="store_true")
     return parser
 

@@ -29,7 +29,11 @@ code for the GPU host only; it changes no result.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hooks  # noqa: E402
 
 MAX_REPORTS = 40
 
@@ -71,12 +75,6 @@ class _Probe:
         return False
 
 
-def _capturing() -> bool:
-    import torch
-
-    return torch.cuda.is_current_stream_capturing()
-
-
 def _tolist(t, n: int = 64):
     return None if t is None else t.reshape(-1)[:n].tolist()
 
@@ -94,7 +92,7 @@ def install(path: str | Path, vocab: int, max_positions: int) -> _Probe:
     model_forward = GPUModelRunner._model_forward
 
     def _model_forward(self, input_ids=None, positions=None, *args, **kwargs):
-        if not _capturing():
+        if not hooks.capturing():
             torch.cuda.synchronize()
             probe.checks["target"] += 1
             probe.check("target", "input_ids", input_ids, probe.vocab)

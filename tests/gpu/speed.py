@@ -9,9 +9,9 @@ events around each engine step (``bench_steps.StepTimer``: the whole step, the t
 forward and, with a drafter, ``propose``). Both engines see the same warm cache.
 
 Record side (``summary``, ``pair``; pure Python): tok/s = generated tokens / wall seconds;
-the decode step time (no drafter) is the median step that forwarded exactly c tokens, the
-verify step time (DFlash) the median step that forwarded c * (K + 1) tokens minus its
-``propose``, the draft time the median ``propose`` of those steps; tau (mean acceptance
+step times are bench_report.phase_ms's medians over the steady steps (those that forwarded
+c tokens without a drafter, c * (K + 1) with DFlash; verify = step - propose, as bench_report
+takes it); tau (mean acceptance
 length) comes from the pass's counters. The projection is bench_report's formula with these
 numbers, and the measured speed-up is the DFlash engine's tok/s over the no-drafter engine's.
 Speed runs must have the GPU to themselves: run them outside RS_PARALLEL lanes.
@@ -19,7 +19,6 @@ Speed runs must have the GPU to themselves: run them outside RS_PARALLEL lanes.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,29 +64,27 @@ def counter_delta(before: dict, after: dict) -> dict:
     return delta
 
 
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 4) if values else None
-
-
 def summary(speed: dict, has_drafter: bool, k: int) -> dict:
-    """Per concurrency: tok/s, the step times the projection needs, and tau from the counters."""
+    """Per concurrency: tok/s, the step times the projection needs (bench_report.phase_ms over
+    the steady steps: verify steps forward c * (K + 1) tokens, decode steps c), and tau from
+    the counters."""
     rows = {}
     for c, g in speed.items():
         n = int(c)
         row = {"tok_s": round(g["generated"] / g["wall_s"], 2) if g.get("wall_s") else None,
                "wall_s": g.get("wall_s"), "generated": g.get("generated")}
+        m = bench_report.phase_ms({"forward_tokens": n * (k + 1) if has_drafter else n, "steps": g["steps"]})
         if has_drafter:
-            verify = [s for s in g["steps"] if s.get("forward_tokens") == n * (k + 1) and "propose_ms" in s]
-            row["verify_steps"] = len(verify)
-            row["t_verify_ms"] = _median([s["step_ms"] - s["propose_ms"] for s in verify])
-            row["t_draft_ms"] = _median([s["propose_ms"] for s in verify])
+            row["verify_steps"] = m["steps"]
+            row["t_verify_ms"] = None if None in (m["step_ms"], m["propose_ms"]) else \
+                round(m["step_ms"] - m["propose_ms"], 4)
+            row["t_draft_ms"] = m["propose_ms"]
             drafts = (g.get("counters") or {}).get("spec_drafts") or 0
             accepted = (g.get("counters") or {}).get("spec_accepted_tokens") or 0
             row["tau"] = round(1 + accepted / drafts, 4) if drafts else None
         else:
-            decode = [s for s in g["steps"] if s.get("forward_tokens") == n]
-            row["decode_steps"] = len(decode)
-            row["t_decode_ms"] = _median([s["step_ms"] for s in decode])
+            row["decode_steps"] = m["steps"]
+            row["t_decode_ms"] = m["step_ms"]
         rows[c] = row
     return rows
 

@@ -330,7 +330,6 @@ class Engine:
                              lambda rid: self.labels[rid], accept_all)
         self.queue: list = []  # (scheduler_output, sampled) in flight
         self.preemptions: list[dict] = []
-        self.steps = 0
 
     def add(self, wave: str, index: int, prompt: list[int]):
         rid = f"{wave}-{index}"
@@ -347,7 +346,6 @@ class Engine:
 
     def _schedule(self):
         so = self.s.schedule()
-        self.steps += 1
         for rid in so.preempted_req_ids:
             self.preemptions.append({"step": self.worker.step + 1 + len(self.queue), "request": self.labels[rid]})
         sampled = self.worker.execute(so)  # the GPU runs steps in order; outputs come back later
@@ -417,7 +415,8 @@ def single(classes, root: Path, prompt_len: int, connector: str, external: int) 
     engine = Engine(classes, root, False, 0, NUM_BLOCKS)
     if connector != "none":
         engine.s.connector = Connector(external, connector == "async")
-    prompt = [random.Random(0).randrange(1, 200_000) for _ in range(prompt_len)]
+    rng = random.Random(0)
+    prompt = [rng.randrange(1, 200_000) for _ in range(prompt_len)]
     engine.add("single", 0, prompt)
     so = engine.s.schedule()
     rid = "single-0"

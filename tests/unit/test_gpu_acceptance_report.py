@@ -61,9 +61,11 @@ def test_speed_summary_reads_steady_steps_and_the_passes_counters():
                     "counters": {"spec_drafts": 100, "spec_accepted_tokens": 300}}}
     alone = {"4": {"wall_s": 4.0, "generated": 512, "steps": _steps(300, 9.0, 1) + _steps(4, 2.0, 127)}}
     d = sp.summary(dflash, True, 15)["4"]
-    assert (d["tok_s"], d["verify_steps"], d["t_verify_ms"], d["t_draft_ms"], d["tau"]) == (256.0, 21, 3.5, 1.5, 4.0)
+    # bench_report's steady steps: the right token count, its first SKIP_STEPS dropped.
+    assert (d["tok_s"], d["verify_steps"], d["t_verify_ms"], d["t_draft_ms"], d["tau"]) == \
+        (256.0, 21 - br.SKIP_STEPS, 3.5, 1.5, 4.0)
     a = sp.summary(alone, False, 15)["4"]
-    assert (a["tok_s"], a["decode_steps"], a["t_decode_ms"]) == (128.0, 127, 2.0)
+    assert (a["tok_s"], a["decode_steps"], a["t_decode_ms"]) == (128.0, 127 - br.SKIP_STEPS, 2.0)
     paired = sp.pair(sp.summary(dflash, True, 15), sp.summary(alone, False, 15))["4"]
     # tau 4 tokens for 1.5 + 3.5 ms against one token per 2 ms: 1.6; measured 256 / 128 = 2.
     assert paired["projected_speedup"] == 1.6 and paired["measured_speedup"] == 2.0
