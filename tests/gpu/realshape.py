@@ -80,7 +80,7 @@ TRAINED_DRAFTER = "dflash-r5-for-trained"
 TRAINED_DRAFTER_TRAINED = "dflash-r5-trained"
 DRAFTER_RECORD = "drafter-train-record.json"
 TRAINED_MAX_MODEL_LEN = 2048
-TRAINED_CONCURRENCY = (1, 4, 17, 32)
+TRAINED_CONCURRENCY = gate.TRAINED_CONCURRENCY
 # Issue 25 measures acceptance at 1, 8 and 22 requests in flight.
 ACCEPTANCE_CONCURRENCY = (1, 8, 22)
 # ... and speed at 1, 4 and 16.
@@ -483,15 +483,6 @@ def prompts(token_limit: int) -> list[list[int]]:
     return [[rng.randrange(3, token_limit) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
-def as_groups(items: list, concurrency: tuple[int, ...] = TRAINED_CONCURRENCY) -> list:
-    """``items`` (one per prompt) as a grouped run sees them: the first c for every c, in order.
-
-    The first prompts count once per group they are in, so a gate over a grouped
-    record weighs them more than a reference record does.
-    """
-    return [item for c in concurrency for item in items[:c]]
-
-
 def workload(spec: RunSpec, models: Path, token_limit: int) -> tuple[list[list[int]], list[int]]:
     """(prompt token ids, max new tokens per prompt) of a run."""
     if spec.trained:
@@ -529,7 +520,7 @@ def offline_acceptance(evaluation: dict, concurrency: tuple[int, ...]) -> dict |
         return evaluation.get("as_realshape_groups")
     import dflash_reference  # torch: only where a drafter record is judged
 
-    return dflash_reference.summarize([f for steps in as_groups(per_prompt, concurrency) for f in steps],
+    return dflash_reference.summarize([f for steps in gate.as_groups(per_prompt, concurrency) for f in steps],
                                       NUM_SPECULATIVE_TOKENS)
 
 

@@ -68,9 +68,9 @@ import train_target as tt  # noqa: E402
 
 DRAFTER_NAME = "dflash-r5-trained"
 RECORD_NAME = "drafter-train-record.json"
-# The proof's concurrency groups (realshape.TRAINED_CONCURRENCY): run c serves prompts[:c],
-# so vLLM's counters weigh prompt i by the number of groups that hold it.
-GROUPS = (1, 4, 17, 32)
+# The proof's concurrency groups: run c serves prompts[:c], so vLLM's counters weigh
+# prompt i by the number of groups that hold it.
+GROUPS = gate.TRAINED_CONCURRENCY
 
 
 @dataclass(frozen=True)

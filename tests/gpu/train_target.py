@@ -412,11 +412,9 @@ def greedy_probe(model, prompts: list[dict], device: str, batch: int = 12) -> di
     block = gate.nondegenerate(outputs)
     # The DFlash records judge their concurrency groups (the first c prompts for each c),
     # where the first prompts count several times: the same gate over that multiset.
-    import realshape
-
-    grouped = gate.nondegenerate(realshape.as_groups(outputs))
+    grouped = gate.nondegenerate(gate.as_groups(outputs))
     return {**block, "passes": gate.passes(block),
-            "as_groups": {**grouped, "concurrency": list(realshape.TRAINED_CONCURRENCY),
+            "as_groups": {**grouped, "concurrency": list(gate.TRAINED_CONCURRENCY),
                           "passes": gate.passes(grouped)}}
 
 

@@ -49,14 +49,14 @@ def test_gate_rejects_a_loop_of_few_tokens_and_passes_diverse_text():
 
 def test_grouped_records_weigh_the_first_prompts_once_per_group():
     # A grouped run over (1, 4, 17, 32) sees prompt 0 four times and prompt 31 once.
-    grouped = rs.as_groups(list(range(36)))
+    grouped = gate.as_groups(list(range(36)))
     assert len(grouped) == 54
     assert grouped.count(0) == 4 and grouped.count(3) == 3 and grouped.count(16) == 2
     assert grouped.count(31) == 1 and 32 not in grouped
     # ... so a loop in the first prompt can fail a grouped record whose reference passes.
     outs = [_out([1] * 8 if i == 0 else list(range(8))) for i in range(36)]
     assert gate.nondegenerate(outs)["constant_sequences"] == 1
-    assert gate.nondegenerate(rs.as_groups(outs))["constant_sequences"] == 4
+    assert gate.nondegenerate(gate.as_groups(outs))["constant_sequences"] == 4
 
 
 def test_gate_near_ties_are_one_bf16_step_gaps():
