@@ -2,7 +2,8 @@
 
 ``python tests/gpu/acceptance_report.py [--realshape results/realshape.json] [--out-dir results]``
 
-One record per configuration (vLLM release, quantization) of the trained drafter's DFlash runs:
+One record per configuration (vLLM release, series, quantization, numerics) of the trained drafter's
+DFlash runs:
 vLLM's acceptance (its spec-decode counters) beside train_drafter.py's offline reference on the
 same prompts and semantics, the draft equivalence of the capture run (draft_capture.py) and the
 ablation rows of the capture runs on the series less one drafter-side patch, and the speed at this
@@ -48,11 +49,21 @@ def _equivalence(rec: dict | None) -> dict | None:
             "features_min_cosine": (eq.get("features") or {}).get("min_cosine")}
 
 
+# What makes two records one configuration: a capture, ablation or speed run joins the rows of
+# its release, quantization and numerics only (a -bi-noinductor row is not the default one),
+# and of its series too except for an ablation run, whose tree is the series less one patch.
+CONFIGURATION = ("vllm", "quantization", "batch_invariant", "compile_backend")
+
+
+def _same_configuration(a: dict, b: dict, series: bool = True) -> bool:
+    return all(a.get(k) == b.get(k) for k in CONFIGURATION + (("series",) if series else ()))
+
+
 def _speed(records: list[dict], rec: dict) -> dict:
-    """The speed runs of ``rec``'s release, series and quantization, paired per concurrency."""
+    """The speed runs of ``rec``'s configuration, paired per concurrency."""
     def find(mode: str) -> dict | None:
         return next((r for r in records if r.get("speed") and r.get("mode") == mode and r.get("ok")
-                     and all(r.get(k) == rec.get(k) for k in ("vllm", "series", "quantization"))), None)
+                     and _same_configuration(r, rec)), None)
 
     dflash, alone = find("dflash"), find("reference-grouped")
     if not (dflash and alone):
@@ -103,9 +114,9 @@ def build(records: list[dict]) -> list[dict]:
     plain = [r for r in trained if not r.get("capture_drafts") and not r.get("revert")]
     rows = []
     for rec in plain:
-        same = [r for r in trained if r.get("vllm") == rec.get("vllm") and r.get("quantization") == rec.get("quantization")]
-        capture = next((r for r in same if r.get("capture_drafts") and not r.get("revert")), None)
-        ablation = [r for r in same if r.get("revert")]
+        capture = next((r for r in trained if r.get("capture_drafts") and not r.get("revert")
+                        and _same_configuration(r, rec)), None)
+        ablation = [r for r in trained if r.get("revert") and _same_configuration(r, rec, series=False)]
         rows.append(_row(rec, capture, ablation, _speed(records, rec)))
     return rows
 

@@ -178,3 +178,17 @@ def test_measure_times_the_second_pass_of_each_group_through_the_runners_steps(m
     assert all(s["forward_tokens"] == 64 and s["propose_ms"] > 0 for s in four["steps"])
     row = sp.summary({"4": four}, True, 15)["4"]
     assert row["verify_steps"] == 3 and row["tau"] == 3.0
+
+
+def test_capture_ablation_and_speed_join_only_rows_of_their_numerics_and_ablations_any_series():
+    eq = {"contexts": 250, "equal": 249}
+    records = [
+        _rec("plain", 4.2), _rec("plain-bi-noinductor", 4.1, batch_invariant=True, compile_backend="eager"),
+        _rec("capture", 4.1, capture_drafts=True, draft_equivalence=eq),
+        # The reverted tree has its own series hash.
+        _rec("capture-without-x", 1.3, capture_drafts=True, revert="x", series="def",
+             draft_equivalence={"contexts": 250, "equal": 12}),
+    ]
+    rows = {r["run"]: r for r in ar.build(records)}
+    assert rows["plain"]["draft_equivalence"]["equal"] == 249 and len(rows["plain"]["ablation"]) == 1
+    assert rows["plain-bi-noinductor"]["draft_equivalence"] is None and rows["plain-bi-noinductor"]["ablation"] == []
