@@ -111,9 +111,9 @@ def series_applied_tree(version: str, dest: Path, extra=()) -> Path:
     return tree
 
 
-def run_probe(probe: Path, code_root: Path, *args: str) -> dict:
+def run_probe(probe: Path, code_root: Path, *args: str, timeout: float = 120) -> dict:
     """Run a probe script on a tree in its own interpreter; its one JSON line."""
     run = subprocess.run([sys.executable, str(probe), str(code_root), *args], capture_output=True,
-                         text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
+                         text=True, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout)

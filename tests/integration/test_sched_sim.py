@@ -15,14 +15,11 @@ prefix identity only, so every seed gives the same numbers):
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.patch_trees import pristine, single_patch_tree
+from tests.integration.patch_trees import pristine, run_probe, single_patch_tree
 from tests.patches.conftest import patch_named
 
 pytestmark = pytest.mark.network  # first run downloads the release from PyPI
@@ -32,10 +29,7 @@ PATCH_ID = "sliding-window-free-settled-tokens-under-async-scheduling"
 
 
 def _run(tree: Path, *args: str) -> dict:
-    done = subprocess.run([sys.executable, str(PROBE), str(tree), *args], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return run_probe(PROBE, tree, *args, timeout=300)  # the whole workload: minutes on a slow CI core
 
 
 @pytest.fixture(scope="module")

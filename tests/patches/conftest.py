@@ -33,6 +33,7 @@ import pytest
 
 from launcher.patching.series import series_for
 from tests.integration.patch_trees import pristine, single_patch_tree
+from tests.integration.sched_sim_probe import READS as SCHED_SIM_READS
 
 STOCK_ENV = "VLLM_SM12X_PATCH_TESTS_ON"
 PROBES = Path(__file__).resolve().parent.parent / "integration"
@@ -72,14 +73,8 @@ READS = [
     "vllm/v1/core/sched/utils.py",
     "vllm/v1/utils.py",
     "vllm/utils/__init__.py",
-    # tests/integration/sched_sim_probe.py (the real Scheduler)
-    "vllm/v1/request.py",
-    "vllm/v1/core/kv_cache_manager.py",
-    "vllm/v1/core/encoder_cache_manager.py",
-    "vllm/v1/core/sched/output.py",
-    "vllm/v1/core/sched/request_queue.py",
-    "vllm/v1/core/sched/interface.py",
-    "vllm/v1/core/sched/scheduler.py",
+    # tests/integration/sched_sim_probe.py (the real Scheduler): its own list
+    *SCHED_SIM_READS,
 ]
 
 
