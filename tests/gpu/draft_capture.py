@@ -66,11 +66,14 @@ class Capture:
             if end <= start:
                 continue
             req = self._request(rid, hidden.shape[1], hidden.dtype)
-            for row in range(start, end):
-                pos = positions[row]
-                if pos < self.max_len:
-                    req.features[pos] = hidden[row]
-                    req.tokens[pos], req.valid[pos] = tokens[row], True
+            keep = [row for row in range(start, end) if positions[row] < self.max_len]
+            if keep:
+                import torch
+
+                # One indexed copy: a prefill chunk is thousands of rows, every propose call.
+                req.features[torch.tensor([positions[row] for row in keep])] = hidden[torch.tensor(keep)]
+                for row in keep:
+                    req.tokens[positions[row]], req.valid[positions[row]] = tokens[row], True
             anchor = positions[end - 1] + 1
             if sampled[i] and anchor < self.max_len:
                 req.contexts.append({"anchor": anchor, "bonus": bonus[i], "drafts": drafts[i]})
