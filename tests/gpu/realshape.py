@@ -45,7 +45,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the launcher's stamp layout
-from launcher.patching.stamp import STAMP_REL  # noqa: E402
+from launcher.patching.stamp import read_stamp  # noqa: E402
+from launcher.patching.tree import Tree  # noqa: E402
 import compare  # noqa: E402
 import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
@@ -1518,8 +1519,8 @@ def run_tree_hash(site: str | None) -> str | None:
     PYTHONPATH), or None for an unpatched tree."""
     if not site:
         return None
-    stamp = Path(site.split(":")[0]) / STAMP_REL
-    return json.loads(stamp.read_text()).get("series_hash") if stamp.exists() else None
+    stamp = read_stamp(Tree(Path(site.split(":")[0]), "site-packages"))
+    return stamp.get("series_hash") if stamp else None
 
 
 def _reverted_site(args, patch_id: str) -> str:
