@@ -143,14 +143,19 @@ reverted_sites() { # reverted_sites RUN_NAMES VERSION FROM_SITE: for each patch 
     ids=$("$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --vllm "$v" --reverts-of "$1") || return 1
     for id in $ids; do
         root=$WORK/patches-$v-without-$id
-        grep -q -- "-$id\.patch\$" "patches/vllm/$v/series" \
-            || { echo "reverted_sites: $id is not in the $v series" >&2; return 1; }
-        rm -rf "$root" && cp -a patches "$root"
-        rm -f "$root/vllm/$v"/*-"$id".patch
-        sed -i "/-$id\.patch/d" "$root/vllm/$v/series"
+        patches_without "$root" "$v" "$id"
         site_is_current "$REVERTED_SITES/$v/$id" "$root" \
             || patched_site "$REVERTED_SITES/$v/$id" "$root" "$from" > "$WORK/patch-apply-$v-without-$id.txt"
     done
+}
+
+patches_without() { # patches_without DEST VERSION ID: this checkout's patches/ less VERSION's patch ID
+    local dest=$1 v=$2 id=$3
+    grep -q -- "-$id\.patch\$" "patches/vllm/$v/series" \
+        || { echo "patches_without: $id is not in the $v series" >&2; return 1; }
+    rm -rf "$dest" && cp -a patches "$dest"
+    rm -f "$dest/vllm/$v"/*-"$id".patch
+    sed -i "/-$id\.patch/d" "$dest/vllm/$v/series"
 }
 
 mm_patches_root() { # the series without gemma4-text-only-per-layer-attention-backend
@@ -158,9 +163,7 @@ mm_patches_root() { # the series without gemma4-text-only-per-layer-attention-ba
     # as text-only serving. With images allowed (the gemma4-moe-dflash recipe)
     # it changes nothing, so the multimodal recipe's runs use the series
     # without it; their records carry that series' own hash.
-    rm -rf "$MM_PATCHES" && cp -a patches "$MM_PATCHES"
-    rm -f "$MM_PATCHES"/vllm/0.21.0/*-gemma4-text-only-per-layer-attention-backend.patch
-    sed -i '/gemma4-text-only-per-layer-attention-backend/d' "$MM_PATCHES/vllm/0.21.0/series"
+    patches_without "$MM_PATCHES" 0.21.0 gemma4-text-only-per-layer-attention-backend
 }
 
 proof() {
