@@ -571,7 +571,8 @@ trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (mode
         echo "background NVFP4 copy ended with $(cat "$WORK/quant-bg.rc")"; tail -5 "$WORK/quant-bg.out"
     fi
     extras
-    if [ ! -d "$SITE_QUANT" ]; then
+    # A copy carried back (extras-trained) needs no quantizer.
+    if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ] && [ ! -d "$SITE_QUANT" ]; then
         echo "extras-quant not carried: no NVFP4 copy, so no *-nvfp4 run can start"; return 0
     fi
     if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ]; then
