@@ -151,7 +151,7 @@ def _install_v2(capture: Capture) -> None:
         tokens = ib.input_ids[:total].tolist()
         rejected = a["num_rejected"][:n].tolist()
         sampled = [x > 0 for x in a["num_sampled"][:n].tolist()]
-        bonus = a["last_sampled"][ib.idx_mapping[:n]].tolist()
+        bonus = a["last_sampled"][ib.idx_mapping[:n]].reshape(-1).tolist()
         out = orig(self, *args, **kwargs)
         k = a.get("num_speculative_tokens") or out.shape[-1]
         capture.step(list(ib.req_ids)[:n], bounds, positions, tokens, hidden, rejected, bonus,

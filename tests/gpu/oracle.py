@@ -450,7 +450,7 @@ def _install_v2(oracle: Oracle, hook: dict) -> None:
         sampled = a["num_sampled"][:nreq].tolist()
         per_req = getattr(ib, "num_draft_tokens_per_req", None)
         drafts = [int(x) for x in per_req[:nreq]] if per_req is not None else [0] * nreq
-        last = a["last_sampled"][ib.idx_mapping[:nreq]].tolist()
+        last = a["last_sampled"][ib.idx_mapping[:nreq]].reshape(-1).tolist()
         out = orig(self, *args, **kwargs)
         kspec = a.get("num_speculative_tokens")
         k = out.shape[-1] if kspec is None else int(kspec)

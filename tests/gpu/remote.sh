@@ -254,7 +254,8 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
                 "$WORK/extras/wheels"/*
         fi
         rm -rf "$WORK/extras"
-        echo "$sha" > "$SITE/.$stem-installed"
+        # extras-trained holds only models: it may arrive before the bundle made $SITE.
+        mkdir -p "$SITE" && echo "$sha" > "$SITE/.$stem-installed"
         echo "$stem installed"
     done
     [ "$found" = 1 ] || echo "no extras*.json carried (stage.py --extras): FA2 absent, FLASH_ATTN runs FA3"

@@ -459,7 +459,9 @@ def test_v2_hook_binds_positional_calls_and_skips_dummy_runs(tmp_path, monkeypat
     ib = _ns(num_reqs=2, req_ids=["r0", "r1"],
              seq_lens=torch.tensor([len(prompts[0]), len(prompts[1]) + 4, 0]),
              idx_mapping=torch.tensor([5, 3]), num_draft_tokens_per_req=None)
-    last = torch.zeros(8, dtype=torch.int64)
+    # vLLM 0.33.0 keeps one column per request (v1/worker/gpu/states.py:
+    # last_sampled_tokens = zeros(max_num_reqs, 1)); a flat fake hid the H100 crash.
+    last = torch.zeros(8, 1, dtype=torch.int64)
     last[5], last[3] = refs[0][0], refs[1][4]
     args = (ib, {}, {}, None, None, torch.tensor([1, 1]), torch.tensor([0, 0]), last,
             None, None, None)

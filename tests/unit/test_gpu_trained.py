@@ -95,6 +95,14 @@ def test_trained_multimodal_runs_allow_images_and_text_only_runs_are_language_mo
     assert small["num_gpu_blocks_override"] == rs.TRAINED_SMALL_POOL
 
 
+def test_v33_small_pool_runs_use_the_pool_sized_for_one_layer_blocks():
+    # On the H100, 0.33.0 refused 1000 blocks at start-up: about 4,300 needed for one
+    # 2,048-token request (0.13 GiB of 32 KiB blocks). Every v33 small-pool run must pass it.
+    v33_small = [s for s in rs.RUNS.values() if s.vllm == "0.33.0" and "smallkv" in s.name]
+    assert v33_small and all(s.kv_blocks == rs.TRAINED_SMALL_POOL_V33 for s in v33_small)
+    assert rs.TRAINED_SMALL_POOL_V33 * 32 * 1024 > 0.135 * 2**30
+
+
 def _ref(tokens, sha="aaa"):
     return {"ok": True, "target_sha256": sha, "passes": [[_out(t) for t in tokens]] * 2}
 
