@@ -480,14 +480,16 @@ wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1
     cp "$WORK"/train-bg-out/drafter-train-record.json "$OUT/" 2>/dev/null || true
 }
 
-seed_raw() { # raw reference records carried from an earlier machine (.stage/realshape-raw-trained):
-    # a DFlash run is judged against them as against its own reference, target_sha256 permitting
-    local d=$STAGE/realshape-raw-trained f
+seed_raw() { # seed_raw [RAW]: raw reference records carried from an earlier machine
+    # (.stage/RAW, default realshape-raw-trained): a DFlash run is judged against them as
+    # against its own reference, target_sha256 permitting, and an oracle run plans from them
+    local raw=${1:-realshape-raw-trained} f
+    local d=$STAGE/$raw
     [ -d "$d" ] || return 0
-    mkdir -p "$WORK/realshape-raw-trained"
+    mkdir -p "$WORK/$raw"
     for f in "$d"/*.raw.json; do
         [ -f "$f" ] || continue
-        [ -f "$WORK/realshape-raw-trained/$(basename "$f")" ] || cp "$f" "$WORK/realshape-raw-trained/"
+        [ -f "$WORK/$raw/$(basename "$f")" ] || cp "$f" "$WORK/$raw/"
         echo "carried raw record: $(basename "$f")"
     done
 }
@@ -603,6 +605,7 @@ realshape_v33_trained() { # the trained target on vLLM 0.33.0 (issues 24, 25): t
     extras
     install_v33
     trained_setup
+    seed_raw realshape-raw-v33-trained
     site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
     reverted_sites "${RUNS:-};${RS_PARALLEL:-}" "$V33" "$SITE33"
     realshape_meta "$WORK/rs-meta-v33-trained.json" "$SITE33" "$(series_hash "$SITE33_PATCHED")" ""
