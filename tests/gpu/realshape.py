@@ -470,6 +470,10 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
         run("v33-trained-ref-nvfp4-bi-noinductor", "patched", "reference", nvfp4, **exact),
         run("v33-trained-dflash-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="v33-trained-ref-bf16-bi-noinductor", **exact),
+        # Default numerics compile with inductor: 0.33.0's first such engine took minutes.
+        run("v33-trained-dflash-trained-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",
+            reference="v33-trained-ref-bf16-bi-noinductor", drafter="trained",
+            concurrency=ACCEPTANCE_CONCURRENCY, **exact),
         run("v33-trained-oracle-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="v33-trained-ref-bf16-bi-noinductor", oracle=True, **exact),
         run("v33-trained-oracle-fa2-cg-nvfp4-bi-noinductor", "patched", "dflash", nvfp4, "flash_attn",
