@@ -245,9 +245,18 @@ class Oracle:
         self.calls = 0
         self.proposals = 0
         self.unknown = 0
+        # vLLM 0.33.0 warms its kernels with real propose calls on requests of its own
+        # ("_warmup_N_", before any user request): rows before the first planned request
+        # are that warm-up (analyse reads the log the same way); after it, a mapping fault.
+        self.armed = False
 
     def note_prompt(self, req_id: str, prompt) -> None:
         self.prompts[req_id] = tuple(prompt)
+
+    def _planned(self, row: Row) -> tuple[tuple | None, int | None]:
+        """The row's prompt and its plan index (None for a prompt the plan lacks)."""
+        prompt = row.prompt if row.prompt is not None else self.prompts.get(row.req_id)
+        return prompt, (self.by_prompt.get(prompt) if prompt is not None else None)
 
     def step(self, rows: list[Row], k: int | None = None) -> dict[int, list[int]]:
         """Drafts for the rows of one propose call: {row index: k token ids}. Rows left
@@ -256,13 +265,13 @@ class Oracle:
         k = self.k if k is None else k
         self.calls += 1
         out, lines = {}, []
-        for i, row in enumerate(rows):
-            prompt = row.prompt if row.prompt is not None else self.prompts.get(row.req_id)
-            p = self.by_prompt.get(prompt) if prompt is not None else None
+        planned = [self._planned(row) for row in rows]
+        self.armed = self.armed or any(p is not None for _, p in planned)
+        for i, (row, (prompt, p)) in enumerate(zip(rows, planned)):
             rec = {"call": self.calls, "row": i, "req": row.req_id, "p": p,
                    "d": row.drafts, "sampled": bool(row.sampled)}
             if p is None:
-                self.unknown += 1
+                self.unknown += self.armed
                 lines.append(rec)
                 continue
             ref = self.requests[p]["reference"]
@@ -337,7 +346,15 @@ def analyse(records: list[dict], k: int = K_DEFAULT, max_tokens: list[int] | Non
             "num_mismatches": len(mismatches), "unplanned_verifies": unplanned,
             "trimmed_drafts": trimmed, "tail_drafts": tail, "after_finish_verifies": after_finish,
             "last_token_mismatches": last_bad,
-            "unknown_rows": sum(1 for r in records if r.get("p") is None)}
+            **_unplanned_rows(records)}
+
+
+def _unplanned_rows(records: list[dict]) -> dict:
+    """Rows of prompts the plan lacks: before the first planned row they are vLLM's own
+    warm-up (0.33.0 runs propose on "_warmup_N_" requests at start-up), after it a fault."""
+    first = next((i for i, r in enumerate(records) if r.get("p") is not None), len(records))
+    return {"warmup_rows": sum(1 for r in records[:first] if r.get("p") is None),
+            "unknown_rows": sum(1 for r in records[first:] if r.get("p") is None)}
 
 
 def check_counters(analysis: dict, num_drafts: int, pos: list[int]) -> dict:

@@ -1258,7 +1258,11 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
                 r.get("target_name", RANDOM_TARGET_NAME),
                 *(r.get(k, d) for k, d in defaults.items() if k != "series"))
     fresh = {ident(r) for r in new}
-    return [r for r in existing if ident(r) not in fresh] + new
+    # A run that failed before it loaded the target has no target fields, so its ident
+    # differs from its own rerun's: the rerun of the same name replaces it all the same.
+    rerun = {(r["name"], r.get("vllm")) for r in new if r.get("name")}
+    return [r for r in existing if ident(r) not in fresh
+            and not (not r.get("ok") and (r.get("name"), r.get("vllm")) in rerun)] + new
 
 
 def markdown(records: list[dict], meta: dict) -> str:

@@ -224,16 +224,33 @@ def test_divergence_from_the_reference_shows_as_mismatches(tmp_path):
 
 def test_rows_with_unknown_prompts_or_no_drafts_keep_the_drafters_tokens(tmp_path):
     _, _, o = _setup(tmp_path, 1)
-    out = o.step([oracle.Row("x", (9, 9, 9), 3, 0, 0)], K)
-    assert out == {} and o.unknown == 1
     prompt = tuple(o.requests[0]["prompt"])
     assert o.step([oracle.Row("y", prompt, len(prompt), 0, 0)], 0) == {}
+    out = o.step([oracle.Row("x", (9, 9, 9), 3, 0, 0)], K)
+    assert out == {} and o.unknown == 1
     # V2 rows carry no prompt: it comes from RequestState.add_request.
     o.note_prompt("z", prompt)
     out = o.step([oracle.Row("z", None, len(prompt), 0, 0)], K)
     assert list(out) == [0] and len(out[0]) == K
     lines = (tmp_path / "oracle.jsonl").read_text().splitlines()
-    assert [json.loads(x)["p"] for x in lines] == [None, 0, 0]
+    assert [json.loads(x)["p"] for x in lines] == [0, None, 0]
+    assert oracle.analyse(oracle.read_log(tmp_path / "oracle.jsonl"), K)["unknown_rows"] == 1
+
+
+def test_warmup_rows_before_the_first_planned_request_are_not_unknown(tmp_path):
+    # vLLM 0.33.0's warmup_kernels runs propose on its own "_warmup_N_" requests before
+    # any user request (140 such rows on the H100, 2026-11-27). They keep the real
+    # drafter's tokens and are logged apart; an unplanned row after that is a fault.
+    _, _, o = _setup(tmp_path, 1)
+    prompt = tuple(o.requests[0]["prompt"])
+    o.note_prompt("_warmup_0_", (1, 2, 3))
+    assert o.step([oracle.Row("_warmup_0_", None, 3, 0, 15, sampled=True)], K) == {}
+    o.note_prompt("r0", prompt)
+    out = o.step([oracle.Row("r0", None, len(prompt), 0, 0, sampled=True),
+                  oracle.Row("stray", (7, 7), 2, 0, 0, sampled=True)], K)
+    assert list(out) == [0] and o.unknown == 1
+    res = oracle.analyse(oracle.read_log(tmp_path / "oracle.jsonl"), K)
+    assert res["warmup_rows"] == 1 and res["unknown_rows"] == 1
 
 
 def test_install_refuses_unknown_releases_and_a_missing_log(tmp_path, monkeypatch):

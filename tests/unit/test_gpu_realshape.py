@@ -167,6 +167,18 @@ def test_merge_replaces_the_same_configuration_and_keeps_others():
     assert merged[1]["ok"] is True
 
 
+def test_merge_drops_a_failed_start_when_the_same_run_comes_back():
+    # 0.33.0 on the H100: the small-pool runs were refused at start-up, before the target
+    # loaded, so their records carry no target fields; the reruns must replace them.
+    failed = {"name": "v33-x-smallkv", "vllm": "0.33.0", "series": "8d57", "ok": False}
+    other = {"name": "v33-y", "vllm": "0.33.0", "series": "8d57", "ok": False}
+    kept_ok = {"name": "v33-x-smallkv", "vllm": "0.21.0", "series": "8d57", "ok": True}
+    rerun = {"name": "v33-x-smallkv", "vllm": "0.33.0", "series": "8d57", "ok": True,
+             "target": {"sliding": 25, "full": 5}, "target_name": "trained-a4b-r30"}
+    merged = rs.merge([failed, other, kept_ok], [rerun])
+    assert merged == [other, kept_ok, rerun]
+
+
 def test_record_carries_the_issue_fields():
     spec = rs.RUNS["stock-fa-bf16"]
     raw = {"ok": False, "vllm_version": "0.21.0",
