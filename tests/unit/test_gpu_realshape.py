@@ -277,60 +277,61 @@ def test_an_engine_start_record_says_so_and_carries_sliding_windows():
 
 # ------------------------------------------------ batch-noise floor (grouped, no drafter)
 
-def _gap_out(tokens, gap_at, top1, gap):
-    """Outputs whose position ``gap_at`` has top-1 ``top1`` and runner-up ``top1 - gap``
-    (the runner-up token is 99); other positions are far from a tie."""
-    top = [[[t, 20.0, 1], [98, 10.0, 2]] for t in tokens]
-    top[gap_at] = [[tokens[gap_at], top1, 1], [99, top1 - gap, 2]]
-    return _out(tokens, top=top)
+def _pos(*entries):
+    """One position's listed logprobs: (token, logit) pairs, best first."""
+    return [[t, logit, rank] for rank, (t, logit) in enumerate(entries, 1)]
 
 
-def _noise_case(noise_gap_steps, dflash_gap_steps, dflash_token=99):
-    """Reference: two prompts, each with one near-tie (at logit 8, one bf16 step is 0.0625).
-    The grouped no-drafter run flips prompt 0 at a gap of ``noise_gap_steps`` steps; the
-    DFlash run flips prompt 1 at ``dflash_gap_steps``."""
-    step = 0.0625
-    ref0 = _gap_out([1, 2, 3], 1, 8.0, noise_gap_steps * step)
-    ref1 = _gap_out([4, 5, 6], 2, 8.0, dflash_gap_steps * step)
-    ref = _reference([[ref0, ref1], [ref0, ref1]])
-    noise = {"ok": True, "groups": {"2": [_out([1, 99, 3]), _out([4, 5, 6])]}}
-    dflash = {"ok": True, "groups": {"2": [_out([1, 2, 3]), _out([4, 5, dflash_token])]}}
-    divs = rs.judge(ref, dflash)["divergences"]
-    return rs.within_batch_noise(divs, ref, noise, "trained-refgroups-bf16")
+def _noise_case(noise_shift, swap_ref, swap_run, dflash_token=99, dflash_shift=0.0):
+    """Reference: prompt 0 is [1, 2, 3] with margins 2.0; at prompt 1's position 2 token 6
+    leads token 99 by ``swap_ref``. The grouped no-drafter run agrees everywhere, with
+    prompt 0's position 1 margin moved by ``noise_shift`` (the bound). The DFlash run
+    agrees up to prompt 1's position 2, where ``dflash_token`` leads 6 by ``swap_run``,
+    and moves prompt 0's position 0 margin by ``dflash_shift``."""
+    wide = [_pos((t, 8.0), (50, 6.0)) for t in (1, 2, 3)]
+    ref1 = _out([4, 5, 6], top=[_pos((4, 8.0), (50, 6.0)), _pos((5, 8.0), (50, 6.0)),
+                                _pos((6, 8.0), (99, 8.0 - swap_ref), (51, 1.0))])
+    ref = _reference([[_out([1, 2, 3], top=wide), ref1]] * 2)
+    moved = [list(p) for p in wide]
+    moved[1] = _pos((2, 8.0), (50, 6.0 - noise_shift))
+    noise = {"ok": True, "groups": {"2": [_out([1, 2, 3], top=moved), ref1]}}
+    own = [list(p) for p in wide]
+    own[0] = _pos((1, 8.0), (50, 6.0 + dflash_shift))
+    run_top = ref1["top"][:2] + [_pos((dflash_token, 8.0), (6, 8.0 - swap_run), (52, 1.0))]
+    dflash = {"ok": True, "groups": {"2": [_out([1, 2, 3], top=own), _out([4, 5, dflash_token], top=run_top)]}}
+    return rs.within_batch_noise(ref, dflash, noise, "trained-refgroups-bf16")
 
 
-def test_a_dflash_divergence_no_wider_than_the_targets_own_batch_noise_is_within():
-    v = _noise_case(noise_gap_steps=3, dflash_gap_steps=2)
-    assert v["within"] is True and v["floor_steps"] == 3 and v["worst_steps"] == 2
-    assert v["noise_divergences"] == 1
+def test_a_swap_no_wider_than_the_targets_own_batch_noise_is_within():
+    v = _noise_case(noise_shift=0.5, swap_ref=0.125, swap_run=0.25)
+    assert v["margin_bound"] == 0.5 and v["widest_swing"] == 0.375
+    assert (v["explained"], v["unmeasured"], v["unexplained"], v["within"]) == (1, 0, 0, True)
 
 
-def test_a_dflash_divergence_wider_than_the_batch_noise_is_not_within():
-    v = _noise_case(noise_gap_steps=2, dflash_gap_steps=5)
-    assert v["within"] is False and v["floor_steps"] == 2 and v["worst_steps"] == 5
+def test_a_swap_wider_than_the_batch_noise_is_not_within():
+    v = _noise_case(noise_shift=0.25, swap_ref=0.25, swap_run=0.125)
+    assert v["unexplained"] == 1 and v["within"] is False
 
 
-def test_a_token_outside_the_reference_top_two_is_never_within_noise():
-    # DFlash takes token 77: the reference kept only 2 logprobs, so how far 77 was is unknown.
-    v = _noise_case(noise_gap_steps=3, dflash_gap_steps=1, dflash_token=77)
-    assert v["within"] is False and v["worst_steps"] == float("inf")
+def test_a_token_outside_the_listed_logprobs_is_unmeasured_unless_its_bound_is_already_too_wide():
+    # Token 77 is not in the reference's list: its margin there is at least 8.0 - 1.0.
+    v = _noise_case(noise_shift=0.5, swap_ref=0.125, swap_run=0.125, dflash_token=77)
+    assert v["unexplained"] == 1 and v["within"] is False
+    # With the reference's last listed logit close, the lower bound stays under the bound.
+    ref_close = _noise_case(noise_shift=8.0, swap_ref=0.125, swap_run=0.125, dflash_token=77)
+    assert ref_close["unmeasured"] == 1 and ref_close["within"] is None
 
 
-def test_noise_of_unknown_width_does_not_widen_the_floor():
-    # The no-drafter run takes a token outside the top two: that cannot license anything.
-    ref0 = _gap_out([1, 2, 3], 1, 8.0, 0.0625)
-    ref1 = _gap_out([4, 5, 6], 2, 8.0, 4 * 0.0625)
-    ref = _reference([[ref0, ref1], [ref0, ref1]])
-    noise = {"ok": True, "groups": {"2": [_out([1, 55, 3]), _out([4, 5, 6])]}}
-    dflash = {"ok": True, "groups": {"2": [_out([1, 2, 3]), _out([4, 5, 99])]}}
-    v = rs.within_batch_noise(rs.judge(ref, dflash)["divergences"], ref, noise, "n")
-    assert v["noise_unmeasured"] == 1 and v["floor_steps"] == 1.0 and v["within"] is False
+def test_a_run_whose_own_margins_move_more_than_batching_does_is_not_within():
+    v = _noise_case(noise_shift=0.25, swap_ref=0.0625, swap_run=0.0625, dflash_shift=1.0)
+    assert v["own_margin_shift"] == 1.0 and v["unexplained"] == 0 and v["within"] is False
 
 
 def test_without_a_noise_run_there_is_no_noise_verdict():
     ref = _reference([[_out([1])], [_out([1])]])
-    assert rs.within_batch_noise([], ref, None, "n")["within"] is None
-    assert rs.within_batch_noise([], ref, {"ok": False}, "n")["within"] is None
+    run = {"ok": True, "groups": {"1": [_out([1])]}}
+    assert rs.within_batch_noise(ref, run, None, "n")["within"] is None
+    assert rs.within_batch_noise(ref, run, {"ok": False}, "n")["within"] is None
 
 
 def test_the_grouped_noise_run_is_the_dflash_engine_without_its_drafter():
