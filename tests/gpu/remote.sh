@@ -546,10 +546,12 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     install
     mkdir -p "$OUT" "$WORK"
     [ -f "$TRAINED/train-record.json" ] || { echo "train the target first: remote.sh train-target" >&2; return 1; }
-    if ! drafter_is_current; then
+    # DRAFTER_STEPS or DRAFTER_OVERRIDE (DrafterTrainConfig fields as JSON) ask for another
+    # drafter: it replaces a carried one.
+    if [ -n "${DRAFTER_STEPS:-}${DRAFTER_OVERRIDE:-}" ] || ! drafter_is_current; then
         # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do.
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
-            ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} 2>&1 | grep -v "Loading weights" \
+            ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} 2>&1 | grep -v "Loading weights" \
             | tee "$WORK/train-drafter.log" | grep -v "^step" || true
         grep "^step" "$WORK/train-drafter.log" | awk 'NR % 8 == 1' || true
         cp "$WORK/train-drafter.log" "$OUT/"
