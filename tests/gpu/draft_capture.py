@@ -104,23 +104,18 @@ def _install_v1(capture: Capture) -> None:
         if runner is None or hooks.capturing():
             return orig(self, *args, **kwargs)
         a = read(self, args, kwargs)
-        cad = a["common_attn_metadata"]
-        rej = a.get("num_rejected_tokens_gpu")
-        req_ids = list(runner.input_batch.req_ids)
-        n = len(req_ids)
+        batch = hooks.v1_batch(runner, a)
+        n = len(batch.req_ids)
         # Snapshots before the call: propose changes seq_lens in place, and the hidden
         # states are the raw features (combine_hidden_states runs inside).
-        bounds = cad.query_start_loc_cpu[:n + 1].tolist()
+        bounds = a["common_attn_metadata"].query_start_loc_cpu[:n + 1].tolist()
         total = bounds[-1]
         hidden = a["target_hidden_states"][:total].to("cpu")
         positions = a["target_positions"][:total].tolist()
         tokens = a["target_token_ids"][:total].tolist()
-        rejected = rej[:n].tolist() if rej is not None else [0] * n
-        bonus = a["next_token_ids"][:n].tolist()
-        mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
         out = orig(self, *args, **kwargs)
-        sampled = [not bool(mask[i]) if mask is not None else True for i in range(n)]
-        capture.step(req_ids, bounds, positions, tokens, hidden, rejected, bonus, out[:n].tolist(), sampled)
+        capture.step(batch.req_ids, bounds, positions, tokens, hidden, batch.rejected, batch.bonus,
+                     out[:n].tolist(), batch.sampled)
         return out
 
     proposer_cls.propose = propose
@@ -144,18 +139,16 @@ def _install_v2(capture: Capture) -> None:
         if a.get("dummy_run") or not a.get("aux_hidden_states") or hooks.capturing():
             return orig(self, *args, **kwargs)
         ib = a["input_batch"]
+        batch = hooks.v2_batch(a)
         n, total = ib.num_reqs, ib.num_tokens
         bounds = ib.query_start_loc_np[:n + 1].tolist()
         hidden = torch.cat([h[:total] for h in a["aux_hidden_states"]], dim=-1).to("cpu")
         positions = ib.positions[:total].tolist()
         tokens = ib.input_ids[:total].tolist()
-        rejected = a["num_rejected"][:n].tolist()
-        sampled = [x > 0 for x in a["num_sampled"][:n].tolist()]
-        bonus = a["last_sampled"][ib.idx_mapping[:n]].reshape(-1).tolist()
         out = orig(self, *args, **kwargs)
         k = a.get("num_speculative_tokens") or out.shape[-1]
-        capture.step(list(ib.req_ids)[:n], bounds, positions, tokens, hidden, rejected, bonus,
-                     out[:n, :k].tolist(), sampled)
+        capture.step(batch.req_ids, bounds, positions, tokens, hidden, batch.rejected, batch.bonus,
+                     out[:n, :k].tolist(), batch.sampled)
         return out
 
     cls.propose = propose

@@ -402,28 +402,21 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
         if hooks.capturing():
             return orig(self, *args, **kwargs)
         a = read(self, args, kwargs)
-        cad = a["common_attn_metadata"]
-        rej = a.get("num_rejected_tokens_gpu")
         runner = hooks.runner_of(self)
         if runner is None:  # not called from the runner's propose_draft_token_ids
             return orig(self, *args, **kwargs)
-        req_ids = list(runner.input_batch.req_ids)
-        nreq = len(req_ids)
-        seq = cad.seq_lens[:nreq].tolist()
-        rejl = rej[:nreq].tolist() if rej is not None else [0] * nreq
-        last = a["next_token_ids"][:nreq].tolist()
+        batch = hooks.v1_batch(runner, a)
+        seq = a["common_attn_metadata"].seq_lens[:len(batch.req_ids)].tolist()
         sched = getattr(runner, "_hooks_scheduler_output", None)
         spec = getattr(sched, "scheduled_spec_decode_tokens", None) or {}
-        mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
         out = orig(self, *args, **kwargs)
         rows = []
-        for i, rid in enumerate(req_ids):
+        for i, rid in enumerate(batch.req_ids):
             state = runner.requests.get(rid)
             prompt = tuple(state.prompt_token_ids) if state is not None and \
                 state.prompt_token_ids is not None else None
-            rows.append(Row(rid, prompt, int(seq[i]), int(rejl[i]), len(spec.get(rid, ())),
-                            sampled=not bool(mask[i]) if mask is not None else True,
-                            last_token=int(last[i])))
+            rows.append(Row(rid, prompt, int(seq[i]), int(batch.rejected[i]), len(spec.get(rid, ())),
+                            sampled=batch.sampled[i], last_token=int(batch.bonus[i])))
         k = out.shape[-1]
         _write_drafts(out, oracle.step(rows, k), k)
         return out
@@ -460,19 +453,16 @@ def _install_v2(oracle: Oracle, hook: dict) -> None:
         if a.get("dummy_run") or hooks.capturing():
             return orig(self, *args, **kwargs)
         ib = a["input_batch"]
-        nreq = ib.num_reqs
-        req_ids = list(ib.req_ids)[:nreq]
+        batch = hooks.v2_batch(a)
+        nreq = len(batch.req_ids)
         seq = ib.seq_lens[:nreq].tolist()
-        rejl = a["num_rejected"][:nreq].tolist()
-        sampled = a["num_sampled"][:nreq].tolist()
         per_req = getattr(ib, "num_draft_tokens_per_req", None)
         drafts = [int(x) for x in per_req[:nreq]] if per_req is not None else [0] * nreq
-        last = a["last_sampled"][ib.idx_mapping[:nreq]].reshape(-1).tolist()
         out = orig(self, *args, **kwargs)
         kspec = a.get("num_speculative_tokens")
         k = out.shape[-1] if kspec is None else int(kspec)
-        rows = [Row(rid, None, int(seq[i]), int(rejl[i]), drafts[i], sampled=sampled[i] > 0,
-                    last_token=int(last[i])) for i, rid in enumerate(req_ids)]
+        rows = [Row(rid, None, int(seq[i]), int(batch.rejected[i]), drafts[i], sampled=batch.sampled[i],
+                    last_token=int(batch.bonus[i])) for i, rid in enumerate(batch.req_ids)]
         _write_drafts(out, oracle.step(rows, k), k)
         return out
 
