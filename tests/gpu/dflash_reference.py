@@ -367,21 +367,3 @@ def walk(accepted_at, first_anchor: int, max_tokens: int) -> list[int]:
         n += f + 1
         a += f + 1
     return steps
-
-
-def summarize(steps: list[int], k: int = K_DEFAULT) -> dict:
-    """vLLM's acceptance metrics of a list of verify steps: mean acceptance length (1 + accepted
-    drafts per step), accepted drafts per step, per-position acceptance rate (the share of steps
-    whose draft i was accepted, vLLM's spec_decode_num_accepted_tokens_per_pos / num_drafts), and
-    the histogram of accepted lengths 0..K."""
-    if not steps:
-        return {"steps": 0, "mean_acceptance_length": None, "accepted_per_step": None,
-                "per_position": [None] * k, "histogram": [0] * (k + 1)}
-    hist = [0] * (k + 1)
-    for f in steps:
-        hist[f] += 1
-    per_pos = [sum(1 for f in steps if f > i) / len(steps) for i in range(k)]
-    mean = sum(steps) / len(steps)
-    return {"steps": len(steps), "mean_acceptance_length": round(1 + mean, 4),
-            "accepted_per_step": round(mean, 4), "per_position": [round(p, 4) for p in per_pos],
-            "histogram": hist}

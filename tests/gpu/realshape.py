@@ -534,9 +534,7 @@ def offline_acceptance(evaluation: dict, concurrency: tuple[int, ...]) -> dict |
     per_prompt = evaluation.get("per_prompt_steps")
     if not per_prompt:
         return evaluation.get("as_realshape_groups")
-    import dflash_reference  # torch: only where a drafter record is judged
-
-    return dflash_reference.summarize([f for steps in gate.as_groups(per_prompt, concurrency) for f in steps],
+    return gate.acceptance_summary([f for steps in gate.as_groups(per_prompt, concurrency) for f in steps],
                                       NUM_SPECULATIVE_TOKENS)
 
 
@@ -1256,7 +1254,7 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
 def acceptance(counters: dict, k: int = NUM_SPECULATIVE_TOKENS) -> dict | None:
     """vLLM's own acceptance metrics from its spec-decode counters: mean acceptance length
     (1 + accepted drafts per verify step: the bonus token counts one), accepted drafts per step
-    and the per-position acceptance rates (dflash_reference.summarize, offline, is the same)."""
+    and the per-position acceptance rates (gate.acceptance_summary, offline, is the same)."""
     drafts, accepted = counters.get("spec_drafts"), counters.get("spec_accepted_tokens")
     if not drafts or accepted is None:
         return None

@@ -363,8 +363,8 @@ def evaluate(model, drafter, shared, prompts: list[dict], cfg: DrafterTrainConfi
                                             max_tokens, sem, k)
             per_prompt.append(prompt_steps(drafts, greedy[row, :len(s)], plens[row], max_tokens, k))
         result[sem] = {
-            "all_prompts": ref.summarize([f for steps in per_prompt for f in steps], k),
-            "as_realshape_groups": ref.summarize(
+            "all_prompts": gate.acceptance_summary([f for steps in per_prompt for f in steps], k),
+            "as_realshape_groups": gate.acceptance_summary(
                 [f for steps, w in zip(per_prompt, weights) for _ in range(w) for f in steps], k),
             "per_prompt_steps": per_prompt,
         }

@@ -28,6 +28,7 @@ torch = pytest.importorskip("torch", reason="the drafter's pieces need torch (th
 ref = _load("dflash_reference")
 td = _load("train_drafter")
 oracle = _load("oracle")
+gate = _load("gate")
 tt = td.tt
 mc = tt.mc
 
@@ -462,14 +463,14 @@ def test_walk_steps_as_vllm_verifies_one_request():
 
 def test_summary_matches_how_realshape_reads_vllms_counters():
     steps = [0, 3, 15, 15, 1]
-    s = ref.summarize(steps, 15)
+    s = gate.acceptance_summary(steps, 15)
     assert s["mean_acceptance_length"] == pytest.approx(1 + 34 / 5)
     assert s["accepted_per_step"] == pytest.approx(34 / 5)
     per_pos_counts = [sum(1 for f in steps if f > i) for i in range(15)]
     assert s["per_position"] == [round(c / 5, 4) for c in per_pos_counts]
     # vLLM's counters (num_drafts, accepted per position) give the same histogram.
     assert s["histogram"] == oracle.hist_from_counters(len(steps), per_pos_counts)
-    assert ref.summarize([], 15)["mean_acceptance_length"] is None
+    assert gate.acceptance_summary([], 15)["mean_acceptance_length"] is None
 
 
 def test_prompt_steps_check_drafts_against_the_argmax_before_each_drafted_position():
@@ -525,7 +526,7 @@ def test_training_learns_a_predictable_continuation_under_both_semantics():
     for sem in ref.SEMANTICS:
         drafts = td.drafts_at_every_anchor(drafter, shared, g["features"][0], g["tokens"][0], 6, 12, sem, k)
         steps = td.prompt_steps(drafts, g["greedy"][0], 6, 12, k)
-        assert ref.summarize(steps, k)["accepted_per_step"] >= 3, (sem, steps)
+        assert gate.acceptance_summary(steps, k)["accepted_per_step"] >= 3, (sem, steps)
 
 
 # ------------------------------------------------------------ realshape's trained-drafter runs
@@ -571,7 +572,7 @@ def test_acceptance_from_vllms_counters_is_the_offline_summary():
     counters = {"spec_drafts": len(steps), "spec_accepted_tokens": sum(steps),
                 "spec_accepted_per_pos": [sum(1 for f in steps if f > i) for i in range(15)]}
     got = rs.acceptance(counters)
-    want = ref.summarize(steps, 15)
+    want = gate.acceptance_summary(steps, 15)
     assert {k: got[k] for k in ("mean_acceptance_length", "accepted_per_step", "per_position", "histogram")} == \
         {k: want[k] for k in ("mean_acceptance_length", "accepted_per_step", "per_position", "histogram")}
     assert rs.acceptance({"spec_drafts": 0, "spec_accepted_tokens": 0}) is None

@@ -397,3 +397,17 @@ def test_a_run_records_the_series_hash_stamped_on_the_tree_it_imported(tmp_path)
     (tree / STAMP_REL).write_text(json.dumps({"series_hash": "abc123", "patches": []}))
     assert rs.run_tree_hash(f"{tree}:/tmp/site") == "abc123"
     assert rs.run_tree_hash(str(tmp_path / "stock")) is None and rs.run_tree_hash(None) is None
+
+
+def test_offline_acceptance_is_judged_without_torch():
+    # --merge-only runs where no torch is installed; the offline reference is pure Python.
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, 'tests/gpu'); import realshape as rs; "
+            "print(rs.offline_acceptance({'per_prompt_steps': [[3, 0], [15]]}, (1, 2))['mean_acceptance_length'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    # Groups (1, 2): prompt 0 twice, prompt 1 once: steps 3, 0, 3, 0, 15 -> 1 + 21/5.
+    assert out.stdout.strip() == "5.2"
