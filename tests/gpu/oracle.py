@@ -350,11 +350,13 @@ def analyse(records: list[dict], k: int = K_DEFAULT, max_tokens: list[int] | Non
 
 
 def _unplanned_rows(records: list[dict]) -> dict:
-    """Rows of prompts the plan lacks: before the first planned row they are vLLM's own
-    warm-up (0.33.0 runs propose on "_warmup_N_" requests at start-up), after it a fault."""
-    first = next((i for i, r in enumerate(records) if r.get("p") is not None), len(records))
-    return {"warmup_rows": sum(1 for r in records[:first] if r.get("p") is None),
-            "unknown_rows": sum(1 for r in records[first:] if r.get("p") is None)}
+    """Rows of prompts the plan lacks: in propose calls before the first call with a planned
+    row they are vLLM's own warm-up (0.33.0 runs propose on "_warmup_N_" requests at
+    start-up), from that call on a fault. A log with no planned row at all is all fault."""
+    first = min((r["call"] for r in records if r.get("p") is not None), default=None)
+    unplanned = [r for r in records if r.get("p") is None]
+    warmup = [r for r in unplanned if first is not None and r["call"] < first]
+    return {"warmup_rows": len(warmup), "unknown_rows": len(unplanned) - len(warmup)}
 
 
 def check_counters(analysis: dict, num_drafts: int, pos: list[int]) -> dict:

@@ -549,6 +549,8 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     # DRAFTER_STEPS or DRAFTER_OVERRIDE (DrafterTrainConfig fields as JSON) ask for another
     # drafter: it replaces a carried one.
     if [ -n "${DRAFTER_STEPS:-}${DRAFTER_OVERRIDE:-}" ] || ! drafter_is_current; then
+        # A failed retraining must not leave the carried drafter looking current.
+        rm -f "$DRAFTER_TRAINED/drafter-train-record.json"
         # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do.
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
             ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} 2>&1 | grep -v "Loading weights" \

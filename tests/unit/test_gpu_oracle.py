@@ -253,6 +253,16 @@ def test_warmup_rows_before_the_first_planned_request_are_not_unknown(tmp_path):
     assert res["warmup_rows"] == 1 and res["unknown_rows"] == 1
 
 
+def test_a_stray_row_in_the_first_planned_call_is_a_fault_and_a_log_without_plan_is_all_fault():
+    def rec(call, row, p):
+        return {"call": call, "row": row, "req": f"r{call}-{row}", "p": p, "d": 0, "sampled": True}
+    # Warm-up in call 1; call 2 holds the first planned row, with a stray before it.
+    res = oracle.analyse([rec(1, 0, None), rec(2, 0, None), rec(2, 1, 0)], K)
+    assert (res["warmup_rows"], res["unknown_rows"]) == (1, 1)
+    nothing_planned = oracle.analyse([rec(1, 0, None), rec(2, 0, None)], K)
+    assert (nothing_planned["warmup_rows"], nothing_planned["unknown_rows"]) == (0, 2)
+
+
 def test_install_refuses_unknown_releases_and_a_missing_log(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no hook"):
         oracle.install("0.26.0", tmp_path / "plan.json")

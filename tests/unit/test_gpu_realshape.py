@@ -411,3 +411,25 @@ def test_offline_acceptance_is_judged_without_torch():
     assert out.returncode == 0, out.stderr
     # Groups (1, 2): prompt 0 twice, prompt 1 once: steps 3, 0, 3, 0, 15 -> 1 + 21/5.
     assert out.stdout.strip() == "5.2"
+
+
+def test_a_run_that_ends_early_or_lost_its_logprobs_is_not_within_the_noise():
+    ref = _reference([[_out([1, 2, 3]), _out([4, 5, 6])]] * 2)
+    noise = {"ok": True, "groups": {"2": [_out([1, 2, 3]), _out([4, 5, 6])]}}
+    short = {"ok": True, "groups": {"2": [_out([1, 2]), _out([4, 5, 6])]}}
+    v = rs.within_batch_noise(ref, short, noise, "n")
+    assert v["unexplained"] == 1 and v["within"] is False
+    bare = {"ok": True, "groups": {"2": [{"prompt_len": 3, "token_ids": [1, 9, 3], "top": []}, _out([4, 5, 6])]}}
+    v = rs.within_batch_noise(ref, bare, noise, "n")
+    assert v["unexplained"] == 1 and v["within"] is False
+
+
+def test_no_noise_verdict_on_a_moving_reference_or_across_targets():
+    noise = {"ok": True, "groups": {"1": [_out([1, 2, 3])]}}
+    run = {"ok": True, "groups": {"1": [_out([1, 2, 3])]}}
+    moving = _reference([[_out([1, 2, 3])], [_out([1, 2, 4])]])
+    assert rs.within_batch_noise(moving, run, noise, "n")["within"] is None
+    ref = dict(_reference([[_out([1, 2, 3])]] * 2), target_sha256="a")
+    other = dict(noise, target_sha256="b")
+    v = rs.within_batch_noise(ref, dict(run, target_sha256="a"), other, "n")
+    assert v["within"] is None and "different targets" in v["reason"]
