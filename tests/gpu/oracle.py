@@ -244,19 +244,9 @@ class Oracle:
         self.steps: dict[str, int] = {}  # req_id -> proposals made so far
         self.calls = 0
         self.proposals = 0
-        self.unknown = 0
-        # vLLM 0.33.0 warms its kernels with real propose calls on requests of its own
-        # ("_warmup_N_", before any user request): rows before the first planned request
-        # are that warm-up (analyse reads the log the same way); after it, a mapping fault.
-        self.armed = False
 
     def note_prompt(self, req_id: str, prompt) -> None:
         self.prompts[req_id] = tuple(prompt)
-
-    def _planned(self, row: Row) -> tuple[tuple | None, int | None]:
-        """The row's prompt and its plan index (None for a prompt the plan lacks)."""
-        prompt = row.prompt if row.prompt is not None else self.prompts.get(row.req_id)
-        return prompt, (self.by_prompt.get(prompt) if prompt is not None else None)
 
     def step(self, rows: list[Row], k: int | None = None) -> dict[int, list[int]]:
         """Drafts for the rows of one propose call: {row index: k token ids}. Rows left
@@ -265,13 +255,12 @@ class Oracle:
         k = self.k if k is None else k
         self.calls += 1
         out, lines = {}, []
-        planned = [self._planned(row) for row in rows]
-        self.armed = self.armed or any(p is not None for _, p in planned)
-        for i, (row, (prompt, p)) in enumerate(zip(rows, planned)):
+        for i, row in enumerate(rows):
+            prompt = row.prompt if row.prompt is not None else self.prompts.get(row.req_id)
+            p = self.by_prompt.get(prompt) if prompt is not None else None
             rec = {"call": self.calls, "row": i, "req": row.req_id, "p": p,
                    "d": row.drafts, "sampled": bool(row.sampled)}
-            if p is None:
-                self.unknown += self.armed
+            if p is None:  # vLLM's warm-up or a mapping fault: analyse tells them apart
                 lines.append(rec)
                 continue
             ref = self.requests[p]["reference"]

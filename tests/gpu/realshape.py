@@ -893,7 +893,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         if captured is not None:
             result["draft_equivalence"] = draft_equivalence(spec, models, captured)
         if orc is not None:  # calls == 0: the hook never ran (the drafter's own drafts were verified)
-            result["oracle_calls"] = {"calls": orc.calls, "proposals": orc.proposals, "unknown_rows": orc.unknown}
+            result["oracle_calls"] = {"calls": orc.calls, "proposals": orc.proposals}
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - every failure is a result here
         traceback.print_exc()
