@@ -96,8 +96,6 @@ SPEED_CONCURRENCY = (1, 4, 16)
 # preempts is growth: DFlash requests (15 lookahead slots a step) preempted 12
 # times in 1000 blocks on the H100, the target alone none.
 TRAINED_SMALL_POOL = 1000
-# Logprobs kept per generated token (runs before 2026-11-27's second session kept 2).
-TOP_LOGPROBS = 5
 # Just above the start-up minimum, for the target alone to preempt too.
 TRAINED_TINY_POOL = 850
 # vLLM 0.33.0 counts blocks otherwise: with the drafter every layer is a KV-cache
@@ -108,6 +106,8 @@ TRAINED_TINY_POOL = 850
 # that check and still holds about half of what 17 requests of 700 tokens need
 # once the windows slide (6 full layers x 44 + 29 sliding x 9 blocks each).
 TRAINED_SMALL_POOL_V33 = 4800
+# Logprobs kept per generated token (runs before 2026-11-27's second session kept 2).
+TOP_LOGPROBS = 5
 # Issue 25: the drafter-side patches whose reversal the ablation measures, per release.
 DRAFTER_SIDE_PATCHES = {"0.21.0": ("dflash-target-layer-ids-offset", "gemma4-dflash-embed-scale-logit-softcap"),
                         "0.33.0": ("gemma4-dflash-embed-scale-logit-softcap",)}
@@ -1165,18 +1165,17 @@ def divergence_swings(reference: dict, run: dict) -> list[dict]:
     token is outside the other side's listed logprobs its margin is at least that side's
     top-1 minus its last listed logit, so the swing is a lower bound (``exact`` False)."""
     swings = []
-    for ref, out in _paired_outputs(reference, run):
-        t = next((i for i, (a, b) in enumerate(zip(ref["token_ids"], out["token_ids"])) if a != b), None)
-        if t is None:
-            if len(ref["token_ids"]) != len(out["token_ids"]):  # no numerics ends a sequence early
-                swings.append({"position": min(len(ref["token_ids"]), len(out["token_ids"])),
-                               "swing": math.inf, "exact": False})
+    for i, (ref, out) in enumerate(_paired_outputs(reference, run)):
+        d = compare.compare_prompt(i, ref, out)
+        if d is None:
             continue
+        t = d["position"]
         rt, ot = _top(ref, t), _top(out, t)
-        if not rt or not ot:
+        # A length difference (no numerics ends a sequence early) or no logprobs there.
+        if "baseline_token" not in d or not rt or not ot:
             swings.append({"position": t, "swing": math.inf, "exact": False})
             continue
-        a, b = ref["token_ids"][t], out["token_ids"][t]
+        a, b = d["baseline_token"], d["dflash_token"]
         lr, lo = _logit(rt, b), _logit(ot, a)
         m_ref = rt[0][1] - (lr if lr is not None else rt[-1][1])
         m_run = ot[0][1] - (lo if lo is not None else ot[-1][1])
