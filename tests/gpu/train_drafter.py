@@ -68,9 +68,6 @@ import train_target as tt  # noqa: E402
 
 DRAFTER_NAME = "dflash-r5-trained"
 RECORD_NAME = "drafter-train-record.json"
-# The proof's concurrency groups: run c serves prompts[:c], so vLLM's counters weigh
-# prompt i by the number of groups that hold it.
-GROUPS = gate.TRAINED_CONCURRENCY
 
 
 @dataclass(frozen=True)
@@ -335,11 +332,6 @@ def prompt_steps(drafts, greedy, plen: int, max_tokens: int, k: int) -> list[int
     return ref.walk(accepted_at, plen, max_tokens)
 
 
-def group_weights(n_prompts: int, groups=GROUPS) -> list[int]:
-    """How many of realshape's concurrency groups serve prompt i (group c serves prompts[:c])."""
-    return [sum(1 for c in groups if i < c) for i in range(n_prompts)]
-
-
 def evaluate(model, drafter, shared, prompts: list[dict], cfg: DrafterTrainConfig) -> dict:
     """Offline acceptance on the proof's held-out prompts, per semantics (module docstring, 5)."""
     k, max_tokens = cfg.k, cfg.eval_max_tokens
@@ -354,7 +346,6 @@ def evaluate(model, drafter, shared, prompts: list[dict], cfg: DrafterTrainConfi
     result: dict = {"prompts": len(prompts), "max_tokens": max_tokens, "k": k,
                     "gate": eval_gate(seqs, plens, top, max_tokens),
                     "consistency": continuation_consistency(seqs, plens, greedy)}
-    weights = group_weights(len(prompts))
     for sem in cfg.semantics:
         per_prompt = []
         for row, s in enumerate(seqs):
@@ -365,7 +356,7 @@ def evaluate(model, drafter, shared, prompts: list[dict], cfg: DrafterTrainConfi
         result[sem] = {
             "all_prompts": gate.acceptance_summary([f for steps in per_prompt for f in steps], k),
             "as_realshape_groups": gate.acceptance_summary(
-                [f for steps, w in zip(per_prompt, weights) for _ in range(w) for f in steps], k),
+                [f for steps in gate.as_groups(per_prompt) for f in steps], k),
             "per_prompt_steps": per_prompt,
         }
     return result
