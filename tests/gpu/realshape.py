@@ -454,7 +454,10 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
     runs = [
         run("v33-trained-ref-bf16", "patched", "reference"),
         run("v33-trained-dflash-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
-            reference="v33-trained-ref-bf16"),
+            reference="v33-trained-ref-bf16", noise="v33-trained-refgroups-bf16"),
+        # The target alone in the same groups: default numerics are not batch invariant, so
+        # the DFlash run is judged by this run's margin shifts as on 0.21.0.
+        run("v33-trained-refgroups-bf16", "patched", "reference-grouped", reference="v33-trained-ref-bf16"),
         run("v33-trained-stock-fa2-cg-bf16", "stock", "dflash", backend="flash_attn",
             reference="v33-trained-ref-bf16"),
         run("v33-trained-ref-nvfp4", "patched", "reference", nvfp4),
@@ -463,7 +466,8 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
         run("v33-trained-stock-fa2-cg-nvfp4", "stock", "dflash", nvfp4, "flash_attn",
             reference="v33-trained-ref-nvfp4"),
         run("v33-trained-dflash-trained-fa2-cg-bf16", "patched", "dflash", backend="flash_attn",
-            reference="v33-trained-ref-bf16", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
+            reference="v33-trained-ref-bf16", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY,
+            noise="v33-trained-refgroups-bf16"),
         run("v33-trained-dflash-trained-fa2-cg-nvfp4", "patched", "dflash", nvfp4, "flash_attn",
             reference="v33-trained-ref-nvfp4", drafter="trained", concurrency=ACCEPTANCE_CONCURRENCY),
         *[run(f"v33-trained-speed-{kind}-fa2-cg-{q}", "patched", mode, quant, **extra,
