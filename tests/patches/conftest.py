@@ -23,8 +23,10 @@ and ``vllm_source.py`` for model classes.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from launcher.patching.series import series_for
+from launcher.paths import cache_dir
 from tests.integration.patch_trees import pristine, single_patch_tree
 from tests.integration.sched_sim_probe import READS as SCHED_SIM_READS
 
@@ -44,6 +47,7 @@ READS = [
     "vllm/config/model_arch.py",
     "vllm/config/vllm.py",
     "vllm/utils/math_utils.py",
+    "vllm/utils/torch_utils.py",
     "vllm/v1/kv_cache_interface.py",
     "vllm/v1/core/kv_cache_utils.py",
     "vllm/v1/attention/backend.py",
@@ -128,5 +132,49 @@ def probe():
             assert done.returncode == 0, done.stderr[-4000:]
             seen[key] = json.loads(done.stdout)
         return seen[key]
+
+    return run
+
+
+TRITON = "3.9.0"
+TRITON_PROBE = Path(__file__).resolve().parent / "triton_attention_probe.py"
+
+
+def _triton_dir() -> Path:
+    """Triton is not in the test venv (about 1 GB installed, needed only by the Triton
+    kernel tests): installed once, pinned, into the project's cache, under a file lock and
+    renamed into place whole, so parallel or interrupted runs never see half an install."""
+    root = cache_dir() / "test-tools"
+    target = root / f"triton-{TRITON}"
+    if (target / "triton").is_dir():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"triton-{TRITON}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "triton").is_dir():
+            tmp = root / f".triton-{TRITON}.{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(tmp),
+                 f"triton=={TRITON}"],
+                check=True, timeout=1200,
+            )
+            os.replace(tmp, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def triton_probe():
+    """``triton_probe(tree, *args)``: triton_attention_probe.py's JSON for ``tree``, run by
+    Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU; no GPU here)."""
+    triton_dir = _triton_dir()
+
+    def run(tree: Path, *args: str) -> dict:
+        env = {**os.environ, "TRITON_INTERPRET": "1",
+               "PYTHONPATH": os.pathsep.join([str(triton_dir), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run([sys.executable, str(TRITON_PROBE), str(tree), *args], env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
     return run

@@ -1,6 +1,7 @@
-"""Run a released vLLM tree's Triton unified attention under TRITON_INTERPRET=1 (CPU).
+"""Run a released vLLM tree's Triton attention ops under TRITON_INTERPRET=1 (CPU).
 
-Usage: triton_attention_probe.py TREE; prints JSON. The kernel, its helpers and
+Usage: triton_attention_probe.py TREE, or triton_attention_probe.py TREE --reshape
+KV_CACHE_DTYPE (the cache write, below); prints JSON. The kernel, its helpers and
 the ``unified_attention`` launcher are the tree's own files; only the modules
 they import for platform facts, logging and env flags (which need vLLM's own
 CUDA build to import) are stand-ins, and ``KVQuantMode`` is the tree's class,
@@ -102,5 +103,60 @@ def main(tree: Path) -> dict:
     }
 
 
+def _torch_utils_stand_in(tree: Path) -> types.ModuleType:
+    """vllm.utils.torch_utils with only the tree's own ``is_quantized_kv_cache`` (the
+    module imports vLLM's config and CUDA helpers, which cannot load here)."""
+    source = (tree / "vllm/utils/torch_utils.py").read_text()
+    fn = next(n for n in ast.parse(source).body
+              if isinstance(n, ast.FunctionDef) and n.name == "is_quantized_kv_cache")
+    module = types.ModuleType("vllm.utils.torch_utils")
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(tree / "vllm/utils/torch_utils.py"), "exec"),
+         module.__dict__)
+    return module
+
+
+def reshape_and_cache(tree: Path, kv_cache_dtype: str) -> dict:
+    """The tree's ``triton_reshape_and_cache_flash`` writes 5 tokens of 2 heads into a bf16
+    cache of 4 blocks of 4 slots at scattered slots (one padded token, slot -1, is skipped),
+    called with ``kv_cache_dtype`` as TRITON_ATTN's ``do_kv_cache_update`` passes the
+    CLI value. Stand-ins: the platform (CUDA, sm_120: this CPU has no GPU to ask) and the
+    quant_utils constants the module reads at import."""
+    _stand_ins(tree)
+    sys.modules["vllm.utils.torch_utils"] = _torch_utils_stand_in(tree)
+    quant = types.ModuleType("vllm.model_executor.layers.quantization.utils.quant_utils")
+    quant.FP8_DTYPE = torch.float8_e4m3fn
+    quant.get_fp8_min_max = lambda: (-448.0, 448.0)
+    sys.modules[quant.__name__] = quant
+    platform = sys.modules["vllm.platforms"].current_platform
+    platform.is_rocm = platform.is_xpu = lambda: False
+    platform.has_device_capability = lambda capability: capability <= 120
+    torch.cuda.get_device_capability = lambda device=None: (12, 0)
+    ops = _load(tree, "triton_reshape_and_cache_flash")
+    torch.manual_seed(0)
+    tokens, heads, head, blocks, block = 5, 2, 16, 4, 4
+    key = torch.randn(tokens, heads, head, dtype=torch.bfloat16)
+    value = torch.randn(tokens, heads, head, dtype=torch.bfloat16)
+    key_cache = torch.full((blocks, block, heads, head), 7.0, dtype=torch.bfloat16)
+    value_cache = key_cache.clone()
+    slots = torch.tensor([13, 2, 7, -1, 8], dtype=torch.int64)
+    try:
+        ops.triton_reshape_and_cache_flash(key, value, key_cache, value_cache, slots, kv_cache_dtype,
+                                           torch.ones(1), torch.ones(1))
+    except AssertionError as exc:
+        return {"error": str(exc)}
+    flat_k, flat_v = key_cache.view(-1, heads, head), value_cache.view(-1, heads, head)
+    written = [(i, int(s)) for i, s in enumerate(slots) if s >= 0]
+    untouched = sorted(set(range(blocks * block)) - {s for _, s in written})
+    return {
+        "error": None,
+        "keys_stored": all(torch.equal(flat_k[s], key[i]) for i, s in written),
+        "values_stored": all(torch.equal(flat_v[s], value[i]) for i, s in written),
+        "other_slots_untouched": bool((flat_k[untouched] == 7.0).all() and (flat_v[untouched] == 7.0).all()),
+    }
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]))))
+    if len(sys.argv) == 4 and sys.argv[2] == "--reshape":
+        print(json.dumps(reshape_and_cache(Path(sys.argv[1]), sys.argv[3])))
+    else:
+        print(json.dumps(main(Path(sys.argv[1]))))

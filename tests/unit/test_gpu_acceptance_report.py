@@ -43,6 +43,20 @@ def test_bars_refuse_low_acceptance_and_too_few_contexts():
     assert "not met" in ar.markdown(rows) and "150/150" in ar.markdown(rows)
 
 
+
+def test_a_default_numerics_row_shows_its_batch_noise_verdict():
+    rows = {r["run"]: r for r in ar.build([
+        _rec("noisy", 3.1, lossless=False, batch_noise={"run": "refgroups", "within": True}),
+        _rec("corrupt", 3.1, lossless=False, batch_noise={"run": "refgroups", "within": False}),
+        _rec("exact", 3.1, lossless=True),
+    ])}
+    assert rows["noisy"]["within_batch_noise"] is True and rows["exact"]["within_batch_noise"] is None
+    md = ar.markdown(list(rows.values()))
+    assert "| False; within batching noise: True |" in md
+    assert "| False; within batching noise: False |" in md
+    assert "| True |" in md
+
+
 # ------------------------------------------------------------------ speed at this width (item 5)
 
 sp = _load("speed")
