@@ -480,16 +480,18 @@ wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1
     cp "$WORK"/train-bg-out/drafter-train-record.json "$OUT/" 2>/dev/null || true
 }
 
-seed_raw() { # seed_raw [RAW]: raw reference records carried from an earlier machine
-    # (.stage/RAW, default realshape-raw-trained): a DFlash run is judged against them as
-    # against its own reference, target_sha256 permitting, and an oracle run plans from them
+seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records carried from an earlier
+    # machine (.stage/RAW, default realshape-raw-trained, files *SUFFIX, default .raw.json) into
+    # DEST (default $WORK/RAW) where this machine has none of its own: a DFlash run is judged
+    # against them as against its own reference, target_sha256 permitting, and an oracle run
+    # plans from them
     local raw=${1:-realshape-raw-trained} f
-    local d=$STAGE/$raw
+    local d=$STAGE/$raw dest=${2:-$WORK/${1:-realshape-raw-trained}} suffix=${3:-.raw.json}
     [ -d "$d" ] || return 0
-    mkdir -p "$WORK/$raw"
-    for f in "$d"/*.raw.json; do
+    mkdir -p "$dest"
+    for f in "$d"/*"$suffix"; do
         [ -f "$f" ] || continue
-        [ -f "$WORK/$raw/$(basename "$f")" ] || cp "$f" "$WORK/$raw/"
+        [ -f "$dest/$(basename "$f")" ] || cp "$f" "$dest/"
         echo "carried raw record: $(basename "$f")"
     done
 }
@@ -670,6 +672,9 @@ served() { # issue 26: `launcher serve` servers, chat with images, `launcher ben
     install
     extras   # FA2: the servers force it, as sm_12x runs FLASH_ATTN
     mkdir -p "$OUT" "$WORK/served"
+    # Phase records an earlier machine returned ($OUT/served-raw, carried as .stage/served-raw):
+    # e.g. the reference, so that this call runs only the dflash and stock phases.
+    seed_raw served-raw "$WORK/served" .json
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     [ -f "$TRAINED/train-record.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
     [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \

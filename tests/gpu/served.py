@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -544,6 +545,16 @@ def assemble(work: Path, out: Path, meta: dict) -> dict:
     return doc
 
 
+def keep_raw(work: Path, out: Path, phase: str) -> None:
+    """The raw phase record into OUT/served-raw/: the reference's outputs are what a
+    dflash or stock phase on another machine (exact numerics repeat across H100s) is
+    judged against."""
+    raw = work / f"{phase}.json"
+    if raw.exists():
+        (out / "served-raw").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(raw, out / "served-raw" / raw.name)
+
+
 def meta(args) -> dict:
     record = args.model / "train-record.json"
     sha = json.loads(record.read_text()).get("target_sha256") if record.exists() else None
@@ -598,8 +609,10 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("the stock phase needs --site-stock")
             print(f"[{name}] ...", flush=True)
             PHASES[name](args)
-            # After each phase: a call cut short keeps what finished.
+            # After each phase: a call cut short keeps what finished, the raw phase too, so
+            # a later machine can take it back (remote.sh served seeds .stage/served-raw).
             assemble(args.work, args.out, meta(args))
+            keep_raw(args.work, args.out, name)
     doc = assemble(args.work, args.out, meta(args))
     for row in doc["servers"]:
         print(f"{row['server']}: started={row.get('started')} lossless={row.get('lossless')} "

@@ -570,3 +570,36 @@ def test_exact_numerics_reach_every_server_and_the_record(model_dir, monkeypatch
                  "--work", str(tmp_path / "work"), "--out", str(out), "--exact-numerics", "--assemble-only"])
     assert served.launcher_env("/site")["VLLM_BATCH_INVARIANT"] == "1"
     assert json.loads((out / "served.json").read_text())["meta"]["numerics"].startswith("exact")
+
+
+def test_each_finished_phase_comes_back_raw_for_the_next_machine(model_dir, monkeypatch, tmp_path):
+    """A call cut short by its time limit still returns the phases that finished, raw, under
+    OUT/served-raw/ (remote.sh served seeds them from .stage/served-raw on the next machine)."""
+    work, out = tmp_path / "work", tmp_path / "out"
+
+    def fake_reference(args):
+        (args.work / "reference.json").write_text(json.dumps({"server": "reference", "passes": [[{"id": "t1"}]]}))
+
+    monkeypatch.setitem(served.PHASES, "reference", fake_reference)
+    served.main(["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
+                 "--work", str(work), "--out", str(out), "--phases", "reference"])
+    assert (out / "served-raw" / "reference.json").read_bytes() == (work / "reference.json").read_bytes()
+    assert not (out / "served-raw" / "dflash.json").exists()
+
+
+def test_remote_sh_seeds_carried_served_phases_without_replacing_its_own(tmp_path):
+    import subprocess
+
+    stage, work = tmp_path / "stage", tmp_path / "work"
+    (stage / "served-raw").mkdir(parents=True)
+    (stage / "served-raw" / "reference.json").write_text("carried")
+    (stage / "served-raw" / "dflash.json").write_text("carried")
+    (work / "served").mkdir(parents=True)
+    (work / "served" / "dflash.json").write_text("this machine's")
+    text = (GPU_DIR / "remote.sh").read_text()
+    body = text[text.index("\nseed_raw() {"):text.index("\n}\n", text.index("\nseed_raw() {")) + 3]
+    script = f'STAGE={stage}\nWORK={work}\n{body}\nseed_raw served-raw "$WORK/served" .json\n'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert (work / "served" / "reference.json").read_text() == "carried"
+    assert (work / "served" / "dflash.json").read_text() == "this machine's"
+    assert "carried raw record: reference.json" in done.stdout
