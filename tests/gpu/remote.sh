@@ -10,6 +10,7 @@
 #   remote.sh full-size-checkpoints | fit | full-bench   issue 27 (tests/gpu/README.md, "Full size")
 #   remote.sh served           issue 26: servers started by `launcher serve`, chat with
 #                              images, `launcher bench` (SERVED_PHASES narrows; README)
+#   remote.sh served-v33       the same on vLLM 0.33.0 (its bundle and series)
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -665,33 +666,47 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
     return 0
 }
 
-served() { # issue 26: `launcher serve` servers, chat with images, `launcher bench` (tests/gpu/served.py)
-    # SERVED_PHASES narrows (reference, dflash, stock, bench); a device call holds about two of them
-    # (tests/gpu/README.md, "Served (issue 26)"). Raw phases stay in $WORK/served between calls,
-    # and every call re-renders served.json / served.md from all of them.
+served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images, `launcher bench`
+    # (tests/gpu/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a device call
+    # holds about two of them (tests/gpu/README.md, "Served (issue 26)"). Raw phases stay in
+    # $WORK/served between calls, and every call re-renders served.json / served.md from all of them.
     install
     extras   # FA2: the servers force it, as sm_12x runs FLASH_ATTN
-    mkdir -p "$OUT" "$WORK/served"
-    # Phase records an earlier machine returned ($OUT/served-raw, carried as .stage/served-raw):
-    # e.g. the reference, so that this call runs only the dflash and stock phases.
-    seed_raw served-raw "$WORK/served" .json
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
-    [ -f "$TRAINED/train-record.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
     [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
         || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    served_run "$SITE" "$SITE_PATCHED" served
+}
+
+served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundle (FA2 inside) and
+    # its series; phases in $WORK/served-v33, rows joining served.json beside 0.21.0's
+    install   # the trained target and drafter come with 0.21.0's bundle and extras-trained
+    extras
+    install_v33
+    site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+    served_run "$SITE33" "$SITE33_PATCHED" served-v33
+}
+
+served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/NAME
+    local site=$1 patched=$2 name=$3 work=$WORK/$3
     local drafter=${SERVED_DRAFTER:-$MODELS_TRAINED/dflash-r5-for-trained} extra=() item
+    mkdir -p "$OUT" "$work"
+    # Phase records an earlier machine returned ($OUT/NAME-raw, carried as .stage/NAME-raw):
+    # e.g. the reference, so that this call runs only the dflash and stock phases.
+    seed_raw "$name-raw" "$work" .json
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    [ -f "$TRAINED/train-record.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
     # SERVED_SETS / SERVED_VLLM_ARGS: more --set items / vLLM arguments for every server,
     # space-separated (e.g. SERVED_VLLM_ARGS=--enforce-eager), recorded in served.json.
     for item in ${SERVED_SETS:-}; do extra+=(--set "$item"); done
     for item in ${SERVED_VLLM_ARGS:-}; do extra+=("--vllm-arg=$item"); done
     # SERVED_EXACT=1: batch-invariant servers without inductor, the numerics the real-shape proofs use.
     [ "${SERVED_EXACT:-0}" = 1 ] && extra+=(--exact-numerics)
-    PYTHONPATH=.:$SITE "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
-        --model "$TRAINED" --drafter "$drafter" --site-patched "$SITE_PATCHED:$SITE" --site-stock "$SITE" \
-        --series-hash "$(series_hash)" --work "$WORK/served" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
-        --deadline-s "${SERVED_DEADLINE_S:-540}" "${extra[@]}"
-    tar -C "$WORK/served" -czf "$OUT/served-logs.tar.gz" --exclude=./cwd .
+    PYTHONPATH=.:$site "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
+        --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
+        --series-hash "$(series_hash "$patched")" --work "$work" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
+        --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" "${extra[@]}"
+    tar -C "$work" -czf "$OUT/$name-logs.tar.gz" --exclude=./cwd .
 }
 
 bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results under $OUT
@@ -815,5 +830,6 @@ case "$cmd" in
     fit) fit ;;
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served" >&2; exit 2 ;;
+    served-v33) served_v33 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33" >&2; exit 2 ;;
 esac

@@ -545,14 +545,14 @@ def assemble(work: Path, out: Path, meta: dict) -> dict:
     return doc
 
 
-def keep_raw(work: Path, out: Path, phase: str) -> None:
-    """The raw phase record into OUT/served-raw/: the reference's outputs are what a
-    dflash or stock phase on another machine (exact numerics repeat across H100s) is
-    judged against."""
-    raw = work / f"{phase}.json"
-    if raw.exists():
-        (out / "served-raw").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(raw, out / "served-raw" / raw.name)
+def keep_raw(work: Path, dest: Path, phase: str) -> None:
+    """The raw phase record and its server log into ``dest`` (OUT/served-raw): the
+    reference's outputs are what a dflash or stock phase on another machine (exact
+    numerics repeat across H100s) is judged against, and a call cut short keeps its logs."""
+    for raw in (work / f"{phase}.json", work / f"{phase}.log"):
+        if raw.exists():
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(raw, dest / raw.name)
 
 
 def meta(args) -> dict:
@@ -585,6 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one more vLLM argument (after `--`) for every server, e.g. --vllm-arg=--enforce-eager")
     parser.add_argument("--exact-numerics", action="store_true",
                         help="every server with VLLM_BATCH_INVARIANT=1 and compile backend eager (EXACT_ENV, EXACT_ARGS)")
+    parser.add_argument("--raw-name", default="served-raw",
+                        help="OUT's folder for the raw phase records (remote.sh seeds .stage/NAME)")
     parser.add_argument("--assemble-only", action="store_true")
     return parser
 
@@ -612,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             # After each phase: a call cut short keeps what finished, the raw phase too, so
             # a later machine can take it back (remote.sh served seeds .stage/served-raw).
             assemble(args.work, args.out, meta(args))
-            keep_raw(args.work, args.out, name)
+            keep_raw(args.work, args.out / args.raw_name, name)
     doc = assemble(args.work, args.out, meta(args))
     for row in doc["servers"]:
         print(f"{row['server']}: started={row.get('started')} lossless={row.get('lossless')} "

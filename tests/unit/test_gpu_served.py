@@ -527,7 +527,7 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     import re
 
     text = (GPU_DIR / "remote.sh").read_text()
-    body = text[text.index("\nserved() {"):text.index("\n}\n", text.index("\nserved() {"))]
+    body = text[text.index("\nserved_run() {"):text.index("\n}\n", text.index("\nserved_run() {"))]
     call = body[body.index('"$PY" tests/gpu/served.py'):body.index("\n    tar ")]
     # The call, and the flags the body adds to it through extra+=(...).
     added = " ".join(line for line in body.splitlines() if "extra+=" in line)
@@ -535,7 +535,10 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     known = {o for a in served.build_parser()._actions for o in a.option_strings}
     assert flags <= known, flags - known
     assert {"--phases", "--model", "--drafter", "--site-patched", "--site-stock", "--work", "--out"} <= flags
-    assert "    served) served ;;" in text
+    assert "    served) served ;;" in text and "    served-v33) served_v33 ;;" in text
+    # Both releases go through the one runner, each with its own site, patched copy and folder.
+    assert 'served_run "$SITE" "$SITE_PATCHED" served\n' in text
+    assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33\n' in text
 
 
 def test_requests_after_the_deadline_are_skipped_not_sent(made):
@@ -579,11 +582,13 @@ def test_each_finished_phase_comes_back_raw_for_the_next_machine(model_dir, monk
 
     def fake_reference(args):
         (args.work / "reference.json").write_text(json.dumps({"server": "reference", "passes": [[{"id": "t1"}]]}))
+        (args.work / "reference.log").write_text("vLLM said\n")
 
     monkeypatch.setitem(served.PHASES, "reference", fake_reference)
     served.main(["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
                  "--work", str(work), "--out", str(out), "--phases", "reference"])
     assert (out / "served-raw" / "reference.json").read_bytes() == (work / "reference.json").read_bytes()
+    assert (out / "served-raw" / "reference.log").read_text() == "vLLM said\n"
     assert not (out / "served-raw" / "dflash.json").exists()
 
 
