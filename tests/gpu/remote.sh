@@ -687,9 +687,11 @@ served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundl
     served_run "$SITE33" "$SITE33_PATCHED" served-v33
 }
 
-served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/NAME
-    local site=$1 patched=$2 name=$3 work=$WORK/$3
-    local drafter=${SERVED_DRAFTER:-$MODELS_TRAINED/dflash-r5-for-trained} extra=() item
+served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/NAME[-text]
+    # SERVED_RECIPE=gemma4-moe-dflash-text serves the text-only recipe (folder NAME-text)
+    local recipe=${SERVED_RECIPE:-gemma4-moe-dflash}
+    local site=$1 patched=$2 name=$3${recipe#gemma4-moe-dflash}
+    local work=$WORK/$name drafter=${SERVED_DRAFTER:-$MODELS_TRAINED/dflash-r5-for-trained} extra=() item
     mkdir -p "$OUT" "$work"
     # Phase records an earlier machine returned ($OUT/NAME-raw, carried as .stage/NAME-raw):
     # e.g. the reference, so that this call runs only the dflash and stock phases.
@@ -705,7 +707,7 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     PYTHONPATH=.:$site "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
         --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
         --series-hash "$(series_hash "$patched")" --work "$work" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
-        --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" "${extra[@]}"
+        --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" --recipe "$recipe" "${extra[@]}"
     tar -C "$work" -czf "$OUT/$name-logs.tar.gz" --exclude=./cwd .
 }
 

@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 import served_report as report  # noqa: E402
 import served_requests as sr  # noqa: E402
 
-RECIPE = "gemma4-moe-dflash"
+RECIPE = "gemma4-moe-dflash"  # the default; --recipe gemma4-moe-dflash-text serves text-only
 PORTS = {"dflash": 8000, "reference": 8001, "stock": 8002, "bench": 8000}
 
 # --set items every server gets: the GPU harness's trained target in place of the 26B.
@@ -110,10 +110,10 @@ REQUEST_TIMEOUT_S = 300
 
 
 def serve_args(phase: str, model: str, drafter: str, port: int, more_sets: list[str] = (),
-               more_args: list[str] = ()) -> list[str]:
+               more_args: list[str] = (), recipe: str = RECIPE) -> list[str]:
     """`launcher serve` arguments of a phase (without --wait, --timeout, --force, --dry-run);
     ``more_sets`` / ``more_args`` (--set / --vllm-arg) come last, the same on every server."""
-    args = ["serve", "--recipe", RECIPE, "--model", model, "--test-gpu", "--host", "127.0.0.1", "--port", str(port)]
+    args = ["serve", "--recipe", recipe, "--model", model, "--test-gpu", "--host", "127.0.0.1", "--port", str(port)]
     sets = SETS + (REFERENCE_SETS if phase == "reference" else []) + list(more_sets)
     if phase != "reference":
         args += ["--drafter", drafter]
@@ -324,8 +324,14 @@ def batched_tokens(plan: dict) -> int:
 # --------------------------------------------------------------- the inputs
 
 
-def inputs(model: Path, chunk: int) -> tuple[list[sr.Req], sr.Vision, object]:
-    """The requests (the chunk-boundary one made for ``chunk``), the image geometry, the local tokenizer."""
+def text_only(plan: dict) -> bool:
+    """The plan serves the language model alone (the text-only recipe's --language-model-only)."""
+    return "--language-model-only" in (plan.get("argv") or [])
+
+
+def inputs(model: Path, chunk: int, plan: dict | None = None) -> tuple[list[sr.Req], sr.Vision, object]:
+    """The requests (the chunk-boundary one made for ``chunk``; only those without images
+    where ``plan`` serves text only), the image geometry, the local tokenizer."""
     config = json.loads((model / "config.json").read_text())
     vision = sr.Vision.from_config(config)
     prompts = json.loads((model / "prompts.json").read_text())
@@ -335,7 +341,10 @@ def inputs(model: Path, chunk: int) -> tuple[list[sr.Req], sr.Vision, object]:
     filler = "\n".join(p["text"] for p in prompts[18:] if not p.get("shared_prefix"))
     tokenize = sr.local_tokenizer(model)
     chunk_req = sr.chunk_boundary_request(filler, tokenize, vision, chunk)
-    return sr.build(texts, chunk_req), vision, tokenize
+    reqs = sr.build(texts, chunk_req)
+    if plan is not None and text_only(plan):
+        reqs = [r for r in reqs if not r.images]
+    return reqs, vision, tokenize
 
 
 # --------------------------------------------------------------- the phases
@@ -353,7 +362,7 @@ class Phase:
         self.url = f"http://127.0.0.1:{self.port}"
         # The bench phase serves what the dflash phase serves.
         self.serve = serve_args("dflash" if name == "bench" else name, str(args.model), str(args.drafter),
-                                self.port, args.set, args.vllm_arg)
+                                self.port, args.set, args.vllm_arg, args.recipe)
         self.record: dict = {"server": name, "series": "stock" if name == "stock" else args.series_hash,
                              "launcher_env": {"PYTHONPATH": launcher_env(site)["PYTHONPATH"]}}
         self.server: Launched | None = None
@@ -402,7 +411,7 @@ def reference(args) -> None:
     ph = Phase("reference", args, args.site_patched)
     try:
         plan = ph.plan()
-        reqs, vision, _ = inputs(args.model, batched_tokens(plan))
+        reqs, vision, _ = inputs(args.model, batched_tokens(plan), plan)
         ph.record.update(requests=[r.to_dict() for r in reqs], vision=vision.__dict__)
         if ph.start():
             model = served_name(plan)
@@ -420,16 +429,17 @@ def reference(args) -> None:
 
 
 def record_chunk_tokenize(ph, model: str, reqs) -> None:
-    """The server's own tokenization of the chunk-boundary image request, into the phase's record."""
-    chunk = next(r for r in reqs if r.kind == "image_at_chunk_boundary")
-    ph.record["server_tokenize"] = server_tokenize(ph.url, model, chunk)
+    """The server's own tokenization of the chunk-boundary image request, into the phase's record
+    (none where the server takes no images)."""
+    chunk = next((r for r in reqs if r.kind == "image_at_chunk_boundary"), None)
+    ph.record["server_tokenize"] = server_tokenize(ph.url, model, chunk) if chunk else None
 
 
 def dflash(args) -> None:
     ph = Phase("dflash", args, args.site_patched)
     try:
         plan = ph.plan()
-        reqs, vision, tokenize = inputs(args.model, batched_tokens(plan))
+        reqs, vision, tokenize = inputs(args.model, batched_tokens(plan), plan)
         ph.record.update(requests=[r.to_dict() for r in reqs], vision=vision.__dict__)
         if not ph.start():
             return
@@ -475,7 +485,7 @@ def bench(ph: Phase, model: str) -> None:
         ph.record["bench_skipped"] = f"deadline: {ph.left():.0f} s left, the benchmark needs about {BENCH_NEEDS_S}"
         return
     out = ph.args.out / f"served-bench-{ph.record.get('vllm')}.json"
-    cmd = [sys.executable, "-m", "launcher", "bench", "--recipe", RECIPE, "--url", ph.url, "--model", model,
+    cmd = [sys.executable, "-m", "launcher", "bench", "--recipe", ph.args.recipe, "--url", ph.url, "--model", model,
            "--client", "builtin", "--tokenizer", str(ph.args.model), "--out", str(out), "--timeout", "300"]
     ph.record["bench_command"] = shlex.join(["launcher", *cmd[3:]])
     try:
@@ -501,8 +511,9 @@ def stock(args) -> None:
     try:
         plan = ph.plan()
         ph.record["refused_without_force"] = bool(plan.get("verdict") == "blocked")
-        reqs, _, _ = inputs(args.model, batched_tokens(plan))
-        first = next(r for r in reqs if r.id == "image-first")
+        reqs, _, _ = inputs(args.model, batched_tokens(plan), plan)
+        # The seed error meets the first image; text-only, the first text request.
+        first = next(r for r in reqs if r.id in ("image-first", "text-0"))
         if ph.start(force=True):
             out = send(client(ph.url), served_name(plan), first)
             ph.record["first_image"] = {k: out.get(k) for k in ("id", "error", "completion_tokens", "prompt_tokens")}
@@ -532,12 +543,15 @@ def assemble(work: Path, out: Path, meta: dict) -> dict:
     phases = {p: json.loads((work / f"{p}.json").read_text()) for p in ("reference", "dflash", "stock", "bench")
               if (work / f"{p}.json").exists()}
     rows = report.rows(phases)
-    # Rows of another vLLM already in the record stay (one work folder per vLLM version).
+    # Rows of another vLLM or recipe already in the record stay (one work folder per vLLM
+    # version and recipe); this folder's rows replace those of its own version and recipe.
     earlier = out / "served.json"
     if earlier.exists():
-        mine = {(r["server"], r.get("vllm")) for r in rows}
-        rows = [r for r in json.loads(earlier.read_text()).get("servers", [])
-                if (r["server"], r.get("vllm")) not in mine and r.get("vllm") not in {v for _, v in mine}] + rows
+        def key(r: dict) -> tuple:
+            return r.get("vllm"), r.get("recipe") or RECIPE  # rows from before --recipe served the default
+
+        mine = {key(r) for r in rows}
+        rows = [r for r in json.loads(earlier.read_text()).get("servers", []) if key(r) not in mine] + rows
     doc = {"meta": meta, "servers": rows}
     out.mkdir(parents=True, exist_ok=True)
     (out / "served.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -571,6 +585,7 @@ PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": ben
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phases", default="reference,dflash,stock")
+    parser.add_argument("--recipe", default=RECIPE, help="gemma4-moe-dflash or the text-only gemma4-moe-dflash-text")
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--drafter", type=Path, required=True)
     parser.add_argument("--site-patched", required=True, help="PYTHONPATH of the patched vLLM")

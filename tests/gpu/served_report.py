@@ -112,6 +112,8 @@ def images_change_output(outputs: list[dict], reqs: list[sr.Req]) -> dict:
     """The probe requests hold one prompt with each image: every pair must decode differently."""
     got = by_id(outputs)
     probes = [r.id for r in reqs if r.probe == "images"]
+    if not probes:  # a text-only server was sent no image
+        return {"value": None, "pairs": {}}
     pairs = {}
     for i, a in enumerate(probes):
         for b in probes[i + 1:]:

@@ -608,3 +608,30 @@ def test_remote_sh_seeds_carried_served_phases_without_replacing_its_own(tmp_pat
     assert (work / "served" / "reference.json").read_text() == "carried"
     assert (work / "served" / "dflash.json").read_text() == "this machine's"
     assert "carried raw record: reference.json" in done.stdout
+
+
+def test_the_text_only_recipe_is_sent_only_requests_without_images(model_dir, made):
+    reqs, _, _ = served.inputs(model_dir, 2560, {"argv": ["vllm", "serve", "m", "--language-model-only"]})
+    assert reqs and all(not r.images for r in reqs)
+    assert {r.kind for r in reqs} == {"text", "tool", "stream"}
+    assert [r.id for r in reqs] == [r.id for r in made[0] if not r.images]  # the same requests, images left out
+    assert len(made[0]) == 22 and any(r.images for r in made[0])  # the multimodal recipe's stay whole
+    assert report.images_change_output([], reqs) == {"value": None, "pairs": {}}
+    args = served.serve_args("dflash", "/m", "/d", 8000, recipe="gemma4-moe-dflash-text")
+    assert args[args.index("--recipe") + 1] == "gemma4-moe-dflash-text"
+
+
+def test_rows_of_another_recipe_stay_and_rows_of_this_one_are_replaced(made, tmp_path):
+    reqs, vision, _ = made
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    (out / "served.json").write_text(json.dumps({"servers": [
+        {"server": "dflash", "vllm": "0.21.0", "recipe": "gemma4-moe-dflash-text"},
+        {"server": "dflash", "vllm": "0.21.0", "recipe": "gemma4-moe-dflash", "old": 1},
+        {"server": "reference", "vllm": "0.21.0"},  # written before rows named their recipe: the default's
+    ]}))
+    (work / "stock.json").write_text(json.dumps(_phases(reqs, vision)["stock"]))
+    doc = served.assemble(work, out, {})
+    assert [(r["server"], r.get("recipe")) for r in doc["servers"]] == \
+        [("dflash", "gemma4-moe-dflash-text"), ("stock", "gemma4-moe-dflash")]
