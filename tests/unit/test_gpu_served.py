@@ -613,7 +613,7 @@ def test_remote_sh_seeds_carried_served_phases_without_replacing_its_own(tmp_pat
 def test_the_text_only_recipe_is_sent_only_requests_without_images(model_dir, made):
     reqs, _, _ = served.inputs(model_dir, 2560, {"argv": ["vllm", "serve", "m", "--language-model-only"]})
     assert reqs and all(not r.images for r in reqs)
-    assert {r.kind for r in reqs} == {"text", "tool", "stream"}
+    assert {r.kind for r in reqs} == {"text", "tool", "stream"} and len(reqs) == 10
     assert [r.id for r in reqs] == [r.id for r in made[0] if not r.images]  # the same requests, images left out
     assert len(made[0]) == 22 and any(r.images for r in made[0])  # the multimodal recipe's stay whole
     assert report.images_change_output([], reqs) == {"value": None, "pairs": {}}
