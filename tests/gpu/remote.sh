@@ -11,6 +11,7 @@
 #   remote.sh served           issue 26: servers started by `launcher serve`, chat with
 #                              images, `launcher bench` (SERVED_PHASES narrows; README)
 #   remote.sh served-v33       the same on vLLM 0.33.0 (its bundle and series)
+#   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -439,10 +440,7 @@ train_background() { # install, then train-target (and TRAIN_BG_DRAFTER=1: train
         echo "training already running in the background ($WORK/train-bg.out)"; return 0
     fi
     rm -f "$WORK/train-bg.rc" "$WORK/train-bg.out"
-    # A snapshot of the tree: the next call's copy of the repository replaces these files,
-    # and bash reads a script while it runs.
-    rm -rf "$WORK/bg-tree" && mkdir -p "$WORK/bg-tree"
-    tar --exclude=./.stage -cf - . | tar -xf - -C "$WORK/bg-tree"
+    snapshot_tree "$WORK/bg-tree"
     rm -f "$WORK/drafter-bg.rc" "$WORK/drafter-bg.asked"
     local steps="bash tests/gpu/remote.sh train-target; echo \$? > $WORK/train-bg.rc"
     if [ "${TRAIN_BG_DRAFTER:-0}" = 1 ]; then
@@ -457,6 +455,31 @@ bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $
     (cd "$WORK/bg-tree" && TRAIN_BG=1 OUT=$WORK/train-bg-out exec setsid nohup bash -c "$steps") \
         > "$WORK/train-bg.out" 2>&1 < /dev/null &
     echo "training in the background (log: $WORK/train-bg.out; the next calls wait for it)"
+}
+
+snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that outlives the call (the
+    # next call's copy of the repository replaces these files, and bash reads a script while it runs)
+    rm -rf "$1" && mkdir -p "$1"
+    tar --exclude=./.stage -cf - . | tar -xf - -C "$1"
+}
+
+drafter_background() { # train-drafter alone in a session of its own, on the carried target
+    # (extras-trained), while the next calls serve or run; DRAFTER_OVERRIDE / DRAFTER_STEPS pass
+    # through, and a run that needs the trained drafter waits for it (wait_drafter)
+    install
+    extras
+    mkdir -p "$WORK"
+    if [ -f "$WORK/drafter-bg.asked" ] && [ ! -f "$WORK/drafter-bg.rc" ]; then
+        echo "drafter training already running in the background ($WORK/drafter-bg.out)"; return 0
+    fi
+    [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
+    rm -f "$WORK/drafter-bg.rc" "$WORK/drafter-bg.out"
+    snapshot_tree "$WORK/drafter-bg-tree"
+    touch "$WORK/drafter-bg.asked"
+    (cd "$WORK/drafter-bg-tree" && OUT=$WORK/train-bg-out exec setsid nohup bash -c \
+        "bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc") \
+        > /dev/null 2>&1 < /dev/null &
+    echo "drafter training in the background (log: $WORK/drafter-bg.out; runs of the trained drafter wait for it)"
 }
 
 wait_training() { # block until a background training (train_background) has ended; its logs to $OUT
@@ -833,5 +856,6 @@ case "$cmd" in
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
     served-v33) served_v33 ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33" >&2; exit 2 ;;
+    drafter-bg) drafter_background ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|drafter-bg" >&2; exit 2 ;;
 esac
