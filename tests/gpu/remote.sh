@@ -12,6 +12,7 @@
 #                              images, `launcher bench` (SERVED_PHASES narrows; README)
 #   remote.sh served-v33       the same on vLLM 0.33.0 (its bundle and series)
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
+#   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -227,6 +228,7 @@ SITE_QUANT=${SITE_QUANT:-/tmp/site-quant}
 
 extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoints into $MODELS_RS
     local manifest stem sha parts found=0
+    # In name order: extras-update-drafter (remote.sh pack-drafter) lands over extras-trained's drafter.
     for manifest in "$BUNDLE_DIR"/extras*.json; do
         [ -f "$manifest" ] || continue
         found=1
@@ -561,6 +563,18 @@ pack_trained() { # the trained checkpoints as an extras bundle; PACK_PARTS="0 1 
 
 DRAFTER_TRAINED=$MODELS_TRAINED/dflash-r5-trained
 
+pack_drafter() { # a retrained drafter alone (about 11 MB, one part) as the extras-update-drafter
+    # bundle, all of it into $OUT: extras() installs it after extras-trained (name order)
+    local pack=$WORK/pack-drafter stem=extras-update-drafter
+    drafter_is_current || { echo "no trained drafter for the target on disk: train-drafter first" >&2; return 1; }
+    rm -rf "$pack" && mkdir -p "$pack" "$OUT"
+    tar -C "$(dirname "$MODELS_TRAINED")" --transform "s,^$(basename "$MODELS_TRAINED"),models-trained," \
+        -cf - "$(basename "$MODELS_TRAINED")/$(basename "$DRAFTER_TRAINED")" \
+        | split -d -a 2 -b "$PACK_PART_BYTES" - "$pack/$stem.tar.part"
+    "$PY" tests/gpu/trained_pack.py manifest "$pack" "$TRAINED/train-record.json" --stem "$stem"
+    cp "$pack"/* "$OUT/"
+}
+
 drafter_is_current() { # the trained drafter exists and was trained for the target now on disk
     [ -f "$DRAFTER_TRAINED/drafter-train-record.json" ] && "$PY" -c 'import json, sys
 d = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2]))
@@ -857,5 +871,6 @@ case "$cmd" in
     served) served ;;
     served-v33) served_v33 ;;
     drafter-bg) drafter_background ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|drafter-bg" >&2; exit 2 ;;
+    pack-drafter) pack_drafter ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|drafter-bg|pack-drafter" >&2; exit 2 ;;
 esac

@@ -14,8 +14,12 @@ the checkpoint against its train record (``target_sha256``) and skips training.
 train-target`` with ``TRAIN_REPEAT=1`` trains again next to a carried
 checkpoint, which is the run-to-run determinism check the recipe claims.
 
-    python tests/gpu/trained_pack.py manifest PACK_DIR TRAIN_RECORD     (device)
-    python tests/gpu/trained_pack.py collect FILES_AT [--stage .stage]  (here)
+``remote.sh pack-drafter`` packs a retrained drafter alone (about 11 MB, one part) as the
+``extras-update-drafter`` bundle: ``extras`` installs bundles in name order, so it lands over
+the drafter that ``extras-trained`` carries.
+
+    python tests/gpu/trained_pack.py manifest PACK_DIR TRAIN_RECORD [--stem S]     (device)
+    python tests/gpu/trained_pack.py collect FILES_AT [--stage .stage] [--stem S]  (here)
     python tests/gpu/trained_pack.py repeat RECORD_A RECORD_B           (device)
 """
 
@@ -29,6 +33,8 @@ import sys
 from pathlib import Path
 
 STEM = "extras-trained"
+# After STEM in name order (extras() installs extras*.json sorted), so its drafter wins.
+DRAFTER_STEM = "extras-update-drafter"
 
 
 def _sha256(path: Path) -> str:
@@ -39,12 +45,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(pack: Path, record: dict) -> dict:
+def write_manifest(pack: Path, record: dict, stem: str = STEM) -> dict:
     """The extras manifest remote.sh's receive/assemble read: parts in order, each part's
     and the whole's sha256, plus the target_sha256 the checkpoint must have."""
-    parts = sorted(pack.glob(f"{STEM}.tar.part*"))
+    parts = sorted(pack.glob(f"{stem}.tar.part*"))
     if not parts:
-        raise SystemExit(f"no {STEM}.tar.part* in {pack}")
+        raise SystemExit(f"no {stem}.tar.part* in {pack}")
     whole = hashlib.sha256()
     for p in parts:
         with p.open("rb") as f:
@@ -53,26 +59,26 @@ def write_manifest(pack: Path, record: dict) -> dict:
     manifest = {"target_sha256": record["target_sha256"], "sha256": whole.hexdigest(),
                 "bytes": sum(p.stat().st_size for p in parts),
                 "parts": [{"name": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in parts]}
-    (pack / f"{STEM}.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (pack / f"{stem}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def collect(files_at: Path, stage: Path) -> list[str]:
+def collect(files_at: Path, stage: Path, stem: str = STEM) -> list[str]:
     """Copy the parts a pack-trained call brought back into ``stage``, each checked against
     the manifest that came with it. A manifest of another checkpoint than the one already
     staged is refused: parts of two checkpoints must never mix."""
-    manifest_path = files_at / f"{STEM}.json"
+    manifest_path = files_at / f"{stem}.json"
     if not manifest_path.exists():
         raise SystemExit(f"{manifest_path} missing: every pack-trained call brings the manifest back")
     manifest = json.loads(manifest_path.read_text())
-    staged = stage / f"{STEM}.json"
+    staged = stage / f"{stem}.json"
     if staged.exists() and json.loads(staged.read_text())["sha256"] != manifest["sha256"]:
         raise SystemExit(f"{staged} describes another pack (sha256 differs): remove the old "
-                         f"{STEM}.* files from {stage} first")
+                         f"{stem}.* files from {stage} first")
     expected = {p["name"]: p["sha256"] for p in manifest["parts"]}
     stage.mkdir(parents=True, exist_ok=True)
     copied = []
-    for part in sorted(files_at.glob(f"{STEM}.tar.part*")):
+    for part in sorted(files_at.glob(f"{stem}.tar.part*")):
         if part.name not in expected:
             raise SystemExit(f"{part.name} is not in the manifest")
         if _sha256(part) != expected[part.name]:
@@ -80,7 +86,7 @@ def collect(files_at: Path, stage: Path) -> list[str]:
         shutil.copyfile(part, stage / part.name)
         copied.append(part.name)
     shutil.copyfile(manifest_path, staged)
-    missing = sorted(set(expected) - {p.name for p in stage.glob(f"{STEM}.tar.part*")})
+    missing = sorted(set(expected) - {p.name for p in stage.glob(f"{stem}.tar.part*")})
     print(f"staged {len(copied)} part(s); still missing: {missing or 'none'}")
     return missing
 
@@ -100,18 +106,20 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("manifest")
     m.add_argument("pack", type=Path)
     m.add_argument("record", type=Path)
+    m.add_argument("--stem", default=STEM, choices=[STEM, DRAFTER_STEM])
     c = sub.add_parser("collect")
     c.add_argument("files_at", type=Path)
     c.add_argument("--stage", type=Path, default=Path(".stage"))
+    c.add_argument("--stem", default=STEM, choices=[STEM, DRAFTER_STEM])
     r = sub.add_parser("repeat")
     r.add_argument("first", type=Path)
     r.add_argument("again", type=Path)
     args = parser.parse_args(argv)
     if args.cmd == "manifest":
-        man = write_manifest(args.pack, json.loads(args.record.read_text()))
+        man = write_manifest(args.pack, json.loads(args.record.read_text()), args.stem)
         print(f"{len(man['parts'])} parts, {man['bytes'] / 2**20:.0f} MiB, target {man['target_sha256'][:12]}")
     elif args.cmd == "collect":
-        collect(args.files_at, args.stage)
+        collect(args.files_at, args.stage, args.stem)
     else:
         print(json.dumps(repeat(json.loads(args.first.read_text()), json.loads(args.again.read_text())), indent=1))
     return 0

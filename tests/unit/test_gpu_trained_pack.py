@@ -105,3 +105,46 @@ def test_repeat_says_whether_two_trainings_gave_the_same_checkpoint():
     b = dict(a, target_sha256="y", loss_curve=[1.5])
     r = pack.repeat(a, b)
     assert r["identical"] is False and r["loss_curves_equal"] is False and r["train_config_equal"] is True
+
+
+def test_a_retrained_drafter_travels_alone_and_lands_over_the_carried_one(tmp_path):
+    target = _checkpoint(tmp_path / "models-trained")
+    want = json.loads((target / "train-record.json").read_text())["target_sha256"]
+    drafter = tmp_path / "models-trained" / "dflash-r5-trained"
+    drafter.mkdir()
+    (drafter / "model.safetensors").write_bytes(b"old drafter")
+    (drafter / "drafter-train-record.json").write_text(json.dumps({"target_sha256": want}))
+    out = tmp_path / "out"
+    out.mkdir()
+    res = _remote("pack-trained", tmp_path, OUT=str(out), PACK_PARTS="0 1 2 3")
+    assert res.returncode == 0, res.stderr
+    # Retrained on the device: only the drafter comes back, whole, in one call.
+    (drafter / "model.safetensors").write_bytes(b"new drafter")
+    out_d = tmp_path / "out-drafter"
+    res = _remote("pack-drafter", tmp_path, OUT=str(out_d), PACK_PART_BYTES="15900000")
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out_d.iterdir()) == ["extras-update-drafter.json",
+                                                         "extras-update-drafter.tar.part00"]
+    stage = tmp_path / "stage"
+    assert pack.collect(out, stage) == []
+    assert pack.collect(out_d, stage, pack.DRAFTER_STEM) == []
+    (stage / "bundle.json").write_text('{"sha256": "", "bytes": 0, "parts": []}\n')
+    (tmp_path / "site").mkdir()
+    env = {"MODELS_TRAINED": str(tmp_path / "fresh" / "models-trained"), "OUT": str(tmp_path / "o")}
+    assert _remote("receive", tmp_path, **env).returncode == 0
+    res = _remote("extras", tmp_path, **env)
+    assert res.returncode == 0, res.stderr
+    fresh = tmp_path / "fresh" / "models-trained"
+    assert (fresh / "dflash-r5-trained" / "model.safetensors").read_bytes() == b"new drafter"
+    assert (fresh / "trained-a4b-r30" / "model.safetensors").read_bytes() == \
+        (target / "model.safetensors").read_bytes()
+
+
+def test_pack_drafter_refuses_a_drafter_of_another_target(tmp_path):
+    _checkpoint(tmp_path / "models-trained")
+    drafter = tmp_path / "models-trained" / "dflash-r5-trained"
+    drafter.mkdir()
+    (drafter / "drafter-train-record.json").write_text(json.dumps({"target_sha256": "0" * 64}))
+    res = _remote("pack-drafter", tmp_path, OUT=str(tmp_path / "out"))
+    assert res.returncode != 0 and "train-drafter first" in res.stderr
+    assert not (tmp_path / "out" / "extras-update-drafter.json").exists()
