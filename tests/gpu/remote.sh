@@ -465,9 +465,12 @@ snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that ou
     tar --exclude=./.stage -cf - . | tar -xf - -C "$1"
 }
 
+DRAFTER_NEXT=$WORK/drafter-next  # drafter-bg's models folder: the target linked, the new drafter
+
 drafter_background() { # train-drafter alone in a session of its own, on the carried target
     # (extras-trained), while the next calls serve or run; DRAFTER_OVERRIDE / DRAFTER_STEPS pass
-    # through, and a run that needs the trained drafter waits for it (wait_drafter)
+    # through. It writes into $DRAFTER_NEXT, so servers started meanwhile load the drafter they were
+    # given, whole; wait_drafter (realshape's trained-drafter runs, pack-drafter) swaps it in.
     install
     extras
     mkdir -p "$WORK"
@@ -475,10 +478,11 @@ drafter_background() { # train-drafter alone in a session of its own, on the car
         echo "drafter training already running in the background ($WORK/drafter-bg.out)"; return 0
     fi
     [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
-    rm -f "$WORK/drafter-bg.rc" "$WORK/drafter-bg.out"
+    rm -rf "$WORK/drafter-bg.rc" "$WORK/drafter-bg.out" "$DRAFTER_NEXT"
+    mkdir -p "$DRAFTER_NEXT" && ln -s "$TRAINED" "$DRAFTER_NEXT/$(basename "$TRAINED")"
     snapshot_tree "$WORK/drafter-bg-tree"
     touch "$WORK/drafter-bg.asked"
-    (cd "$WORK/drafter-bg-tree" && OUT=$WORK/train-bg-out exec setsid nohup bash -c \
+    (cd "$WORK/drafter-bg-tree" && MODELS_TRAINED=$DRAFTER_NEXT OUT=$WORK/train-bg-out exec setsid nohup bash -c \
         "bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc") \
         > /dev/null 2>&1 < /dev/null &
     echo "drafter training in the background (log: $WORK/drafter-bg.out; runs of the trained drafter wait for it)"
@@ -496,10 +500,16 @@ wait_training() { # block until a background training (train_background) has end
     [ "$(cat "$WORK/train-bg.rc")" = 0 ]
 }
 
-wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1) has ended
+wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1, drafter-bg) has
+    # ended; drafter-bg's drafter then replaces the one in $MODELS_TRAINED
     [ -f "$WORK/drafter-bg.asked" ] || return 0
     while [ ! -f "$WORK/drafter-bg.rc" ]; do sleep 5; done
     echo "background drafter training ended with $(cat "$WORK/drafter-bg.rc")"
+    local next=$DRAFTER_NEXT/$(basename "$DRAFTER_TRAINED")
+    if [ "$(cat "$WORK/drafter-bg.rc")" = 0 ] && [ -f "$next/drafter-train-record.json" ]; then
+        rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
+        echo "the new drafter replaces $DRAFTER_TRAINED"
+    fi
     [ -f "$WORK/drafter-bg.out" ] || return 0  # the target failed: the drafter never started
     grep -v "^step" "$WORK/drafter-bg.out" | tail -12 || true
     mkdir -p "$OUT" && cp "$WORK/drafter-bg.out" "$OUT/train-drafter-bg.log"
@@ -566,6 +576,7 @@ DRAFTER_TRAINED=$MODELS_TRAINED/dflash-r5-trained
 pack_drafter() { # a retrained drafter alone (about 11 MB, one part) as the extras-update-drafter
     # bundle, all of it into $OUT: extras() installs it after extras-trained (name order)
     local pack=$WORK/pack-drafter stem=extras-update-drafter
+    wait_drafter
     drafter_is_current || { echo "no trained drafter for the target on disk: train-drafter first" >&2; return 1; }
     rm -rf "$pack" && mkdir -p "$pack" "$OUT"
     tar -C "$(dirname "$MODELS_TRAINED")" --transform "s,^$(basename "$MODELS_TRAINED"),models-trained," \
@@ -728,7 +739,12 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     # SERVED_RECIPE=gemma4-moe-dflash-text serves the text-only recipe (folder NAME-text)
     local recipe=${SERVED_RECIPE:-gemma4-moe-dflash}
     local site=$1 patched=$2 name=$3${recipe#gemma4-moe-dflash}
-    local work=$WORK/$name drafter=${SERVED_DRAFTER:-$MODELS_TRAINED/dflash-r5-for-trained} extra=() item
+    local work=$WORK/$name drafter=${SERVED_DRAFTER:-} extra=() item
+    # The trained drafter where there is one for this target (issue 26's acceptance bar), else
+    # the random one; drafter-bg never writes here while it trains (wait_drafter swaps).
+    if [ -z "$drafter" ]; then
+        if drafter_is_current; then drafter=$DRAFTER_TRAINED; else drafter=$MODELS_TRAINED/dflash-r5-for-trained; fi
+    fi
     mkdir -p "$OUT" "$work"
     # Phase records an earlier machine returned ($OUT/NAME-raw, carried as .stage/NAME-raw):
     # e.g. the reference, so that this call runs only the dflash and stock phases.

@@ -572,8 +572,11 @@ def keep_raw(work: Path, dest: Path, phase: str) -> None:
 def meta(args) -> dict:
     record = args.model / "train-record.json"
     sha = json.loads(record.read_text()).get("target_sha256") if record.exists() else None
+    drafter_record = args.drafter / "drafter-train-record.json"  # a trained drafter's; none for a random one
+    drafter_sha = json.loads(drafter_record.read_text()).get("drafter_sha256") if drafter_record.exists() else None
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "gpu": args.gpu, "model": str(args.model), "target_sha256": sha, "drafter": str(args.drafter),
+            "drafter_sha256": drafter_sha,
             "command": "bash tests/gpu/remote.sh served", "sets": SETS + args.set,
             "extra_args": EXTRA_ARGS + args.vllm_arg, "reference_sets": REFERENCE_SETS + REFERENCE_EXTRA,
             "numerics": "exact: VLLM_BATCH_INVARIANT=1, compile backend eager" if args.exact_numerics else "default"}

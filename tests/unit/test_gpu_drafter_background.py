@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 REMOTE = ROOT / "tests" / "gpu" / "remote.sh"
 
 
-def _run(tmp_path: Path, tree: Path, env_extra: dict) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, tree: Path, env_extra: dict, call: str = "drafter_background") -> subprocess.CompletedProcess:
     functions = REMOTE.read_text().split("\ncmd=${1:-}\n")[0]
     script = tmp_path / "remote-functions.sh"
-    script.write_text(functions + "\ninstall() { :; }\nextras() { :; }\ndrafter_background\n")
+    script.write_text(functions + f"\ninstall() {{ :; }}\nextras() {{ :; }}\n{call}\n")
     env = dict(os.environ, WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"),
                MODELS_TRAINED=str(tmp_path / "models"), **env_extra)
     return subprocess.run(["bash", str(script)], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
@@ -30,7 +30,9 @@ def _tree(tmp_path: Path) -> Path:
     (tree / ".stage").mkdir()
     (tree / ".stage" / "big.part").write_text("not copied")
     (tree / "tests" / "gpu" / "remote.sh").write_text(
-        'echo "verb=$1 override=${DRAFTER_OVERRIDE:-} out=$OUT" > "$WORK/stand-in.txt"; sleep 1; exit 0\n')
+        'echo "verb=$1 override=${DRAFTER_OVERRIDE:-} out=$OUT models=$MODELS_TRAINED" > "$WORK/stand-in.txt"\n'
+        'mkdir -p "$MODELS_TRAINED/dflash-r5-trained" && echo new > "$MODELS_TRAINED/dflash-r5-trained/model.safetensors"\n'
+        'echo "{}" > "$MODELS_TRAINED/dflash-r5-trained/drafter-train-record.json"; sleep 1; exit 0\n')
     return tree
 
 
@@ -46,6 +48,8 @@ def test_the_drafter_trains_in_the_background_with_the_override_and_runs_wait_fo
     target = tmp_path / "models" / "trained-a4b-r30"  # remote.sh's $TRAINED under $MODELS_TRAINED
     target.mkdir(parents=True)
     (target / "train-record.json").write_text("{}")
+    (tmp_path / "models" / "dflash-r5-trained").mkdir()
+    (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").write_text("old\n")
     done = _run(tmp_path, tree, {"DRAFTER_OVERRIDE": '{"steps": 2400}'})
     assert done.returncode == 0, done.stderr
     work = tmp_path / "work"
@@ -54,9 +58,19 @@ def test_the_drafter_trains_in_the_background_with_the_override_and_runs_wait_fo
     said = (work / "stand-in.txt").read_text()
     assert said.startswith("verb=train-drafter ") and 'override={"steps": 2400}' in said
     assert f"out={work}/train-bg-out" in said  # where wait_drafter collects the record from
+    # It trains beside the carried drafter, not over it: servers started meanwhile load that one whole.
+    assert f"models={work}/drafter-next" in said
+    assert (work / "drafter-next" / "trained-a4b-r30").resolve() == (tmp_path / "models" / "trained-a4b-r30")
+    assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "old\n"
+    # wait_drafter, as realshape's trained-drafter runs and pack-drafter call it, swaps it in.
+    swapped = _run(tmp_path, tree, {}, call="wait_drafter")
+    assert swapped.returncode == 0, swapped.stderr
+    assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "new\n"
+    assert not (work / "drafter-next" / "dflash-r5-trained").exists()
     assert not (work / "drafter-bg-tree" / ".stage").exists()  # the snapshot leaves the parts out
     # A second call while it runs starts nothing new.
     (work / "drafter-bg.rc").unlink()
+    (work / "drafter-bg.asked").touch()
     again = _run(tmp_path, tree, {})
     assert "already running" in again.stdout
 

@@ -635,3 +635,16 @@ def test_rows_of_another_recipe_stay_and_rows_of_this_one_are_replaced(made, tmp
     doc = served.assemble(work, out, {})
     assert [(r["server"], r.get("recipe")) for r in doc["servers"]] == \
         [("dflash", "gemma4-moe-dflash-text"), ("stock", "gemma4-moe-dflash")]
+
+
+def test_the_record_names_the_trained_drafter_it_served(model_dir, tmp_path):
+    drafter = tmp_path / "dflash-r5-trained"
+    drafter.mkdir()
+    (drafter / "drafter-train-record.json").write_text(json.dumps({"drafter_sha256": "d" * 64}))
+    out = tmp_path / "out"
+    served.main(["--model", str(model_dir), "--drafter", str(drafter), "--site-patched", "/nonexistent",
+                 "--work", str(tmp_path / "work"), "--out", str(out), "--assemble-only"])
+    assert json.loads((out / "served.json").read_text())["meta"]["drafter_sha256"] == "d" * 64
+    served.main(["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
+                 "--work", str(tmp_path / "work"), "--out", str(out), "--assemble-only"])
+    assert json.loads((out / "served.json").read_text())["meta"]["drafter_sha256"] is None
