@@ -48,16 +48,16 @@ MAIN = textwrap.dedent("""\
 """)
 
 
-def fake_site(root: Path, stock: bool) -> Path:
+def fake_site(root: Path, stock: bool, version: str = "0.21.0") -> Path:
     pkg = root / "vllm"
     (pkg / "entrypoints" / "cli").mkdir(parents=True)
-    (pkg / "__init__.py").write_text('__version__ = "0.21.0"\n')
+    (pkg / "__init__.py").write_text(f'__version__ = "{version}"\n')
     (pkg / "entrypoints" / "__init__.py").write_text("")
     (pkg / "entrypoints" / "cli" / "__init__.py").write_text("")
     (pkg / "entrypoints" / "cli" / "main.py").write_text(f"STOCK = {stock}\n" + MAIN)
-    info = root / "vllm-0.21.0.dist-info"
+    info = root / f"vllm-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.21.0\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
     return root
 
 
@@ -132,6 +132,47 @@ def test_served_phases_end_to_end_against_stand_ins(openai_client, tmp_path, mon
     assert (out / "served.md").read_text().count("\n## ") == 3
 
     # Every server was stopped: nothing listens on the ports any more.
+    for port in served.PORTS.values():
+        assert _port_free(port)
+
+
+@pytest.mark.network
+def test_the_text_only_recipe_on_0_33_0_end_to_end_against_stand_ins(openai_client, tmp_path, monkeypatch):
+    """remote.sh served-v33 with SERVED_RECIPE=gemma4-moe-dflash-text: the launcher plans the
+    text-only recipe for a 0.33.0 site, only requests without images are sent, and its rows
+    join an existing record beside the multimodal recipe's."""
+    class Forced(served.Launched):
+        def __init__(self, args, site, cwd, log, timeout, force=False):
+            super().__init__(args, site, cwd, log, timeout, True)
+
+    monkeypatch.setattr(served, "Launched", Forced)
+    monkeypatch.setattr(served, "PORTS", {"dflash": _free_port(), "reference": _free_port(), "stock": _free_port(),
+                                          "bench": _free_port()})
+    monkeypatch.setenv("MODELS_DIR", str(tmp_path / "models"))
+    model = make_model_dir(tmp_path / "trained")
+    patched = fake_site(tmp_path / "site-patched", False, "0.33.0")
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    (out / "served.json").write_text(json.dumps({"servers": [
+        {"server": "dflash", "vllm": "0.33.0", "recipe": "gemma4-moe-dflash", "lossless": True}]}))
+    code = served.main(["--model", str(model), "--drafter", str(tmp_path / "drafter"), "--site-patched", str(patched),
+                        "--series-hash", "e" * 64, "--work", str(work), "--out", str(out), "--gpu", "stand-in",
+                        "--deadline-s", "400", "--phases", "reference,dflash", "--recipe", "gemma4-moe-dflash-text",
+                        "--raw-name", "served-v33-text-raw"])
+    assert code == 0
+    doc = json.loads((out / "served.json").read_text())
+    assert [(r["server"], r["vllm"], r["recipe"]) for r in doc["servers"]] == [
+        ("dflash", "0.33.0", "gemma4-moe-dflash"),
+        ("reference", "0.33.0", "gemma4-moe-dflash-text"), ("dflash", "0.33.0", "gemma4-moe-dflash-text")]
+    ref, dfl = doc["servers"][1:]
+    assert "--language-model-only" in dfl["argv"] and "--language-model-only" in ref["argv"]
+    assert dfl["started_by"].startswith("launcher serve --recipe gemma4-moe-dflash-text ")
+    assert dfl["requests"] == {"text": 8, "image": 0, "multi_image": 0, "image_at_chunk_boundary": 0,
+                               "multi_turn_image": 0, "tool": 1, "stream": 1}
+    assert dfl["lossless"] is True and not dfl["errors"] and ref["images_change_output"] is None
+    assert "chunk_boundary" not in dfl
+    assert sorted(p.name for p in (out / "served-v33-text-raw").iterdir()) == [
+        "dflash.json", "dflash.log", "reference.json", "reference.log"]
     for port in served.PORTS.values():
         assert _port_free(port)
 
