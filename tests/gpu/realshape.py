@@ -130,7 +130,7 @@ class RunSpec:
     # target's own batch-shape noise, judged like a DFlash run)
     mode: str
     quant: str = "bf16"  # "bf16" | "modelopt-nvfp4"
-    drafter_backend: str | None = None  # None (auto) | "flash_attn"
+    drafter_backend: str | None = None  # None (auto) | "flash_attn" | "flex_attention"
     flash_attn_version: int | None = None  # forced FA version (2 as on sm_12x)
     cuda_graphs: bool = True
     kv_blocks: int | None = None
@@ -297,10 +297,13 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
         run("trained-refgroups-bf16-smallkv", "patched", "reference-grouped", reference="trained-ref-bf16",
             **small),
         # Stock 0.21.0 on auto: the drafter on FLEX_ATTENTION sharing TRITON_ATTN's tensors.
-        # Judged by the same batching noise as the patched small-pool run: 0003's KV aliasing
-        # moves margins by whole logits where batching alone moves them by under one.
+        # Judged by the same batching noise as the patched small-pool run. Found (2026-11-27):
+        # margins move by whole logits where batching moves them by under one. Stock also lacks
+        # 0012-0015, so the two runs after it tell 0003's aliasing from the rest.
         run("trained-stock-auto-bf16-smallkv", "stock", "dflash", reference="trained-ref-bf16",
             noise="trained-refgroups-bf16", **small),
+        run("trained-dflash-flex-bf16-smallkv", "patched", "dflash", backend="flex_attention",
+            reference="trained-ref-bf16", noise="trained-refgroups-bf16", **small),
         run("trained-refbatch-bf16", "patched", "reference-batched"),
         # The text-only recipe: sliding layers on FLASH_ATTN with FA2 (sm_12x), and on
         # FA3 (Hopper's default; its scheduler plans with the model-wide head size 512).
@@ -351,6 +354,9 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
     # Issue 25's ablation: the capture run on the series less one drafter-side patch. Lossless
     # output stays expected (the target verifies); equivalence and acceptance say what it did.
     runs += [_without(runs[-1], pid) for pid in DRAFTER_SIDE_PATCHES["0.21.0"]]
+    # The FLEX drafter on the whole series less 0003 alone: the aliasing, nothing else missing.
+    runs.append(_without(next(r for r in runs if r.name == "trained-dflash-flex-bf16-smallkv"),
+                         "reconcile-kv-layout-mixed-attention-backends"))
     # Found under exact numerics (2026-11-27): DFlash in the small pool diverged with
     # preemption, the target alone there neither preempted nor diverged. These two
     # separate preemption from DFlash-with-preemption, and the async scheduler from both.
