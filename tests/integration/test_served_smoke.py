@@ -73,10 +73,11 @@ def openai_client():
     return openai
 
 
-@pytest.mark.network
-def test_served_phases_end_to_end_against_stand_ins(openai_client, tmp_path, monkeypatch):
+@pytest.fixture
+def forced_servers(tmp_path, monkeypatch) -> Path:
+    """Every server started with --force (no GPU and no weights here: the preflight blocks every
+    start, the device's does not), on free ports; returns the trained model stand-in."""
     class Forced(served.Launched):
-        # No GPU and no weights here: the preflight blocks every start (the device's does not).
         def __init__(self, args, site, cwd, log, timeout, force=False):
             super().__init__(args, site, cwd, log, timeout, True)
 
@@ -84,7 +85,12 @@ def test_served_phases_end_to_end_against_stand_ins(openai_client, tmp_path, mon
     monkeypatch.setattr(served, "PORTS", {"dflash": _free_port(), "reference": _free_port(), "stock": _free_port(),
                                           "bench": _free_port()})
     monkeypatch.setenv("MODELS_DIR", str(tmp_path / "models"))
-    model = make_model_dir(tmp_path / "trained")
+    return make_model_dir(tmp_path / "trained")
+
+
+@pytest.mark.network
+def test_served_phases_end_to_end_against_stand_ins(openai_client, forced_servers, tmp_path):
+    model = forced_servers
     patched, stock = fake_site(tmp_path / "site-patched", False), fake_site(tmp_path / "site-stock", True)
     out, work = tmp_path / "out", tmp_path / "work"
     code = served.main(["--model", str(model), "--drafter", str(tmp_path / "drafter"), "--site-patched", str(patched),
@@ -137,19 +143,11 @@ def test_served_phases_end_to_end_against_stand_ins(openai_client, tmp_path, mon
 
 
 @pytest.mark.network
-def test_the_text_only_recipe_on_0_33_0_end_to_end_against_stand_ins(openai_client, tmp_path, monkeypatch):
+def test_the_text_only_recipe_on_0_33_0_end_to_end_against_stand_ins(openai_client, forced_servers, tmp_path):
     """remote.sh served-v33 with SERVED_RECIPE=gemma4-moe-dflash-text: the launcher plans the
     text-only recipe for a 0.33.0 site, only requests without images are sent, and its rows
     join an existing record beside the multimodal recipe's."""
-    class Forced(served.Launched):
-        def __init__(self, args, site, cwd, log, timeout, force=False):
-            super().__init__(args, site, cwd, log, timeout, True)
-
-    monkeypatch.setattr(served, "Launched", Forced)
-    monkeypatch.setattr(served, "PORTS", {"dflash": _free_port(), "reference": _free_port(), "stock": _free_port(),
-                                          "bench": _free_port()})
-    monkeypatch.setenv("MODELS_DIR", str(tmp_path / "models"))
-    model = make_model_dir(tmp_path / "trained")
+    model = forced_servers
     patched = fake_site(tmp_path / "site-patched", False, "0.33.0")
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
