@@ -1205,8 +1205,8 @@ def within_batch_noise(reference: dict | None, run: dict, noise: dict | None, no
 
     Without batch-invariant kernels the target served in groups, with no drafter at all,
     parts from its one-at-a-time reference: batch shape changes GEMM and attention
-    rounding, and that moves top-1/top-2 margins (on the H100, 2026-11-27, by up to 0.875
-    logits at positions where the tokens still agreed). That widest move, measured on the
+    rounding, and that moves top-1/top-2 margins (on the H100, 2026-11-27, by up to 0.72-0.875
+    logits on 0.21.0 and 1.81 on 0.33.0 at positions where the tokens still agreed). That widest move, measured on the
     no-drafter run ``noise``, is the bound. A DFlash divergence is explained by numerics
     when the two tokens' margin swung by no more than it; a wrong KV row or position swings
     margins by whole logits. The DFlash run's own margin moves at agreeing positions must

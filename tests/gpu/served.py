@@ -506,14 +506,20 @@ def bench(ph: Phase, model: str) -> None:
             for r in doc.get("runs") or []]
 
 
+def stock_probe(reqs: list[sr.Req]) -> sr.Req:
+    """The stock server's one request: the first image, where the seed error would meet it
+    (the text requests come first in the list); text-only, the first text request."""
+    by_id = {r.id: r for r in reqs}
+    return by_id.get("image-first") or by_id["text-0"]
+
+
 def stock(args) -> None:
     ph = Phase("stock", args, args.site_stock)
     try:
         plan = ph.plan()
         ph.record["refused_without_force"] = bool(plan.get("verdict") == "blocked")
         reqs, _, _ = inputs(args.model, batched_tokens(plan), plan)
-        # The seed error meets the first image; text-only, the first text request.
-        first = next(r for r in reqs if r.id in ("image-first", "text-0"))
+        first = stock_probe(reqs)
         if ph.start(force=True):
             out = send(client(ph.url), served_name(plan), first)
             ph.record["first_image"] = {k: out.get(k) for k in ("id", "error", "completion_tokens", "prompt_tokens")}
@@ -588,7 +594,8 @@ PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": ben
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phases", default="reference,dflash,stock")
-    parser.add_argument("--recipe", default=RECIPE, help="gemma4-moe-dflash or the text-only gemma4-moe-dflash-text")
+    parser.add_argument("--recipe", default=RECIPE, choices=[RECIPE, f"{RECIPE}-text"],
+                        help="the multimodal recipe or its text-only twin (both serve the drafter)")
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--drafter", type=Path, required=True)
     parser.add_argument("--site-patched", required=True, help="PYTHONPATH of the patched vLLM")

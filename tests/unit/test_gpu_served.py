@@ -648,3 +648,10 @@ def test_the_record_names_the_trained_drafter_it_served(model_dir, tmp_path):
     served.main(["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
                  "--work", str(tmp_path / "work"), "--out", str(out), "--assemble-only"])
     assert json.loads((out / "served.json").read_text())["meta"]["drafter_sha256"] is None
+
+
+def test_the_stock_server_is_sent_the_first_image_or_text_only_the_first_text(made):
+    reqs = made[0]
+    assert reqs[0].id == "text-0"  # the list starts with text: the probe must not just take the first
+    assert served.stock_probe(reqs).id == "image-first" and served.stock_probe(reqs).images
+    assert served.stock_probe([r for r in reqs if not r.images]).id == "text-0"
