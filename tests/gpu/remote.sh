@@ -11,6 +11,7 @@
 #   remote.sh served           issue 26: servers started by `launcher serve`, chat with
 #                              images, `launcher bench` (SERVED_PHASES narrows; README)
 #   remote.sh served-v33       the same on vLLM 0.33.0 (its bundle and series)
+#   remote.sh served-all       both versions side by side in one call, each one's phases too
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
 #   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
 #
@@ -735,6 +736,38 @@ served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundl
     served_run "$SITE33" "$SITE33_PATCHED" served-v33
 }
 
+served_all() { # served and served-v33 side by side, each with its phases side by side: one
+    # call for what took four. One H100 holds the six servers: each gets an explicit KV cache
+    # (SERVED_KV_GIB, 4 GiB: vLLM then sizes nothing from a memory profile, which the other
+    # servers' allocations would skew; 0.21.0 even asserts when another process frees memory
+    # during its profile) and a memory fraction of 0.2 for vLLM's start-up check that the
+    # fraction is free (--test-gpu's 0.321, an RTX 5090's budget, would not be free for the
+    # last ones). The record's started_by shows both.
+    install
+    extras
+    install_v33
+    [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
+        || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
+    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+    local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) rc=0
+    export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.2}"
+    export SERVED_VLLM_ARGS="${SERVED_VLLM_ARGS:-} --kv-cache-memory-bytes=$kv"
+    SERVED_PORT_BASE=8000 served_run "$SITE" "$SITE_PATCHED" served > "$WORK/served-all-0.21.0.log" 2>&1 &
+    local first=$!
+    sleep "${SERVED_VERSION_STAGGER_S:-20}"
+    SERVED_PORT_BASE=8100 served_run "$SITE33" "$SITE33_PATCHED" served-v33 > "$WORK/served-all-0.33.0.log" 2>&1 &
+    local second=$!
+    ( while kill -0 "$first" 2>/dev/null || kill -0 "$second" 2>/dev/null; do
+          nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 30; done ) > "$WORK/served-all-memory.log" 2>&1 &
+    wait "$first" || rc=1
+    wait "$second" || rc=1
+    for v in 0.21.0 0.33.0; do echo "== $v"; grep -v "^\s*$" "$WORK/served-all-$v.log" | tail -15; done
+    echo "== GPU memory used, every 30 s: $(tr '\n' ' ' < "$WORK/served-all-memory.log")"
+    cp "$WORK"/served-all-*.log "$OUT/" 2>/dev/null || true
+    return $rc
+}
+
 served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/NAME[-text]
     # SERVED_RECIPE=gemma4-moe-dflash-text serves the text-only recipe (folder NAME-text)
     local recipe=${SERVED_RECIPE:-gemma4-moe-dflash}
@@ -760,7 +793,8 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     PYTHONPATH=.:$site "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
         --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
         --series-hash "$(series_hash "$patched")" --work "$work" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
-        --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" --recipe "$recipe" "${extra[@]}"
+        --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" --recipe "$recipe" \
+        --port-base "${SERVED_PORT_BASE:-8000}" ${SERVED_PARALLEL:+--parallel} "${extra[@]}"
     tar -C "$work" -czf "$OUT/$name-logs.tar.gz" --exclude=./cwd .
 }
 
@@ -886,7 +920,8 @@ case "$cmd" in
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
     served-v33) served_v33 ;;
+    served-all) served_all ;;
     drafter-bg) drafter_background ;;
     pack-drafter) pack_drafter ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|drafter-bg|pack-drafter" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|drafter-bg|pack-drafter" >&2; exit 2 ;;
 esac

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import re
@@ -40,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.error
@@ -54,7 +56,9 @@ import served_report as report  # noqa: E402
 import served_requests as sr  # noqa: E402
 
 RECIPE = "gemma4-moe-dflash"  # the default; --recipe gemma4-moe-dflash-text serves text-only
-PORTS = {"dflash": 8000, "reference": 8001, "stock": 8002, "bench": 8000}
+# Ports above --port-base (8000): each phase its own, so phases may run side by side
+# (--parallel), and a second served.py (the other vLLM version) takes another base.
+PORT_OFFSETS = {"dflash": 0, "reference": 1, "stock": 2, "bench": 0}
 
 # --set items every server gets: the GPU harness's trained target in place of the 26B.
 SETS = [
@@ -358,7 +362,7 @@ class Phase:
         self.work: Path = args.work
         self.cwd = self.work / "cwd"
         self.cwd.mkdir(parents=True, exist_ok=True)
-        self.port = PORTS[name]
+        self.port = args.port_base + PORT_OFFSETS[name]
         self.url = f"http://127.0.0.1:{self.port}"
         # The bench phase serves what the dflash phase serves.
         self.serve = serve_args("dflash" if name == "bench" else name, str(args.model), str(args.drafter),
@@ -390,6 +394,7 @@ class Phase:
         if timeout < 120:
             self.record.update(started=False, skipped="deadline: no time left to start a server")
             return False
+        self.record["started_at"] = time.time()  # with stopped_at: which servers ran side by side
         self.server = Launched(self.serve, self.site, self.cwd, self.work / f"{self.name}.log", timeout, force)
         self.record["started_by"] = self.server.started_by
         ready = self.server.wait_ready(timeout + 30)
@@ -400,6 +405,7 @@ class Phase:
     def stop(self) -> None:
         if self.server is not None:
             self.record["exit_code"] = self.server.stop()
+            self.record["stopped_at"] = time.time()
             self.record["log_facts"] = report.log_facts(self.server.text())
             self.server = None
 
@@ -484,7 +490,9 @@ def bench(ph: Phase, model: str) -> None:
     if ph.left() < BENCH_NEEDS_S + STOP_RESERVE_S:
         ph.record["bench_skipped"] = f"deadline: {ph.left():.0f} s left, the benchmark needs about {BENCH_NEEDS_S}"
         return
-    out = ph.args.out / f"served-bench-{ph.record.get('vllm')}.json"
+    # One file per vLLM version and recipe: the text-only recipe's must not replace the other's.
+    suffix = ph.args.recipe[len(RECIPE):]
+    out = ph.args.out / f"served-bench-{ph.record.get('vllm')}{suffix}.json"
     cmd = [sys.executable, "-m", "launcher", "bench", "--recipe", ph.args.recipe, "--url", ph.url, "--model", model,
            "--client", "builtin", "--tokenizer", str(ph.args.model), "--out", str(out), "--timeout", "300"]
     ph.record["bench_command"] = shlex.join(["launcher", *cmd[3:]])
@@ -546,6 +554,19 @@ def stock(args) -> None:
 
 
 def assemble(work: Path, out: Path, meta: dict) -> dict:
+    """served.json / served.md from this folder's phases and the other rows already there. Under
+    a lock on ``out``: phases of this call (--parallel) and another served.py (the other vLLM
+    version, run beside this one) rewrite the same record."""
+    out.mkdir(parents=True, exist_ok=True)
+    with _ASSEMBLING, (out / ".served.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _assemble(work, out, meta)
+
+
+_ASSEMBLING = threading.Lock()  # flock is per open file, not per thread: threads take this first
+
+
+def _assemble(work: Path, out: Path, meta: dict) -> dict:
     phases = {p: json.loads((work / f"{p}.json").read_text()) for p in ("reference", "dflash", "stock", "bench")
               if (work / f"{p}.json").exists()}
     rows = report.rows(phases)
@@ -559,7 +580,6 @@ def assemble(work: Path, out: Path, meta: dict) -> dict:
         mine = {key(r) for r in rows}
         rows = [r for r in json.loads(earlier.read_text()).get("servers", []) if key(r) not in mine] + rows
     doc = {"meta": meta, "servers": rows}
-    out.mkdir(parents=True, exist_ok=True)
     (out / "served.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "served.md").write_text(report.markdown(doc))
     return doc
@@ -591,6 +611,32 @@ def meta(args) -> dict:
 PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase}
 
 
+def run_phase(args, name: str) -> None:
+    print(f"[{name}] ...", flush=True)
+    PHASES[name](args)
+    # After each phase: a call cut short keeps what finished, the raw phase too, so
+    # a later machine can take it back (remote.sh served seeds .stage/served-raw).
+    assemble(args.work, args.out, meta(args))
+    keep_raw(args.work, args.out / args.raw_name, name)
+
+
+def run_phases(args, names: list[str]) -> None:
+    """One after another, or with --parallel side by side (starts ``--stagger-s`` apart: the
+    servers' start-ups are CPU-bound and share the host's cores)."""
+    if not args.parallel:
+        for name in names:
+            run_phase(args, name)
+        return
+    threads = []
+    for i, name in enumerate(names):
+        if i:
+            time.sleep(args.stagger_s)
+        threads.append(threading.Thread(target=run_phase, args=(args, name), name=f"phase-{name}"))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phases", default="reference,dflash,stock")
@@ -612,6 +658,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="every server with VLLM_BATCH_INVARIANT=1 and compile backend eager (EXACT_ENV, EXACT_ARGS)")
     parser.add_argument("--raw-name", default="served-raw",
                         help="OUT's folder for the raw phase records (remote.sh seeds .stage/NAME)")
+    parser.add_argument("--port-base", type=int, default=8000,
+                        help="the phases' ports are this plus PORT_OFFSETS; another served.py beside this one "
+                             "takes another base")
+    parser.add_argument("--parallel", action="store_true",
+                        help="the phases side by side, each its own server (one GPU holds them: give every server "
+                             "--kv-cache-memory-bytes, so that none sizes its cache from a memory profile the "
+                             "others skew)")
+    parser.add_argument("--stagger-s", type=float, default=15, help="--parallel: seconds between phase starts")
     parser.add_argument("--assemble-only", action="store_true")
     return parser
 
@@ -628,18 +682,15 @@ def main(argv: list[str] | None = None) -> int:
         # Inherited by every `launcher serve` (launcher_env) and so by each vLLM it starts.
         os.environ.update(EXACT_ENV)
         args.vllm_arg = args.vllm_arg + EXACT_ARGS
-    if not args.assemble_only:
-        for name in [p for p in args.phases.split(",") if p]:
-            if name not in PHASES:
-                parser.error(f"unknown phase {name!r}: {', '.join(PHASES)}")
-            if name == "stock" and not args.site_stock:
-                parser.error("the stock phase needs --site-stock")
-            print(f"[{name}] ...", flush=True)
-            PHASES[name](args)
-            # After each phase: a call cut short keeps what finished, the raw phase too, so
-            # a later machine can take it back (remote.sh served seeds .stage/served-raw).
-            assemble(args.work, args.out, meta(args))
-            keep_raw(args.work, args.out / args.raw_name, name)
+    names = [] if args.assemble_only else [p for p in args.phases.split(",") if p]
+    for name in names:
+        if name not in PHASES:
+            parser.error(f"unknown phase {name!r}: {', '.join(PHASES)}")
+        if name == "stock" and not args.site_stock:
+            parser.error("the stock phase needs --site-stock")
+    if args.parallel and {"dflash", "bench"} <= set(names):
+        parser.error("the dflash and bench phases share a port: not side by side")
+    run_phases(args, names)
     doc = assemble(args.work, args.out, meta(args))
     for row in doc["servers"]:
         print(f"{row['server']}: started={row.get('started')} lossless={row.get('lossless')} "

@@ -74,28 +74,27 @@ def openai_client():
 
 
 @pytest.fixture
-def forced_servers(tmp_path, monkeypatch) -> Path:
+def forced_servers(tmp_path, monkeypatch) -> tuple[Path, int]:
     """Every server started with --force (no GPU and no weights here: the preflight blocks every
-    start, the device's does not), on free ports; returns the trained model stand-in."""
+    start, the device's does not); returns the trained model stand-in and a --port-base with
+    every phase's port free."""
     class Forced(served.Launched):
         def __init__(self, args, site, cwd, log, timeout, force=False):
             super().__init__(args, site, cwd, log, timeout, True)
 
     monkeypatch.setattr(served, "Launched", Forced)
-    monkeypatch.setattr(served, "PORTS", {"dflash": _free_port(), "reference": _free_port(), "stock": _free_port(),
-                                          "bench": _free_port()})
     monkeypatch.setenv("MODELS_DIR", str(tmp_path / "models"))
-    return make_model_dir(tmp_path / "trained")
+    return make_model_dir(tmp_path / "trained"), _free_base()
 
 
 @pytest.mark.network
 def test_served_phases_end_to_end_against_stand_ins(openai_client, forced_servers, tmp_path):
-    model = forced_servers
+    model, base = forced_servers
     patched, stock = fake_site(tmp_path / "site-patched", False), fake_site(tmp_path / "site-stock", True)
     out, work = tmp_path / "out", tmp_path / "work"
     code = served.main(["--model", str(model), "--drafter", str(tmp_path / "drafter"), "--site-patched", str(patched),
                         "--site-stock", str(stock), "--series-hash", "f" * 64, "--work", str(work), "--out", str(out),
-                        "--gpu", "stand-in", "--deadline-s", "500"])
+                        "--gpu", "stand-in", "--deadline-s", "500", "--port-base", str(base)])
     assert code == 0
     doc = json.loads((out / "served.json").read_text())
     ref, dfl, stk = doc["servers"]
@@ -138,16 +137,16 @@ def test_served_phases_end_to_end_against_stand_ins(openai_client, forced_server
     assert (out / "served.md").read_text().count("\n## ") == 3
 
     # Every server was stopped: nothing listens on the ports any more.
-    for port in served.PORTS.values():
-        assert _port_free(port)
+    for offset in served.PORT_OFFSETS.values():
+        assert _port_free(base + offset)
 
 
 @pytest.mark.network
 def test_the_text_only_recipe_on_0_33_0_end_to_end_against_stand_ins(openai_client, forced_servers, tmp_path):
-    """remote.sh served-v33 with SERVED_RECIPE=gemma4-moe-dflash-text: the launcher plans the
-    text-only recipe for a 0.33.0 site, only requests without images are sent, and its rows
-    join an existing record beside the multimodal recipe's."""
-    model = forced_servers
+    """remote.sh served-v33 with SERVED_RECIPE=gemma4-moe-dflash-text, its phases side by side
+    (SERVED_PARALLEL=1): the launcher plans the text-only recipe for a 0.33.0 site, only requests
+    without images are sent, and its rows join an existing record beside the multimodal recipe's."""
+    model, base = forced_servers
     patched = fake_site(tmp_path / "site-patched", False, "0.33.0")
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
@@ -156,7 +155,8 @@ def test_the_text_only_recipe_on_0_33_0_end_to_end_against_stand_ins(openai_clie
     code = served.main(["--model", str(model), "--drafter", str(tmp_path / "drafter"), "--site-patched", str(patched),
                         "--series-hash", "e" * 64, "--work", str(work), "--out", str(out), "--gpu", "stand-in",
                         "--deadline-s", "400", "--phases", "reference,dflash", "--recipe", "gemma4-moe-dflash-text",
-                        "--raw-name", "served-v33-text-raw"])
+                        "--raw-name", "served-v33-text-raw", "--parallel", "--stagger-s", "1",
+                        "--port-base", str(base)])
     assert code == 0
     doc = json.loads((out / "served.json").read_text())
     assert [(r["server"], r["vllm"], r["recipe"]) for r in doc["servers"]] == [
@@ -171,8 +171,24 @@ def test_the_text_only_recipe_on_0_33_0_end_to_end_against_stand_ins(openai_clie
     assert "chunk_boundary" not in dfl
     assert sorted(p.name for p in (out / "served-v33-text-raw").iterdir()) == [
         "dflash.json", "dflash.log", "reference.json", "reference.log"]
-    for port in served.PORTS.values():
-        assert _port_free(port)
+    # Its benchmark beside the multimodal recipe's, not over it.
+    assert dfl["bench"] == "tests/gpu/results/served-bench-0.33.0-text.json"
+    assert (out / "served-bench-0.33.0-text.json").exists()
+    # Side by side: each server started before the other stopped.
+    raw = {n: json.loads((work / f"{n}.json").read_text()) for n in ("reference", "dflash")}
+    assert raw["reference"]["started_at"] < raw["dflash"]["stopped_at"]
+    assert raw["dflash"]["started_at"] < raw["reference"]["stopped_at"]
+    for offset in served.PORT_OFFSETS.values():
+        assert _port_free(base + offset)
+
+
+def _free_base() -> int:
+    """A port with the two after it free too (the phases' PORT_OFFSETS)."""
+    for _ in range(50):
+        base = _free_port()
+        if all(_port_free(base + i) for i in range(1, max(served.PORT_OFFSETS.values()) + 1)):
+            return base
+    raise RuntimeError("no three consecutive free ports")
 
 
 def _free_port() -> int:

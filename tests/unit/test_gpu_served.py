@@ -539,6 +539,12 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     # Both releases go through the one runner, each with its own site, patched copy and folder.
     assert 'served_run "$SITE" "$SITE_PATCHED" served\n' in text
     assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33\n' in text
+    # served-all: the two versions side by side, on port bases whose phase ports do not meet.
+    both = text[text.index("\nserved_all() {"):text.index("\nserved_run() {")]
+    bases = [int(b) for b in re.findall(r"SERVED_PORT_BASE=(\d+) served_run", both)]
+    span = max(served.PORT_OFFSETS.values())
+    assert len(bases) == 2 and abs(bases[0] - bases[1]) > span
+    assert "--parallel" in call and "--port-base" in call and "--kv-cache-memory-bytes=" in both
 
 
 def test_requests_after_the_deadline_are_skipped_not_sent(made):
