@@ -36,7 +36,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VERSION = "0.21.0"
-PART_BYTES = 48 * 1000 * 1000  # under the 50 MB a part may have
+# A device call carries 64 MiB (67.1 MB) with the tracked tree (22 MB and growing with the
+# results' log archives): 40 MB parts leave the tree 27 MB.
+PART_BYTES = 40 * 1000 * 1000
 REQUIREMENTS = Path(__file__).with_name("bundle-requirements.txt")
 PLATFORMS = [
     "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
@@ -157,7 +159,8 @@ def pack(tree: Path, out: Path, stem: str = "bundle") -> Path:
     return tarball
 
 
-def split(tarball: Path, out: Path, stem: str = "bundle", version: str = VLLM_VERSION) -> dict:
+def split(tarball: Path, out: Path, stem: str = "bundle", version: str = VLLM_VERSION,
+          part_bytes: int = PART_BYTES) -> dict:
     """Cut ``tarball`` into ``<stem>.<suffix>.partNN`` files plus ``<stem>.json`` (checksums)."""
     for old in out.glob(f"{tarball.name}.part*"):
         old.unlink()
@@ -165,7 +168,7 @@ def split(tarball: Path, out: Path, stem: str = "bundle", version: str = VLLM_VE
     parts = []
     with tarball.open("rb") as fh:
         index = 0
-        while chunk := fh.read(PART_BYTES):
+        while chunk := fh.read(part_bytes):
             whole.update(chunk)
             name = f"{tarball.name}.part{index:02d}"
             (out / name).write_bytes(chunk)
@@ -176,6 +179,28 @@ def split(tarball: Path, out: Path, stem: str = "bundle", version: str = VLLM_VE
                 "bytes": tarball.stat().st_size, "parts": parts}
     (out / f"{stem}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def resplit(out: Path, stem: str, part_bytes: int = PART_BYTES) -> dict:
+    """A staged bundle cut again into parts of ``part_bytes`` (the whole file, and so the
+    device's sha256 check, unchanged): the parts of an older, larger PART_BYTES no longer fit
+    a call beside the tree."""
+    manifest = json.loads((out / f"{stem}.json").read_text())
+    names = [p["name"] for p in manifest["parts"]]
+    tarball = out / names[0].rsplit(".part", 1)[0]
+    whole = hashlib.sha256()
+    with tarball.open("wb") as dst:
+        for name in names:
+            data = (out / name).read_bytes()
+            whole.update(data)
+            dst.write(data)
+    if whole.hexdigest() != manifest["sha256"]:
+        tarball.unlink()
+        raise SystemExit(f"{stem}: the staged parts do not make the whole its manifest names")
+    new = split(tarball, out, stem, manifest.get("vllm", VLLM_VERSION), part_bytes)
+    tarball.unlink()
+    assert new["sha256"] == manifest["sha256"]
+    return new
 
 
 def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str,
@@ -228,9 +253,16 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the vLLM release to bundle (default {VLLM_VERSION}; others are bundle-<version>)")
     parser.add_argument("--with-fa2", action="store_true",
                         help="keep _vllm_fa2_C in the bundle (instead of an extras-fa2 bundle)")
+    parser.add_argument("--resplit", nargs="+", metavar="STEM",
+                        help="cut these staged bundles again into parts of PART_BYTES (nothing downloaded)")
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if args.resplit:
+        for stem in args.resplit:
+            manifest = resplit(out, stem)
+            print(f"{stem}: {len(manifest['parts'])} parts of at most {PART_BYTES / 1e6:.0f} MB")
+        return 0
     if args.extras is not None:
         if not args.extras_name.startswith("extras"):
             parser.error("--extras-name must start with 'extras' (remote.sh installs extras*)")
