@@ -12,6 +12,7 @@
 #                              images, `launcher bench` (SERVED_PHASES narrows; README)
 #   remote.sh served-v33       the same on vLLM 0.33.0 (its bundle and series)
 #   remote.sh served-all       both versions side by side in one call, each one's phases too
+#   remote.sh prepare          installs and patched copies only (before verbs run side by side)
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
 #   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
 #
@@ -700,10 +701,11 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
             RS_GPU_UTIL=${RS_GPU_UTIL:-0.25} RS_KV_CACHE_GIB=${RS_KV_CACHE_GIB:-6} \
                 "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$v" \
                 --deadline-s "${ROUND_DEADLINE_S:-540}" --runs "$lane" "$@" \
-                > "$WORK/lane-$i.log" 2>&1 &
+                > "$WORK/$raw-lane-$i.log" 2>&1 &
             pids+=($!); i=$((i + 1)); sleep "${RS_LANE_STAGGER_S:-20}"
         done
-        for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/lane-$i.log" | tail -12; done
+        # (lane logs named by RAW: realshape-trained and realshape-v33-trained may run side by side)
+        for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/$raw-lane-$i.log" | tail -12; done
         MODELS_RS=$MODELS_TRAINED realshape_py "$raw" "$meta" --vllm "$v" --merge-only "$@"
     else
         local names
@@ -736,35 +738,56 @@ served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundl
     served_run "$SITE33" "$SITE33_PATCHED" served-v33
 }
 
-served_all() { # served and served-v33 side by side, each with its phases side by side: one
-    # call for what took four. One H100 holds the six servers: each gets an explicit KV cache
-    # (SERVED_KV_GIB, 4 GiB: vLLM then sizes nothing from a memory profile, which the other
-    # servers' allocations would skew; 0.21.0 even asserts when another process frees memory
-    # during its profile) and a memory fraction of 0.2 for vLLM's start-up check that the
-    # fraction is free (--test-gpu's 0.321, an RTX 5090's budget, would not be free for the
-    # last ones). The record's started_by shows both.
+prepare() { # both releases installed, FA2 and the trained models unpacked, both patched copies
+    # built: what served-all, realshape-trained and realshape-v33-trained each start with, done
+    # once before they run side by side (each would otherwise build the same folders at once)
     install
     extras
     install_v33
-    [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
-        || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
     site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
-    local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) rc=0
-    export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.2}"
+}
+
+served_all() { # served and served-v33 side by side, each with its phases side by side: one
+    # call for what took four. SERVED_JOBS: space-separated RECIPE:PHASES[:exact|default], each
+    # run on both versions (default: the multimodal recipe, SERVED_PHASES, SERVED_EXACT's numerics).
+    # One H100 holds the servers: each gets an explicit KV cache (SERVED_KV_GIB, 4 GiB: vLLM then
+    # sizes nothing from a memory profile, which the other servers' allocations would skew; 0.21.0
+    # even asserts when another process frees memory during its profile) and a memory fraction
+    # of SERVED_GPU_UTIL (0.1) for vLLM's start-up check that the fraction is free (--test-gpu's
+    # 0.321, an RTX 5090's budget, would not be free for the last ones). started_by shows both.
+    prepare
+    [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
+        || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
+    local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) rc=0 i=0 job recipe phases numerics v pids=() logs=()
+    local jobs=${SERVED_JOBS:-gemma4-moe-dflash:${SERVED_PHASES:-reference,dflash,stock}}
+    export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.1}"
     export SERVED_VLLM_ARGS="${SERVED_VLLM_ARGS:-} --kv-cache-memory-bytes=$kv"
-    SERVED_PORT_BASE=8000 served_run "$SITE" "$SITE_PATCHED" served > "$WORK/served-all-0.21.0.log" 2>&1 &
-    local first=$!
-    sleep "${SERVED_VERSION_STAGGER_S:-20}"
-    SERVED_PORT_BASE=8100 served_run "$SITE33" "$SITE33_PATCHED" served-v33 > "$WORK/served-all-0.33.0.log" 2>&1 &
-    local second=$!
-    ( while kill -0 "$first" 2>/dev/null || kill -0 "$second" 2>/dev/null; do
+    # 0.33.0 captures every CUDA graph twice at start, once to estimate its memory, which an
+    # explicit KV cache does not use (the real-shape runs set the same; not in issue 27's fit runs)
+    export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0}
+    for job in $jobs; do
+        IFS=: read -r recipe phases numerics <<< "$job"
+        for v in 0.21.0 0.33.0; do
+            logs+=("$WORK/served-all-$i-$v-${recipe#gemma4-moe-}-${phases//,/+}.log")
+            (
+                export SERVED_RECIPE=$recipe SERVED_PHASES=$phases SERVED_PORT_BASE=$((8000 + 100 * i))
+                case "${numerics:-}" in exact) export SERVED_EXACT=1 ;; default) export SERVED_EXACT=0 ;; esac
+                if [ "$v" = 0.21.0 ]; then served_run "$SITE" "$SITE_PATCHED" served
+                else served_run "$SITE33" "$SITE33_PATCHED" served-v33; fi
+            ) > "${logs[-1]}" 2>&1 &
+            pids+=($!); i=$((i + 1))
+            sleep "${SERVED_JOB_STAGGER_S:-20}"
+        done
+    done
+    ( while pgrep -f tests/gpu/served.py > /dev/null; do
           nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 30; done ) > "$WORK/served-all-memory.log" 2>&1 &
-    wait "$first" || rc=1
-    wait "$second" || rc=1
-    for v in 0.21.0 0.33.0; do echo "== $v"; grep -v "^\s*$" "$WORK/served-all-$v.log" | tail -15; done
+    for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
+    for i in "${!logs[@]}"; do echo "== ${logs[$i]##*/}"; grep -v "^\s*$" "${logs[$i]}" | tail -12; done
     echo "== GPU memory used, every 30 s: $(tr '\n' ' ' < "$WORK/served-all-memory.log")"
-    cp "$WORK"/served-all-*.log "$OUT/" 2>/dev/null || true
+    # $OUT brings back 8 files: the logs in one archive (the phases' raw records are in NAME-logs)
+    tar -C "$WORK" -czf "$OUT/served-all-logs.tar.gz" "${logs[@]##*/}" served-all-memory.log
+    rm -f "$OUT/.served.lock"
     return $rc
 }
 
@@ -921,7 +944,8 @@ case "$cmd" in
     served) served ;;
     served-v33) served_v33 ;;
     served-all) served_all ;;
+    prepare) prepare ;;
     drafter-bg) drafter_background ;;
     pack-drafter) pack_drafter ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|drafter-bg|pack-drafter" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter" >&2; exit 2 ;;
 esac

@@ -368,6 +368,7 @@ class Phase:
         self.serve = serve_args("dflash" if name == "bench" else name, str(args.model), str(args.drafter),
                                 self.port, args.set, args.vllm_arg, args.recipe)
         self.record: dict = {"server": name, "series": "stock" if name == "stock" else args.series_hash,
+                             "numerics": "exact" if args.exact_numerics else "default",
                              "launcher_env": {"PYTHONPATH": launcher_env(site)["PYTHONPATH"]}}
         self.server: Launched | None = None
 

@@ -200,6 +200,8 @@ def _common(phase: dict) -> dict:
     plan = phase.get("plan") or {}
     return {
         "server": phase["server"], "vllm": phase.get("vllm"), "series": phase.get("series"),
+        # exact (batch-invariant, no inductor) or default; None in records from before it was kept
+        "numerics": phase.get("numerics"),
         "recipe": plan.get("recipe"), "profile": plan.get("profile"),
         "test_gpu": plan.get("test_gpu"),
         "started_by": phase.get("started_by"), "argv": phase.get("argv"),
@@ -270,6 +272,9 @@ def dflash_row(phase: dict, reference: dict | None) -> dict:
         else acc["mean_acceptance_length"] > ACCEPTANCE_BAR,
         "bench": phase.get("bench"), "bench_summary": phase.get("bench_summary"),
         "bench_skipped": None if phase.get("bench") else phase.get("bench_skipped"),
+        "bench_command": phase.get("bench_command"),
+        # set where the benchmark ran against a server of its own (the bench phase)
+        "bench_started_by": phase.get("bench_started_by"), "bench_numerics": phase.get("bench_numerics"),
         "prefix_cache": phase.get("prefix_cache"),
         "tool": tool_check(one, reqs),
         "stock_error": None,
@@ -321,7 +326,7 @@ def rows(phases: dict[str, dict]) -> list[dict]:
         if not dflash.get("bench") and later.get("bench"):
             # the benchmark ran in a call of its own, against the same server configuration
             dflash = {**dflash, **{k: later[k] for k in ("bench", "bench_summary", "bench_command") if k in later},
-                      "bench_started_by": later.get("started_by")}
+                      "bench_started_by": later.get("started_by"), "bench_numerics": later.get("numerics")}
         out.append(dflash_row(dflash, phases.get("reference")))
     if "stock" in phases:
         out.append(stock_row(phases["stock"]))
