@@ -539,11 +539,11 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     # Both releases go through the one runner, each with its own site, patched copy and folder.
     assert 'served_run "$SITE" "$SITE_PATCHED" served\n' in text
     assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33\n' in text
-    # served-all: the two versions side by side, on port bases whose phase ports do not meet.
+    # served-all: every job on its own port base (8000 + 100 i), wider than a job's phase ports.
     both = text[text.index("\nserved_all() {"):text.index("\nserved_run() {")]
-    bases = [int(b) for b in re.findall(r"SERVED_PORT_BASE=(\d+) served_run", both)]
-    span = max(served.PORT_OFFSETS.values())
-    assert len(bases) == 2 and abs(bases[0] - bases[1]) > span
+    step = int(re.search(r"SERVED_PORT_BASE=\$\(\(8000 \+ (\d+) \* i\)\)", both).group(1))
+    assert step > max(served.PORT_OFFSETS.values())
+    assert "i=$((i + 1))" in both
     assert "--parallel" in call and "--port-base" in call and "--kv-cache-memory-bytes=" in both
 
 
