@@ -116,6 +116,11 @@ patched_site() { # patched_site [DEST [PATCHES_ROOT [FROM_SITE]]]: a copy of vLL
     local dest=${1:-$SITE_PATCHED} root=${2:-} from=${3:-$SITE}
     rm -rf "$dest" && mkdir -p "$dest"
     cp -a "$from/vllm" "$from"/vllm-*.dist-info "$dest/"
+    if [ -z "$root" ]; then
+        # The series as a user applies it (issue 26): the launcher's own command on the site.
+        PYTHONPATH=.:$SITE "$PY" -m launcher patch apply --target "$dest"
+        return
+    fi
     PYTHONPATH=.:$SITE "$PY" - "$dest" "$root" <<'EOF'
 import sys
 from launcher.patching.engine import apply
@@ -761,6 +766,7 @@ served_all() { # served and served-v33 side by side, each with its phases side b
         || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
     local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) rc=0 i=0 job recipe phases numerics v pids=() logs=()
     local jobs=${SERVED_JOBS:-gemma4-moe-dflash:${SERVED_PHASES:-reference,dflash,stock}}
+    export SERVED_COMMAND="SERVED_JOBS='$jobs' bash tests/gpu/remote.sh served-all"
     export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.1}"
     export SERVED_VLLM_ARGS="${SERVED_VLLM_ARGS:-} --kv-cache-memory-bytes=$kv"
     # 0.33.0 captures every CUDA graph twice at start, once to estimate its memory, which an
@@ -817,7 +823,8 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
         --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
         --series-hash "$(series_hash "$patched")" --work "$work" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
         --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" --recipe "$recipe" \
-        --port-base "${SERVED_PORT_BASE:-8000}" ${SERVED_PARALLEL:+--parallel} "${extra[@]}"
+        --port-base "${SERVED_PORT_BASE:-8000}" ${SERVED_PARALLEL:+--parallel} "${extra[@]}" \
+        --command "${SERVED_COMMAND:-bash tests/gpu/remote.sh served}"
     tar -C "$work" -czf "$OUT/$name-logs.tar.gz" --exclude=./cwd .
 }
 

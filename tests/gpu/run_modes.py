@@ -60,6 +60,9 @@ CHILD_TIMEOUT_S = 300
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$")
 _WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start")
+# What vLLM puts before a child process's line: "(EngineCore pid=3150) ", and on a logged
+# traceback "ERROR 11-27 12:35:21 [core.py:1140] " too (0.21.0 logs the root cause only this way).
+_LINE_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:ERROR \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
 _BACKEND_EXPLICIT = re.compile(r"Using AttentionBackendEnum\.(\w+) backend")
 _BACKEND_AUTO = re.compile(r"Using (\w+) attention backend out of potential backends")
 
@@ -240,7 +243,7 @@ def parse_log(text: str) -> dict:
     auto = [m.group(1) for ln in lines if (m := _BACKEND_AUTO.search(ln))]
     error_line = None
     for ln in lines:
-        m = _ERROR_LINE.match(ln.strip())
+        m = _ERROR_LINE.match(_LINE_PREFIX.sub("", ln.strip()))
         if m and not any(w in ln for w in _WRAPPERS):
             error_line = f"{m.group(1)}: {m.group(2)}"
             break

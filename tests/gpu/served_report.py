@@ -300,13 +300,25 @@ def tool_check(outputs: list[dict], reqs: list[sr.Req]) -> dict | None:
             "tool_calls": out.get("tool_calls"), "finish_reason": out.get("finish_reason")}
 
 
+def stock_error(phase: dict) -> str | None:
+    """The stock server's first error: the request's, or for a server that never became ready
+    the log's root cause (the launcher's own refusal, else its exit code)."""
+    if phase.get("started") or phase.get("stock_outcome") != "did not start":
+        return phase.get("stock_error")
+    facts = phase.get("log_facts") or {}
+    found = facts.get("error_line") or facts.get("launcher_error")
+    if found:
+        return f"start-up: {found}"
+    return phase.get("stock_error") or f"start-up: launcher exit {phase.get('exit_code')} before ready"
+
+
 def stock_row(phase: dict) -> dict:
     row = _common(phase)
     row.update({
         "requests": phase.get("request_counts"), "concurrency": [1] if phase.get("first_image") else [],
         "images_change_output": None, "lossless": None, "nondegenerate": None, "acceptance_length": None,
         "bench": None,
-        "stock_error": phase.get("stock_error"),
+        "stock_error": stock_error(phase),
         "stock_outcome": phase.get("stock_outcome"),
         "refused_without_force": phase.get("refused_without_force"),
         "first_image": phase.get("first_image"),
@@ -361,26 +373,29 @@ def markdown(doc: dict) -> str:
         f"{sr.TOP_LOGPROBS} raw logits; lossless = identical to the one-at-a-time reference or the first "
         "divergence on a reference tie (compare.py).",
         "",
-        "| server | vLLM | series | profile | ok | requests | concurrency | images change output | lossless "
-        "| nondegenerate | acceptance length | bench | stock error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | vLLM | recipe | series | numerics | profile | ok | requests | concurrency | images change output "
+        "| lossless | nondegenerate | acceptance length | bench | stock error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc.get("servers") or []:
         nd = r.get("nondegenerate")
         nd_cell = nd.get("passes") if isinstance(nd, dict) and "passes" in nd else \
             (gate.passes(nd) if isinstance(nd, dict) else None)
         lines.append(
-            f"| {r['server']} | {_cell(r.get('vllm'))} | {str(r.get('series') or '-')[:12]} | {_cell(r.get('profile'))} "
+            f"| {r['server']} | {_cell(r.get('vllm'))} | {_cell(r.get('recipe'))} | {str(r.get('series') or '-')[:12]} "
+            f"| {_cell(r.get('numerics'))} | {_cell(r.get('profile'))} "
             f"| {_cell(r.get('started'))} | {_cell(r.get('requests'))} | {_cell(r.get('concurrency'))} "
             f"| {_cell(r.get('images_change_output'))} | {_cell(r.get('lossless'))} | {_cell(nd_cell)} "
             f"| {_cell(r.get('acceptance_length'))} | {_cell(r.get('bench'))} | {_cell(r.get('stock_error'))} |")
     for r in doc.get("servers") or []:
-        lines += ["", f"## {r['server']}", "", f"- started by: `{r.get('started_by')}`",
+        lines += ["", f"## {r['server']}, vLLM {r.get('vllm')}, {r.get('recipe')}", "",
+                  f"- started by: `{r.get('started_by')}`",
                   f"- argv: `{' '.join(r.get('argv') or [])}`"]
         if r.get("test_gpu"):
             lines.append(f"- test GPU: {r['test_gpu'].get('stands_in_for')} <- {r['test_gpu'].get('gpu')}: "
                          f"{_cell(r['test_gpu'].get('sets'))}")
         for key in ("phase_error", "skipped", "stock_outcome", "refused_without_force", "preflight_blocking", "bench_skipped", "bench_summary",
+                    "bench_command", "bench_started_by", "bench_numerics",
                     "reproducible", "lossless_reason", "lossless_by_kind", "nondegenerate",
                     "chunk_boundary", "prefix_cache", "tool", "acceptance", "images_change_detail", "first_image",
                     "log", "errors"):

@@ -27,9 +27,11 @@ def test_a_row_per_configuration_with_its_capture_and_ablation_runs():
     assert set(rows) == {"plain", "nvfp4"}
     plain = rows["plain"]
     assert plain["relative_gap"] == 0.05 and plain["acceptance_bar_met"] is True
-    assert plain["draft_equivalence"] == {"contexts": 250, "equal": 249, "holds": True, "features_min_cosine": 0.998}
+    assert plain["draft_equivalence"] == {"contexts": 250, "equal": 249, "holds": True, "features_min_cosine": 0.998,
+                                          "features_median_cosine": None}
     assert plain["ablation"] == [{"reverted": "x", "series": "abc", "draft_equivalence_equal": 12,
-                                  "draft_equivalence_contexts": 250, "mean_acceptance_length_vllm": 1.3}]
+                                  "draft_equivalence_contexts": 250, "features_median_cosine": None,
+                                  "mean_acceptance_length_vllm": 1.3}]
     assert rows["nvfp4"]["draft_equivalence"] is None and rows["nvfp4"]["ablation"] == []
     assert rows["nvfp4"]["relative_gap"] == 0.125 and rows["nvfp4"]["acceptance_bar_met"] is False
 
@@ -206,3 +208,22 @@ def test_capture_ablation_and_speed_join_only_rows_of_their_numerics_and_ablatio
     rows = {r["run"]: r for r in ar.build(records)}
     assert rows["plain"]["draft_equivalence"]["equal"] == 249 and len(rows["plain"]["ablation"]) == 1
     assert rows["plain-bi-noinductor"]["draft_equivalence"] is None and rows["plain-bi-noinductor"]["ablation"] == []
+
+
+def test_a_capture_run_on_a_newer_series_than_every_plain_run_is_a_row_of_its_own():
+    """The capture ran on the series with one more patch than the plain run's: it is not that
+    configuration, so it reports its own acceptance and equivalence rather than vanish."""
+    eq = {"contexts": 1248, "equal": 1204}
+    records = [
+        _rec("plain", 2.68, series="old"),
+        _rec("capture", 2.80, capture_drafts=True, draft_equivalence=eq, series="new"),
+        _rec("capture-without-x", 1.66, capture_drafts=True, revert="x", series="reverted",
+             draft_equivalence={"contexts": 2056, "equal": 0}),
+    ]
+    rows = {r["run"]: r for r in ar.build(records)}
+    assert set(rows) == {"plain", "capture"}
+    assert rows["plain"]["draft_equivalence"] is None
+    capture = rows["capture"]
+    assert capture["series"] == "new" and capture["mean_acceptance_length_vllm"] == 2.80
+    assert capture["draft_equivalence"]["equal"] == 1204 and capture["draft_equivalence"]["holds"] is False
+    assert [a["reverted"] for a in capture["ablation"]] == ["x"]

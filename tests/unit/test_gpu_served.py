@@ -299,7 +299,24 @@ def test_log_facts():
     assert facts["forced_whole_mm_input"] and facts["forced_triton"]
     assert facts["backends"] == ["FLASH_ATTN", "TRITON_ATTN"] and facts["flash_attn_versions"] == ["2"]
     assert facts["chat_template_content_format"] == ["string"]
-    assert facts["error_line"] is None or "partial multimodal token" in facts["error_line"]
+    assert facts["error_line"] == ("ValueError: Selected backend AttentionBackendEnum.FLASH_ATTN is not valid for "
+                                   "this configuration. Reason: ['partial multimodal token full attention not supported']")
+
+
+def test_the_root_cause_is_found_behind_vllm_0_21_0s_process_and_log_prefixes():
+    """vLLM 0.21.0's API server prints the engine core's traceback only as its own logged lines,
+    each behind "(EngineCore pid=N) ERROR date [file:line] " (the stock start of 2026-11-27)."""
+    text = ("(EngineCore pid=3150) ERROR 11-27 12:35:21 [core.py:1140]     raise ValueError(\n"
+            "(EngineCore pid=3150) ERROR 11-27 12:35:21 [core.py:1140] ValueError: Selected backend "
+            "AttentionBackendEnum.FLASH_ATTN is not valid for this configuration. Reason: "
+            "['partial multimodal token full attention not supported']\n"
+            "(APIServer pid=2065) RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {}\n")
+    assert report.log_facts(text)["error_line"].startswith("ValueError: Selected backend")
+    phase = {"server": "stock", "started": False, "stock_outcome": "did not start", "exit_code": 1,
+             "log_facts": report.log_facts(text)}
+    assert "partial multimodal token" in report.stock_error(phase)
+    assert report.stock_error({**phase, "log_facts": {}}) == "start-up: launcher exit 1 before ready"
 
 
 def test_the_launchers_own_refusal_is_kept():
@@ -365,7 +382,7 @@ def test_rows_carry_the_issues_fields(made, tmp_path):
     assert stock["stock_error"].startswith("start-up:") and stock["preflight_blocking"]
     assert stock["lossless"] is None and stock["refused_without_force"]
     md = (tmp_path / "out" / "served.md").read_text()
-    assert "| dflash | 0.21.0 | abc123 | rtx5090 |" in md and "partial multimodal token" in md
+    assert "| dflash | 0.21.0 | gemma4-moe-dflash | abc123 | - | rtx5090 |" in md and "partial multimodal token" in md
     assert json.loads((tmp_path / "out" / "served.json").read_text()) == doc
 
 
