@@ -798,10 +798,15 @@ def draft_equivalence(spec: RunSpec, models: Path, captured) -> dict:
     target_dir = models / TRAINED_TARGET
     model = train_drafter.load_target(target_dir, "cuda")
     shared = train_drafter.shared_from_target(model, target_dir)
-    out = draft_capture.compare_capture(captured, drafter, shared, f"vllm-{spec.vllm}", NUM_SPECULATIVE_TOKENS)
+    # The same weights in bf16, as vLLM runs them: the noise a correct bf16 drafter shows
+    drafter_bf16 = ref.Drafter(ref.Geometry.from_config(config))
+    drafter_bf16.load_state_dict(drafter.state_dict())
+    drafter_bf16 = drafter_bf16.to("cuda", torch.bfloat16).eval()
+    out = draft_capture.compare_capture(captured, drafter, shared, f"vllm-{spec.vllm}", NUM_SPECULATIVE_TOKENS,
+                                        drafter_bf16)
     out["features"] = draft_capture.feature_agreement(captured, model, list(drafter.g.target_layer_ids))
     out["propose_calls"] = captured.calls
-    del model, drafter
+    del model, drafter, drafter_bf16
     torch.cuda.empty_cache()
     return out
 

@@ -28,7 +28,9 @@ def test_a_row_per_configuration_with_its_capture_and_ablation_runs():
     plain = rows["plain"]
     assert plain["relative_gap"] == 0.05 and plain["acceptance_bar_met"] is True
     assert plain["draft_equivalence"] == {"contexts": 250, "equal": 249, "holds": True, "features_min_cosine": 0.998,
-                                          "features_median_cosine": None}
+                                          "features_median_cosine": None, "noise_bound": None,
+                                          "unequal_beyond_noise": None, "equal_or_within_noise_fraction": None,
+                                          "holds_within_noise": None}
     assert plain["ablation"] == [{"reverted": "x", "series": "abc", "draft_equivalence_equal": 12,
                                   "draft_equivalence_contexts": 250, "features_median_cosine": None,
                                   "mean_acceptance_length_vllm": 1.3}]
@@ -227,3 +229,13 @@ def test_a_capture_run_on_a_newer_series_than_every_plain_run_is_a_row_of_its_ow
     assert capture["series"] == "new" and capture["mean_acceptance_length_vllm"] == 2.80
     assert capture["draft_equivalence"]["equal"] == 1204 and capture["draft_equivalence"]["holds"] is False
     assert [a["reverted"] for a in capture["ablation"]] == ["x"]
+
+
+def test_the_calibrated_equivalence_holds_where_every_unequal_context_is_bf16_noise():
+    noise = {"noise_bound": 0.5, "vllm_unequal_beyond_noise": 1, "equal_or_within_noise_fraction": 0.996}
+    eq = {"contexts": 250, "equal": 240, "noise": noise}
+    row = ar.build([_rec("plain", 4.2), _rec("capture", 4.1, capture_drafts=True, draft_equivalence=eq)])[0]
+    assert row["draft_equivalence"]["holds"] is False and row["draft_equivalence"]["holds_within_noise"] is True
+    few = {"contexts": 150, "equal": 150, "noise": {**noise, "equal_or_within_noise_fraction": 1.0}}
+    row = ar.build([_rec("plain", 4.2), _rec("capture", 4.1, capture_drafts=True, draft_equivalence=few)])[0]
+    assert row["draft_equivalence"]["holds_within_noise"] is False  # under 200 contexts

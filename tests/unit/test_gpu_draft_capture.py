@@ -111,3 +111,50 @@ def test_contexts_with_unfed_rows_are_left_out_and_counted(dc):
     _step(cap, [("a", 4, 8)], [0])  # positions 0-3 never fed (a prefix-cache hit)
     out = dc.compare_capture(cap, drafter, shared, "vllm-0.21.0", K)
     assert (out["contexts"], out["incomplete_contexts"]) == (0, 1)
+
+
+def test_vllms_own_warm_up_requests_are_left_out_and_counted(dc):
+    drafter, shared = _reference(dc)
+    cap, _ = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.33.0")
+    cap.requests["_warmup_0_"] = cap.requests["a"]
+    cap.requests["_warmup_0_"].contexts = [dict(c, drafts=[0] * K) for c in cap.requests["a"].contexts]
+    del cap.requests["a"]
+    out = dc.compare_capture(cap, drafter, shared, "vllm-0.33.0", K)
+    assert (out["contexts"], out["warmup_contexts_left_out"]) == (0, 2)
+
+
+def _bf16_copy(dc, drafter):
+    import dflash_reference as ref
+
+    copy = ref.Drafter(ref.Geometry.from_config(CONFIG))
+    copy.load_state_dict(drafter.state_dict())
+    return copy.to(torch.bfloat16).eval()
+
+
+def test_drafts_a_bf16_drafter_makes_are_within_the_noise_and_a_far_draft_is_not(dc):
+    """vLLM drafting exactly as the same weights do in bf16: every context is equal or within
+    the noise the bf16 reference itself shows against the fp32 one; the worst token is not."""
+    drafter, shared = _reference(dc)
+    drafter16 = _bf16_copy(dc, drafter)
+    cap, _ = _capture_with_reference_drafts(dc, drafter16, shared, "vllm-0.33.0")
+    out = dc.compare_capture(cap, drafter, shared, "vllm-0.33.0", K, drafter16)
+    assert out["noise"]["vllm_unequal_beyond_noise"] == 0
+    assert out["noise"]["equal_or_within_noise_fraction"] == 1.0
+
+    logits = dc.reference_drafts(drafter, shared, cap.requests["a"].features[:15],
+                                 [c["anchor"] for c in cap.requests["a"].contexts],
+                                 [c["bonus"] for c in cap.requests["a"].contexts], "vllm-0.33.0", K)
+    cap.requests["a"].contexts[1]["drafts"][2] = int(logits[1, 2].argmin())
+    out = dc.compare_capture(cap, drafter, shared, "vllm-0.33.0", K, drafter16)
+    assert out["noise"]["vllm_unequal_beyond_noise"] == 1 and out["unequal_positions"][2] >= 1
+    assert out["noise"]["vllm_max_gap"] > out["noise"]["noise_bound"]
+
+
+def test_the_noise_verdict_bounds_by_the_bf16_references_largest_gap(dc):
+    ref16 = [[(3, 0.25)], [], [(1, 0.5)]]
+    vllm = [[(2, 0.4)], [(0, 0.6)], []]
+    v = dc.bf16_noise_verdict(vllm, ref16, 4)
+    assert v["noise_bound"] == 0.5 and v["reference_bf16_contexts_differing"] == 2
+    assert (v["vllm_unequal_within_noise"], v["vllm_unequal_beyond_noise"]) == (1, 1)
+    assert v["equal_or_within_noise_fraction"] == round(2 / 3, 4)
+    assert v["reference_bf16_positions"] == [0, 1, 0, 1]
