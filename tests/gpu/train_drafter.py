@@ -79,6 +79,10 @@ class DrafterTrainConfig:
     # proof's 1,500 tokens, one generate call each (rows x longest^2 bounds the eager
     # attention's memory at prefill; decode steps, not rows, cost time).
     gen_groups: tuple = ((1024, 16, 160), (768, 160, 600), (320, 600, 1100), (160, 1100, 1500))
+    # More data without more memory: the groups are made afresh (new windows) this many times,
+    # each set trained on for steps / data_chunks steps and then freed. One set's features take
+    # about 27 GB on the H100; two at once did not fit beside generation (2026-11-27: OOM).
+    data_chunks: int = 1
     continuation: int = 128
     k: int = ref.K_DEFAULT
     # A step is about 3,000 small kernels whatever its size (5 layers, fwd + bwd, two semantics),
@@ -270,37 +274,65 @@ def block_loss(drafter, shared, group, rows, anchors, cfg: DrafterTrainConfig):
     return total / len(cfg.semantics)
 
 
-def train(drafter, shared, groups: list[dict], cfg: DrafterTrainConfig, device: str) -> list[dict]:
+class Trainer:
     """AdamW on the drafter alone (the target's table is frozen); fp32 weights, bf16 autocast
-    on CUDA. Each step draws a group with probability proportional to its rows."""
-    import torch
+    on CUDA. One optimizer, step count and sampling generator across the data chunks, so the
+    learning-rate schedule runs once over all ``cfg.steps``."""
 
-    gen = torch.Generator().manual_seed(cfg.seed)
-    weights = torch.tensor([float(g["features"].shape[0]) for g in groups])
-    order = torch.multinomial(weights, cfg.steps, replacement=True, generator=gen).tolist()
-    decay = [p for p in drafter.parameters() if p.dim() >= 2]
-    rest = [p for p in drafter.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
-                            eps=1e-8, fused=device.startswith("cuda"))
-    curve, t0 = [], time.time()
-    drafter.train()
-    for step, gi in enumerate(order):
-        for group in opt.param_groups:
-            group["lr"] = tt.lr_at(step, cfg)
-        rows, anchors = sample_blocks(groups[gi], cfg, gen)
-        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-            loss = block_loss(drafter, shared, groups[gi], rows, anchors, cfg)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            curve.append({"step": step, "loss": round(float(loss.detach()), 4), "lr": round(tt.lr_at(step, cfg), 6),
-                          "elapsed_s": round(time.time() - t0, 1)})
-            print(f"step {step:4d} loss {float(loss.detach()):.4f} ({time.time() - t0:.0f}s)", flush=True)
-    drafter.eval()
-    return curve
+    def __init__(self, drafter, shared, cfg: DrafterTrainConfig, device: str):
+        import torch
+
+        self.drafter, self.shared, self.cfg, self.device = drafter, shared, cfg, device
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        decay = [p for p in drafter.parameters() if p.dim() >= 2]
+        rest = [p for p in drafter.parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                      {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95),
+                                     eps=1e-8, fused=device.startswith("cuda"))
+        self.step, self.curve, self.t0 = 0, [], None
+
+    def chunk_steps(self, chunk: int) -> int:
+        """Steps of data chunk ``chunk``: cfg.steps split as evenly as integers allow."""
+        c, n = self.cfg.data_chunks, self.cfg.steps
+        return (chunk + 1) * n // c - chunk * n // c
+
+    def run(self, groups: list[dict], steps: int) -> None:
+        """``steps`` steps on ``groups``, each drawing a group with probability proportional
+        to its rows (with one chunk the draws and blocks come from the seeded generator in the
+        order the one-chunk recipe always drew them: its checkpoints rebuild unchanged)."""
+        import torch
+
+        drafter, cfg, opt, gen = self.drafter, self.cfg, self.opt, self.gen
+        weights = torch.tensor([float(g["features"].shape[0]) for g in groups])
+        order = torch.multinomial(weights, steps, replacement=True, generator=gen).tolist()
+        self.t0 = self.t0 or time.time()
+        drafter.train()
+        for gi in order:
+            step = self.step
+            for group in opt.param_groups:
+                group["lr"] = tt.lr_at(step, cfg)
+            rows, anchors = sample_blocks(groups[gi], cfg, gen)
+            with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16,
+                                enabled=self.device.startswith("cuda")):
+                loss = block_loss(drafter, self.shared, groups[gi], rows, anchors, cfg)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                elapsed = time.time() - self.t0
+                self.curve.append({"step": step, "loss": round(float(loss.detach()), 4),
+                                   "lr": round(tt.lr_at(step, cfg), 6), "elapsed_s": round(elapsed, 1)})
+                print(f"step {step:4d} loss {float(loss.detach()):.4f} ({elapsed:.0f}s)", flush=True)
+            self.step += 1
+        drafter.eval()
+
+
+def train(drafter, shared, groups: list[dict], cfg: DrafterTrainConfig, device: str) -> list[dict]:
+    """All of ``cfg.steps`` on one set of groups (data_chunks 1)."""
+    trainer = Trainer(drafter, shared, cfg, device)
+    trainer.run(groups, cfg.steps)
+    return trainer.curve
 
 
 # --------------------------------------------------------------- evaluation
@@ -465,18 +497,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target loaded, corpus {corpus['files']} ({time.time() - t0:.0f}s)", flush=True)
 
     rng = random.Random(cfg.seed)
-    groups, gen_s = [], time.time()
-    for rows, shortest, longest in cfg.gen_groups:
-        groups.append(make_group(model, prompt_windows(stream, rows, shortest, longest, rng), cfg, layer_ids))
-        print(f"group {rows} x {shortest}-{longest}: {groups[-1]['consistency']} ({time.time() - t0:.0f}s)",
-              flush=True)
-    gen_s = time.time() - gen_s
-
     drafter = build_drafter(config, cfg, args.device)
-    t_train = time.time()
-    curve = train(drafter, shared, groups, cfg, args.device)
-    train_s = time.time() - t_train
-    del groups
+    trainer = Trainer(drafter, shared, cfg, args.device)
+    gen_s = train_s = 0.0
+    for chunk in range(cfg.data_chunks):
+        t_gen, groups = time.time(), []
+        for rows, shortest, longest in cfg.gen_groups:
+            groups.append(make_group(model, prompt_windows(stream, rows, shortest, longest, rng), cfg, layer_ids))
+            print(f"chunk {chunk} group {rows} x {shortest}-{longest}: {groups[-1]['consistency']} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+        t_train = time.time()
+        gen_s += t_train - t_gen
+        trainer.run(groups, trainer.chunk_steps(chunk))
+        train_s += time.time() - t_train
+        del groups
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+    curve = trainer.curve
     prompts = json.loads((target_dir / "prompts.json").read_text())
     prompts = prompts[:cfg.eval_prompts] if cfg.eval_prompts else prompts
     t_eval = time.time()
@@ -499,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
                       "at anchor .. anchor+K-1 (teacher-forced), weighted exp(-(k-1)/loss_decay); mean over "
                       "the semantics"),
         "train_config": dataclasses.asdict(cfg),
-        "data": {"rows": sum(r for r, _, _ in cfg.gen_groups),
-                 "continuation_tokens": sum(r for r, _, _ in cfg.gen_groups) * cfg.continuation},
+        "data": {"rows": sum(r for r, _, _ in cfg.gen_groups) * cfg.data_chunks,
+                 "continuation_tokens": sum(r for r, _, _ in cfg.gen_groups) * cfg.data_chunks * cfg.continuation},
         "loss_curve": curve,
         "evaluation": evaluation,
         "timing_s": {"generate_and_features": round(gen_s, 1), "train": round(train_s, 1),

@@ -503,6 +503,43 @@ def test_eval_gate_reads_the_teacher_forced_top_two():
     assert block["passes"] is False
 
 
+def test_data_chunks_split_the_steps_and_keep_one_schedule_and_one_optimizer():
+    """data_chunks 2 (issue 25's retrain: twice the data in the memory of one set): the steps are
+    shared out, the step count and learning rate run on across chunks, and the second chunk
+    trains on its own groups (the weights move again)."""
+    cfg = _tiny_cfg(steps=5, data_chunks=2)
+    torch.manual_seed(cfg.seed)
+    d = ref.Drafter(ref.Geometry.from_config(TINY))
+    d.init_weights(cfg.init_std)
+    trainer = td.Trainer(d, _shared(), cfg, "cpu")
+    assert [trainer.chunk_steps(c) for c in range(2)] == [2, 3]
+    trainer.run(_fake_groups(cfg.k, cfg.continuation), trainer.chunk_steps(0))
+    after_first = {n: t.clone() for n, t in d.state_dict().items()}
+    trainer.run(_fake_groups(cfg.k, cfg.continuation), trainer.chunk_steps(1))
+    assert [c["step"] for c in trainer.curve] == [0, 1, 2, 3, 4] and trainer.step == cfg.steps
+    assert [c["lr"] for c in trainer.curve] == [round(td.tt.lr_at(i, cfg), 6) for i in range(5)]
+    assert not torch.equal(after_first["fc.weight"], d.state_dict()["fc.weight"])
+
+
+def test_one_chunk_through_the_trainer_is_train_on_one_set():
+    """main() trains chunk by chunk through Trainer; with the default single chunk that is
+    train() on one set of groups, weight for weight (the carried drafter's recipe)."""
+    cfg = _tiny_cfg()
+
+    def weights(chunked: bool):
+        torch.manual_seed(cfg.seed)
+        d = ref.Drafter(ref.Geometry.from_config(TINY))
+        d.init_weights(cfg.init_std)
+        if chunked:
+            trainer = td.Trainer(d, _shared(), cfg, "cpu")
+            trainer.run(_fake_groups(cfg.k, cfg.continuation), trainer.chunk_steps(0))
+        else:
+            td.train(d, _shared(), _fake_groups(cfg.k, cfg.continuation), cfg, "cpu")
+        return d.state_dict()
+
+    a, b = weights(True), weights(False)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
 def test_training_learns_a_predictable_continuation_under_both_semantics():
     """Plumbing end to end: on a continuation the drafter can predict from its bonus token alone
     (a fixed cycle of tokens), training reaches full accepted runs under both semantics."""
