@@ -755,7 +755,8 @@ prepare() { # both releases installed, FA2 and the trained models unpacked, both
 
 served_all() { # served and served-v33 side by side, each with its phases side by side: one
     # call for what took four. SERVED_JOBS: space-separated RECIPE:PHASES[:exact|default], each
-    # run on both versions (default: the multimodal recipe, SERVED_PHASES, SERVED_EXACT's numerics).
+    # run on both versions, or on SERVED_VERSIONS (default: the multimodal recipe, SERVED_PHASES,
+    # SERVED_EXACT's numerics).
     # One H100 holds the servers: each gets an explicit KV cache (SERVED_KV_GIB, 4 GiB: vLLM then
     # sizes nothing from a memory profile, which the other servers' allocations would skew; 0.21.0
     # even asserts when another process frees memory during its profile) and a memory fraction
@@ -774,7 +775,7 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0}
     for job in $jobs; do
         IFS=: read -r recipe phases numerics <<< "$job"
-        for v in 0.21.0 0.33.0; do
+        for v in ${SERVED_VERSIONS:-0.21.0 0.33.0}; do
             logs+=("$WORK/served-all-$i-$v-${recipe#gemma4-moe-}-${phases//,/+}.log")
             (
                 export SERVED_RECIPE=$recipe SERVED_PHASES=$phases SERVED_PORT_BASE=$((8000 + 100 * i))
