@@ -67,10 +67,12 @@ def pick_client(choice: str) -> str:
 
 def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None, profile: str | None,
           only: list[str] | None, client_choice: str, tokenizer: str | None, timeout: float, echo: Echo,
-          on_run: Callable[[dict], None] | None = None, vocab_size: int | None = None) -> dict:
-    """Every run of the recipe's workloads; ``on_run`` gets the document after each run (partial results)."""
+          on_run: Callable[[dict], None] | None = None, vocab_size: int | None = None,
+          levels: list[int | str] | None = None) -> dict:
+    """Every run of the recipe's workloads (at ``levels`` where given, else at each workload's
+    own concurrency list); ``on_run`` gets the document after each run (partial results)."""
     base_url = base_url.rstrip("/")
-    runs = workload.runs(rec, profile=profile, only=only)
+    runs = workload.runs(rec, profile=profile, only=only, levels=levels)
     kind = pick_client(client_choice)
     served = server_models(base_url, api_key)
     target = Target(base_url, choose_model(rec, served, model), api_key)

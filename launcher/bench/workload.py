@@ -46,7 +46,23 @@ def max_concurrency(rec: Recipe, profile: str | None) -> tuple[int, str]:
     return value, name
 
 
-def runs(rec: Recipe, *, profile: str | None, only: list[str] | None) -> list[Run]:
+def parse_levels(text: str) -> list[int | str]:
+    """``--concurrency 1,4,16,max``: positive integers or ``max`` (the profile's max_num_seqs)."""
+    levels: list[int | str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if item == "max":
+            levels.append(item)
+        elif item.isdigit() and int(item) > 0:
+            levels.append(int(item))
+        else:
+            raise LauncherError(f"--concurrency {text!r}: {item!r} is not a positive integer or 'max'",
+                                hint="e.g. --concurrency 1,4,16,max")
+    return levels
+
+
+def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
+         levels: list[int | str] | None = None) -> list[Run]:
+    """The measured levels: each workload at its own concurrency list, or at ``levels`` for all."""
     known = [w.name for w in rec.bench.workloads]
     unknown = sorted(set(only or []) - set(known))
     if unknown:
@@ -56,8 +72,8 @@ def runs(rec: Recipe, *, profile: str | None, only: list[str] | None) -> list[Ru
     for w in rec.bench.workloads:
         if only and w.name not in only:
             continue
-        levels = sorted({top if c == "max" else c for c in w.concurrency})
-        out += [Run(w, c, c * w.prompts_per_stream) for c in levels]
+        wanted = sorted({top if c == "max" else c for c in (levels or w.concurrency)})
+        out += [Run(w, c, c * w.prompts_per_stream) for c in wanted]
     return out
 
 

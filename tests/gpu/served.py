@@ -58,7 +58,9 @@ import served_requests as sr  # noqa: E402
 RECIPE = "gemma4-moe-dflash"  # the default; --recipe gemma4-moe-dflash-text serves text-only
 # Ports above --port-base (8000): each phase its own, so phases may run side by side
 # (--parallel), and a second served.py (the other vLLM version) takes another base.
-PORT_OFFSETS = {"dflash": 0, "reference": 1, "stock": 2, "bench": 0}
+PORT_OFFSETS = {"dflash": 0, "reference": 1, "stock": 2, "bench": 0, "speed-reference": 3, "speed-dflash": 4}
+# What a phase's server serves, where it is another phase's configuration.
+SERVES = {"bench": "dflash", "speed-dflash": "dflash"}
 
 # --set items every server gets: the GPU harness's trained target in place of the 26B.
 SETS = [
@@ -96,6 +98,13 @@ EXTRA_ARGS = [
 # the rest of a prompt in another batch shape, which moves near-tie argmaxes: realshape.py).
 REFERENCE_SETS = ["drafter=null", "serve.enable_prefix_caching=false"]
 REFERENCE_EXTRA = ["--no-enable-prefix-caching"]  # vLLM's V1 default is on: off must be said
+# The speed phase's baseline: the recipe without its drafter and nothing else changed (a
+# speed-up is measured against what a user would serve instead).
+PHASE_SETS = {"reference": REFERENCE_SETS, "speed-reference": ["drafter=null"]}
+PHASE_EXTRA = {"reference": REFERENCE_EXTRA}
+NO_DRAFTER = ("reference", "speed-reference")
+# Issue 25, item 5: end-to-end tok/s at these concurrencies, with and without the drafter.
+SPEED_LEVELS = "1,4,16"
 
 READY = re.compile(r"ready in ([\d.]+) s: ")
 STOP_RESERVE_S = 75  # stopping a server (the launcher waits for vLLM's shutdown) and saving
@@ -118,12 +127,12 @@ def serve_args(phase: str, model: str, drafter: str, port: int, more_sets: list[
     """`launcher serve` arguments of a phase (without --wait, --timeout, --force, --dry-run);
     ``more_sets`` / ``more_args`` (--set / --vllm-arg) come last, the same on every server."""
     args = ["serve", "--recipe", recipe, "--model", model, "--test-gpu", "--host", "127.0.0.1", "--port", str(port)]
-    sets = SETS + (REFERENCE_SETS if phase == "reference" else []) + list(more_sets)
-    if phase != "reference":
+    sets = SETS + PHASE_SETS.get(phase, []) + list(more_sets)
+    if phase not in NO_DRAFTER:
         args += ["--drafter", drafter]
     for item in sets:
         args += ["--set", item]
-    return args + ["--", *EXTRA_ARGS, *(REFERENCE_EXTRA if phase == "reference" else []), *more_args]
+    return args + ["--", *EXTRA_ARGS, *PHASE_EXTRA.get(phase, []), *more_args]
 
 
 def _with_flags(args: list[str], *flags: str) -> list[str]:
@@ -364,8 +373,7 @@ class Phase:
         self.cwd.mkdir(parents=True, exist_ok=True)
         self.port = args.port_base + PORT_OFFSETS[name]
         self.url = f"http://127.0.0.1:{self.port}"
-        # The bench phase serves what the dflash phase serves.
-        self.serve = serve_args("dflash" if name == "bench" else name, str(args.model), str(args.drafter),
+        self.serve = serve_args(SERVES.get(name, name), str(args.model), str(args.drafter),
                                 self.port, args.set, args.vllm_arg, args.recipe)
         self.record: dict = {"server": name, "series": "stock" if name == "stock" else args.series_hash,
                              "numerics": "exact" if args.exact_numerics else "default",
@@ -488,16 +496,17 @@ def bench_phase(args) -> None:
 BENCH_NEEDS_S = float(os.environ.get("SERVED_BENCH_NEEDS_S", "200"))
 
 
-def bench(ph: Phase, model: str) -> None:
-    """`launcher bench --recipe gemma4-moe-dflash` against the running server."""
+def bench(ph: Phase, model: str, more: list[str] = (), tag: str = "") -> Path | None:
+    """`launcher bench --recipe gemma4-moe-dflash` against the running server (``more``: its
+    further arguments); the result file, or None where there was no time for it."""
     if ph.left() < BENCH_NEEDS_S + STOP_RESERVE_S:
         ph.record["bench_skipped"] = f"deadline: {ph.left():.0f} s left, the benchmark needs about {BENCH_NEEDS_S}"
-        return
-    # One file per vLLM version and recipe: the text-only recipe's must not replace the other's.
-    suffix = ph.args.recipe[len(RECIPE):]
+        return None
+    # One file per vLLM version, recipe and purpose: the text-only recipe's must not replace the other's.
+    suffix = ph.args.recipe[len(RECIPE):] + tag
     out = ph.args.out / f"served-bench-{ph.record.get('vllm')}{suffix}.json"
     cmd = [sys.executable, "-m", "launcher", "bench", "--recipe", ph.args.recipe, "--url", ph.url, "--model", model,
-           "--client", "builtin", "--tokenizer", str(ph.args.model), "--out", str(out), "--timeout", "300"]
+           "--client", "builtin", "--tokenizer", str(ph.args.model), "--out", str(out), "--timeout", "300", *more]
     ph.record["bench_command"] = shlex.join(["launcher", *cmd[3:]])
     try:
         # The site for the launcher's own dependencies (pydantic travels in the bundle).
@@ -515,6 +524,39 @@ def bench(ph: Phase, model: str) -> None:
              "output_tok_s": r.get("output_throughput"), "mean_tpot_ms": r.get("mean_tpot_ms"),
              "mean_acceptance_length": (r.get("spec_decode") or {}).get("mean_acceptance_length")}
             for r in doc.get("runs") or []]
+        if doc.get("comparison"):
+            ph.record["bench_comparison"] = doc["comparison"]
+    return out if out.exists() else None
+
+
+def speed(args) -> None:
+    """Issue 25, item 5: output tok/s through `launcher bench` at SPEED_LEVELS, against the recipe
+    without its drafter and then with it (`--compare-without-drafter --baseline-result`). Both
+    servers start side by side and are benched one after the other, so neither bench shares the
+    GPU's compute; default numerics (main() refuses --exact-numerics: batch invariance is slower)."""
+    pair = {name: Phase(name, args, args.site_patched) for name in ("speed-reference", "speed-dflash")}
+    try:
+        for ph in pair.values():
+            ph.plan()
+        ready = {}
+        starts = [threading.Thread(target=lambda n=n, p=p: ready.__setitem__(n, p.start())) for n, p in pair.items()]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join()
+        base, dfl = pair["speed-reference"], pair["speed-dflash"]
+        if all(ready.get(n) for n in pair):
+            levels = ["--workload", "prompts", "--concurrency", SPEED_LEVELS]
+            baseline = bench(base, served_name(base.record["plan"]), levels, "-speed-no-drafter")
+            if baseline is not None:
+                bench(dfl, served_name(dfl.record["plan"]),
+                      [*levels, "--compare-without-drafter", "--baseline-result", str(baseline)], "-speed-dflash")
+    except Exception as exc:  # noqa: BLE001 - recorded
+        pair["speed-dflash"].failed(exc)
+    finally:
+        for ph in pair.values():
+            ph.stop()
+            ph.save()
 
 
 def stock_probe(reqs: list[sr.Req]) -> sr.Req:
@@ -568,7 +610,8 @@ _ASSEMBLING = threading.Lock()  # flock is per open file, not per thread: thread
 
 
 def _assemble(work: Path, out: Path, meta: dict) -> dict:
-    phases = {p: json.loads((work / f"{p}.json").read_text()) for p in ("reference", "dflash", "stock", "bench")
+    phases = {p: json.loads((work / f"{p}.json").read_text())
+              for p in ("reference", "dflash", "stock", "bench", "speed-reference", "speed-dflash")
               if (work / f"{p}.json").exists()}
     for name, phase in phases.items():
         # Read the server logs again where they are here: a record assembled later gets what
@@ -615,7 +658,9 @@ def meta(args) -> dict:
             "numerics": "exact: VLLM_BATCH_INVARIANT=1, compile backend eager" if args.exact_numerics else "default"}
 
 
-PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase}
+PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase, "speed": speed}
+# The raw records a phase leaves (the speed phase runs two servers)
+RECORDS = {"speed": ("speed-reference", "speed-dflash")}
 
 
 def run_phase(args, name: str) -> None:
@@ -624,7 +669,8 @@ def run_phase(args, name: str) -> None:
     # After each phase: a call cut short keeps what finished, the raw phase too, so
     # a later machine can take it back (remote.sh served seeds .stage/served-raw).
     assemble(args.work, args.out, meta(args))
-    keep_raw(args.work, args.out / args.raw_name, name)
+    for record in RECORDS.get(name, (name,)):
+        keep_raw(args.work, args.out / args.raw_name, record)
 
 
 def run_phases(args, names: list[str]) -> None:
@@ -687,10 +733,6 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, key, getattr(args, key).resolve())
     args.work.mkdir(parents=True, exist_ok=True)
     args.deadline = time.time() + args.deadline_s
-    if args.exact_numerics:
-        # Inherited by every `launcher serve` (launcher_env) and so by each vLLM it starts.
-        os.environ.update(EXACT_ENV)
-        args.vllm_arg = args.vllm_arg + EXACT_ARGS
     names = [] if args.assemble_only else [p for p in args.phases.split(",") if p]
     for name in names:
         if name not in PHASES:
@@ -699,6 +741,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("the stock phase needs --site-stock")
     if args.parallel and {"dflash", "bench"} <= set(names):
         parser.error("the dflash and bench phases share a port: not side by side")
+    if "speed" in names and args.exact_numerics:
+        parser.error("the speed phase measures the numerics users run: not with --exact-numerics")
+    if args.exact_numerics:
+        # Inherited by every `launcher serve` (launcher_env) and so by each vLLM it starts.
+        os.environ.update(EXACT_ENV)
+        args.vllm_arg = args.vllm_arg + EXACT_ARGS
     run_phases(args, names)
     doc = assemble(args.work, args.out, meta(args))
     for row in doc["servers"]:

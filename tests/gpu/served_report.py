@@ -342,7 +342,25 @@ def rows(phases: dict[str, dict]) -> list[dict]:
         out.append(dflash_row(dflash, phases.get("reference")))
     if "stock" in phases:
         out.append(stock_row(phases["stock"]))
+    if "speed-dflash" in phases:
+        out.append(speed_row(phases["speed-dflash"], phases.get("speed-reference")))
     return out
+
+
+def speed_row(dflash: dict, baseline: dict | None) -> dict:
+    """Issue 25, item 5: `launcher bench` tok/s with the drafter and without it, per concurrency."""
+    row = _common(dflash)
+    row.update({
+        "server": "speed", "concurrency": sorted({c["concurrency"] for c in dflash.get("bench_comparison") or []}),
+        "lossless": None, "acceptance_length": None, "images_change_output": None, "nondegenerate": None,
+        "stock_error": None, "bench": dflash.get("bench"), "bench_command": dflash.get("bench_command"),
+        "baseline_bench": (baseline or {}).get("bench"), "baseline_started_by": (baseline or {}).get("started_by"),
+        "bench_skipped": (baseline or {}).get("bench_skipped") or dflash.get("bench_skipped"),
+        "speed": [{"concurrency": c["concurrency"], "output_tok_s": c["output_tok_s"],
+                   "measured_speedup": c["speedup"], "mean_acceptance_length": c["mean_acceptance_length"],
+                   "tpot_ms_mean": c["tpot_ms_mean"]} for c in dflash.get("bench_comparison") or []],
+    })
+    return row
 
 
 # ------------------------------------------------------------------ markdown
@@ -395,7 +413,7 @@ def markdown(doc: dict) -> str:
             lines.append(f"- test GPU: {r['test_gpu'].get('stands_in_for')} <- {r['test_gpu'].get('gpu')}: "
                          f"{_cell(r['test_gpu'].get('sets'))}")
         for key in ("phase_error", "skipped", "stock_outcome", "refused_without_force", "preflight_blocking", "bench_skipped", "bench_summary",
-                    "bench_command", "bench_started_by", "bench_numerics",
+                    "bench_command", "bench_started_by", "bench_numerics", "baseline_started_by", "speed",
                     "reproducible", "lossless_reason", "lossless_by_kind", "nondegenerate",
                     "chunk_boundary", "prefix_cache", "tool", "acceptance", "images_change_detail", "first_image",
                     "log", "errors"):

@@ -99,6 +99,18 @@ def test_compare_without_drafter_against_a_baseline_server(tmp_path):
     assert "with drafter vs without" in proc.stdout and "warning" not in proc.stderr
 
 
+def test_concurrency_levels_given_on_the_command_line_replace_the_recipes(tmp_path):
+    recipe = small_recipe(tmp_path)
+    with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as server:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "c.json",
+                         "--concurrency", "2,4"], tmp_path)
+        bad = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--concurrency", "2,x"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads((tmp_path / "c.json").read_text())["runs"]
+    # prompts_per_stream 2: twice the level's requests, every one answered
+    assert [(r["concurrency"], r["num_prompts"], r["completed"]) for r in runs] == [(2, 4, 4), (4, 8, 8)]
+    assert bad.returncode == 2 and "--concurrency '2,x': 'x' is not a positive integer" in bad.stderr
+
 def test_compare_from_an_earlier_result_and_a_baseline_that_drafts_is_flagged(tmp_path):
     recipe = small_recipe(tmp_path)
     with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as server:

@@ -209,3 +209,44 @@ def _port_free(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+@pytest.mark.network
+def test_the_speed_phase_benches_the_recipe_without_and_with_its_drafter(openai_client, forced_servers, tmp_path):
+    """Issue 25, item 5 through the served path: both servers started by `launcher serve`, the
+    no-drafter one changed in nothing but the drafter, `launcher bench --concurrency 1,4,16`
+    against each, and the comparison in a row of its own."""
+    model, base = forced_servers
+    patched = fake_site(tmp_path / "site-patched", False)
+    out, work = tmp_path / "out", tmp_path / "work"
+    code = served.main(["--model", str(model), "--drafter", str(tmp_path / "drafter"), "--site-patched", str(patched),
+                        "--series-hash", "f" * 64, "--work", str(work), "--out", str(out), "--gpu", "stand-in",
+                        "--deadline-s", "400", "--phases", "speed", "--port-base", str(base)])
+    assert code == 0
+    raw = {n: json.loads((work / f"{n}.json").read_text()) for n in ("speed-reference", "speed-dflash")}
+    assert "--speculative-config" not in raw["speed-reference"]["argv"]
+    assert "--speculative-config" in raw["speed-dflash"]["argv"]
+    # The baseline is the recipe less its drafter: prefix caching stays as the recipe has it.
+    assert "--no-enable-prefix-caching" not in raw["speed-reference"]["argv"]
+    assert raw["speed-reference"]["started_at"] < raw["speed-dflash"]["stopped_at"]
+    row = next(r for r in json.loads((out / "served.json").read_text())["servers"] if r["server"] == "speed")
+    assert row["concurrency"] == [1, 4, 16] and row["numerics"] == "default"
+    assert [s["concurrency"] for s in row["speed"]] == [1, 4, 16]
+    assert all(s["output_tok_s"]["with_drafter"] and s["output_tok_s"]["without"] for s in row["speed"])
+    baseline = json.loads((out / "served-bench-0.21.0-speed-no-drafter.json").read_text())
+    assert baseline["speculative_decoding"] is False and {r["workload"] for r in baseline["runs"]} == {"prompts"}
+    assert row["bench"] == "tests/gpu/results/served-bench-0.21.0-speed-dflash.json"
+    assert sorted(p.name for p in (out / "served-raw").iterdir()) == [
+        "speed-dflash.json", "speed-dflash.log", "speed-reference.json", "speed-reference.log"]
+    for offset in served.PORT_OFFSETS.values():
+        assert _port_free(base + offset)
+
+
+def test_the_speed_phase_refuses_exact_numerics(tmp_path, capsys):
+    import os
+
+    with pytest.raises(SystemExit):
+        served.main(["--model", str(tmp_path), "--drafter", str(tmp_path), "--site-patched", "/x", "--work",
+                     str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--phases", "speed", "--exact-numerics"])
+    assert "not with --exact-numerics" in capsys.readouterr().err
+    assert "VLLM_BATCH_INVARIANT" not in os.environ  # refused before anything was set

@@ -78,6 +78,20 @@ def test_bench_runs_expand_max_to_the_profile_max_num_seqs():
     assert [r.key for r in workload.runs(rec, profile=None, only=["b"])] == ["b@2"]
 
 
+def test_bench_concurrency_replaces_every_workloads_levels():
+    """--concurrency 1,4,16,max (issues 25 and 27 ask for levels no recipe lists)."""
+    rec = parse(tail=BENCH)
+    runs = workload.runs(rec, profile=None, only=None, levels=workload.parse_levels("4,1,max"))
+    assert [(r.workload.name, r.concurrency, r.num_prompts) for r in runs] == [
+        ("a", 1, 2), ("a", 4, 8), ("a", 6, 12), ("b", 1, 4), ("b", 4, 16), ("b", 6, 24)]
+
+
+@pytest.mark.parametrize("text", ["0", "1,,4", "four", "-2", "1.5"])
+def test_bench_concurrency_refuses_what_is_not_a_level(text):
+    with pytest.raises(LauncherError) as err:
+        workload.parse_levels(text)
+    assert err.value.message.startswith(f"--concurrency {text!r}:")
+
 def test_bench_prompts_are_exact_length_token_ids_or_the_bundled_set():
     rec = parse(tail=BENCH)
     a, _, b = workload.runs(rec, profile=None, only=None)
