@@ -122,6 +122,8 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         "projected_speedup": {c: p["projected_speedup"] for c, p in paired.items()} if paired else None,
         "speed": paired or None,
         "speed_bar_met": _speed_bar(paired or {}),
+        "batch_invariant": bool(rec.get("batch_invariant")),
+        "served_speed": None,
     }
 
 
@@ -139,6 +141,18 @@ def build(records: list[dict]) -> list[dict]:
         ablation = [r for r in trained if r.get("revert") and _same_configuration(r, rec, series=False)]
         rows.append(_row(rec, capture, ablation, _speed(records, rec)))
     return rows
+
+
+def add_served_speed(rows: list[dict], served: dict) -> None:
+    """The served speed rows (served.py's speed phase: `launcher bench` against `vllm serve`,
+    bf16 target, default numerics) into the rows of their release with those numerics, as
+    ``served_speed``: item 5's measurement through the server, beside the offline one."""
+    for srow in (r for r in served.get("servers") or [] if r.get("server") == "speed" and r.get("speed")):
+        for row in rows:
+            if (row["vllm"] == srow.get("vllm") and row["quantization"] == "bf16"
+                    and not row.get("batch_invariant")):
+                row["served_speed"] = {"series": srow.get("series"), "bench": srow.get("bench"),
+                                       "per_concurrency": srow["speed"]}
 
 
 def _cell(value) -> str:
@@ -180,7 +194,23 @@ def markdown(rows: list[dict]) -> str:
             f"{_cell(r['mean_acceptance_length_vllm'])} | {_cell(r['mean_acceptance_length_reference'])} | "
             f"{_cell(r['relative_gap'])} | {'met' if r['acceptance_bar_met'] else 'not met'} | {eq_cell} | "
             f"{_lossless_cell(r)} | {abl} | {_speed_cell(r['speed'])} |")
+    served = [r for r in rows if r.get("served_speed")]
+    if served:
+        lines += ["", "Through `vllm serve` (`launcher bench`, prompts workload; served.py's speed phase):", "",
+                  "| run's release | served series | concurrency | tok/s DFlash / alone | speed-up | acceptance |",
+                  "|---|---|---|---|---|---|"]
+        for r in served:
+            for c in r["served_speed"]["per_concurrency"]:
+                tok = c["output_tok_s"]
+                lines.append(f"| {r['vllm']} ({r['run']}) | {str(r['served_speed']['series'])[:8]} | "
+                             f"{c['concurrency']} | {_cell(_round(tok.get('with_drafter')))} / "
+                             f"{_cell(_round(tok.get('without')))} | {_cell(_round(c.get('measured_speedup'), 3))} | "
+                             f"{_cell(_round(c.get('mean_acceptance_length'), 3))} |")
     return "\n".join(lines) + "\n"
+
+
+def _round(value, digits: int = 1):
+    return None if value is None else round(value, digits)
 
 
 def _lossless_cell(row: dict) -> str:
@@ -193,9 +223,13 @@ def _lossless_cell(row: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--realshape", type=Path, default=HERE / "results" / "realshape.json")
+    parser.add_argument("--served", type=Path, default=HERE / "results" / "served.json",
+                        help="served.json, whose speed rows join (skipped where the file is absent)")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     rows = build(json.loads(args.realshape.read_text()))
+    if args.served.exists():
+        add_served_speed(rows, json.loads(args.served.read_text()))
     (args.out_dir / "acceptance.json").write_text(json.dumps(rows, indent=1) + "\n")
     (args.out_dir / "acceptance.md").write_text(markdown(rows))
     print(f"{len(rows)} configuration(s): {args.out_dir / 'acceptance.json'}")

@@ -239,3 +239,18 @@ def test_the_calibrated_equivalence_holds_where_every_unequal_context_is_bf16_no
     few = {"contexts": 150, "equal": 150, "noise": {**noise, "equal_or_within_noise_fraction": 1.0}}
     row = ar.build([_rec("plain", 4.2), _rec("capture", 4.1, capture_drafts=True, draft_equivalence=few)])[0]
     assert row["draft_equivalence"]["holds_within_noise"] is False  # under 200 contexts
+
+
+def test_served_speed_rows_join_their_releases_default_numerics_bf16_rows():
+    records = [_rec("plain", 2.7), _rec("plain-bi", 2.5, batch_invariant=True),
+               _rec("nvfp4", 2.4) | {"quantization": "modelopt-nvfp4"}, _rec("v33", 2.6) | {"vllm": "0.33.0"}]
+    rows = ar.build(records)
+    speed_rows = [{"concurrency": 1, "output_tok_s": {"with_drafter": 300.0, "without": 200.0},
+                   "measured_speedup": 1.5, "mean_acceptance_length": 2.8, "tpot_ms_mean": {}}]
+    ar.add_served_speed(rows, {"servers": [
+        {"server": "speed", "vllm": "0.21.0", "series": "newer", "bench": "b.json", "speed": speed_rows},
+        {"server": "dflash", "vllm": "0.33.0", "speed": speed_rows}]})
+    joined = {r["run"]: r["served_speed"] for r in rows}
+    assert joined["plain"] == {"series": "newer", "bench": "b.json", "per_concurrency": speed_rows}
+    assert joined["plain-bi"] is None and joined["nvfp4"] is None and joined["v33"] is None
+    assert "| 0.21.0 (plain) | newer | 1 | 300.0 / 200.0 | 1.5 | 2.8 |" in ar.markdown(rows)
