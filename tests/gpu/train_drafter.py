@@ -394,6 +394,17 @@ def evaluate(model, drafter, shared, prompts: list[dict], cfg: DrafterTrainConfi
     return result
 
 
+def train_split_acceptance(model, drafter, shared, stream, heldout: list[dict], cfg: DrafterTrainConfig) -> dict:
+    """The same walk on as many windows of the train split, of the held-out prompts' lengths:
+    far above the held-out number, the drafter has learnt its data and more data would help;
+    about equal, it is the drafter (or the target's own uncertainty) that limits acceptance."""
+    lengths = [len(p["token_ids"]) for p in heldout]
+    windows = prompt_windows(stream, len(lengths), min(lengths), max(lengths), random.Random(cfg.seed + 1))
+    out = evaluate(model, drafter, shared, [{"token_ids": w} for w in windows], cfg)
+    return {"prompts": out["prompts"], "gate": out["gate"],
+            **{sem: out[sem]["all_prompts"] for sem in cfg.semantics}}
+
+
 def eval_gate(seqs, plens, top, max_tokens: int) -> dict:
     """gate.py's block on the first max_tokens generated tokens, with the teacher-forced top-2
     logits (near-ties) of each."""
@@ -517,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = prompts[:cfg.eval_prompts] if cfg.eval_prompts else prompts
     t_eval = time.time()
     # The weights as saved (bf16) are what vLLM drafts with.
-    evaluation = evaluate(model, copy.deepcopy(drafter).to(torch.bfloat16), shared, prompts, cfg)
+    drafter16 = copy.deepcopy(drafter).to(torch.bfloat16)
+    evaluation = evaluate(model, drafter16, shared, prompts, cfg)
+    evaluation["train_split"] = train_split_acceptance(model, drafter16, shared, stream, prompts, cfg)
     eval_s = time.time() - t_eval
 
     out = args.models / DRAFTER_NAME
@@ -558,6 +571,8 @@ def headline(record: dict) -> dict:
             "gate_passes": ev["gate"]["passes"],
             **{f"mean_acceptance_length[{s}]": ev[s]["all_prompts"]["mean_acceptance_length"]
                for s in record["train_config"]["semantics"]},
+            **{f"train_split_acceptance_length[{s}]": ev["train_split"][s]["mean_acceptance_length"]
+               for s in record["train_config"]["semantics"] if "train_split" in ev},
             "final_loss": record["loss_curve"][-1]["loss"], "wall_s": record["wall_s"]}
 
 

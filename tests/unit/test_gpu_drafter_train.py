@@ -675,3 +675,29 @@ def test_the_default_recipe_fits_an_h100():
     assert features <= 6 * 2 ** 30
     assert cfg.continuation - cfg.k + 1 >= cfg.anchors_per_row
     assert cfg.eval_max_tokens == tt.MAX_TOKENS and cfg.k == rs.NUM_SPECULATIVE_TOKENS
+
+
+def test_train_split_acceptance_walks_train_windows_of_the_held_out_lengths(monkeypatch):
+    """The overfitting check: as many train-split windows as held-out prompts, within their
+    lengths, seeded apart from the training windows, walked by the same evaluate()."""
+    seen = {}
+
+    def fake_evaluate(model, drafter, shared, prompts, cfg):
+        seen["prompts"] = [p["token_ids"] for p in prompts]
+        summary = {"mean_acceptance_length": 3.5}
+        return {"prompts": len(prompts), "gate": {"passes": True},
+                **{sem: {"all_prompts": summary} for sem in cfg.semantics}}
+
+    monkeypatch.setattr(td, "evaluate", fake_evaluate)
+    cfg = _tiny_cfg()
+    stream = list(range(10, 5000))
+    heldout = [{"token_ids": [2] * n} for n in (20, 35, 50)]
+    out = td.train_split_acceptance(None, None, None, stream, heldout, cfg)
+    assert out["prompts"] == 3 and all(out[sem]["mean_acceptance_length"] == 3.5 for sem in cfg.semantics)
+    windows = seen["prompts"]
+    assert len(windows) == 3 and all(20 <= len(w) <= 50 for w in windows)
+    assert all(w[1:] == stream[stream.index(w[1]):stream.index(w[1]) + len(w) - 1] for w in windows)
+    again = td.train_split_acceptance(None, None, None, stream, heldout, cfg)
+    assert seen["prompts"] == windows and again == out  # seeded
+    first_training_window = td.prompt_windows(stream, 1, 20, 50, td.random.Random(cfg.seed))[0]
+    assert windows[0] != first_training_window
