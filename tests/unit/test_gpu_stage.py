@@ -32,3 +32,34 @@ def test_the_033_pins_leave_torch_and_the_image_packages_alone():
     names = {line.split("==")[0].lower() for line in stage._requirements(stage.requirements_for("0.33.0"))}
     assert not names & {"torch", "triton", "transformers", "numpy", "nvidia-nccl-cu13", "nvidia-cudnn-cu13"}
     assert "unidiff" in names  # the patch engine applies the series on the device
+
+
+def test_resplit_cuts_staged_parts_again_and_keeps_the_whole(tmp_path):
+    """Parts of an older, larger size re-cut into smaller ones: the same bytes in order, the
+    same whole sha256 (what the device checks), no part of the old cut left behind."""
+    import hashlib
+    import json
+
+    data = bytes(range(256)) * 400  # 102,400 bytes
+    tarball = tmp_path / "bundle.tar.xz"
+    tarball.write_bytes(data)
+    old = stage.split(tarball, tmp_path, "bundle", "0.21.0", part_bytes=60_000)
+    tarball.unlink()
+    assert len(old["parts"]) == 2
+    new = stage.resplit(tmp_path, "bundle", part_bytes=25_000)
+    assert [p["bytes"] for p in new["parts"]] == [25_000] * 4 + [2_400]
+    assert new["sha256"] == old["sha256"] == hashlib.sha256(data).hexdigest()
+    assert b"".join((tmp_path / p["name"]).read_bytes() for p in new["parts"]) == data
+    assert sorted(p.name for p in tmp_path.glob("bundle.tar.xz.part*")) == [p["name"] for p in new["parts"]]
+    assert json.loads((tmp_path / "bundle.json").read_text()) == new and not tarball.exists()
+
+
+def test_resplit_refuses_parts_that_do_not_make_their_whole(tmp_path):
+    tarball = tmp_path / "extras.tar"
+    tarball.write_bytes(b"x" * 5000)
+    manifest = stage.split(tarball, tmp_path, "extras", part_bytes=2000)
+    tarball.unlink()
+    (tmp_path / manifest["parts"][1]["name"]).write_bytes(b"y" * 2000)
+    with pytest.raises(SystemExit, match="do not make the whole"):
+        stage.resplit(tmp_path, "extras", part_bytes=1000)
+    assert [p.name for p in sorted(tmp_path.glob("extras.tar.part*"))] == [p["name"] for p in manifest["parts"]]
