@@ -196,12 +196,21 @@ def log_facts(text: str) -> dict:
 # ------------------------------------------------------------------ rows
 
 
+def _numerics(plan: dict, argv: list[str] | None) -> str | None:
+    if not argv:
+        return None
+    eager = any('"backend": "eager"' in a for a in argv)
+    invariant = (plan.get("env") or {}).get("VLLM_BATCH_INVARIANT") == "1"
+    return "exact" if eager and invariant else "default"
+
+
 def _common(phase: dict) -> dict:
     plan = phase.get("plan") or {}
     return {
         "server": phase["server"], "vllm": phase.get("vllm"), "series": phase.get("series"),
-        # exact (batch-invariant, no inductor) or default; None in records from before it was kept
-        "numerics": phase.get("numerics"),
+        # exact (batch-invariant, no inductor) or default; read off the server's environment and
+        # argv in records from before the phase kept it
+        "numerics": phase.get("numerics") or _numerics(plan, phase.get("argv")),
         "recipe": plan.get("recipe"), "profile": plan.get("profile"),
         "test_gpu": plan.get("test_gpu"),
         "started_by": phase.get("started_by"), "argv": phase.get("argv"),

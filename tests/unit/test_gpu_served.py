@@ -382,7 +382,7 @@ def test_rows_carry_the_issues_fields(made, tmp_path):
     assert stock["stock_error"].startswith("start-up:") and stock["preflight_blocking"]
     assert stock["lossless"] is None and stock["refused_without_force"]
     md = (tmp_path / "out" / "served.md").read_text()
-    assert "| dflash | 0.21.0 | gemma4-moe-dflash | abc123 | - | rtx5090 |" in md and "partial multimodal token" in md
+    assert "| dflash | 0.21.0 | gemma4-moe-dflash | abc123 | default | rtx5090 |" in md and "partial multimodal token" in md
     assert json.loads((tmp_path / "out" / "served.json").read_text()) == doc
 
 
@@ -678,3 +678,15 @@ def test_the_stock_server_is_sent_the_first_image_or_text_only_the_first_text(ma
     assert reqs[0].id == "text-0"  # the list starts with text: the probe must not just take the first
     assert served.stock_probe(reqs).id == "image-first" and served.stock_probe(reqs).images
     assert served.stock_probe([r for r in reqs if not r.images]).id == "text-0"
+
+
+def test_numerics_are_read_off_records_that_did_not_keep_them():
+    exact_argv = ["vllm", "serve", "--compilation-config", '{"backend": "eager"}']
+    plan = {"env": {"VLLM_BATCH_INVARIANT": "1"}}
+    assert report._numerics(plan, exact_argv) == "exact"
+    assert report._numerics({"env": {}}, exact_argv) == "default"
+    assert report._numerics(plan, ["vllm", "serve"]) == "default"
+    assert report._numerics(plan, None) is None
+    row = report.stock_row({"server": "stock", "plan": plan, "argv": exact_argv})
+    assert row["numerics"] == "exact"
+    assert report.stock_row({"server": "stock", "plan": plan, "argv": exact_argv, "numerics": "default"})["numerics"] == "default"
