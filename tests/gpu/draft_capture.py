@@ -214,6 +214,7 @@ def compare_capture(capture: Capture, drafter, shared, semantics: str, k: int, d
     counts = {"equal": 0, "tie": 0, "unequal": 0}
     incomplete, warmup, first_unequal = 0, 0, []
     vllm_misses, ref16_misses = [], []  # per context: [(position, gap)]
+    by_request: dict[str, int] = {}  # unequal contexts per request: spread out, or one request's?
     for rid, req in capture.requests.items():
         if rid.startswith(WARMUP_PREFIX):
             warmup += len(req.contexts)
@@ -233,6 +234,8 @@ def compare_capture(capture: Capture, drafter, shared, semantics: str, k: int, d
             vllm_misses.append(misses(lg, c["drafts"][:k]) if verdict == "unequal" else [])
             if logits16 is not None:
                 ref16_misses.append(misses(lg, logits16[i].float().argmax(-1).tolist()))
+            if verdict == "unequal":
+                by_request[rid] = by_request.get(rid, 0) + 1
             if verdict == "unequal" and len(first_unequal) < 5:
                 first_unequal.append({"request": rid, "anchor": c["anchor"], "vllm": c["drafts"][:k],
                                       "reference": lg.argmax(-1).tolist()})
@@ -242,7 +245,9 @@ def compare_capture(capture: Capture, drafter, shared, semantics: str, k: int, d
            "warmup_contexts_left_out": warmup,
            "equal_fraction": round((counts["equal"] + counts["tie"]) / contexts, 4) if contexts else None,
            "first_unequal": first_unequal, "semantics": semantics, "k": k,
-           "unequal_positions": _position_histogram(vllm_misses, k)}
+           "unequal_positions": _position_histogram(vllm_misses, k),
+           "unequal_requests": len(by_request),
+           "unequal_most_in_one_request": sorted(by_request.items(), key=lambda kv: -kv[1])[:5]}
     if drafter_bf16 is not None:
         out["noise"] = bf16_noise_verdict(vllm_misses, ref16_misses, k)
     return out

@@ -147,6 +147,7 @@ def test_drafts_a_bf16_drafter_makes_are_within_the_noise_and_a_far_draft_is_not
     cap.requests["a"].contexts[1]["drafts"][2] = int(logits[1, 2].argmin())
     out = dc.compare_capture(cap, drafter, shared, "vllm-0.33.0", K, drafter16)
     assert out["noise"]["vllm_unequal_beyond_noise"] == 1 and out["unequal_positions"][2] >= 1
+    assert out["unequal_requests"] == 1 and out["unequal_most_in_one_request"][0][0] == "a"
     assert out["noise"]["vllm_max_gap"] > out["noise"]["noise_bound"]
 
 
