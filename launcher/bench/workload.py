@@ -52,7 +52,7 @@ def parse_levels(text: str) -> list[int | str]:
     for item in (x.strip() for x in text.split(",")):
         if item == "max":
             levels.append(item)
-        elif item.isdigit() and int(item) > 0:
+        elif item.isascii() and item.isdigit() and int(item) > 0:
             levels.append(int(item))
         else:
             raise LauncherError(f"--concurrency {text!r}: {item!r} is not a positive integer or 'max'",
@@ -67,12 +67,14 @@ def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
     unknown = sorted(set(only or []) - set(known))
     if unknown:
         raise LauncherError(f"recipe {rec.name} has no bench workload {', '.join(unknown)}", hint=f"it has: {', '.join(known)}")
-    top, _ = max_concurrency(rec, profile)
     out: list[Run] = []
     for w in rec.bench.workloads:
         if only and w.name not in only:
             continue
-        wanted = sorted({top if c == "max" else c for c in (levels or w.concurrency)})
+        asked = levels or w.concurrency
+        # 'max' needs the profile's max_num_seqs; levels given as numbers do not
+        top = max_concurrency(rec, profile)[0] if "max" in asked else None
+        wanted = sorted({top if c == "max" else c for c in asked})
         out += [Run(w, c, c * w.prompts_per_stream) for c in wanted]
     return out
 

@@ -288,7 +288,9 @@ def feature_agreement(capture: Capture, model, layer_ids, chunk_tokens: int = 32
     import train_drafter
 
     cosines = []
-    for req in capture.requests.values():
+    for rid, req in capture.requests.items():
+        if rid.startswith(WARMUP_PREFIX):
+            continue  # made-up prompts: not what any user's request feeds the drafter
         length = next((p for p, ok in enumerate(req.valid) if not ok), len(req.valid))
         if length < 2:
             continue

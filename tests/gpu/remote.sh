@@ -731,7 +731,9 @@ served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images
     [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
         || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+    seed_served_record
     served_run "$SITE" "$SITE_PATCHED" served
+    rm -f "$OUT/.served.lock"
 }
 
 served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundle (FA2 inside) and
@@ -740,17 +742,27 @@ served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundl
     extras
     install_v33
     site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+    seed_served_record
     served_run "$SITE33" "$SITE33_PATCHED" served-v33
+    rm -f "$OUT/.served.lock"
 }
 
-prepare() { # both releases installed, FA2 and the trained models unpacked, both patched copies
-    # built: what served-all, realshape-trained and realshape-v33-trained each start with, done
-    # once before they run side by side (each would otherwise build the same folders at once)
-    install
-    extras
-    install_v33
-    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
-    site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+prepare() { # both releases installed (0.33.0 where its bundle was carried), FA2 and the trained
+    # models unpacked, the patched copies built: what served-all, realshape-trained and
+    # realshape-v33-trained each start with, done once before they run side by side (each would
+    # otherwise build the same folders at once). Under a lock: a prepare started in the
+    # background during the receive calls and the one a verb starts must not build together.
+    mkdir -p "$WORK"
+    (
+        flock 9
+        install
+        extras
+        site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
+        if [ -f "$BUNDLE_DIR/bundle-$V33.json" ]; then
+            install_v33
+            site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+        fi
+    ) 9> "$WORK/prepare.lock"
 }
 
 served_all() { # served and served-v33 side by side, each with its phases side by side: one
@@ -767,7 +779,21 @@ served_all() { # served and served-v33 side by side, each with its phases side b
         || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
     local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) rc=0 i=0 job recipe phases numerics v pids=() logs=()
     local jobs=${SERVED_JOBS:-gemma4-moe-dflash:${SERVED_PHASES:-reference,dflash,stock}}
-    export SERVED_COMMAND="SERVED_JOBS='$jobs' bash tests/gpu/remote.sh served-all"
+    local versions=${SERVED_VERSIONS:-0.21.0 0.33.0} recipes
+    # Each job's folder is $WORK/served[-v33][-text]: two jobs of one recipe would share it.
+    recipes=$(for job in $jobs; do echo "${job%%:*}"; done)
+    if [ "$(sort <<< "$recipes" | uniq -d)" != "" ]; then
+        echo "SERVED_JOBS names a recipe twice (one folder per recipe and version): $jobs" >&2; return 2
+    fi
+    # A speed measurement needs the GPU to itself.
+    case " $jobs " in
+        *:speed:*|*":speed "*)
+            if [ "$(wc -w <<< "$jobs $versions")" -gt 2 ]; then
+                echo "the speed phase runs alone: one job, one version (SERVED_VERSIONS=0.21.0)" >&2; return 2
+            fi ;;
+    esac
+    seed_served_record
+    export SERVED_COMMAND="SERVED_JOBS='$jobs' SERVED_VERSIONS='$versions' SERVED_DEADLINE_S=${SERVED_DEADLINE_S:-540} bash tests/gpu/remote.sh served-all"
     export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.1}"
     export SERVED_VLLM_ARGS="${SERVED_VLLM_ARGS:-} --kv-cache-memory-bytes=$kv"
     # 0.33.0 captures every CUDA graph twice at start, once to estimate its memory, which an
@@ -775,7 +801,7 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0}
     for job in $jobs; do
         IFS=: read -r recipe phases numerics <<< "$job"
-        for v in ${SERVED_VERSIONS:-0.21.0 0.33.0}; do
+        for v in $versions; do
             logs+=("$WORK/served-all-$i-$v-${recipe#gemma4-moe-}-${phases//,/+}.log")
             (
                 export SERVED_RECIPE=$recipe SERVED_PHASES=$phases SERVED_PORT_BASE=$((8000 + 100 * i))
@@ -790,12 +816,18 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     ( while pgrep -f tests/gpu/served.py > /dev/null; do
           nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 30; done ) > "$WORK/served-all-memory.log" 2>&1 &
     for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
-    for i in "${!logs[@]}"; do echo "== ${logs[$i]##*/}"; grep -v "^\s*$" "${logs[$i]}" | tail -12; done
+    for i in "${!logs[@]}"; do echo "== ${logs[$i]##*/}"; { grep -v "^\s*$" "${logs[$i]}" || true; } | tail -12; done
     echo "== GPU memory used, every 30 s: $(tr '\n' ' ' < "$WORK/served-all-memory.log")"
     # $OUT brings back 8 files: the logs in one archive (the phases' raw records are in NAME-logs)
     tar -C "$WORK" -czf "$OUT/served-all-logs.tar.gz" "${logs[@]##*/}" served-all-memory.log
     rm -f "$OUT/.served.lock"
     return $rc
+}
+
+seed_served_record() { # $OUT/served.json starts as the committed record: a call that runs some
+    # phases adds its rows to all the others, so $OUT/served.json can replace the committed one
+    mkdir -p "$OUT"
+    [ -f "$OUT/served.json" ] || [ ! -f tests/gpu/results/served.json ] || cp tests/gpu/results/served.json "$OUT/"
 }
 
 served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/NAME[-text]
@@ -820,13 +852,16 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     for item in ${SERVED_VLLM_ARGS:-}; do extra+=("--vllm-arg=$item"); done
     # SERVED_EXACT=1: batch-invariant servers without inductor, the numerics the real-shape proofs use.
     [ "${SERVED_EXACT:-0}" = 1 ] && extra+=(--exact-numerics)
+    local rc=0
     PYTHONPATH=.:$site "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
         --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
         --series-hash "$(series_hash "$patched")" --work "$work" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
         --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" --recipe "$recipe" \
         --port-base "${SERVED_PORT_BASE:-8000}" ${SERVED_PARALLEL:+--parallel} "${extra[@]}" \
-        --command "${SERVED_COMMAND:-bash tests/gpu/remote.sh served}"
-    tar -C "$work" -czf "$OUT/$name-logs.tar.gz" --exclude=./cwd .
+        --command "${SERVED_COMMAND:-bash tests/gpu/remote.sh served}" || rc=$?
+    # The logs come back whatever served.py did: a failed call is when they are needed.
+    tar -C "$work" -czf "$OUT/$name-logs.tar.gz" --exclude=./cwd . || true
+    return $rc
 }
 
 bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results under $OUT

@@ -419,7 +419,7 @@ class Phase:
             self.server = None
 
     def save(self) -> None:
-        (self.work / f"{self.name}.json").write_text(json.dumps(self.record) + "\n")
+        _write_atomic(self.work / f"{self.name}.json", json.dumps(self.record) + "\n")
 
 
 def reference(args) -> None:
@@ -505,6 +505,7 @@ def bench(ph: Phase, model: str, more: list[str] = (), tag: str = "") -> Path | 
     # One file per vLLM version, recipe and purpose: the text-only recipe's must not replace the other's.
     suffix = ph.args.recipe[len(RECIPE):] + tag
     out = ph.args.out / f"served-bench-{ph.record.get('vllm')}{suffix}.json"
+    out.unlink(missing_ok=True)  # a file of an earlier call on this machine must not stand in for this one's
     cmd = [sys.executable, "-m", "launcher", "bench", "--recipe", ph.args.recipe, "--url", ph.url, "--model", model,
            "--client", "builtin", "--tokenizer", str(ph.args.model), "--out", str(out), "--timeout", "300", *more]
     ph.record["bench_command"] = shlex.join(["launcher", *cmd[3:]])
@@ -545,7 +546,9 @@ def speed(args) -> None:
         for t in starts:
             t.join()
         base, dfl = pair["speed-reference"], pair["speed-dflash"]
-        if all(ready.get(n) for n in pair):
+        if not all(ready.get(n) for n in pair):
+            dfl.record["speed_skipped"] = "not started: " + ", ".join(n for n in pair if not ready.get(n))
+        else:
             levels = ["--workload", "prompts", "--concurrency", SPEED_LEVELS]
             baseline = bench(base, served_name(base.record["plan"]), levels, "-speed-no-drafter")
             if baseline is not None:
@@ -620,19 +623,32 @@ def _assemble(work: Path, out: Path, meta: dict) -> dict:
         if log.exists() and phase.get("log_facts") is not None:
             phase["log_facts"] = report.log_facts(log.read_text(errors="replace"))
     rows = report.rows(phases)
-    # Rows of another vLLM or recipe already in the record stay (one work folder per vLLM
-    # version and recipe); this folder's rows replace those of its own version and recipe.
     earlier = out / "served.json"
     if earlier.exists():
-        def key(r: dict) -> tuple:
-            return r.get("vllm"), r.get("recipe") or RECIPE  # rows from before --recipe served the default
-
-        mine = {key(r) for r in rows}
-        rows = [r for r in json.loads(earlier.read_text()).get("servers", []) if key(r) not in mine] + rows
+        rows = merge_rows(json.loads(earlier.read_text()).get("servers", []), rows)
     doc = {"meta": meta, "servers": rows}
-    (out / "served.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "served.md").write_text(report.markdown(doc))
+    _write_atomic(out / "served.json", json.dumps(doc, indent=1) + "\n")
+    _write_atomic(out / "served.md", report.markdown(doc))
     return doc
+
+
+def merge_rows(earlier: list[dict], mine: list[dict]) -> list[dict]:
+    """The record's rows with this folder's in place of the same server of the same vLLM and
+    recipe (one work folder per vLLM version and recipe, which may hold only some phases: a
+    call that ran the speed phase alone keeps the reference and DFlash rows), new ones last."""
+    def key(r: dict) -> tuple:
+        return r.get("vllm"), r.get("recipe") or RECIPE, r.get("server")  # rows from before --recipe: the default
+
+    fresh = {key(r): r for r in mine}
+    merged = [fresh.pop(key(r), r) for r in earlier]
+    return merged + [r for r in mine if key(r) in fresh]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Readers (another phase's assemble, a copy) never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def keep_raw(work: Path, dest: Path, phase: str) -> None:
@@ -666,11 +682,14 @@ RECORDS = {"speed": ("speed-reference", "speed-dflash")}
 def run_phase(args, name: str) -> None:
     print(f"[{name}] ...", flush=True)
     PHASES[name](args)
-    # After each phase: a call cut short keeps what finished, the raw phase too, so
-    # a later machine can take it back (remote.sh served seeds .stage/served-raw).
-    assemble(args.work, args.out, meta(args))
+    # After each phase: a call cut short keeps what finished, the raw phase first, so a later
+    # machine can take it back (remote.sh served seeds .stage/served-raw) whatever the record does.
     for record in RECORDS.get(name, (name,)):
         keep_raw(args.work, args.out / args.raw_name, record)
+    try:
+        assemble(args.work, args.out, meta(args))
+    except Exception:  # noqa: BLE001 - the final assemble in main() reports it; the other phases go on
+        traceback.print_exc()
 
 
 def run_phases(args, names: list[str]) -> None:
@@ -743,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the dflash and bench phases share a port: not side by side")
     if "speed" in names and args.exact_numerics:
         parser.error("the speed phase measures the numerics users run: not with --exact-numerics")
+    if "speed" in names and len(names) > 1:
+        parser.error("the speed phase runs alone: another phase's server would share the GPU it measures")
     if args.exact_numerics:
         # Inherited by every `launcher serve` (launcher_env) and so by each vLLM it starts.
         os.environ.update(EXACT_ENV)

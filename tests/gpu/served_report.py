@@ -364,7 +364,8 @@ def speed_row(dflash: dict, baseline: dict | None) -> dict:
         "lossless": None, "acceptance_length": None, "images_change_output": None, "nondegenerate": None,
         "stock_error": None, "bench": dflash.get("bench"), "bench_command": dflash.get("bench_command"),
         "baseline_bench": (baseline or {}).get("bench"), "baseline_started_by": (baseline or {}).get("started_by"),
-        "bench_skipped": (baseline or {}).get("bench_skipped") or dflash.get("bench_skipped"),
+        "bench_skipped": (dflash.get("speed_skipped") or (baseline or {}).get("bench_skipped")
+                          or dflash.get("bench_skipped")),
         "speed": [{"concurrency": c["concurrency"], "output_tok_s": c["output_tok_s"],
                    "measured_speedup": c["speedup"], "mean_acceptance_length": c["mean_acceptance_length"],
                    "tpot_ms_mean": c["tpot_ms_mean"]} for c in dflash.get("bench_comparison") or []],

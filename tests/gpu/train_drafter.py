@@ -394,15 +394,27 @@ def evaluate(model, drafter, shared, prompts: list[dict], cfg: DrafterTrainConfi
     return result
 
 
-def train_split_acceptance(model, drafter, shared, stream, heldout: list[dict], cfg: DrafterTrainConfig) -> dict:
-    """The same walk on as many windows of the train split, of the held-out prompts' lengths:
-    far above the held-out number, the drafter has learnt its data and more data would help;
-    about equal, it is the drafter (or the target's own uncertainty) that limits acceptance."""
+def train_split_acceptance(model, drafter, shared, stream, heldout: list[dict], trained: list[list[int]],
+                           cfg: DrafterTrainConfig) -> dict:
+    """Where acceptance is lost, measured with the same walk as the held-out prompts:
+
+    * ``trained_windows``: windows the drafter trained on (their continuations are its data);
+    * ``fresh_windows``: as many new windows of the same train split, which the target learnt
+      but the drafter never saw, of the held-out prompts' lengths.
+
+    Trained far above fresh: the drafter has learnt its data by heart, more data is the lever.
+    Fresh far above held-out: the target is surer on text it learnt (the held-out number is the
+    drafter's honest one). All three close: the drafter itself (or the target's uncertainty)
+    limits acceptance."""
     lengths = [len(p["token_ids"]) for p in heldout]
-    windows = prompt_windows(stream, len(lengths), min(lengths), max(lengths), random.Random(cfg.seed + 1))
-    out = evaluate(model, drafter, shared, [{"token_ids": w} for w in windows], cfg)
-    return {"prompts": out["prompts"], "gate": out["gate"],
-            **{sem: out[sem]["all_prompts"] for sem in cfg.semantics}}
+    fresh = prompt_windows(stream, len(lengths), min(lengths), max(lengths), random.Random(cfg.seed + 1))
+    picked = random.Random(cfg.seed + 2).sample(trained, min(len(lengths), len(trained)))
+    out = {}
+    for name, windows in (("trained_windows", picked), ("fresh_windows", fresh)):
+        ev = evaluate(model, drafter, shared, [{"token_ids": w} for w in windows], cfg)
+        out[name] = {"prompts": ev["prompts"], "gate": ev["gate"],
+                     **{sem: ev[sem]["all_prompts"] for sem in cfg.semantics}}
+    return out
 
 
 def eval_gate(seqs, plens, top, max_tokens: int) -> dict:
@@ -474,7 +486,10 @@ def config_from(steps: int | None, override: dict) -> DrafterTrainConfig:
         fields["gen_groups"] = tuple(tuple(g) for g in fields["gen_groups"])
     if "semantics" in fields:
         fields["semantics"] = tuple(fields["semantics"])
-    return dataclasses.replace(DrafterTrainConfig(), **fields)
+    cfg = dataclasses.replace(DrafterTrainConfig(), **fields)
+    if not 1 <= cfg.data_chunks <= cfg.steps:
+        raise SystemExit(f"data_chunks {cfg.data_chunks}: between 1 and steps ({cfg.steps}), each chunk trains")
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,10 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     drafter = build_drafter(config, cfg, args.device)
     trainer = Trainer(drafter, shared, cfg, args.device)
     gen_s = train_s = 0.0
+    trained_windows: list[list[int]] = []  # a few of every group, for train_split_acceptance
     for chunk in range(cfg.data_chunks):
         t_gen, groups = time.time(), []
         for rows, shortest, longest in cfg.gen_groups:
-            groups.append(make_group(model, prompt_windows(stream, rows, shortest, longest, rng), cfg, layer_ids))
+            windows = prompt_windows(stream, rows, shortest, longest, rng)
+            trained_windows += windows[:16]
+            groups.append(make_group(model, windows, cfg, layer_ids))
             print(f"chunk {chunk} group {rows} x {shortest}-{longest}: {groups[-1]['consistency']} "
                   f"({time.time() - t0:.0f}s)", flush=True)
         t_train = time.time()
@@ -530,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     # The weights as saved (bf16) are what vLLM drafts with.
     drafter16 = copy.deepcopy(drafter).to(torch.bfloat16)
     evaluation = evaluate(model, drafter16, shared, prompts, cfg)
-    evaluation["train_split"] = train_split_acceptance(model, drafter16, shared, stream, prompts, cfg)
+    evaluation["train_split"] = train_split_acceptance(model, drafter16, shared, stream, prompts,
+                                                       trained_windows, cfg)
     eval_s = time.time() - t_eval
 
     out = args.models / DRAFTER_NAME
@@ -571,8 +590,9 @@ def headline(record: dict) -> dict:
             "gate_passes": ev["gate"]["passes"],
             **{f"mean_acceptance_length[{s}]": ev[s]["all_prompts"]["mean_acceptance_length"]
                for s in record["train_config"]["semantics"]},
-            **{f"train_split_acceptance_length[{s}]": ev["train_split"][s]["mean_acceptance_length"]
-               for s in record["train_config"]["semantics"] if "train_split" in ev},
+            **{f"acceptance_length[{s}][{w}]": ev["train_split"][w][s]["mean_acceptance_length"]
+               for s in record["train_config"]["semantics"] if "train_split" in ev
+               for w in ("trained_windows", "fresh_windows")},
             "final_loss": record["loss_curve"][-1]["loss"], "wall_s": record["wall_s"]}
 
 

@@ -677,14 +677,15 @@ def test_the_default_recipe_fits_an_h100():
     assert cfg.eval_max_tokens == tt.MAX_TOKENS and cfg.k == rs.NUM_SPECULATIVE_TOKENS
 
 
-def test_train_split_acceptance_walks_train_windows_of_the_held_out_lengths(monkeypatch):
-    """The overfitting check: as many train-split windows as held-out prompts, within their
-    lengths, seeded apart from the training windows, walked by the same evaluate()."""
-    seen = {}
+def test_train_split_acceptance_walks_trained_and_fresh_windows(monkeypatch):
+    """Where acceptance is lost: windows the drafter trained on, and as many fresh train-split
+    windows of the held-out prompts' lengths (seeded apart from the training windows), walked
+    by the same evaluate()."""
+    seen = []
 
     def fake_evaluate(model, drafter, shared, prompts, cfg):
-        seen["prompts"] = [p["token_ids"] for p in prompts]
-        summary = {"mean_acceptance_length": 3.5}
+        seen.append([p["token_ids"] for p in prompts])
+        summary = {"mean_acceptance_length": 3.5 if len(seen) == 1 else 2.5}
         return {"prompts": len(prompts), "gate": {"passes": True},
                 **{sem: {"all_prompts": summary} for sem in cfg.semantics}}
 
@@ -692,12 +693,23 @@ def test_train_split_acceptance_walks_train_windows_of_the_held_out_lengths(monk
     cfg = _tiny_cfg()
     stream = list(range(10, 5000))
     heldout = [{"token_ids": [2] * n} for n in (20, 35, 50)]
-    out = td.train_split_acceptance(None, None, None, stream, heldout, cfg)
-    assert out["prompts"] == 3 and all(out[sem]["mean_acceptance_length"] == 3.5 for sem in cfg.semantics)
-    windows = seen["prompts"]
-    assert len(windows) == 3 and all(20 <= len(w) <= 50 for w in windows)
-    assert all(w[1:] == stream[stream.index(w[1]):stream.index(w[1]) + len(w) - 1] for w in windows)
-    again = td.train_split_acceptance(None, None, None, stream, heldout, cfg)
-    assert seen["prompts"] == windows and again == out  # seeded
-    first_training_window = td.prompt_windows(stream, 1, 20, 50, td.random.Random(cfg.seed))[0]
-    assert windows[0] != first_training_window
+    trained = [[1] + stream[i:i + 30] for i in range(0, 400, 40)]
+    out = td.train_split_acceptance(None, None, None, stream, heldout, trained, cfg)
+    trained_seen, fresh = seen
+    assert len(trained_seen) == 3 and all(w in trained for w in trained_seen)
+    assert len(fresh) == 3 and all(20 <= len(w) <= 50 for w in fresh) and not any(w in trained for w in fresh)
+    assert all(w[1:] == stream[stream.index(w[1]):stream.index(w[1]) + len(w) - 1] for w in fresh)
+    sem = cfg.semantics[0]
+    assert out["trained_windows"][sem]["mean_acceptance_length"] == 3.5
+    assert out["fresh_windows"][sem]["mean_acceptance_length"] == 2.5
+    seen.clear()
+    td.train_split_acceptance(None, None, None, stream, heldout, trained, cfg)
+    assert seen == [trained_seen, fresh]  # seeded
+
+
+def test_data_chunks_must_leave_every_chunk_steps():
+    with pytest.raises(SystemExit, match="data_chunks 0"):
+        td.config_from(None, {"data_chunks": 0})
+    with pytest.raises(SystemExit, match="data_chunks 5"):
+        td.config_from(4, {"data_chunks": 5})
+    assert td.config_from(2400, {"data_chunks": 2}).data_chunks == 2

@@ -537,7 +537,10 @@ def test_rows_of_another_vllm_stay_in_the_record(made, tmp_path):
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "stock.json").write_text(json.dumps(_phases(reqs, vision)["stock"]))
     doc = served.assemble(tmp_path / "work", out, {})
-    assert [(r["server"], r["vllm"]) for r in doc["servers"]] == [("dflash", "0.33.0"), ("stock", "0.21.0")]
+    # A folder holding the stock phase alone replaces the stock row only.
+    assert [(r["server"], r["vllm"]) for r in doc["servers"]] == [("dflash", "0.33.0"), ("dflash", "0.21.0"),
+                                                                   ("stock", "0.21.0")]
+    assert doc["servers"][1]["old"] == 1
 
 
 def test_remote_sh_calls_served_py_with_flags_it_knows():
@@ -657,7 +660,20 @@ def test_rows_of_another_recipe_stay_and_rows_of_this_one_are_replaced(made, tmp
     (work / "stock.json").write_text(json.dumps(_phases(reqs, vision)["stock"]))
     doc = served.assemble(work, out, {})
     assert [(r["server"], r.get("recipe")) for r in doc["servers"]] == \
-        [("dflash", "gemma4-moe-dflash-text"), ("stock", "gemma4-moe-dflash")]
+        [("dflash", "gemma4-moe-dflash-text"), ("dflash", "gemma4-moe-dflash"), ("reference", None),
+         ("stock", "gemma4-moe-dflash")]
+
+
+def test_a_folders_rows_replace_the_same_servers_in_place():
+    """Issue: a call that ran the speed phase alone must keep the reference and DFlash rows of its
+    release and recipe; a rerun DFlash phase takes its row's place."""
+    earlier = [{"server": s, "vllm": "0.21.0", "recipe": "gemma4-moe-dflash", "n": 0}
+               for s in ("reference", "dflash", "stock")]
+    merged = served.merge_rows(earlier, [{"server": "speed", "vllm": "0.21.0", "recipe": "gemma4-moe-dflash"}])
+    assert [r["server"] for r in merged] == ["reference", "dflash", "stock", "speed"]
+    merged = served.merge_rows(merged, [{"server": "dflash", "vllm": "0.21.0", "recipe": "gemma4-moe-dflash", "n": 1}])
+    assert [(r["server"], r.get("n")) for r in merged] == [("reference", 0), ("dflash", 1), ("stock", 0),
+                                                           ("speed", None)]
 
 
 def test_the_record_names_the_trained_drafter_it_served(model_dir, tmp_path):
@@ -690,3 +706,51 @@ def test_numerics_are_read_off_records_that_did_not_keep_them():
     row = report.stock_row({"server": "stock", "plan": plan, "argv": exact_argv})
     assert row["numerics"] == "exact"
     assert report.stock_row({"server": "stock", "plan": plan, "argv": exact_argv, "numerics": "default"})["numerics"] == "default"
+
+
+def _served_all_script(tmp_path, jobs: str, versions: str | None = None) -> subprocess.CompletedProcess:
+    """remote.sh's served_all with its collaborators stubbed (prepare, served_run record their
+    arguments): the job checks and the runs it starts, without vLLM."""
+    text = (GPU_DIR / "remote.sh").read_text()
+
+    def fn(name):
+        start = text.index(f"\n{name}() {{")
+        return text[start:text.index("\n}\n", start) + 3]
+
+    site = tmp_path / "site" / "vllm" / "vllm_flash_attn"
+    site.mkdir(parents=True)
+    (site / "_vllm_fa2_C.abi3.so").write_text("")
+    stubs = ('prepare() { :; }\n'
+             'served_run() { echo "run $3 $SERVED_RECIPE $SERVED_PHASES ${SERVED_EXACT:-unset} $SERVED_PORT_BASE" '
+             '>> "$WORK/runs"; }\n')
+    env = (f'WORK={tmp_path}/work\nOUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n'
+           'SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33\n')
+    env += f"SERVED_JOBS='{jobs}'\n" + (f"SERVED_VERSIONS='{versions}'\n" if versions else "")
+    script = "set -euo pipefail\n" + env + "mkdir -p $WORK\n" + stubs + fn("served_all") + fn("seed_served_record") + "served_all\n"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+
+
+def test_served_all_starts_each_job_on_each_release_with_its_numerics(tmp_path):
+    done = _served_all_script(tmp_path, "gemma4-moe-dflash:bench:exact gemma4-moe-dflash-text:dflash,reference:default")
+    assert done.returncode == 0, done.stderr
+    runs = sorted((tmp_path / "work" / "runs").read_text().splitlines())
+    assert runs == ["run served gemma4-moe-dflash bench 1 8000", "run served gemma4-moe-dflash-text dflash,reference 0 8200",
+                    "run served-v33 gemma4-moe-dflash bench 1 8100",
+                    "run served-v33 gemma4-moe-dflash-text dflash,reference 0 8300"]
+
+
+@pytest.mark.parametrize("jobs, versions, why", [
+    ("gemma4-moe-dflash:bench:exact gemma4-moe-dflash:dflash:exact", None, "names a recipe twice"),
+    ("gemma4-moe-dflash:speed:default", None, "the speed phase runs alone"),
+    ("gemma4-moe-dflash:speed gemma4-moe-dflash-text:dflash", "0.21.0", "the speed phase runs alone"),
+])
+def test_served_all_refuses_jobs_that_would_collide_or_share_a_speed_measurement(tmp_path, jobs, versions, why):
+    done = _served_all_script(tmp_path, jobs, versions)
+    assert done.returncode == 2 and why in done.stderr
+    assert not (tmp_path / "work" / "runs").exists()
+
+
+def test_served_all_runs_the_speed_phase_alone_on_one_release(tmp_path):
+    done = _served_all_script(tmp_path, "gemma4-moe-dflash:speed:default", "0.21.0")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "work" / "runs").read_text().splitlines() == ["run served gemma4-moe-dflash speed 0 8000"]

@@ -86,7 +86,7 @@ def test_bench_concurrency_replaces_every_workloads_levels():
         ("a", 1, 2), ("a", 4, 8), ("a", 6, 12), ("b", 1, 4), ("b", 4, 16), ("b", 6, 24)]
 
 
-@pytest.mark.parametrize("text", ["0", "1,,4", "four", "-2", "1.5"])
+@pytest.mark.parametrize("text", ["0", "1,,4", "four", "-2", "1.5", "\u00b2"])
 def test_bench_concurrency_refuses_what_is_not_a_level(text):
     with pytest.raises(LauncherError) as err:
         workload.parse_levels(text)
