@@ -52,6 +52,8 @@ def _equivalence(rec: dict | None) -> dict | None:
             # same weights show in bf16 is rounding (draft_capture.bf16_noise_verdict)
             "noise_bound": noise.get("noise_bound"),
             "unequal_beyond_noise": noise.get("vllm_unequal_beyond_noise"),
+            # beside it, against the bulk of the noise (its 99th percentile) rather than its maximum
+            "unequal_beyond_noise_p99": noise.get("vllm_unequal_beyond_p99"),
             "equal_or_within_noise_fraction": calibrated,
             "holds_within_noise": None if calibrated is None else
             contexts >= MIN_CONTEXTS and calibrated >= MIN_EQUAL_FRACTION,
@@ -183,7 +185,8 @@ def markdown(rows: list[dict]) -> str:
     ]
     for r in rows:
         eq = r["draft_equivalence"]
-        eq_cell = (f"{eq['equal']}/{eq['contexts']}, beyond bf16 noise {_cell(eq['unequal_beyond_noise'])}, "
+        eq_cell = (f"{eq['equal']}/{eq['contexts']}, beyond bf16 noise {_cell(eq['unequal_beyond_noise'])} "
+                   f"(p99: {_cell(eq['unequal_beyond_noise_p99'])}), "
                    f"features {_cell(eq['features_median_cosine'])}") if eq else "-"
         abl = "; ".join(f"{a['reverted']}: {_cell(a['draft_equivalence_equal'])}/"
                         f"{_cell(a['draft_equivalence_contexts'])}, features {_cell(a.get('features_median_cosine'))}, "

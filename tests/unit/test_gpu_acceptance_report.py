@@ -29,7 +29,8 @@ def test_a_row_per_configuration_with_its_capture_and_ablation_runs():
     assert plain["relative_gap"] == 0.05 and plain["acceptance_bar_met"] is True
     assert plain["draft_equivalence"] == {"contexts": 250, "equal": 249, "holds": True, "features_min_cosine": 0.998,
                                           "features_median_cosine": None, "noise_bound": None,
-                                          "unequal_beyond_noise": None, "equal_or_within_noise_fraction": None,
+                                          "unequal_beyond_noise": None, "unequal_beyond_noise_p99": None,
+                                          "equal_or_within_noise_fraction": None,
                                           "holds_within_noise": None}
     assert plain["ablation"] == [{"reverted": "x", "series": "abc", "draft_equivalence_equal": 12,
                                   "draft_equivalence_contexts": 250, "features_median_cosine": None,

@@ -159,3 +159,10 @@ def test_the_noise_verdict_bounds_by_the_bf16_references_largest_gap(dc):
     assert (v["vllm_unequal_within_noise"], v["vllm_unequal_beyond_noise"]) == (1, 1)
     assert v["equal_or_within_noise_fraction"] == round(2 / 3, 4)
     assert v["reference_bf16_positions"] == [0, 1, 0, 1]
+    assert v["noise_gap_p99"] == 0.5 and v["vllm_unequal_beyond_p99"] == 1 and v["reference_bf16_differing_drafts"] == 2
+    many = [[(0, 0.01 * i)] for i in range(1, 201)] + [[(0, 5.0)]]  # one outlier among 201 gaps
+    v = dc.bf16_noise_verdict([[(1, 1.0)]], many, 4)
+    assert v["noise_bound"] == 5.0 and v["noise_gap_p99"] == 1.99
+    assert (v["vllm_unequal_beyond_noise"], v["vllm_unequal_beyond_p99"]) == (0, 0)
+    v = dc.bf16_noise_verdict([[(1, 3.0)]], many, 4)
+    assert (v["vllm_unequal_beyond_noise"], v["vllm_unequal_beyond_p99"]) == (0, 1)
