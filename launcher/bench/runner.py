@@ -76,7 +76,7 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
     kind = pick_client(client_choice)
     served = server_models(base_url, api_key)
     target = Target(base_url, choose_model(rec, served, model), api_key)
-    _, profile_name = workload.max_concurrency(rec, profile)
+    profile_name = workload.profile_of(rec, profile)
     spec_before = metrics.scrape(base_url)
     doc = {
         "recipe": rec.name,

@@ -35,11 +35,17 @@ class Run:
         return f"{self.workload.name}@{self.concurrency}"
 
 
-def max_concurrency(rec: Recipe, profile: str | None) -> tuple[int, str]:
-    """The profile's max_num_seqs (the server's own batch limit), and the profile used."""
+def profile_of(rec: Recipe, profile: str | None) -> str:
+    """The profile a run is for: the one asked for, else the recipe's default; refused if unknown."""
     name = profile or rec.default_profile
     if name not in rec.profiles:
         raise LauncherError(f"recipe {rec.name} has no profile {name!r}", hint=f"it has: {', '.join(rec.profiles)}")
+    return name
+
+
+def max_concurrency(rec: Recipe, profile: str | None) -> tuple[int, str]:
+    """The profile's max_num_seqs (the server's own batch limit), and the profile used."""
+    name = profile_of(rec, profile)
     value = rec.profiles[name].serve.max_num_seqs or rec.serve.max_num_seqs
     if value is None:
         raise LauncherError(f"recipe {rec.name}: profile {name} sets no max_num_seqs for concurrency 'max'")
@@ -67,6 +73,7 @@ def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
     unknown = sorted(set(only or []) - set(known))
     if unknown:
         raise LauncherError(f"recipe {rec.name} has no bench workload {', '.join(unknown)}", hint=f"it has: {', '.join(known)}")
+    profile_of(rec, profile)
     out: list[Run] = []
     for w in rec.bench.workloads:
         if only and w.name not in only:

@@ -86,6 +86,16 @@ def test_bench_concurrency_replaces_every_workloads_levels():
         ("a", 1, 2), ("a", 4, 8), ("a", 6, 12), ("b", 1, 4), ("b", 4, 16), ("b", 6, 24)]
 
 
+def test_numeric_levels_need_no_max_num_seqs_and_max_still_does():
+    rec = recipes.parse_recipe(BASE.replace("{{serve: {{max_num_seqs: 6}}}}", "{{}}").format(
+        repo="org/model", revision=COMMIT, extra="") + BENCH, "r.yaml")
+    runs = workload.runs(rec, profile=None, only=["b"], levels=[1, 4])
+    assert [r.concurrency for r in runs] == [1, 4]
+    with pytest.raises(LauncherError, match="sets no max_num_seqs"):
+        workload.runs(rec, profile=None, only=["b"], levels=["max"])
+    with pytest.raises(LauncherError, match="has no profile 'dgx'"):
+        workload.runs(rec, profile="dgx", only=None, levels=[1])
+
 @pytest.mark.parametrize("text", ["0", "1,,4", "four", "-2", "1.5", "\u00b2"])
 def test_bench_concurrency_refuses_what_is_not_a_level(text):
     with pytest.raises(LauncherError) as err:
