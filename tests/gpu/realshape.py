@@ -31,6 +31,7 @@ Usage (device, after ``remote.sh install``; ``remote.sh realshape`` wraps it):
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -799,9 +800,7 @@ def draft_equivalence(spec: RunSpec, models: Path, captured) -> dict:
     model = train_drafter.load_target(target_dir, "cuda")
     shared = train_drafter.shared_from_target(model, target_dir)
     # The same weights in bf16, as vLLM runs them: the noise a correct bf16 drafter shows
-    drafter_bf16 = ref.Drafter(ref.Geometry.from_config(config))
-    drafter_bf16.load_state_dict(drafter.state_dict())
-    drafter_bf16 = drafter_bf16.to("cuda", torch.bfloat16).eval()
+    drafter_bf16 = copy.deepcopy(drafter).to(torch.bfloat16)
     out = draft_capture.compare_capture(captured, drafter, shared, f"vllm-{spec.vllm}", NUM_SPECULATIVE_TOKENS,
                                         drafter_bf16)
     out["features"] = draft_capture.feature_agreement(captured, model, list(drafter.g.target_layer_ids))

@@ -726,25 +726,21 @@ served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images
     # (tests/gpu/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a device call
     # holds about two of them (tests/gpu/README.md, "Served (issue 26)"). Raw phases stay in
     # $WORK/served between calls, and every call re-renders served.json / served.md from all of them.
-    install
-    extras   # FA2: the servers force it, as sm_12x runs FLASH_ATTN
+    prepare
+    require_fa2
+    served_run "$SITE" "$SITE_PATCHED" served
+}
+
+require_fa2() { # the servers force FLASH_ATTN as sm_12x runs it (FA2): 0.21.0's comes in extras-fa2
     [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
         || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
-    site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
-    seed_served_record
-    served_run "$SITE" "$SITE_PATCHED" served
-    rm -f "$OUT/.served.lock"
 }
 
 served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundle (FA2 inside) and
     # its series; phases in $WORK/served-v33, rows joining served.json beside 0.21.0's
-    install   # the trained target and drafter come with 0.21.0's bundle and extras-trained
-    extras
-    install_v33
-    site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
-    seed_served_record
+    prepare   # the trained target and drafter come with 0.21.0's bundle and extras-trained
+    [ -d "$SITE33/vllm" ] || { echo "no vLLM $V33 here: carry the bundle-$V33 parts" >&2; return 1; }
     served_run "$SITE33" "$SITE33_PATCHED" served-v33
-    rm -f "$OUT/.served.lock"
 }
 
 prepare() { # both releases installed (0.33.0 where its bundle was carried), FA2 and the trained
@@ -775,8 +771,8 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     # of SERVED_GPU_UTIL (0.1) for vLLM's start-up check that the fraction is free (--test-gpu's
     # 0.321, an RTX 5090's budget, would not be free for the last ones). started_by shows both.
     prepare
-    [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
-        || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
+    require_fa2
+    mkdir -p "$OUT"
     local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) rc=0 i=0 job recipe phases numerics v pids=() logs=()
     local jobs=${SERVED_JOBS:-gemma4-moe-dflash:${SERVED_PHASES:-reference,dflash,stock}}
     local versions=${SERVED_VERSIONS:-0.21.0 0.33.0} recipes
@@ -792,7 +788,6 @@ served_all() { # served and served-v33 side by side, each with its phases side b
                 echo "the speed phase runs alone: one job, one version (SERVED_VERSIONS=0.21.0)" >&2; return 2
             fi ;;
     esac
-    seed_served_record
     export SERVED_COMMAND="SERVED_JOBS='$jobs' SERVED_VERSIONS='$versions' SERVED_DEADLINE_S=${SERVED_DEADLINE_S:-540} bash tests/gpu/remote.sh served-all"
     export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.1}"
     export SERVED_VLLM_ARGS="${SERVED_VLLM_ARGS:-} --kv-cache-memory-bytes=$kv"
@@ -820,14 +815,7 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     echo "== GPU memory used, every 30 s: $(tr '\n' ' ' < "$WORK/served-all-memory.log")"
     # $OUT brings back 8 files: the logs in one archive (the phases' raw records are in NAME-logs)
     tar -C "$WORK" -czf "$OUT/served-all-logs.tar.gz" "${logs[@]##*/}" served-all-memory.log
-    rm -f "$OUT/.served.lock"
     return $rc
-}
-
-seed_served_record() { # $OUT/served.json starts as the committed record: a call that runs some
-    # phases adds its rows to all the others, so $OUT/served.json can replace the committed one
-    mkdir -p "$OUT"
-    [ -f "$OUT/served.json" ] || [ ! -f tests/gpu/results/served.json ] || cp tests/gpu/results/served.json "$OUT/"
 }
 
 served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/NAME[-text]
@@ -841,6 +829,10 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
         if drafter_is_current; then drafter=$DRAFTER_TRAINED; else drafter=$MODELS_TRAINED/dflash-r5-for-trained; fi
     fi
     mkdir -p "$OUT" "$work"
+    # $OUT/served.json starts as the committed record: a call that runs some phases adds its rows
+    # to all the others, so it can replace the committed one. (Side by side in served-all, the
+    # copy comes minutes before any phase writes the record: a second job finds it there.)
+    [ -f "$OUT/served.json" ] || [ ! -f tests/gpu/results/served.json ] || cp tests/gpu/results/served.json "$OUT/"
     # Phase records an earlier machine returned ($OUT/NAME-raw, carried as .stage/NAME-raw):
     # e.g. the reference, so that this call runs only the dflash and stock phases.
     seed_raw "$name-raw" "$work" .json

@@ -587,8 +587,7 @@ def stock(args) -> None:
             ph.record["stock_outcome"] = ph.record["skipped"]
         else:
             ph.stop()
-            ph.record["stock_outcome"] = "did not start"
-            ph.record["stock_error"] = report.stock_error(ph.record)
+            ph.record["stock_outcome"] = "did not start"  # the row reads the error off the log
     except Exception as exc:  # noqa: BLE001 - recorded
         ph.failed(exc)
     finally:
@@ -604,17 +603,21 @@ def assemble(work: Path, out: Path, meta: dict) -> dict:
     a lock on ``out``: phases of this call (--parallel) and another served.py (the other vLLM
     version, run beside this one) rewrite the same record."""
     out.mkdir(parents=True, exist_ok=True)
-    with _ASSEMBLING, (out / ".served.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _assemble(work, out, meta)
+    # The lock is the folder itself: no lock file to clean up, none coming back in $OUT.
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        with _ASSEMBLING:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return _assemble(work, out, meta)
+    finally:
+        os.close(fd)  # releases the flock too
 
 
-_ASSEMBLING = threading.Lock()  # flock is per open file, not per thread: threads take this first
+_ASSEMBLING = threading.Lock()  # threads of one process take this first (their flocks would not wait)
 
 
 def _assemble(work: Path, out: Path, meta: dict) -> dict:
-    phases = {p: json.loads((work / f"{p}.json").read_text())
-              for p in ("reference", "dflash", "stock", "bench", "speed-reference", "speed-dflash")
+    phases = {p: json.loads((work / f"{p}.json").read_text()) for p in PORT_OFFSETS  # every server a phase runs
               if (work / f"{p}.json").exists()}
     for name, phase in phases.items():
         # Read the server logs again where they are here: a record assembled later gets what

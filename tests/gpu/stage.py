@@ -198,7 +198,7 @@ def plan_calls(out: Path, stems: list[str], tree: int) -> list[str]:
         manifest = json.loads((out / f"{stem}.json").read_text())
         for i, part in enumerate(manifest["parts"]):
             carry = ([f".stage/{stem}.json"] if i == 0 else []) + [f".stage/{part['name']}"]
-            total = tree + part["bytes"] + (len(json.dumps(manifest)) if i == 0 else 0)
+            total = tree + part["bytes"] + ((out / f"{stem}.json").stat().st_size if i == 0 else 0)
             verdict = "" if total <= CALL_BYTES else f"  DOES NOT FIT: {total / 2**20:.1f} MiB (resplit smaller)"
             lines.append(f"{json.dumps(carry)}{verdict}")
     return lines

@@ -540,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run(groups, trainer.chunk_steps(chunk))
         train_s += time.time() - t_train
         del groups
-        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
     curve = trainer.curve
     prompts = json.loads((target_dir / "prompts.json").read_text())
     prompts = prompts[:cfg.eval_prompts] if cfg.eval_prompts else prompts

@@ -720,13 +720,13 @@ def _served_all_script(tmp_path, jobs: str, versions: str | None = None) -> subp
     site = tmp_path / "site" / "vllm" / "vllm_flash_attn"
     site.mkdir(parents=True)
     (site / "_vllm_fa2_C.abi3.so").write_text("")
-    stubs = ('prepare() { :; }\n'
+    stubs = ('prepare() { :; }\nrequire_fa2() { :; }\n'
              'served_run() { echo "run $3 $SERVED_RECIPE $SERVED_PHASES ${SERVED_EXACT:-unset} $SERVED_PORT_BASE" '
              '>> "$WORK/runs"; }\n')
     env = (f'WORK={tmp_path}/work\nOUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n'
            'SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33\n')
     env += f"SERVED_JOBS='{jobs}'\n" + (f"SERVED_VERSIONS='{versions}'\n" if versions else "")
-    script = "set -euo pipefail\n" + env + "mkdir -p $WORK\n" + stubs + fn("served_all") + fn("seed_served_record") + "served_all\n"
+    script = "set -euo pipefail\n" + env + "mkdir -p $WORK\n" + stubs + fn("served_all") + "served_all\n"
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
 
 
