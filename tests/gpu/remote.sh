@@ -514,8 +514,14 @@ wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1
     echo "background drafter training ended with $(cat "$WORK/drafter-bg.rc")"
     local next=$DRAFTER_NEXT/$(basename "$DRAFTER_TRAINED")
     if [ "$(cat "$WORK/drafter-bg.rc")" = 0 ] && [ -f "$next/drafter-train-record.json" ]; then
-        rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
-        echo "the new drafter replaces $DRAFTER_TRAINED"
+        # A retrain that accepts less on the held-out prompts is recorded, not swapped in.
+        if [ ! -f "$DRAFTER_TRAINED/drafter-train-record.json" ] || "$PY" tests/gpu/trained_pack.py better \
+                "$next/drafter-train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json"; then
+            rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
+            echo "the new drafter replaces $DRAFTER_TRAINED"
+        else
+            echo "the new drafter accepts less held-out than $DRAFTER_TRAINED: kept the old one"
+        fi
     fi
     [ -f "$WORK/drafter-bg.out" ] || return 0  # the target failed: the drafter never started
     grep -v "^step" "$WORK/drafter-bg.out" | tail -12 || true

@@ -21,6 +21,11 @@ the drafter that ``extras-trained`` carries.
     python tests/gpu/trained_pack.py manifest PACK_DIR TRAIN_RECORD [--stem S]     (device)
     python tests/gpu/trained_pack.py collect FILES_AT [--stage .stage] [--stem S]  (here)
     python tests/gpu/trained_pack.py repeat RECORD_A RECORD_B           (device)
+    python tests/gpu/trained_pack.py better NEW_DRAFTER_RECORD OLD_DRAFTER_RECORD  (device)
+
+``better`` decides whether a retrained drafter replaces the one on disk: only when its held-out
+acceptance (the train record's own evaluation, on the same prompts and target) is not lower.
+A retrain is an experiment; the runs after it must not quietly lose acceptance to one.
 """
 
 from __future__ import annotations
@@ -100,6 +105,25 @@ def repeat(first: dict, again: dict) -> dict:
             "first_gpu": first.get("gpu"), "again_gpu": again.get("gpu")}
 
 
+def held_out_acceptance(record: dict) -> float:
+    """The mean over releases of the held-out acceptance length a drafter train record reports."""
+    ev = record.get("evaluation") or {}
+    vals = [v["all_prompts"]["mean_acceptance_length"] for k, v in sorted(ev.items())
+            if k.startswith("vllm-") and isinstance(v, dict) and "all_prompts" in v]
+    if not vals:
+        raise ValueError("the drafter train record has no evaluation.vllm-*.all_prompts")
+    return sum(vals) / len(vals)
+
+
+def better(new: dict, old: dict) -> dict:
+    """Should the new drafter replace the old? Only for the same target and no lower acceptance."""
+    a_new, a_old = held_out_acceptance(new), held_out_acceptance(old)
+    same_target = new.get("target_sha256") == old.get("target_sha256")
+    return {"new": new.get("drafter_sha256"), "old": old.get("drafter_sha256"),
+            "acceptance_new": round(a_new, 4), "acceptance_old": round(a_old, 4),
+            "same_target": same_target, "replace": bool(not same_target or a_new >= a_old)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -114,12 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("repeat")
     r.add_argument("first", type=Path)
     r.add_argument("again", type=Path)
+    b = sub.add_parser("better")
+    b.add_argument("new", type=Path)
+    b.add_argument("old", type=Path)
     args = parser.parse_args(argv)
     if args.cmd == "manifest":
         man = write_manifest(args.pack, json.loads(args.record.read_text()), args.stem)
         print(f"{len(man['parts'])} parts, {man['bytes'] / 2**20:.0f} MiB, target {man['target_sha256'][:12]}")
     elif args.cmd == "collect":
         collect(args.files_at, args.stage, args.stem)
+    elif args.cmd == "better":
+        verdict = better(json.loads(args.new.read_text()), json.loads(args.old.read_text()))
+        print(json.dumps(verdict))
+        return 0 if verdict["replace"] else 1
     else:
         print(json.dumps(repeat(json.loads(args.first.read_text()), json.loads(args.again.read_text())), indent=1))
     return 0

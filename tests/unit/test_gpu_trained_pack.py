@@ -148,3 +148,40 @@ def test_pack_drafter_refuses_a_drafter_of_another_target(tmp_path):
     res = _remote("pack-drafter", tmp_path, OUT=str(tmp_path / "out"))
     assert res.returncode != 0 and "train-drafter first" in res.stderr
     assert not (tmp_path / "out" / "extras-update-drafter.json").exists()
+
+
+def _drafter_record(target_sha: str, drafter_sha: str, acceptance: float) -> dict:
+    ev = {f"vllm-{v}": {"all_prompts": {"mean_acceptance_length": acceptance}} for v in ("0.21.0", "0.33.0")}
+    return {"target_sha256": target_sha, "drafter_sha256": drafter_sha, "evaluation": ev}
+
+
+@pytest.mark.parametrize("new_acceptance, replaced", [(2.9, True), (2.4, False)])
+def test_a_background_retrain_replaces_the_drafter_only_when_it_accepts_no_less(tmp_path, new_acceptance,
+                                                                                 replaced):
+    target = _checkpoint(tmp_path / "models-trained")
+    want = json.loads((target / "train-record.json").read_text())["target_sha256"]
+    old = tmp_path / "models-trained" / "dflash-r5-trained"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"old drafter")
+    (old / "drafter-train-record.json").write_text(json.dumps(_drafter_record(want, "old", 2.53)))
+    # What drafter-bg leaves behind when its training has ended (remote.sh drafter_background).
+    work = tmp_path / "work"
+    nxt = work / "drafter-next" / "dflash-r5-trained"
+    nxt.mkdir(parents=True)
+    (nxt / "model.safetensors").write_bytes(b"new drafter")
+    (nxt / "drafter-train-record.json").write_text(json.dumps(_drafter_record(want, "new", new_acceptance)))
+    (work / "drafter-bg.asked").write_text("")
+    (work / "drafter-bg.rc").write_text("0\n")
+    (work / "drafter-bg.out").write_text("trained\n")
+    res = _remote("pack-drafter", tmp_path, OUT=str(tmp_path / "out"), PACK_PART_BYTES="15900000")
+    assert res.returncode == 0, res.stderr
+    on_disk = (old / "model.safetensors").read_bytes()
+    assert on_disk == (b"new drafter" if replaced else b"old drafter")
+    assert ("kept the old one" in res.stdout) is (not replaced)
+
+
+def test_better_refuses_a_record_without_an_evaluation():
+    with pytest.raises(ValueError, match="no evaluation"):
+        pack.better({"target_sha256": "x"}, _drafter_record("x", "old", 2.5))
+    stale = _drafter_record("another target", "old", 3.5)
+    assert pack.better(_drafter_record("x", "new", 2.0), stale)["replace"] is True
