@@ -73,11 +73,17 @@ def _same_configuration(a: dict, b: dict, series: bool = True) -> bool:
     return all(a.get(k) == b.get(k) for k in CONFIGURATION + (("series",) if series else ()))
 
 
+def _same_drafter(a: dict, b: dict) -> bool:
+    """A capture or ablation joins the row of the drafter it ran: a retrained drafter's runs
+    are rows of their own, and an ablation compares against its own drafter's baseline."""
+    return a.get("drafter_sha256") == b.get("drafter_sha256")
+
+
 def _speed(records: list[dict], rec: dict) -> dict:
     """The speed runs of ``rec``'s configuration, paired per concurrency."""
     def find(mode: str) -> dict | None:
         return next((r for r in records if r.get("speed") and r.get("mode") == mode and r.get("ok")
-                     and _same_configuration(r, rec)), None)
+                     and _same_configuration(r, rec) and (mode != "dflash" or _same_drafter(r, rec))), None)
 
     dflash, alone = find("dflash"), find("reference-grouped")
     if not (dflash and alone):
@@ -135,12 +141,13 @@ def build(records: list[dict]) -> list[dict]:
     # A capture run is a DFlash run of its own too: where no plain run shares its configuration
     # and series (it ran on a newer series than they did), it is the row.
     plain += [r for r in trained if r.get("capture_drafts") and not r.get("revert")
-              and not any(_same_configuration(r, q) for q in plain)]
+              and not any(_same_configuration(r, q) and _same_drafter(r, q) for q in plain)]
     rows = []
     for rec in plain:
         capture = next((r for r in trained if r.get("capture_drafts") and not r.get("revert")
-                        and _same_configuration(r, rec)), None)
-        ablation = [r for r in trained if r.get("revert") and _same_configuration(r, rec, series=False)]
+                        and _same_configuration(r, rec) and _same_drafter(r, rec)), None)
+        ablation = [r for r in trained if r.get("revert") and _same_configuration(r, rec, series=False)
+                    and _same_drafter(r, rec)]
         rows.append(_row(rec, capture, ablation, _speed(records, rec)))
     return rows
 
@@ -178,10 +185,10 @@ def markdown(rows: list[dict]) -> str:
         f"Bars: at least {MIN_ACCEPTANCE} and within {MAX_RELATIVE_GAP:.0%} of the reference; drafts equal for "
         f"{MIN_EQUAL_FRACTION:.0%} of at least {MIN_CONTEXTS} contexts. `-`: not measured yet.",
         "",
-        "| run | vLLM | series | quant | acceptance vLLM | reference | gap | bar | draft equivalence | lossless "
+        "| run | vLLM | series | drafter | quant | acceptance vLLM | reference | gap | bar | draft equivalence | lossless "
         "| ablation (reverted: equal contexts, features' median cosine, acceptance) | tok/s DFlash / alone, measured / projected speed-up "
         "(per concurrency) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         eq = r["draft_equivalence"]
@@ -193,7 +200,8 @@ def markdown(rows: list[dict]) -> str:
                         f"{_cell(a['mean_acceptance_length_vllm'])}"
                         for a in r["ablation"]) or "-"
         lines.append(
-            f"| {r['run']} | {r['vllm']} | {str(r['series'])[:8]} | {r['quantization']} | "
+            f"| {r['run']} | {r['vllm']} | {str(r['series'])[:8]} | {str(r['drafter_sha256'])[:8]} | "
+            f"{r['quantization']} | "
             f"{_cell(r['mean_acceptance_length_vllm'])} | {_cell(r['mean_acceptance_length_reference'])} | "
             f"{_cell(r['relative_gap'])} | {'met' if r['acceptance_bar_met'] else 'not met'} | {eq_cell} | "
             f"{_lossless_cell(r)} | {abl} | {_speed_cell(r['speed'])} |")

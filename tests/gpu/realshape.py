@@ -1311,6 +1311,14 @@ def drafter_fields(raw: dict, measured: dict | None) -> dict:
             "acceptance_ratio_to_reference": ratio}
 
 
+def _key_value(field: str, value):
+    # A speed run's record holds its measurement under "speed", where the key asks only
+    # "speed run?": a rerun with other numbers is the same configuration.
+    if field == "speed":
+        return bool(value)
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+
+
 def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     """Records with the same configuration (vllm, series, key fields) are replaced."""
     # RunSpec.key()'s fields; a record written before a field existed had its default.
@@ -1324,9 +1332,12 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
         # older series hash: the file holds the newest run of each, and its
         # "series" field says which series that was.
         series = "stock" if r.get("series") == "stock" else "patched"
+        # A retrained drafter is another configuration: its runs sit beside the last drafter's
+        # (whose ablation rows were measured against them), not over them.
+        drafter = r.get("drafter_sha256") if r.get("drafter_kind") == "trained" else None
         return (r.get("vllm"), series, json.dumps(r.get("target"), sort_keys=True), r.get("drafter_layers"),
-                r.get("target_name", RANDOM_TARGET_NAME),
-                *(r.get(k, d) for k, d in defaults.items() if k != "series"))
+                r.get("target_name", RANDOM_TARGET_NAME), drafter,
+                *(_key_value(k, r.get(k, d)) for k, d in defaults.items() if k != "series"))
     fresh = {ident(r) for r in new}
     # A run that failed before it loaded the target has no target fields, so its ident
     # differs from its own rerun's: the rerun of the same name replaces it all the same.

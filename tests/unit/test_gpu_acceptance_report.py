@@ -255,3 +255,19 @@ def test_served_speed_rows_join_their_releases_default_numerics_bf16_rows():
     assert joined["plain"] == {"series": "newer", "bench": "b.json", "per_concurrency": speed_rows}
     assert joined["plain-bi"] is None and joined["nvfp4"] is None and joined["v33"] is None
     assert "| 0.21.0 (plain) | newer | 1 | 300.0 / 200.0 | 1.5 | 2.8 |" in ar.markdown(rows)
+
+
+def test_a_retrained_drafter_is_a_row_of_its_own_and_ablations_join_their_own_drafters_row():
+    eq = {"contexts": 250, "equal": 240}
+    records = [
+        _rec("capture", 2.8, capture_drafts=True, draft_equivalence=eq, drafter_sha256="old"),
+        _rec("capture-without-x", 1.7, capture_drafts=True, revert="x", drafter_sha256="old",
+             draft_equivalence={"contexts": 250, "equal": 0}),
+        _rec("capture", 3.0, capture_drafts=True, draft_equivalence=dict(eq, equal=245), drafter_sha256="new"),
+    ]
+    rows = {r["drafter_sha256"]: r for r in ar.build(records)}
+    assert set(rows) == {"old", "new"}
+    assert [a["reverted"] for a in rows["old"]["ablation"]] == ["x"] and rows["new"]["ablation"] == []
+    assert rows["old"]["draft_equivalence"]["equal"] == 240 and rows["new"]["draft_equivalence"]["equal"] == 245
+    md = ar.markdown(list(rows.values()))
+    assert "| capture | 0.21.0 | abc | new | bf16 | 3.0 |" in md

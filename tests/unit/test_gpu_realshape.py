@@ -433,3 +433,25 @@ def test_no_noise_verdict_on_a_moving_reference_or_across_targets():
     other = dict(noise, target_sha256="b")
     v = rs.within_batch_noise(ref, dict(run, target_sha256="a"), other, "n")
     assert v["within"] is None and "different targets" in v["reason"]
+
+
+def test_merge_keeps_a_retrained_drafters_runs_beside_the_last_drafters():
+    base = {"name": "trained-x-capture", "vllm": "0.21.0", "series": "6361", "mode": "dflash",
+            "drafter_kind": "trained", "capture_drafts": True, "ok": True}
+    old = dict(base, drafter_sha256="0d50", acceptance=2.80)
+    again_old = dict(base, drafter_sha256="0d50", acceptance=2.81)
+    new = dict(base, drafter_sha256="d46b", acceptance=3.01)
+    assert rs.merge([old], [new]) == [old, new]
+    # the same drafter's rerun still replaces its record
+    assert rs.merge([old, new], [again_old]) == [new, again_old]
+    # random drafters are one configuration whatever their bytes
+    rand = dict(base, drafter_kind="random", drafter_sha256="aaaa")
+    assert rs.merge([rand], [dict(rand, drafter_sha256="bbbb")]) == [dict(rand, drafter_sha256="bbbb")]
+
+
+def test_merge_takes_a_speed_runs_measurement_as_one_configuration():
+    base = {"name": "trained-speed-x", "vllm": "0.21.0", "series": "6361", "mode": "dflash", "ok": True}
+    first = dict(base, speed={"1": {"tok_s": 100.0}})
+    again = dict(base, speed={"1": {"tok_s": 104.0}})
+    plain = dict(base, name="trained-x")
+    assert rs.merge([first, plain], [again]) == [plain, again]
