@@ -625,14 +625,26 @@ def _assemble(work: Path, out: Path, meta: dict) -> dict:
         log = work / f"{name}.log"
         if log.exists() and phase.get("log_facts") is not None:
             phase["log_facts"] = report.log_facts(log.read_text(errors="replace"))
-    rows = report.rows(phases)
+    rows = stamp_models(report.rows(phases), meta)
     earlier = out / "served.json"
     if earlier.exists():
-        rows = merge_rows(json.loads(earlier.read_text()).get("servers", []), rows)
+        before = json.loads(earlier.read_text())
+        rows = merge_rows(stamp_models(before.get("servers", []), before.get("meta") or {}), rows)
     doc = {"meta": meta, "servers": rows}
     _write_atomic(out / "served.json", json.dumps(doc, indent=1) + "\n")
     _write_atomic(out / "served.md", report.markdown(doc))
     return doc
+
+
+def stamp_models(rows: list[dict], meta: dict) -> list[dict]:
+    """Each row names the checkpoints it served (``meta`` is the call's that wrote it): a call
+    with a retrained drafter rewrites the record's meta, and the rows it kept must still say
+    which drafter they ran. A row that already names them keeps its own."""
+    for r in rows:
+        r.setdefault("target_sha256", meta.get("target_sha256"))
+        if r.get("server") != "reference":  # the reference serves the target alone
+            r.setdefault("drafter_sha256", meta.get("drafter_sha256"))
+    return rows
 
 
 def merge_rows(earlier: list[dict], mine: list[dict]) -> list[dict]:

@@ -401,9 +401,9 @@ def markdown(doc: dict) -> str:
         f"{sr.TOP_LOGPROBS} raw logits; lossless = identical to the one-at-a-time reference or the first "
         "divergence on a reference tie (compare.py).",
         "",
-        "| server | vLLM | recipe | series | numerics | profile | ok | requests | concurrency | images change output "
-        "| lossless | nondegenerate | acceptance length | bench | stock error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | vLLM | recipe | series | drafter | numerics | profile | ok | requests | concurrency "
+        "| images change output | lossless | nondegenerate | acceptance length | bench | stock error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc.get("servers") or []:
         nd = r.get("nondegenerate")
@@ -411,7 +411,7 @@ def markdown(doc: dict) -> str:
             (gate.passes(nd) if isinstance(nd, dict) else None)
         lines.append(
             f"| {r['server']} | {_cell(r.get('vllm'))} | {_cell(r.get('recipe'))} | {str(r.get('series') or '-')[:12]} "
-            f"| {_cell(r.get('numerics'))} | {_cell(r.get('profile'))} "
+            f"| {str(r.get('drafter_sha256') or '-')[:8]} | {_cell(r.get('numerics'))} | {_cell(r.get('profile'))} "
             f"| {_cell(r.get('started'))} | {_cell(r.get('requests'))} | {_cell(r.get('concurrency'))} "
             f"| {_cell(r.get('images_change_output'))} | {_cell(r.get('lossless'))} | {_cell(nd_cell)} "
             f"| {_cell(r.get('acceptance_length'))} | {_cell(r.get('bench'))} | {_cell(r.get('stock_error'))} |")

@@ -366,7 +366,8 @@ def test_rows_carry_the_issues_fields(made, tmp_path):
     phases = _phases(reqs, vision)
     for name, phase in phases.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(phase))
-    doc = served.assemble(tmp_path, tmp_path / "out", {"command": "bash tests/gpu/remote.sh served"})
+    doc = served.assemble(tmp_path, tmp_path / "out", {"command": "bash tests/gpu/remote.sh served",
+                                                        "target_sha256": "9ee9", "drafter_sha256": "d46bce41aa"})
     ref, dfl, stock = doc["servers"]
     for row in (ref, dfl, stock):
         for key in ("vllm", "series", "recipe", "profile", "started_by", "argv", "requests", "images_change_output",
@@ -382,7 +383,7 @@ def test_rows_carry_the_issues_fields(made, tmp_path):
     assert stock["stock_error"].startswith("start-up:") and stock["preflight_blocking"]
     assert stock["lossless"] is None and stock["refused_without_force"]
     md = (tmp_path / "out" / "served.md").read_text()
-    assert "| dflash | 0.21.0 | gemma4-moe-dflash | abc123 | default | rtx5090 |" in md and "partial multimodal token" in md
+    assert "| dflash | 0.21.0 | gemma4-moe-dflash | abc123 | d46bce41 | default | rtx5090 |" in md and "partial multimodal token" in md
     assert json.loads((tmp_path / "out" / "served.json").read_text()) == doc
 
 
@@ -754,3 +755,17 @@ def test_served_all_runs_the_speed_phase_alone_on_one_release(tmp_path):
     done = _served_all_script(tmp_path, "gemma4-moe-dflash:speed:default", "0.21.0")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "work" / "runs").read_text().splitlines() == ["run served gemma4-moe-dflash speed 0 8000"]
+
+
+def test_rows_kept_from_an_earlier_call_keep_the_drafter_that_call_served(tmp_path):
+    earlier = {"meta": {"target_sha256": "9ee9", "drafter_sha256": "0d50"},
+               "servers": [{"vllm": "0.21.0", "recipe": "gemma4-moe-dflash", "server": "dflash", "lossless": True},
+                           {"vllm": "0.21.0", "recipe": "gemma4-moe-dflash", "server": "reference"}]}
+    mine = [{"vllm": "0.33.0", "recipe": "gemma4-moe-dflash-text", "server": "dflash", "lossless": True}]
+    rows = served.merge_rows(served.stamp_models(earlier["servers"], earlier["meta"]),
+                             served.stamp_models(mine, {"target_sha256": "9ee9", "drafter_sha256": "d46b"}))
+    assert [(r["server"], r["vllm"], r.get("drafter_sha256")) for r in rows] == [
+        ("dflash", "0.21.0", "0d50"), ("reference", "0.21.0", None), ("dflash", "0.33.0", "d46b")]
+    assert all(r["target_sha256"] == "9ee9" for r in rows)
+    # a row that names its drafter keeps it under a later call's meta
+    assert served.stamp_models([dict(rows[0])], {"drafter_sha256": "ffff"})[0]["drafter_sha256"] == "0d50"
