@@ -475,7 +475,9 @@ snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that ou
 DRAFTER_NEXT=$WORK/drafter-next  # drafter-bg's models folder: the target linked, the new drafter
 
 drafter_background() { # train-drafter alone in a session of its own, on the carried target
-    # (extras-trained), while the next calls serve or run; DRAFTER_OVERRIDE / DRAFTER_STEPS pass
+    # (extras-trained), while the next calls serve or run; DRAFTER_GPU_FRACTION caps its memory
+    # (unset, it held 68-80 GB of an H100 and a server beside it could not start), and
+    # DRAFTER_OVERRIDE / DRAFTER_STEPS pass
     # through. It writes into $DRAFTER_NEXT, so servers started meanwhile load the drafter they were
     # given, whole; wait_drafter (realshape's trained-drafter runs, pack-drafter) swaps it in.
     install
@@ -617,7 +619,8 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
         rm -f "$DRAFTER_TRAINED/drafter-train-record.json"
         # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do.
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
-            ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} 2>&1 | grep -v "Loading weights" \
+            ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} \
+            ${DRAFTER_GPU_FRACTION:+--gpu-fraction "$DRAFTER_GPU_FRACTION"} 2>&1 | grep -v "Loading weights" \
             | tee "$WORK/train-drafter.log" | grep -v "^step" || true
         grep "^step" "$WORK/train-drafter.log" | awk 'NR % 8 == 1' || true
         cp "$WORK/train-drafter.log" "$OUT/"

@@ -713,3 +713,10 @@ def test_data_chunks_must_leave_every_chunk_steps():
     with pytest.raises(SystemExit, match="data_chunks 5"):
         td.config_from(4, {"data_chunks": 5})
     assert td.config_from(2400, {"data_chunks": 2}).data_chunks == 2
+
+
+@pytest.mark.parametrize("fraction", ["0", "1.5", "-0.2"])
+def test_a_gpu_fraction_outside_0_1_is_refused_before_anything_loads(tmp_path, capsys, fraction):
+    with pytest.raises(SystemExit) as exc:
+        td.main([str(tmp_path / "no-models"), "--gpu-fraction", fraction])
+    assert exc.value.code == 2 and "--gpu-fraction must be in (0, 1]" in capsys.readouterr().err
