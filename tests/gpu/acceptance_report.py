@@ -158,8 +158,10 @@ def add_served_speed(rows: list[dict], served: dict) -> None:
     ``served_speed``: item 5's measurement through the server, beside the offline one."""
     for srow in (r for r in served.get("servers") or [] if r.get("server") == "speed" and r.get("speed")):
         for row in rows:
+            # rows written before served rows named their drafter join on the release alone
             if (row["vllm"] == srow.get("vllm") and row["quantization"] == "bf16"
-                    and not row.get("batch_invariant")):
+                    and not row.get("batch_invariant")
+                    and srow.get("drafter_sha256") in (None, row["drafter_sha256"])):
                 row["served_speed"] = {"series": srow.get("series"), "bench": srow.get("bench"),
                                        "per_concurrency": srow["speed"]}
 

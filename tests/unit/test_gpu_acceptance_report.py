@@ -271,3 +271,12 @@ def test_a_retrained_drafter_is_a_row_of_its_own_and_ablations_join_their_own_dr
     assert rows["old"]["draft_equivalence"]["equal"] == 240 and rows["new"]["draft_equivalence"]["equal"] == 245
     md = ar.markdown(list(rows.values()))
     assert "| capture | 0.21.0 | abc | new | bf16 | 3.0 |" in md
+
+
+def test_a_served_speed_row_joins_only_the_rows_of_the_drafter_it_served():
+    rows = ar.build([_rec("capture", 2.8, capture_drafts=True, drafter_sha256="old"),
+                     _rec("capture", 3.0, capture_drafts=True, drafter_sha256="new")])
+    speed_rows = [{"concurrency": 1, "output_tok_s": {"with_drafter": 300.0, "without": 200.0}}]
+    ar.add_served_speed(rows, {"servers": [{"server": "speed", "vllm": "0.21.0", "drafter_sha256": "new",
+                                            "speed": speed_rows}]})
+    assert {r["drafter_sha256"]: bool(r["served_speed"]) for r in rows} == {"old": False, "new": True}
