@@ -117,12 +117,7 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         "per_position": {"vllm": (rec.get("acceptance") or {}).get("per_position"),
                          "reference": (rec.get("acceptance_reference") or {}).get("per_position")},
         "draft_equivalence": _equivalence(capture),
-        "ablation": [{"reverted": a.get("revert"), "series": a.get("series"),
-                      "draft_equivalence_equal": (_equivalence(a) or {}).get("equal"),
-                      "draft_equivalence_contexts": (_equivalence(a) or {}).get("contexts"),
-                      "features_median_cosine": (_equivalence(a) or {}).get("features_median_cosine"),
-                      "mean_acceptance_length_vllm": (a.get("acceptance") or {}).get("mean_acceptance_length")}
-                     for a in ablation],
+        "ablation": [_ablation_entry(a) for a in ablation],
         # Item 5, per concurrency of the speed runs (null where they have not run).
         "speed_concurrency": [int(c) for c in paired] if paired else None,
         "tok_s": {c: p["tok_s"] for c, p in paired.items()} if paired else None,
@@ -133,6 +128,14 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         "batch_invariant": bool(rec.get("batch_invariant")),
         "served_speed": None,
     }
+
+
+def _ablation_entry(rec: dict) -> dict:
+    eq = _equivalence(rec) or {}
+    return {"reverted": rec.get("revert"), "series": rec.get("series"),
+            "draft_equivalence_equal": eq.get("equal"), "draft_equivalence_contexts": eq.get("contexts"),
+            "features_median_cosine": eq.get("features_median_cosine"),
+            "mean_acceptance_length_vllm": (rec.get("acceptance") or {}).get("mean_acceptance_length")}
 
 
 def build(records: list[dict]) -> list[dict]:

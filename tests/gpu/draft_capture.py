@@ -178,15 +178,12 @@ def judge_context(logits, drafts: list[int]) -> str:
     one bf16 step of the reference's top logit) or 'unequal'."""
     import compare
 
-    top_values, top_ids = logits.max(-1)
-    verdict = "equal"
-    for j, token in enumerate(drafts):
-        if token == int(top_ids[j]):
-            continue
-        if not compare.is_tie(float(top_values[j]), float(logits[j, token])):
-            return "unequal"
-        verdict = "tie"
-    return verdict
+    differing = misses(logits, drafts)
+    if not differing:
+        return "equal"
+    top_values = logits.max(-1).values
+    ties = all(compare.is_tie(float(top_values[j]), float(logits[j, drafts[j]])) for j, _ in differing)
+    return "tie" if ties else "unequal"
 
 
 # vLLM's own warm-up requests (the 0.33.0 V2 runner's "_warmup_<i>_", made-up prompts and

@@ -222,7 +222,6 @@ def resplit(out: Path, stem: str, part_bytes: int = PART_BYTES) -> dict:
         raise SystemExit(f"{stem}: the staged parts do not make the whole its manifest names")
     new = split(tarball, out, stem, manifest.get("vllm", VLLM_VERSION), part_bytes)
     tarball.unlink()
-    assert new["sha256"] == manifest["sha256"]
     return new
 
 

@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run(groups, trainer.chunk_steps(chunk))
         train_s += time.time() - t_train
         del groups
-        if args.device.startswith("cuda"):
+        if on_gpu:
             torch.cuda.empty_cache()
     curve = trainer.curve
     prompts = json.loads((target_dir / "prompts.json").read_text())
