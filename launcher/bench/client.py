@@ -131,15 +131,17 @@ def _choices(event: dict) -> list[dict]:
 
 
 def run_level(target: Target, run: Run, prompts: list, *, temperature: float, seed: int, ignore_eos: bool,
-              timeout: float, on_done: Callable[[RequestResult], None] | None = None) -> dict:
+              timeout: float, on_done: Callable[[RequestResult], None] | None = None,
+              max_tokens: int | None = None) -> dict:
     """Send every prompt of ``run`` with ``run.concurrency`` in flight; return vllm-style metrics.
 
-    ``on_done`` hears of each finished request (progress), from the worker threads.
+    ``on_done`` hears of each finished request (progress), from the worker threads;
+    ``max_tokens`` replaces the workload's output length (the warm-up's short requests).
     """
 
     def send(i_prompt):
         i, prompt = i_prompt
-        res = one_request(target, prompt, max_tokens=run.workload.output_len, temperature=temperature,
+        res = one_request(target, prompt, max_tokens=max_tokens or run.workload.output_len, temperature=temperature,
                           seed=seed + i, ignore_eos=ignore_eos, timeout=timeout)
         if on_done is not None:
             on_done(res)

@@ -88,12 +88,14 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
         "speculative_decoding": spec_before is not None,
         "random_token_band": list(workload.token_band(vocab_size)),
         "sampling": {"temperature": rec.bench.temperature, "seed": rec.bench.seed, "ignore_eos": rec.bench.ignore_eos},
+        "warm_up": f"one unmeasured round per level: its concurrency in requests of {WARM_UP_TOKENS} tokens",
         "runs": [],
     }
     echo(f"bench {rec.name} -> {base_url} model {target.model} ({doc['client']}, profile {profile_name}, "
          f"speculative decoding {'on' if spec_before is not None else 'off'})")
     _warm_up(target, rec, timeout)
     for i, run in enumerate(runs, 1):
+        _warm_level(target, run, rec, vocab_size, timeout)
         before = metrics.scrape(base_url)
         label = f"run {i}/{len(runs)} {run.workload.name} c={run.concurrency}"
         if kind == "vllm":
@@ -129,6 +131,25 @@ def _warm_up(target: Target, rec: Recipe, timeout: float) -> None:
                              timeout=timeout)
     if not res.ok:
         raise LauncherError(f"a first request to {target.base_url}/v1/completions failed: {res.error}")
+
+
+# Output tokens of each warm-up request: enough decode steps at the level's batch size for the
+# kernels it needs (Triton compiles them on first use), short next to a measured request.
+WARM_UP_TOKENS = 16
+
+
+def _warm_level(target: Target, run: workload.Run, rec: Recipe, vocab_size: int | None, timeout: float) -> None:
+    """One unmeasured round of the level before it is measured: ``concurrency`` requests in
+    flight, so the batch shapes the level will run (the prefill of that many prompts at once,
+    decode at that batch) are compiled before the clock starts. vLLM compiles some Triton
+    kernels on first use (its log: "Triton kernel JIT compilation during inference"): on an
+    H100 the fused-MoE kernel's first prefill of a new size added about a second to the first
+    measured TTFT of each level. Random prompts come from another seed, so that the measured
+    ones do not find their prefixes cached; the bundled set is the same texts (every level
+    reuses them anyway)."""
+    prompts = workload.prompts(run, rec.bench.seed + 1, vocab_size)[:run.concurrency]
+    client.run_level(target, run, prompts, temperature=rec.bench.temperature, seed=rec.bench.seed,
+                     ignore_eos=True, timeout=timeout, max_tokens=WARM_UP_TOKENS)
 
 
 def metric(run: dict, stat: str, name: str) -> float | None:

@@ -102,19 +102,33 @@ class StepTimer:
 
     Counts engine steps always; records events only while ``active``.
     ``profiler.step()`` is called at each step entry when a profiler is set.
+
+    Both runners vLLM ships are covered: V1's ``GPUModelRunner`` (0.21.0: ``_model_forward``
+    and ``drafter.propose``) and V2's (0.33.0, ``vllm/v1/worker/gpu``: no ``_model_forward``,
+    ``speculator.propose``). A step's token count is the scheduler's
+    (``total_num_scheduled_tokens``) unless the forward span says it.
+
+    ``sink``: streaming mode for a server's engine core, where nothing may synchronise the
+    device: finished steps whose end event has completed are resolved every ``FLUSH_EVERY``
+    steps and handed to ``sink`` (a list of records), the rest stay queued.
     """
 
-    def __init__(self, torch, runner):
-        self.torch, self.runner = torch, runner
+    FLUSH_EVERY = 32
+
+    def __init__(self, torch, runner, sink=None):
+        self.torch, self.runner, self.sink = torch, runner, sink
         self.active, self.profiler = False, None
         self.steps: list[dict] = []
         self.calls = 0
         self._wrap(runner, "execute_model", self._on_step_start, None)
         self._wrap(runner, "sample_tokens", None, self._on_step_end)
-        self._wrap(runner, "_model_forward", *self._span("forward", count_tokens=True), label="forward")
-        self._wrap(runner.model, "compute_logits", *self._span("logits"), label="logits")
-        if getattr(runner, "drafter", None) is not None:
-            self._wrap(runner.drafter, "propose", *self._span("propose"), label="propose")
+        if hasattr(runner, "_model_forward"):
+            self._wrap(runner, "_model_forward", *self._span("forward", count_tokens=True), label="forward")
+        if hasattr(runner.model, "compute_logits"):
+            self._wrap(runner.model, "compute_logits", *self._span("logits"), label="logits")
+        proposer = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+        if proposer is not None and hasattr(proposer, "propose"):
+            self._wrap(proposer, "propose", *self._span("propose"), label="propose")
 
     def _event(self):
         ev = self.torch.cuda.Event(enable_timing=True)
@@ -158,8 +172,14 @@ class StepTimer:
         self.calls += 1
         if self.profiler is not None:
             self.profiler.step()
+        if self.sink is not None and len(self.steps) > self.FLUSH_EVERY:
+            self.flush()
         if self.active:
-            self.steps.append({"_start": self._event()})
+            step = {"_start": self._event(), "t": time.time()}
+            tokens = scheduled_tokens(args[0] if args else kwargs.get("scheduler_output"))
+            if tokens is not None:
+                step["forward_tokens"] = tokens
+            self.steps.append(step)
 
     def _on_step_end(self, _token):
         if self.active and self.steps and "_end" not in self.steps[-1]:
@@ -168,16 +188,37 @@ class StepTimer:
     def collect(self) -> list[dict]:
         """Resolve the recorded events (one synchronisation, after the run)."""
         self.torch.cuda.synchronize()
-        out = []
-        for s in self.steps:
-            if "_end" not in s:
-                continue
-            rec = {"step_ms": s["_start"].elapsed_time(s["_end"]), "forward_tokens": s.get("forward_tokens")}
-            for key, a, b in s.get("_spans", []):
-                rec[f"{key}_ms"] = rec.get(f"{key}_ms", 0.0) + a.elapsed_time(b)
-            out.append({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()})
+        out = [self._resolve(s) for s in self.steps if "_end" in s]
         self.steps = []
         return out
+
+    def flush(self) -> None:
+        """Streaming mode: hand the finished steps whose events completed to the sink, without
+        synchronising. The newest step stays: its spans may still be appended."""
+        done = 0
+        for s in self.steps[:-1]:
+            if "_end" in s and not s["_end"].query():
+                break
+            done += 1
+        ready, self.steps = self.steps[:done], self.steps[done:]
+        records = [self._resolve(s) for s in ready if "_end" in s]
+        if records:
+            self.sink(records)
+
+    @staticmethod
+    def _resolve(s: dict) -> dict:
+        rec = {"step_ms": s["_start"].elapsed_time(s["_end"]), "forward_tokens": s.get("forward_tokens")}
+        for key, a, b in s.get("_spans", []):
+            rec[f"{key}_ms"] = rec.get(f"{key}_ms", 0.0) + a.elapsed_time(b)
+        if "t" in s:
+            rec["t"] = s["t"]
+        return {k: (round(v, 4) if isinstance(v, float) and k != "t" else v) for k, v in rec.items()}
+
+
+def scheduled_tokens(scheduler_output) -> int | None:
+    """The tokens a step forwards, as the scheduler handed them to the runner (both runners)."""
+    n = getattr(scheduler_output, "total_num_scheduled_tokens", None)
+    return int(n) if isinstance(n, int) else None
 
 
 def _output(prompt: list[int], out) -> dict:

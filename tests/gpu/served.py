@@ -54,6 +54,12 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import served_report as report  # noqa: E402
 import served_requests as sr  # noqa: E402
+import speed as speed_mod  # noqa: E402
+
+# The step-time plugin (a vLLM general plugin; its folder on PYTHONPATH installs it) and the
+# variable that names its output file.
+STEP_TIMES_PLUGIN = HERE / "step_times"
+STEP_TIMES_ENV = "VLLM_STEP_TIMES"
 
 RECIPE = "gemma4-moe-dflash"  # the default; --recipe gemma4-moe-dflash-text serves text-only
 # Ports above --port-base (8000): each phase its own, so phases may run side by side
@@ -141,11 +147,17 @@ def _with_flags(args: list[str], *flags: str) -> list[str]:
     return args[:cut] + list(flags) + args[cut:]
 
 
-def launcher_env(site: str) -> dict:
+def launcher_env(site: str, step_times: Path | None = None) -> dict:
+    """The launcher's (and so vLLM's) environment; ``step_times``: the file the step-time
+    plugin (step_times/vllm_step_times.py) writes the server's engine steps to."""
     env = dict(os.environ)
     # The vLLM site first; the launcher (this checkout) last, so nothing of it shadows vLLM's imports.
     env["PYTHONPATH"] = os.pathsep.join([site, str(REPO)])
     env["PYTHONUNBUFFERED"] = "1"
+    env.pop(STEP_TIMES_ENV, None)
+    if step_times is not None:
+        env["PYTHONPATH"] += os.pathsep + str(STEP_TIMES_PLUGIN)
+        env[STEP_TIMES_ENV] = str(step_times)
     return env
 
 
@@ -166,12 +178,13 @@ class Launched:
     session, and a vLLM left running would hold the port and a quarter of the GPU for the
     next call."""
 
-    def __init__(self, args: list[str], site: str, cwd: Path, log: Path, timeout: float, force: bool = False):
+    def __init__(self, args: list[str], site: str, cwd: Path, log: Path, timeout: float, force: bool = False,
+                 step_times: Path | None = None):
         flags = ["--wait", "--timeout", str(int(timeout))] + (["--force"] if force else [])
         self.args = _with_flags(args, *flags)
         self.log_path = log
         self._log = log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.args], env=launcher_env(site),
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.args], env=launcher_env(site, step_times),
                                      cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
         self.t0 = time.time()
 
@@ -379,6 +392,7 @@ class Phase:
                              "numerics": "exact" if args.exact_numerics else "default",
                              "launcher_env": {"PYTHONPATH": launcher_env(site)["PYTHONPATH"]}}
         self.server: Launched | None = None
+        self.step_times: Path | None = None  # set: the server's engine steps are timed into it
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -404,7 +418,10 @@ class Phase:
             self.record.update(started=False, skipped="deadline: no time left to start a server")
             return False
         self.record["started_at"] = time.time()  # with stopped_at: which servers ran side by side
-        self.server = Launched(self.serve, self.site, self.cwd, self.work / f"{self.name}.log", timeout, force)
+        if self.step_times is not None:
+            self.step_times.unlink(missing_ok=True)  # an earlier call's steps are not this server's
+        self.server = Launched(self.serve, self.site, self.cwd, self.work / f"{self.name}.log", timeout, force,
+                               self.step_times)
         self.record["started_by"] = self.server.started_by
         ready = self.server.wait_ready(timeout + 30)
         self.record.update(started=ready is not None, ready_s=ready, argv=self.server.argv())
@@ -538,6 +555,8 @@ def speed(args) -> None:
     servers start side by side and are benched one after the other, so neither bench shares the
     GPU's compute; default numerics (main() refuses --exact-numerics: batch invariance is slower)."""
     pair = {name: Phase(name, args, args.site_patched) for name in ("speed-reference", "speed-dflash")}
+    for ph in pair.values():
+        ph.step_times = ph.work / f"{ph.name}-steps.jsonl"
     try:
         for ph in pair.values():
             ph.plan()
@@ -560,8 +579,36 @@ def speed(args) -> None:
         pair["speed-dflash"].failed(exc)
     finally:
         for ph in pair.values():
-            ph.stop()
+            ph.stop()  # the plugin writes its last steps as the engine runs; stopped, the file is whole
+        project_speed(pair["speed-dflash"], pair["speed-reference"])
+        for ph in pair.values():
             ph.save()
+
+
+def read_steps(path: Path | None) -> list[dict]:
+    if path is None or not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def project_speed(dfl: Phase, base: Phase) -> None:
+    """bench_report's projection beside the measured speed-up, from the step times both
+    servers' engine cores recorded during the benchmarks (speed.served_pair)."""
+    steps = {ph.name: read_steps(ph.step_times) for ph in (dfl, base)}
+    dfl.record["step_counts"] = {name: len(s) for name, s in steps.items()}
+    k = spec_tokens(dfl.record.get("argv"))
+    if dfl.record.get("bench_comparison") and all(steps.values()) and k:
+        dfl.record["speed_projection"] = speed_mod.served_pair(
+            dfl.record["bench_comparison"], steps[dfl.name], steps[base.name], k)
+
+
+def spec_tokens(argv: list[str] | None) -> int | None:
+    """num_speculative_tokens of the --speculative-config vLLM ran with (its argv)."""
+    argv = argv or []
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--speculative-config":
+            return json.loads(argv[i + 1]).get("num_speculative_tokens")
+    return None
 
 
 def stock_probe(reqs: list[sr.Req]) -> sr.Req:

@@ -366,11 +366,24 @@ def speed_row(dflash: dict, baseline: dict | None) -> dict:
         "baseline_bench": (baseline or {}).get("bench"), "baseline_started_by": (baseline or {}).get("started_by"),
         "bench_skipped": (dflash.get("speed_skipped") or (baseline or {}).get("bench_skipped")
                           or dflash.get("bench_skipped")),
-        "speed": [{"concurrency": c["concurrency"], "output_tok_s": c["output_tok_s"],
-                   "measured_speedup": c["speedup"], "mean_acceptance_length": c["mean_acceptance_length"],
-                   "tpot_ms_mean": c["tpot_ms_mean"]} for c in dflash.get("bench_comparison") or []],
+        "speed": [_speed_entry(c, (dflash.get("speed_projection") or {}).get(str(c["concurrency"])))
+                  for c in dflash.get("bench_comparison") or []],
+        "step_counts": dflash.get("step_counts"),
     })
     return row
+
+
+def _speed_entry(c: dict, projection: dict | None) -> dict:
+    """One concurrency: `launcher bench`'s comparison, and where the servers timed their steps,
+    bench_report's projection from those step times (speed.served_pair)."""
+    entry = {"concurrency": c["concurrency"], "output_tok_s": c["output_tok_s"],
+             "measured_speedup": c["speedup"], "mean_acceptance_length": c["mean_acceptance_length"],
+             "tpot_ms_mean": c["tpot_ms_mean"]}
+    if projection:
+        entry.update({k: projection.get(k) for k in (
+            "measured_tpot_speedup", "projected_speedup", "measured_over_projected",
+            "t_decode_ms", "t_verify_ms", "t_draft_ms", "verify_steps", "decode_steps")})
+    return entry
 
 
 # ------------------------------------------------------------------ markdown

@@ -104,3 +104,33 @@ def pair(dflash: dict, no_drafter: dict) -> dict:
                   "tau": d.get("tau"), "t_decode_ms": b.get("t_decode_ms"),
                   "t_draft_ms": d.get("t_draft_ms"), "t_verify_ms": d.get("t_verify_ms")}
     return out
+
+
+def served_pair(comparison: list[dict], dflash_steps: list[dict], alone_steps: list[dict], k: int) -> dict:
+    """Item 5 through `vllm serve`: per concurrency of `launcher bench`'s comparison (its
+    ``--compare-without-drafter`` rows), the measured speed-up (output tok/s and TPOT, DFlash
+    over alone) beside bench_report's projection at the acceptance the bench measured and the
+    step times the servers' own engine cores timed (step_times/vllm_step_times.py): verify =
+    steady DFlash step (c * (K + 1) tokens) less its ``propose``, decode = steady no-drafter
+    step (c tokens)."""
+    out = {}
+    for row in comparison:
+        c = int(row["concurrency"])
+        d = bench_report.phase_ms({"forward_tokens": c * (k + 1), "steps": dflash_steps})
+        a = bench_report.phase_ms({"forward_tokens": c, "steps": alone_steps})
+        t_verify = None if None in (d["step_ms"], d["propose_ms"]) else round(d["step_ms"] - d["propose_ms"], 4)
+        tau = row.get("mean_acceptance_length")
+        inputs = (tau, a["step_ms"], d["propose_ms"], t_verify)
+        projected = None if None in inputs else round(bench_report.projected_speedup(*inputs), 4)
+        tok, tpot = row.get("output_tok_s") or {}, row.get("tpot_ms_mean") or {}
+        measured = row.get("speedup")
+        out[str(c)] = {
+            "tok_s": {"dflash": tok.get("with_drafter"), "no_drafter": tok.get("without")},
+            "measured_speedup": round(measured, 4) if measured else None,
+            "measured_tpot_speedup": (round(tpot["without"] / tpot["with_drafter"], 4)
+                                      if tpot.get("without") and tpot.get("with_drafter") else None),
+            "projected_speedup": projected,
+            "measured_over_projected": round(measured / projected, 4) if measured and projected else None,
+            "tau": tau, "t_decode_ms": a["step_ms"], "t_draft_ms": d["propose_ms"], "t_verify_ms": t_verify,
+            "verify_steps": d["steps"], "decode_steps": a["steps"]}
+    return out

@@ -38,14 +38,31 @@ def test_an_unwritable_out_is_refused_before_any_request(case, tmp_path):
 
 
 def test_finished_runs_are_written_when_a_later_run_fails(tmp_path):
-    # The warm-up and the two requests of run 1 (c=1) succeed; run 2 (c=3) gets HTTP 500 only.
-    with StubServer(Behaviour(fail_after=3)) as server:
+    # The warm-up, run 1's warm-up round (c=1: one request) and its two requests succeed;
+    # run 2 (c=3) gets HTTP 500 only, its warm-up round included.
+    with StubServer(Behaviour(fail_after=4)) as server:
         proc = _bench(tmp_path, server, "--out", "r.json")
     assert proc.returncode == 2 and "every request failed" in proc.stderr
     doc = json.loads((tmp_path / "r.json").read_text())
     # The finished run is kept, and the failed one is recorded with why.
     assert [(r["concurrency"], r["completed"]) for r in doc["runs"]] == [(1, 2), (3, 0)]
     assert doc["runs"][0]["mean_ttft_ms"] is not None and "HTTP 500" in doc["runs"][1]["errors"][0]
+
+
+def test_each_level_is_warmed_up_unmeasured_with_its_own_concurrency(tmp_path):
+    with StubServer(Behaviour()) as server:
+        proc = _bench(tmp_path, server, "--out", "r.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    short = [b for b in server.bodies if b["max_tokens"] != 24]  # the workload's output_len is 24
+    # the first "Hello", then one round per level: 1 request at c=1, 3 at c=3
+    assert [b["max_tokens"] for b in short] == [8] + [16] * (1 + 3)
+    warm = [b["prompt"] for b in short[1:]]
+    measured = [b["prompt"] for b in server.bodies if b["max_tokens"] == 24]
+    assert len(measured) == 2 + 6 and not set(map(str, warm)) & set(map(str, measured))
+    # the measured numbers count only the measured requests
+    assert [(r["concurrency"], r["completed"], r["total_output_tokens"]) for r in doc["runs"]] == [(1, 2, 48), (3, 6, 144)]
+    assert doc["warm_up"].startswith("one unmeasured round per level")
 
 
 def test_a_missing_baseline_result_is_named_before_the_run(tmp_path):

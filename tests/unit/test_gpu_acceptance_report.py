@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.gpu_scripts import load as _load
 
 ar = _load("acceptance_report")
@@ -252,9 +254,22 @@ def test_served_speed_rows_join_their_releases_default_numerics_bf16_rows():
         {"server": "speed", "vllm": "0.21.0", "series": "newer", "bench": "b.json", "speed": speed_rows},
         {"server": "dflash", "vllm": "0.33.0", "speed": speed_rows}]})
     joined = {r["run"]: r["served_speed"] for r in rows}
-    assert joined["plain"] == {"series": "newer", "bench": "b.json", "per_concurrency": speed_rows}
+    assert joined["plain"] == {"series": "newer", "bench": "b.json", "drafter_sha256": None,
+                               "per_concurrency": speed_rows}
     assert joined["plain-bi"] is None and joined["nvfp4"] is None and joined["v33"] is None
-    assert "| 0.21.0 (plain) | newer | 1 | 300.0 / 200.0 | 1.5 | 2.8 |" in ar.markdown(rows)
+    # no step times: no projection, so the bar is not judged
+    assert {r["run"]: r["served_speed_bar_met"] for r in rows}["plain"] is None
+    assert "| 0.21.0 (plain) | newer | - | 1 | 300.0 / 200.0 | 1.5 | - | - | - | 2.8 | - / - / - | - |" in ar.markdown(rows)
+
+
+@pytest.mark.parametrize("measured, projected, met", [(1.5, 1.4, True), (1.5, 1.2, False), (0.95, 0.96, False)])
+def test_the_served_bar_at_one_asks_for_a_win_within_15_percent_of_the_projection(measured, projected, met):
+    rows = ar.build([_rec("plain", 2.7)])
+    one = {"concurrency": 1, "output_tok_s": {"with_drafter": 1.0, "without": 1.0}, "measured_speedup": measured,
+           "projected_speedup": projected, "measured_over_projected": round(measured / projected, 4),
+           "mean_acceptance_length": 3.2, "tpot_ms_mean": {}}
+    ar.add_served_speed(rows, {"servers": [{"server": "speed", "vllm": "0.21.0", "speed": [one]}]})
+    assert rows[0]["served_speed_bar_met"] is met
 
 
 def test_a_retrained_drafter_is_a_row_of_its_own_and_ablations_join_their_own_drafters_row():
