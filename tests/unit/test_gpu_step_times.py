@@ -118,6 +118,7 @@ def test_the_plugin_times_the_runner_it_finds_once_the_model_is_loaded(tmp_path,
     fake = types.ModuleType("vllm.v1.worker.gpu.model_runner")
     fake.GPUModelRunner = Runner
     monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu.model_runner", fake)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     out = tmp_path / "steps.jsonl"
     monkeypatch.delenv(mod.ENV, raising=False)
     mod.register()
@@ -125,6 +126,7 @@ def test_the_plugin_times_the_runner_it_finds_once_the_model_is_loaded(tmp_path,
     monkeypatch.setenv(mod.ENV, str(out))
     mod.register()
     mod.register()  # vLLM loads plugins in every process, maybe more than once: one wrap
+    assert sum(type(f).__name__ == "_RunnerFinder" for f in sys.meta_path) == 1
     runner = Runner()
     runner.load_model()
     assert runner.loaded and runner._step_timer.sink is not None
@@ -133,6 +135,29 @@ def test_the_plugin_times_the_runner_it_finds_once_the_model_is_loaded(tmp_path,
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     # the 34th step's start found 33 queued and wrote all but the newest
     assert len(lines) == bench_steps.StepTimer.FLUSH_EVERY and lines[0]["forward_tokens"] == 16
+
+
+def test_a_runner_module_imported_later_is_wrapped_when_it_runs(tmp_path, monkeypatch):
+    """The API server loads plugins too and must not import the runner (CUDA, then a fork):
+    the finder wraps the module when the worker imports it. A stand-in module file under a
+    runner's name (mocked: the released runner needs vLLM's compiled extension)."""
+    monkeypatch.syspath_prepend(str(GPU_DIR / "step_times"))
+    mod = __import__("vllm_step_times")
+    pkg = tmp_path / "pkgs"
+    (pkg / "fakevllm").mkdir(parents=True)
+    (pkg / "fakevllm" / "__init__.py").write_text("")
+    (pkg / "fakevllm" / "runner.py").write_text(
+        "class GPUModelRunner:\n    def load_model(self):\n        self.loaded = True\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.setattr(mod, "RUNNERS", ("fakevllm.runner",))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setenv(mod.ENV, str(tmp_path / "s.jsonl"))
+    mod.register()
+    assert "fakevllm.runner" not in sys.modules  # nothing imported by the plugin itself
+    import fakevllm.runner
+    assert fakevllm.runner.GPUModelRunner.load_model._step_times is True
+    monkeypatch.delitem(sys.modules, "fakevllm.runner")
+    monkeypatch.delitem(sys.modules, "fakevllm")
 
 
 def test_the_released_runners_have_what_the_timer_wraps():

@@ -14,6 +14,7 @@ PYTHONPATH is the whole installation. Test harness only; nothing of it ships.
 
 from __future__ import annotations
 
+import importlib.abc
 import json
 import os
 import sys
@@ -24,18 +25,50 @@ RUNNERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
 
 
 def register() -> None:
-    path = os.environ.get(ENV)
-    if not path:
+    if not os.environ.get(ENV):
         return
-    import importlib
-
     for name in RUNNERS:
-        try:
-            cls = importlib.import_module(name).GPUModelRunner
-        except (ImportError, AttributeError):
-            continue
-        if not getattr(cls.load_model, "_step_times", False):
-            cls.load_model = _timed_load(cls.load_model, Path(path))
+        if name in sys.modules:
+            _wrap_runner(sys.modules[name])
+    # Not imported yet (the usual case): wrap it when the worker imports it. Importing the
+    # runner here would pull torch's CUDA side into the API server process, which forks.
+    if not any(isinstance(f, _RunnerFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RunnerFinder())
+
+
+def _wrap_runner(module) -> None:
+    cls = getattr(module, "GPUModelRunner", None)
+    if cls is not None and not getattr(cls.load_model, "_step_times", False):
+        cls.load_model = _timed_load(cls.load_model, Path(os.environ[ENV]))
+
+
+class _RunnerFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a runner module, it lets the other finders find it and
+    wraps the loader so the class is patched right after the module runs."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in RUNNERS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _wrap_runner(module)
 
 
 def _timed_load(load_model, path: Path):
