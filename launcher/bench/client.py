@@ -56,7 +56,7 @@ def _post_stream(target: Target, body: dict, timeout: float):
 
 
 def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, seed: int, ignore_eos: bool,
-                timeout: float) -> RequestResult:
+                timeout: float, extra: dict | None = None) -> RequestResult:
     """One streamed completion; ``timeout`` bounds the whole request, not each read.
 
     A server that sends an SSE comment (a keep-alive) every second would
@@ -65,6 +65,7 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
     body = {
         "model": target.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
         "seed": seed, "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     start = time.perf_counter()
     deadline = start + timeout
@@ -132,17 +133,18 @@ def _choices(event: dict) -> list[dict]:
 
 def run_level(target: Target, run: Run, prompts: list, *, temperature: float, seed: int, ignore_eos: bool,
               timeout: float, on_done: Callable[[RequestResult], None] | None = None,
-              max_tokens: int | None = None) -> dict:
+              max_tokens: int | None = None, extra: dict | None = None) -> dict:
     """Send every prompt of ``run`` with ``run.concurrency`` in flight; return vllm-style metrics.
 
     ``on_done`` hears of each finished request (progress), from the worker threads;
-    ``max_tokens`` replaces the workload's output length (the warm-up's short requests).
+    ``max_tokens`` replaces the workload's output length and ``extra`` adds to each request's
+    body (the warm-up's short, salted requests).
     """
 
     def send(i_prompt):
         i, prompt = i_prompt
         res = one_request(target, prompt, max_tokens=max_tokens or run.workload.output_len, temperature=temperature,
-                          seed=seed + i, ignore_eos=ignore_eos, timeout=timeout)
+                          seed=seed + i, ignore_eos=ignore_eos, timeout=timeout, extra=extra)
         if on_done is not None:
             on_done(res)
         return res

@@ -139,17 +139,17 @@ WARM_UP_TOKENS = 16
 
 
 def _warm_level(target: Target, run: workload.Run, rec: Recipe, vocab_size: int | None, timeout: float) -> None:
-    """One unmeasured round of the level before it is measured: ``concurrency`` requests in
-    flight, so the batch shapes the level will run (the prefill of that many prompts at once,
+    """One unmeasured round of the level before it is measured: its first ``concurrency``
+    prompts in flight at once, so the batch shapes the level runs (their prefill together,
     decode at that batch) are compiled before the clock starts. vLLM compiles some Triton
     kernels on first use (its log: "Triton kernel JIT compilation during inference"): on an
     H100 the fused-MoE kernel's first prefill of a new size added about a second to the first
-    measured TTFT of each level. Random prompts come from another seed, so that the measured
-    ones do not find their prefixes cached; the bundled set is the same texts (every level
-    reuses them anyway)."""
-    prompts = workload.prompts(run, rec.bench.seed + 1, vocab_size)[:run.concurrency]
+    measured TTFT of each level. The requests carry a ``cache_salt`` of their own, so their
+    prefill runs in full and the measured requests find none of it in the prefix cache."""
+    prompts = workload.prompts(run, rec.bench.seed, vocab_size)[:run.concurrency]
     client.run_level(target, run, prompts, temperature=rec.bench.temperature, seed=rec.bench.seed,
-                     ignore_eos=True, timeout=timeout, max_tokens=WARM_UP_TOKENS)
+                     ignore_eos=True, timeout=timeout, max_tokens=WARM_UP_TOKENS,
+                     extra={"cache_salt": f"launcher-bench-warm-up-{run.key}-{time.time_ns()}"})
 
 
 def metric(run: dict, stat: str, name: str) -> float | None:

@@ -57,9 +57,15 @@ def test_each_level_is_warmed_up_unmeasured_with_its_own_concurrency(tmp_path):
     short = [b for b in server.bodies if b["max_tokens"] != 24]  # the workload's output_len is 24
     # the first "Hello", then one round per level: 1 request at c=1, 3 at c=3
     assert [b["max_tokens"] for b in short] == [8] + [16] * (1 + 3)
-    warm = [b["prompt"] for b in short[1:]]
-    measured = [b["prompt"] for b in server.bodies if b["max_tokens"] == 24]
-    assert len(measured) == 2 + 6 and not set(map(str, warm)) & set(map(str, measured))
+    measured = [b for b in server.bodies if b["max_tokens"] == 24]
+    assert len(measured) == 2 + 6
+    # the same prompts as the level's first ones, salted: their prefill runs in full and
+    # leaves nothing in the prefix cache for the measured requests
+    assert [b["prompt"] for b in short[1:2]] == [measured[0]["prompt"]]
+    level3 = {str(b["prompt"]) for b in measured[2:]}  # sent 3 at a time: arrival order varies
+    assert len({str(b["prompt"]) for b in short[2:]} & level3) == 3
+    salts = [b.get("cache_salt") for b in short[1:]]
+    assert all(salts) and len(set(salts)) == 2 and not any("cache_salt" in b for b in measured)
     # the measured numbers count only the measured requests
     assert [(r["concurrency"], r["completed"], r["total_output_tokens"]) for r in doc["runs"]] == [(1, 2, 48), (3, 6, 144)]
     assert doc["warm_up"].startswith("one unmeasured round per level")
