@@ -175,7 +175,9 @@ class StepTimer:
         if self.sink is not None and len(self.steps) > self.FLUSH_EVERY:
             self.flush()
         if self.active:
-            step = {"_start": self._event(), "t": time.time()}
+            step = {"_start": self._event()}
+            if self.sink is not None:
+                step["t"] = time.time()  # a server's steps: which level a step belongs to, by time
             tokens = scheduled_tokens(args[0] if args else kwargs.get("scheduler_output"))
             if tokens is not None:
                 step["forward_tokens"] = tokens

@@ -582,16 +582,26 @@ def speed(args) -> None:
         pair["speed-dflash"].failed(exc)
     finally:
         for ph in pair.values():
-            ph.stop()  # the plugin writes its last steps as the engine runs; stopped, the file is whole
-        project_speed(pair["speed-dflash"], pair["speed-reference"])
+            ph.stop()  # the step files grow while the engines run (a level's last few steps stay unwritten)
+        try:
+            project_speed(pair["speed-dflash"], pair["speed-reference"])
+        except Exception as exc:  # noqa: BLE001 - recorded; the records are saved whatever happened
+            pair["speed-dflash"].record["speed_projection_error"] = f"{type(exc).__name__}: {exc}"[:500]
         for ph in pair.values():
             ph.save()
 
 
 def read_steps(path: Path | None) -> list[dict]:
+    """The step records a server's plugin wrote; a line cut by the server's stop is left out."""
     if path is None or not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def project_speed(dfl: Phase, base: Phase) -> None:
