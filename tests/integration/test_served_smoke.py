@@ -79,8 +79,8 @@ def forced_servers(tmp_path, monkeypatch) -> tuple[Path, int]:
     start, the device's does not); returns the trained model stand-in and a --port-base with
     every phase's port free."""
     class Forced(served.Launched):
-        def __init__(self, args, site, cwd, log, timeout, force=False):
-            super().__init__(args, site, cwd, log, timeout, True)
+        def __init__(self, args, site, cwd, log, timeout, force=False, step_times=None):
+            super().__init__(args, site, cwd, log, timeout, True, step_times)
 
     monkeypatch.setattr(served, "Launched", Forced)
     monkeypatch.setenv("MODELS_DIR", str(tmp_path / "models"))
@@ -236,6 +236,10 @@ def test_the_speed_phase_benches_the_recipe_without_and_with_its_drafter(openai_
     baseline = json.loads((out / "served-bench-0.21.0-speed-no-drafter.json").read_text())
     assert baseline["speculative_decoding"] is False and {r["workload"] for r in baseline["runs"]} == {"prompts"}
     assert row["bench"] == "tests/gpu/results/served-bench-0.21.0-speed-dflash.json"
+    # The stand-ins are not vLLM: the step-time plugin never loads in them, so no step was
+    # timed and no projection is claimed (tests/unit/test_gpu_step_times.py covers both).
+    assert raw["speed-dflash"]["step_counts"] == {"speed-dflash": 0, "speed-reference": 0}
+    assert "speed_projection" not in raw["speed-dflash"] and "projected_speedup" not in row["speed"][0]
     assert sorted(p.name for p in (out / "served-raw").iterdir()) == [
         "speed-dflash.json", "speed-dflash.log", "speed-reference.json", "speed-reference.log"]
     for offset in served.PORT_OFFSETS.values():
