@@ -8,7 +8,9 @@ of the speculative-decoding counters gives the acceptance of that run alone.
 from __future__ import annotations
 
 import json
+import re
 import time
+import uuid
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -95,7 +97,7 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
          f"speculative decoding {'on' if spec_before is not None else 'off'})")
     _warm_up(target, rec, timeout)
     for i, run in enumerate(runs, 1):
-        _warm_level(target, run, rec, vocab_size, timeout)
+        _warm_level(target, run, rec, vocab_size, timeout, echo)
         before = metrics.scrape(base_url)
         label = f"run {i}/{len(runs)} {run.workload.name} c={run.concurrency}"
         if kind == "vllm":
@@ -138,7 +140,8 @@ def _warm_up(target: Target, rec: Recipe, timeout: float) -> None:
 WARM_UP_TOKENS = 16
 
 
-def _warm_level(target: Target, run: workload.Run, rec: Recipe, vocab_size: int | None, timeout: float) -> None:
+def _warm_level(target: Target, run: workload.Run, rec: Recipe, vocab_size: int | None, timeout: float,
+                echo: Echo) -> None:
     """One unmeasured round of the level before it is measured: its first ``concurrency``
     prompts in flight at once, so the batch shapes the level runs (their prefill together,
     decode at that batch) are compiled before the clock starts. vLLM compiles some Triton
@@ -147,9 +150,20 @@ def _warm_level(target: Target, run: workload.Run, rec: Recipe, vocab_size: int 
     measured TTFT of each level. The requests carry a ``cache_salt`` of their own, so their
     prefill runs in full and the measured requests find none of it in the prefix cache."""
     prompts = workload.prompts(run, rec.bench.seed, vocab_size)[:run.concurrency]
-    client.run_level(target, run, prompts, temperature=rec.bench.temperature, seed=rec.bench.seed,
-                     ignore_eos=True, timeout=timeout, max_tokens=WARM_UP_TOKENS,
-                     extra={"cache_salt": f"launcher-bench-warm-up-{run.key}-{time.time_ns()}"})
+    res = client.run_level(target, run, prompts, temperature=rec.bench.temperature, seed=rec.bench.seed,
+                           ignore_eos=True, timeout=timeout, max_tokens=WARM_UP_TOKENS,
+                           extra={"cache_salt": warm_up_salt(run)})
+    if res["failed"]:
+        # The level is measured anyway (its own errors say what is wrong), but cold: say so.
+        echo(f"warm-up of {run.key}: {res['failed']} of {len(prompts)} requests failed "
+             f"({'; '.join(res['errors'][:1])}); the level is measured without it")
+
+
+def warm_up_salt(run: workload.Run) -> str:
+    """A salt no measured request shares, in what vLLM accepts (0.33.0: at most 128 characters,
+    none of ``@ / \\`` or NUL)."""
+    level = re.sub(r"[^A-Za-z0-9._-]", "-", f"{run.workload.name}-c{run.concurrency}")
+    return f"launcher-bench-warm-up-{level}-{uuid.uuid4().hex}"[-128:]
 
 
 def metric(run: dict, stat: str, name: str) -> float | None:

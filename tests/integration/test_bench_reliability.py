@@ -46,6 +46,8 @@ def test_finished_runs_are_written_when_a_later_run_fails(tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     # The finished run is kept, and the failed one is recorded with why.
     assert [(r["concurrency"], r["completed"]) for r in doc["runs"]] == [(1, 2), (3, 0)]
+    # a warm-up that failed is said, not passed over
+    assert "warm-up of short@3: 3 of 3 requests failed (HTTP 500" in proc.stdout + proc.stderr
     assert doc["runs"][0]["mean_ttft_ms"] is not None and "HTTP 500" in doc["runs"][1]["errors"][0]
 
 
@@ -69,6 +71,27 @@ def test_each_level_is_warmed_up_unmeasured_with_its_own_concurrency(tmp_path):
     # the measured numbers count only the measured requests
     assert [(r["concurrency"], r["completed"], r["total_output_tokens"]) for r in doc["runs"]] == [(1, 2, 48), (3, 6, 144)]
     assert doc["warm_up"].startswith("one unmeasured round per level")
+
+
+def test_the_warm_up_salt_is_one_the_released_vllm_accepts():
+    """vLLM 0.33.0 refuses a cache_salt over 128 characters or with ``@ / \\`` or NUL
+    (entrypoints/generate/base/protocol.py of the released wheel, read here); 0.21.0 asks
+    only for a non-empty string."""
+    import re
+
+    from launcher.bench import runner, workload
+    from launcher.recipe import BenchWorkload
+    from tests.integration.patch_trees import pristine
+
+    src = (pristine("0.33.0", "site-packages") / "vllm/entrypoints/generate/base/protocol.py").read_text()
+    forbidden = eval(re.search(r"_CACHE_SALT_FORBIDDEN_CHARS = frozenset\((.+)\)", src).group(1))  # a literal
+    limit = int(re.search(r"_MAX_CACHE_SALT_LENGTH = (\d+)", src).group(1))
+    assert "@" in forbidden and limit == 128
+    w = BenchWorkload(name="a/b@c " + "x" * 200, dataset="random", input_len=8, output_len=8, concurrency=[1])
+    run = workload.Run(w, 22, 88)
+    salts = {runner.warm_up_salt(run) for _ in range(3)}
+    assert len(salts) == 3  # each round its own
+    assert all(0 < len(s) <= limit and not set(s) & set(forbidden) for s in salts)
 
 
 def test_a_missing_baseline_result_is_named_before_the_run(tmp_path):
