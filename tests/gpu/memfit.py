@@ -112,7 +112,7 @@ def plan(card: Card, fraction: float, device_total: int) -> dict:
 
 # ------------------------------------------------------------------ server log
 
-_NUM = r"([0-9][0-9,]*\.?[0-9]*)"
+_NUM = r"(-?[0-9][0-9,]*\.?[0-9]*)"  # signed: "Available KV cache memory: -1.1 GiB" when nothing is left
 LOG_PATTERNS = {
     "weights_gib": rf"Model loading took {_NUM} GiB",
     "available_kv_gib": rf"Available KV cache memory: {_NUM} GiB",
@@ -124,6 +124,10 @@ LOG_PATTERNS = {
     # DEBUG level (VLLM_LOGGING_LEVEL=DEBUG): the worker's own split of the non-KV memory.
     "actual_usage": rf"Actual usage is {_NUM} GiB for weight, {_NUM} GiB for peak activation, {_NUM} GiB for "
                     rf"non-torch memory, and {_NUM} GiB for CUDAGraph memory",
+    # DEBUG level too, logged by the profile run itself (utils/mem_utils.py), so a server that
+    # then fails for want of KV memory still says where the memory went.
+    "profile_split": rf"Total non KV cache memory: {_NUM} ?GiB; torch peak memory increase: {_NUM} ?GiB; "
+                     rf"non-torch forward increase memory: {_NUM} ?GiB; weights memory: {_NUM} ?GiB",
     "requested_gib": rf"worker requested memory: {_NUM} ?GiB",
     "free_at_start": rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup",
     "estimated_max_len": rf"the estimated maximum model length is {_NUM}",
@@ -157,6 +161,12 @@ def parse_log(text: str) -> dict:
         elif key == "actual_usage":
             (found["weights_debug_gib"], found["activation_peak_gib"], found["non_torch_gib"],
              found["graph_actual_gib"]) = values
+        elif key == "profile_split":
+            found["non_kv_gib"], peak, non_torch, weights = values
+            # the start's own "Actual usage" line (matched first) is the later word where it exists
+            found.setdefault("activation_peak_gib", peak)
+            found.setdefault("non_torch_gib", non_torch)
+            found.setdefault("weights_debug_gib", weights)
         elif key == "free_at_start":
             found["free_at_start_gib"], found["device_total_gib"] = values
         elif key in ("kv_cache_tokens", "estimated_max_len"):

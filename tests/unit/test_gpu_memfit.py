@@ -100,6 +100,29 @@ def test_log_failures_and_the_estimated_length():
                             "utilization")["failures"] == ["free_memory_check"]
 
 
+# The engine core's lines of the first full-size fit run (H100, 2026-11-27, rtx5090 profile with
+# the drafter, recipe as shipped: max_num_batched_tokens 32768), as vLLM 0.21.0 logged them.
+NO_KV_LOG = """\
+(EngineCore pid=1302) DEBUG 11-27 18:22:13 [v1/worker/gpu_worker.py:461] Memory profiling takes 161.17 seconds. \
+Total non KV cache memory: 25.29GiB; torch peak memory increase: 6.24GiB; non-torch forward increase memory: 0.24GiB; \
+weights memory: 18.81GiB.
+(EngineCore pid=1302) INFO 11-27 18:22:13 [v1/worker/gpu_worker.py:462] Available KV cache memory: -1.1 GiB
+(EngineCore pid=1302) ERROR 11-27 18:22:13 [v1/engine/core.py:1140] ValueError: No available memory for the cache \
+blocks. Try increasing `gpu_memory_utilization` when initializing the engine.
+"""
+
+
+def test_a_start_that_leaves_no_kv_memory_still_says_where_the_memory_went():
+    log = memfit.parse_log(NO_KV_LOG)
+    assert log["available_kv_gib"] == -1.1  # signed: the budget was overdrawn
+    assert (log["non_kv_gib"], log["activation_peak_gib"], log["non_torch_gib"], log["weights_debug_gib"]) == \
+        (25.29, 6.24, 0.24, 18.81)
+    assert log["failures"] == ["no_kv_memory"]
+    # the start's "Actual usage" line, where a start got that far, stays the word on the split
+    both = memfit.parse_log(LOG + NO_KV_LOG)
+    assert both["activation_peak_gib"] == 2.1
+
+
 METRICS = """\
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter
