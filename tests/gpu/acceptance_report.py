@@ -224,8 +224,8 @@ def markdown(rows: list[dict]) -> str:
         lines += ["", "Through `vllm serve` (`launcher bench`, prompts workload; served.py's speed phase):", "",
                   "| run's release | served series | drafter | concurrency | tok/s DFlash / alone | speed-up, tok/s "
                   "| speed-up, TPOT | projected | measured / projected | acceptance | decode / verify / draft ms "
-                  "| bar at 1 |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| projected by the host's step period (decode / DFlash ms) | bar at 1 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in served:
             s = r["served_speed"]
             for c in s["per_concurrency"]:
@@ -240,6 +240,8 @@ def markdown(rows: list[dict]) -> str:
                              f"{_cell(_round(c.get('projected_speedup'), 3))} | "
                              f"{_cell(_round(c.get('measured_over_projected'), 3))} | "
                              f"{_cell(_round(c.get('mean_acceptance_length'), 3))} | {times} | "
+                             f"{_cell(_round(c.get('projected_speedup_by_period'), 3))} "
+                             f"({_cell(_round(c.get('decode_period_ms'), 2))} / {_cell(_round(c.get('dflash_period_ms'), 2))}) | "
                              f"{'-' if bar is None else ('met' if bar else 'not met')} |")
     return "\n".join(lines) + "\n"
 

@@ -382,7 +382,8 @@ def _speed_entry(c: dict, projection: dict | None) -> dict:
     if projection:
         entry.update({k: projection.get(k) for k in (
             "measured_tpot_speedup", "projected_speedup", "measured_over_projected",
-            "t_decode_ms", "t_verify_ms", "t_draft_ms", "verify_steps", "decode_steps")})
+            "t_decode_ms", "t_verify_ms", "t_draft_ms", "verify_steps", "decode_steps",
+            "decode_period_ms", "dflash_period_ms", "projected_speedup_by_period")})
     return entry
 
 

@@ -19,6 +19,7 @@ Speed runs must have the GPU to themselves: run them outside RS_PARALLEL lanes.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -133,4 +134,23 @@ def served_pair(comparison: list[dict], dflash_steps: list[dict], alone_steps: l
             "measured_over_projected": round(measured / projected, 4) if measured and projected else None,
             "tau": tau, "t_decode_ms": a["step_ms"], "t_draft_ms": d["propose_ms"], "t_verify_ms": t_verify,
             "verify_steps": d["steps"], "decode_steps": a["steps"]}
+        # The host's view: how often a steady step starts. CUDA events span a step on the GPU;
+        # host work between two steps (scheduling, the drafts' bookkeeping) is outside them.
+        p_d, p_a = step_period_ms(dflash_steps, c * (k + 1)), step_period_ms(alone_steps, c)
+        out[str(c)].update({"dflash_period_ms": p_d, "decode_period_ms": p_a,
+                            "projected_speedup_by_period": (round(tau * p_a / p_d, 4)
+                                                            if tau and p_a and p_d else None)})
     return out
+
+
+# Two steady steps further apart than this are not back to back (a request ended, or a level).
+MAX_STEP_GAP_S = 0.2
+
+
+def step_period_ms(steps: list[dict], tokens: int) -> float | None:
+    """Median wall time from one steady step's start to the next's (the plugin's ``t``), over
+    consecutive pairs of steps that both forwarded ``tokens``."""
+    gaps = [b["t"] - a["t"] for a, b in zip(steps, steps[1:])
+            if a.get("forward_tokens") == tokens == b.get("forward_tokens") and "t" in a and "t" in b
+            and 0 <= b["t"] - a["t"] < MAX_STEP_GAP_S]
+    return round(1000 * statistics.median(gaps), 4) if gaps else None

@@ -216,3 +216,21 @@ def test_the_speed_phase_times_both_servers_and_projects_from_their_steps(tmp_pa
     assert dfl.record["speed_projection"]["1"]["projected_speedup"] == 1.25
     row = served.report.speed_row(dfl.record, base.record)
     assert row["speed"][0]["projected_speedup"] == 1.25 and row["speed"][0]["t_verify_ms"] == 5.0
+
+
+def test_the_host_period_counts_only_back_to_back_steady_steps():
+    # 16-token steps every 8 ms (a gap of 1 s between two requests), 64-token ones between them
+    t, steps = 100.0, []
+    for i in range(10):
+        steps.append({"forward_tokens": 16, "step_ms": 6.0, "t": t})
+        t += 0.008 if i != 4 else 1.0
+    steps += [{"forward_tokens": 64, "step_ms": 9.0, "t": t + 0.005 * i} for i in range(5)]
+    assert sp.step_period_ms(steps, 16) == 8.0
+    assert sp.step_period_ms(steps, 64) == 5.0
+    assert sp.step_period_ms(steps, 32) is None
+    comparison = [{"concurrency": 1, "output_tok_s": {}, "speedup": None, "tpot_ms_mean": {},
+                   "mean_acceptance_length": 3.0}]
+    alone = [{"forward_tokens": 1, "step_ms": 2.0, "t": 200 + 0.004 * i} for i in range(10)]
+    one = sp.served_pair(comparison, steps, alone, 15)["1"]
+    assert (one["dflash_period_ms"], one["decode_period_ms"]) == (8.0, 4.0)
+    assert one["projected_speedup_by_period"] == 1.5
