@@ -65,27 +65,28 @@ def counter_delta(before: dict, after: dict) -> dict:
     return delta
 
 
+def step_times(steps: list[dict], n: int, k: int, has_drafter: bool) -> dict:
+    """bench_report.phase_ms over the steady steps of concurrency ``n`` (verify steps forward
+    n * (K + 1) tokens, decode steps n): the step times the projection needs."""
+    m = bench_report.phase_ms({"forward_tokens": n * (k + 1) if has_drafter else n, "steps": steps})
+    if not has_drafter:
+        return {"decode_steps": m["steps"], "t_decode_ms": m["step_ms"]}
+    return {"verify_steps": m["steps"], "t_draft_ms": m["propose_ms"],
+            "t_verify_ms": None if None in (m["step_ms"], m["propose_ms"]) else round(m["step_ms"] - m["propose_ms"], 4)}
+
+
 def summary(speed: dict, has_drafter: bool, k: int) -> dict:
-    """Per concurrency: tok/s, the step times the projection needs (bench_report.phase_ms over
-    the steady steps: verify steps forward c * (K + 1) tokens, decode steps c), and tau from
+    """Per concurrency: tok/s, the step times the projection needs (step_times) and tau from
     the counters."""
     rows = {}
     for c, g in speed.items():
-        n = int(c)
         row = {"tok_s": round(g["generated"] / g["wall_s"], 2) if g.get("wall_s") else None,
-               "wall_s": g.get("wall_s"), "generated": g.get("generated")}
-        m = bench_report.phase_ms({"forward_tokens": n * (k + 1) if has_drafter else n, "steps": g["steps"]})
+               "wall_s": g.get("wall_s"), "generated": g.get("generated"),
+               **step_times(g["steps"], int(c), k, has_drafter)}
         if has_drafter:
-            row["verify_steps"] = m["steps"]
-            row["t_verify_ms"] = None if None in (m["step_ms"], m["propose_ms"]) else \
-                round(m["step_ms"] - m["propose_ms"], 4)
-            row["t_draft_ms"] = m["propose_ms"]
             drafts = (g.get("counters") or {}).get("spec_drafts") or 0
             accepted = (g.get("counters") or {}).get("spec_accepted_tokens") or 0
             row["tau"] = round(1 + accepted / drafts, 4) if drafts else None
-        else:
-            row["decode_steps"] = m["steps"]
-            row["t_decode_ms"] = m["step_ms"]
         rows[c] = row
     return rows
 
@@ -109,37 +110,27 @@ def pair(dflash: dict, no_drafter: dict) -> dict:
 
 def served_pair(comparison: list[dict], dflash_steps: list[dict], alone_steps: list[dict], k: int) -> dict:
     """Item 5 through `vllm serve`: per concurrency of `launcher bench`'s comparison (its
-    ``--compare-without-drafter`` rows), the measured speed-up (output tok/s and TPOT, DFlash
-    over alone) beside bench_report's projection at the acceptance the bench measured and the
-    step times the servers' own engine cores timed (step_times/vllm_step_times.py): verify =
-    steady DFlash step (c * (K + 1) tokens) less its ``propose``, decode = steady no-drafter
-    step (c tokens)."""
+    ``--compare-without-drafter`` rows), ``pair`` of the two servers: the measured speed-up
+    beside bench_report's projection at the acceptance the bench measured and the step times
+    the servers' own engine cores timed (step_times/vllm_step_times.py); with the TPOT ratio
+    and the host's step period beside them."""
     out = {}
     for row in comparison:
-        c = int(row["concurrency"])
-        d = bench_report.phase_ms({"forward_tokens": c * (k + 1), "steps": dflash_steps})
-        a = bench_report.phase_ms({"forward_tokens": c, "steps": alone_steps})
-        t_verify = None if None in (d["step_ms"], d["propose_ms"]) else round(d["step_ms"] - d["propose_ms"], 4)
-        tau = row.get("mean_acceptance_length")
-        inputs = (tau, a["step_ms"], d["propose_ms"], t_verify)
-        projected = None if None in inputs else round(bench_report.projected_speedup(*inputs), 4)
+        c, n = str(int(row["concurrency"])), int(row["concurrency"])
         tok, tpot = row.get("output_tok_s") or {}, row.get("tpot_ms_mean") or {}
-        measured = row.get("speedup")
-        out[str(c)] = {
-            "tok_s": {"dflash": tok.get("with_drafter"), "no_drafter": tok.get("without")},
-            "measured_speedup": round(measured, 4) if measured else None,
-            "measured_tpot_speedup": (round(tpot["without"] / tpot["with_drafter"], 4)
-                                      if tpot.get("without") and tpot.get("with_drafter") else None),
-            "projected_speedup": projected,
-            "measured_over_projected": round(measured / projected, 4) if measured and projected else None,
-            "tau": tau, "t_decode_ms": a["step_ms"], "t_draft_ms": d["propose_ms"], "t_verify_ms": t_verify,
-            "verify_steps": d["steps"], "decode_steps": a["steps"]}
+        d = {"tok_s": tok.get("with_drafter"), "tau": row.get("mean_acceptance_length"),
+             **step_times(dflash_steps, n, k, True)}
+        a = {"tok_s": tok.get("without"), **step_times(alone_steps, n, k, False)}
         # The host's view: how often a steady step starts. CUDA events span a step on the GPU;
         # host work between two steps (scheduling, the drafts' bookkeeping) is outside them.
-        p_d, p_a = step_period_ms(dflash_steps, c * (k + 1)), step_period_ms(alone_steps, c)
-        out[str(c)].update({"dflash_period_ms": p_d, "decode_period_ms": p_a,
-                            "projected_speedup_by_period": (round(tau * p_a / p_d, 4)
-                                                            if tau and p_a and p_d else None)})
+        p_d, p_a = step_period_ms(dflash_steps, n * (k + 1)), step_period_ms(alone_steps, n)
+        tau = d["tau"]
+        out[c] = {**pair({c: d}, {c: a})[c],
+                  "measured_tpot_speedup": (round(tpot["without"] / tpot["with_drafter"], 4)
+                                            if tpot.get("without") and tpot.get("with_drafter") else None),
+                  "verify_steps": d["verify_steps"], "decode_steps": a["decode_steps"],
+                  "dflash_period_ms": p_d, "decode_period_ms": p_a,
+                  "projected_speedup_by_period": round(tau * p_a / p_d, 4) if tau and p_a and p_d else None}
     return out
 
 
