@@ -17,6 +17,14 @@ class HardwareProfile:
     memory_gib: float
     unified_memory: bool
     platform: str  # docker platform of the matching image
+    # What cudaMemGetInfo reports as the total, in bytes: vLLM's gpu_memory_utilization is a
+    # fraction of it, and it is less than the marketed size (the driver keeps some; the Spark's
+    # OS shares its memory). A rehearsal on a larger GPU gives the recipe this x the fraction.
+    cuda_total_bytes: int
+
+    @property
+    def cuda_total_gib(self) -> float:
+        return self.cuda_total_bytes / 2**30
 
     @property
     def sm(self) -> str:
@@ -31,6 +39,7 @@ PROFILES: dict[str, HardwareProfile] = {
         memory_gib=32.0,
         unified_memory=False,
         platform="linux/amd64",
+        cuda_total_bytes=33_668_857_856,  # 31.36 GiB (nvidia-smi: 32607 MiB); tests/gpu/memfit.py has the sources
     ),
     "dgx-spark": HardwareProfile(
         name="dgx-spark",
@@ -39,6 +48,7 @@ PROFILES: dict[str, HardwareProfile] = {
         memory_gib=128.0,
         unified_memory=True,
         platform="linux/arm64",
+        cuda_total_bytes=128_501_256_192,  # 119.68 GiB (121.69 on later DGX OS kernels: the smaller holds on both)
     ),
 }
 

@@ -107,12 +107,14 @@ def scaled_memory_fraction(rec, profile: str, gpu: GpuInfo, user_fields: dict[st
     if fraction is None:
         notes.append(f"no gpu_memory_utilization in the recipe: vLLM's default fraction of {gpu.memory_gib:g} GiB")
         return None
-    budget = card.memory_gib * fraction
-    if gpu.memory_gib <= card.memory_gib:
-        notes.append(f"{gpu.name} has {gpu.memory_gib:g} GiB, no more than {card.name}'s {card.memory_gib:g} GiB: "
+    # The card's budget is its CUDA-reported total x the fraction, as vLLM computes it there.
+    card_gib = card.cuda_total_gib
+    budget = card_gib * fraction
+    if gpu.memory_gib <= card_gib:
+        notes.append(f"{gpu.name} has {gpu.memory_gib:g} GiB, no more than {card.name}'s {card_gib:.2f} GiB: "
                      f"gpu_memory_utilization stays {fraction:g}")
         return None
     # Rounded down: never more than the card would get.
     scaled = math.floor(budget / gpu.memory_gib * 1000) / 1000
-    return (f"{scaled:g}", f"{card.name}'s budget {card.memory_gib:g} GiB x {fraction:g} = {budget:.1f} GiB "
-                           f"of this GPU's {gpu.memory_gib:g} GiB")
+    return (f"{scaled:g}", f"{card.name}'s budget {card_gib:.2f} GiB (what CUDA reports there) x {fraction:g} = "
+                           f"{budget:.1f} GiB of this GPU's {gpu.memory_gib:g} GiB")

@@ -28,7 +28,17 @@ What is measured and what is a projection:
   clocks (a server's TPOT vs the runner's step), so the ratio bounds the
   extrapolation, it does not validate it alone.
 * ``projection``: labelled projections at the achieved fraction (``roofline.py``),
-  beside the public anchors.
+  beside the public anchors; with ``--acceptance``, DFlash at the trained
+  drafter's measured acceptance length (issue 25's record named by
+  ``--acceptance-run`` and ``--acceptance-drafter``): the full-size DFlash step
+  measured with the random drafter (each step verifies 1 + 15 tokens and emits
+  one) shared among that many tokens.
+* ``profile_attempts``: the records in ``--attempts`` (earlier runs of a
+  profile, before the recipe was corrected), each with the settings it ran.
+
+A server log excerpt ``<label>.server-excerpt.log`` beside a record fills what
+its ``log`` lacks (``memfit.parse_log``: the token budget, a cold or cached
+torch.compile).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import memfit  # noqa: E402
 import roofline  # noqa: E402
 
 TAUS = [2, 3, 4, 5, 6, 7, 8]
@@ -83,7 +94,8 @@ def profile_block(rec: dict) -> dict:
     log, derived, plan = rec.get("log") or {}, rec.get("derived") or {}, rec.get("plan") or {}
     graph = log.get("graph_actual_gib", log.get("graph_capture_gib"))
     delta = rec.get("metrics_delta") or {}
-    return {"run": rec["label"], "extra_sets": rec.get("extra_sets") or [], "emulation": rec.get("emulation"),
+    return {"run": rec["label"], "profile": rec["profile"], "drafter": bool(rec.get("drafter")),
+            "extra_sets": rec.get("extra_sets") or [], "emulation": rec.get("emulation"),
             "memory_budget_gib": plan.get("memory_budget_gib"), "card_total_gib": plan.get("card_total_gib"),
             "scaled_fraction": plan.get("scaled_fraction"), "fits": rec.get("fits"), "why": rec.get("why"),
             "weights_gib": log.get("weights_gib"), "activation_peak_gib": log.get("activation_peak_gib"),
@@ -97,7 +109,22 @@ def profile_block(rec: dict) -> dict:
             "preemptions": delta.get("preemptions") if delta else None,
             "peak_kv_cache_usage": (rec.get("metrics_peaks") or {}).get("kv_cache_usage_perc"),
             "peak_requests_running": (rec.get("metrics_peaks") or {}).get("requests_running"),
+            "max_num_batched_tokens": log.get("max_num_batched_tokens"), "torch_compile": log.get("torch_compile"),
             "gpu_peak": rec.get("gpu_peak"), "start_s": rec.get("start_s")}
+
+
+SETTINGS = ("max_model_len", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+
+
+def attempt_row(rec: dict) -> dict:
+    """An earlier run of a profile: the settings it ran with and what came of them."""
+    ran = {**(rec.get("log") or {}), **(rec.get("profile_settings") or {})}
+    row = profile_block(rec)
+    return {"run": row["run"], "record_file": rec.get("record_file"), "profile": rec["profile"], "device": (rec.get("blocker") or {}).get("device"),
+            "settings": {k: ran.get(k) for k in SETTINGS}, "started": rec.get("started"),
+            **{k: row[k] for k in ("fits", "why", "activation_peak_gib", "kv_cache_gib", "kv_cache_tokens",
+                                   "estimated_max_model_len", "peak_requests_running", "peak_kv_cache_usage",
+                                   "preemptions", "torch_compile")}}
 
 
 def _is_fit(rec: dict) -> bool:
@@ -181,17 +208,52 @@ def projection_block(roof: dict | None) -> dict | None:
     return out
 
 
+def acceptance_projection(bench: dict, roof: dict | None, accepted: dict) -> dict | None:
+    """DFlash at a measured acceptance length ``tau``: the full-size step (the random drafter's TPOT:
+    one token a step) over ``tau`` tokens, per concurrency; and the bytes-read projection at ``tau``."""
+    tau = accepted["mean_acceptance_length_vllm"]
+    rows = {}
+    for c, d in (bench.get("dflash") or {}).items():
+        n = (bench.get("no_drafter") or {}).get(c) or {}
+        if d.get("tpot_ms") and n.get("tpot_ms"):
+            rows[c] = {"dflash_step_ms": round(d["tpot_ms"], 3), "no_drafter_tpot_ms": round(n["tpot_ms"], 3),
+                       "projected_tpot_ms": round(d["tpot_ms"] / tau, 3),
+                       "projected_speedup": round(tau * n["tpot_ms"] / d["tpot_ms"], 3)}
+    if not rows:
+        return None
+    out = {"label": "projection, not a measurement: the trained small-width drafter's acceptance (issue 25) "
+                    "applied to the full-size DFlash step measured with a random drafter",
+           "acceptance_length": tau, "source": {k: accepted.get(k) for k in
+                                                ("run", "vllm", "quantization", "drafter_sha256", "concurrency",
+                                                 "mean_acceptance_length_reference")},
+           "by_concurrency": rows}
+    step = (roof or {}).get("dflash_step_b1_terms")
+    if step and (roof or {}).get("achieved_fraction"):
+        out["tok_s_c1_at_bandwidth"] = {
+            name: round(roofline.dflash_projection(step, tau, bw, roof["achieved_fraction"]), 1)
+            for name, bw in roofline.DEVICES_GBPS.items()}
+    return out
+
+
 def build(shapes: dict, *, records: list[dict], roof: dict | None, bandwidth: dict | None,
-          six_layer: dict | None, gpu: str | None) -> dict:
+          six_layer: dict | None, gpu: str | None, attempts: list[dict] = (), accepted: dict | None = None) -> dict:
     bench = bench_block(records)
     profiles, without = {}, {}
     # Later wins: the recipe as shipped over changed fields; a fit-only run (DEBUG split) over a speed run.
     for rec in sorted(records, key=lambda r: (_as_shipped(r), _is_fit(r))):
         (profiles if rec.get("drafter") else without)[rec["profile"]] = profile_block(rec)
     roof_out = roofline_block(roof, bandwidth, bench)
+    # Every run beside the chosen one: a start with a cold torch.compile cache has less KV cache.
+    runs = {rec["label"]: profile_block(rec) for rec in sorted(records, key=lambda r: (r["profile"], r["label"]))}
     doc = {"model": model_block(shapes), "gpu": gpu, "profiles": profiles, "profiles_without_drafter": without,
+           "profile_runs": runs,
            "bench": bench, "roofline": roof_out, "extrapolation_check": extrapolation_check(bench, six_layer, gpu),
            "projection": projection_block(roof_out)}
+    at_acceptance = acceptance_projection(bench, roof_out, accepted) if accepted else None
+    if at_acceptance:
+        doc["projection"] = {**(doc["projection"] or {}), "dflash_at_measured_acceptance": at_acceptance}
+    if attempts:
+        doc["profile_attempts"] = [attempt_row(rec) for rec in attempts]
     if roof_out:
         doc["knobs"] = {"b1": KNOBS.get(roof_out["largest_share_b1"]),
                         "b16": KNOBS.get(roof_out.get("largest_share_b16", "experts"))}
@@ -211,17 +273,19 @@ def markdown(doc: dict) -> str:
              f"{m['params_vision'] / 1e9:.2f} B vision), {m['params_active'] / 1e9:.2f} B active per token; "
              f"target {m['target_bytes'] / 1e9:.2f} GB, drafter {m['drafter_bytes'] / 1e9:.2f} GB.", "",
              "## Memory fit", "",
-             "| profile | run | budget GiB | fits | weights GiB | activation GiB | graphs GiB | KV GiB | KV tokens | "
-             "KV tokens / max_model_len | preemptions | why |", "|" + "---|" * 12]
-    for group in ("profiles", "profiles_without_drafter"):
-        for name, p in doc[group].items():
-            act = _f(p["activation_peak_gib"]) if p["activation_peak_gib"] is not None else \
-                _f(p["activation_and_non_torch_gib"]) + " (with non-torch)"
-            lines.append(f"| {name} | {p['run']} | {_f(p['memory_budget_gib'])} | {p['fits']} | "
-                         f"{_f(p['weights_gib'])} | {act} | {_f(p['graph_gib'])} | "
-                         f"{_f(p['kv_cache_gib'])} | {_f(p['kv_cache_tokens'], '{:,}')} | "
-                         f"{_f(p['kv_tokens_per_max_model_len'], '{:.3f}')} | {_f(p['preemptions'], '{:g}')} | "
-                         f"{'; '.join(p['why'] or []) or '-'} |")
+             "| profile | run | budget GiB | fits | batched tokens | torch.compile | weights GiB | activation GiB | "
+             "graphs GiB | KV GiB | KV tokens | KV tokens / max_model_len | peak KV use | preemptions | why |",
+             "|" + "---|" * 15]
+    for p in (doc.get("profile_runs") or {}).values():
+        act = _f(p["activation_peak_gib"]) if p["activation_peak_gib"] is not None else \
+            _f(p["activation_and_non_torch_gib"]) + " (with non-torch)"
+        lines.append(f"| {p['profile']} | {p['run']} | {_f(p['memory_budget_gib'])} | {p['fits']} | "
+                     f"{_f(p['max_num_batched_tokens'], '{:g}')} | {p['torch_compile'] or '-'} | "
+                     f"{_f(p['weights_gib'])} | {act} | {_f(p['graph_gib'])} | "
+                     f"{_f(p['kv_cache_gib'])} | {_f(p['kv_cache_tokens'], '{:,}')} | "
+                     f"{_f(p['kv_tokens_per_max_model_len'], '{:.3f}')} | {_f(p['peak_kv_cache_usage'], '{:.0%}')} | "
+                     f"{_f(p['preemptions'], '{:g}')} | {'; '.join(p['why'] or []) or '-'} |")
+    lines += attempts_markdown(doc.get("profile_attempts") or [])
     lines += ["", "## Speed (rtx5090 profile, launcher bench, random 1024 in / 256 out)", "",
               "| drafter | concurrency | output tok/s | TTFT ms | TPOT ms | successful |", "|---|---|---|---|---|---|"]
     for key in ("no_drafter", "dflash"):
@@ -239,13 +303,25 @@ def markdown(doc: dict) -> str:
                   f"{_f(r.get('read_gbps'), '{:.0f}')} GB/s; achieved fraction at concurrency 1: "
                   f"{_f(r.get('achieved_fraction'), '{:.3f}')}."]
     p = doc.get("projection")
-    if p:
+    if p and p.get("decode_c1"):
         lines += ["", f"Projections ({p['label']}):", ""]
         for name, row in p["decode_c1"].items():
             lines.append(f"- {name}: {row['tok_s']} tok/s at {row['efficiency']:.1%} of {row['bandwidth_gbps']} GB/s "
                          f"(bound {row['tok_s_at_bandwidth_bound']})")
         lines += ["", "Anchors (published, concurrency 1): " + "; ".join(
             f"{a['device']} {a['what']}: {a.get('tok_s', a.get('tok_s_range'))} tok/s" for a in p["anchors"])]
+    a = (p or {}).get("dflash_at_measured_acceptance")
+    if a:
+        lines += ["", f"DFlash at the measured acceptance length {a['acceptance_length']:.2f} ({a['label']}; "
+                  f"source: {a['source']['run']}, vLLM {a['source']['vllm']}, drafter "
+                  f"{(a['source']['drafter_sha256'] or '')[:8]}):", "",
+                  "| concurrency | DFlash step ms | no-drafter TPOT ms | projected TPOT ms | projected speed-up |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {c} | {r['dflash_step_ms']} | {r['no_drafter_tpot_ms']} | {r['projected_tpot_ms']} | "
+                  f"{r['projected_speedup']} |" for c, r in a["by_concurrency"].items()]
+        if a.get("tok_s_c1_at_bandwidth"):
+            lines += ["", "At concurrency 1 and the achieved fraction: " + "; ".join(
+                f"{name} {v} tok/s" for name, v in a["tok_s_c1_at_bandwidth"].items()) + " (projection)."]
     x = doc.get("extrapolation_check")
     if x and x["rows"]:
         lines += ["", "## Full depth vs the 6-layer extrapolation", "", "| concurrency | full-depth TPOT ms | "
@@ -256,6 +332,52 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def attempts_markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    out = ["", "### Earlier runs (before the profile was corrected)", "",
+           "| profile | record | device | max_model_len | fraction | max_num_seqs | batched tokens | torch.compile | "
+           "started | fits | activation GiB | KV GiB | KV tokens | estimated max len | peak running | preemptions | "
+           "why |", "|" + "---|" * 17]
+    for r in rows:
+        st = r["settings"]
+        out.append(f"| {r['profile']} | {r['record_file'] or r['run']} | {r['device'] or '-'} | {_f(st['max_model_len'], '{:g}')} | "
+                   f"{_f(st['gpu_memory_utilization'], '{:g}')} | {_f(st['max_num_seqs'], '{:g}')} | "
+                   f"{_f(st['max_num_batched_tokens'], '{:g}')} | {r['torch_compile'] or '-'} | {r['started']} | "
+                   f"{r['fits']} | {_f(r['activation_peak_gib'])} | {_f(r['kv_cache_gib'])} | "
+                   f"{_f(r['kv_cache_tokens'], '{:,}')} | {_f(r['estimated_max_model_len'], '{:,}')} | "
+                   f"{_f(r['peak_requests_running'], '{:g}')} | {_f(r['preemptions'], '{:g}')} | "
+                   f"{'; '.join(r['why'] or []) or '-'} |")
+    return out
+
+
+def load_records(folder: Path | None) -> list[dict]:
+    """The run records in ``folder``; each record's ``log`` completed from its server excerpt."""
+    records = []
+    for path in sorted(folder.glob("*.json")) if folder and folder.is_dir() else []:
+        rec = json.loads(path.read_text())
+        if not (isinstance(rec, dict) and "label" in rec and "profile" in rec):
+            continue
+        # <label>.json and <label>.server-excerpt.log on the GPU host; an earlier run kept under another
+        # name keeps the pair's stem.
+        excerpt = path.with_name(f"{path.stem}.server-excerpt.log")
+        rec.setdefault("record_file", path.name)
+        if excerpt.is_file():
+            parsed = memfit.parse_log(excerpt.read_text(errors="replace"))
+            rec["log"] = {**{k: v for k, v in parsed.items() if k != "failures"}, **(rec.get("log") or {})}
+        records.append(rec)
+    return records
+
+
+def accepted_record(path: Path, run: str, drafter: str) -> dict:
+    """The acceptance record (``acceptance.json``) of ``run`` with a drafter hash starting ``drafter``."""
+    found = [r for r in json.loads(path.read_text())
+             if r.get("run") == run and str(r.get("drafter_sha256", "")).startswith(drafter)]
+    if len(found) != 1:
+        raise SystemExit(f"{path}: {len(found)} records of run {run!r} with drafter {drafter!r}, not one")
+    return found[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=Path, required=True)
@@ -264,17 +386,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", type=Path)
     parser.add_argument("--bench-json", type=Path)
     parser.add_argument("--gpu")
+    parser.add_argument("--attempts", type=Path, help="folder of earlier runs' records (before a correction)")
+    parser.add_argument("--acceptance", type=Path, help="acceptance.json (issue 25) for the DFlash projection")
+    parser.add_argument("--acceptance-run", help="its record's run (with --acceptance)")
+    parser.add_argument("--acceptance-drafter", default="", help="its drafter_sha256 prefix (with --acceptance)")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--md", type=Path, required=True)
     args = parser.parse_args(argv)
-    records = []
-    if args.runs and args.runs.is_dir():
-        for path in sorted(args.runs.glob("*.json")):
-            rec = json.loads(path.read_text())
-            if isinstance(rec, dict) and "label" in rec and "profile" in rec:
-                records.append(rec)
-    doc = build(json.loads(args.shapes.read_text()), records=records, roof=_load(args.roofline),
-                bandwidth=_load(args.bandwidth), six_layer=_load(args.bench_json), gpu=args.gpu)
+    if args.acceptance and not args.acceptance_run:
+        parser.error("--acceptance needs --acceptance-run")
+    accepted = (accepted_record(args.acceptance, args.acceptance_run, args.acceptance_drafter)
+                if args.acceptance else None)
+    doc = build(json.loads(args.shapes.read_text()), records=load_records(args.runs), roof=_load(args.roofline),
+                bandwidth=_load(args.bandwidth), six_layer=_load(args.bench_json), gpu=args.gpu,
+                attempts=load_records(args.attempts), accepted=accepted)
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     args.md.write_text(markdown(doc))
     print(markdown(doc))

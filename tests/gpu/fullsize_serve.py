@@ -128,7 +128,8 @@ def profile_settings(recipe: str, profile: str) -> dict:
     return {"path": str(recipes.available().get(recipe, recipe)),
             "gpu_memory_utilization": serve.gpu_memory_utilization or rec.serve.gpu_memory_utilization,
             "max_num_seqs": serve.max_num_seqs or rec.serve.max_num_seqs,
-            "max_model_len": serve.max_model_len or rec.serve.max_model_len}
+            "max_model_len": serve.max_model_len or rec.serve.max_model_len,
+            "max_num_batched_tokens": serve.max_num_batched_tokens or rec.serve.max_num_batched_tokens}
 
 
 def bench_recipe(path: str, concurrency: list, out: Path) -> Path:

@@ -29,6 +29,20 @@ import roofline  # noqa: E402
 
 DEVICE_TOTAL = 85_031_714_816
 
+
+def _shipped_profile() -> tuple[float, int]:
+    """The rtx5090 profile's fraction and max_num_seqs as the recipe ships them (the runs read it)."""
+    from launcher import recipe as recipes
+
+    rec = recipes.load("gemma4-moe-dflash")
+    serve = rec.profiles["rtx5090"].serve
+    return (serve.gpu_memory_utilization or rec.serve.gpu_memory_utilization,
+            serve.max_num_seqs or rec.serve.max_num_seqs)
+
+
+FRACTION, MAX_SEQS = _shipped_profile()
+MAX = str(MAX_SEQS)
+
 BLOCKER = textwrap.dedent(f"""\
     import json, sys, time
     leave = int(sys.argv[sys.argv.index("--leave-free") + 1])
@@ -146,7 +160,7 @@ def runs(tmp_path_factory):
 def test_server_gets_the_scaled_fraction_and_the_launcher_options(runs):
     rec = runs["dflash"]
     argv = rec["_server"]["argv"]
-    f = memfit.scaled_fraction(memfit.CARDS["rtx5090"], 0.80, DEVICE_TOTAL)
+    f = memfit.scaled_fraction(memfit.CARDS["rtx5090"], FRACTION, DEVICE_TOTAL)
     assert rec["plan"]["scaled_fraction"] == f
     assert argv[argv.index("--profile") + 1] == "rtx5090" and argv[argv.index("--recipe") + 1] == "gemma4-moe-dflash"
     assert f"serve.gpu_memory_utilization={f}" in argv
@@ -165,10 +179,10 @@ def test_a_served_run_records_memory_bench_and_verdict(runs):
     assert (rec["log"]["weights_gib"], rec["log"]["activation_peak_gib"], rec["log"]["graph_actual_gib"]) == \
         (18.34, 2.1, 0.58)
     assert rec["derived"]["kv_tokens_per_max_model_len"] == round(140352 / 131072, 3)
-    assert set(rec["bench"]) == {"1", "22"}
-    assert rec["bench"]["22"]["successful"] == 88 and rec["bench"]["1"]["successful"] == 4
-    assert rec["bench"]["22"]["output_tok_s"] > 0
-    assert rec["metrics_delta"]["preemptions"] == 0 and rec["metrics_delta"]["requests_finished"] >= 92
+    assert set(rec["bench"]) == {"1", MAX}
+    assert rec["bench"][MAX]["successful"] == 4 * MAX_SEQS and rec["bench"]["1"]["successful"] == 4
+    assert rec["bench"][MAX]["output_tok_s"] > 0
+    assert rec["metrics_delta"]["preemptions"] == 0 and rec["metrics_delta"]["requests_finished"] >= 4 + 4 * MAX_SEQS
     assert rec["metrics_peaks"]["requests_running"] == 3.0
     assert "Model loading took" in (runs["dir"] / "rtx5090-dflash.server-excerpt.log").read_text()
     import yaml
@@ -224,11 +238,11 @@ def test_report_has_issue_27s_fields(runs):
     p = doc["profiles"]["rtx5090"]
     assert p["fits"] is True and p["preemptions"] == 0
     assert (p["weights_gib"], p["graph_gib"], p["kv_cache_tokens"]) == (18.34, 0.58, 140352)
-    assert p["memory_budget_gib"] == round(33_668_857_856 * 0.8 / 2**30, 3)
+    assert p["memory_budget_gib"] == round(33_668_857_856 * FRACTION / 2**30, 3)
     assert doc["profiles_without_drafter"]["rtx5090"]["fits"] is False
     for key in ("no_drafter", "dflash"):
-        assert set(doc["bench"][key]) == {"1", "22"}
-        assert set(doc["bench"][key]["22"]) >= {"output_tok_s", "ttft_ms", "tpot_ms", "successful"}
+        assert set(doc["bench"][key]) == {"1", MAX}
+        assert set(doc["bench"][key][MAX]) >= {"output_tok_s", "ttft_ms", "tpot_ms", "successful"}
     tpot = doc["bench"]["no_drafter"]["1"]["tpot_ms"]
     r = doc["roofline"]
     assert r["bandwidth_gbps"] == 3000.0 and r["bytes_per_token"] == 5_600_000_000
@@ -341,3 +355,70 @@ def test_a_fit_run_gives_the_memory_a_speed_run_the_rows():
     assert set(doc["bench"]["dflash"]) == {"1", "4", "22"}
     assert doc["bench"]["runs"]["dflash"]["extra_sets"] == ["serve.max_model_len=65536"]
     assert doc["profiles"]["rtx5090"]["run"] == "rtx5090-dflash-fit"
+
+
+def _speed_record(label, drafter, tpot):
+    return {"label": label, "profile": "rtx5090", "drafter": drafter, "fits": True, "why": [], "started": True,
+            "log": {"weights_gib": 18.8}, "plan": {}, "derived": {},
+            "bench": {c: {"output_tok_s": 1000 / t, "tpot_ms": t, "ttft_ms": 50.0, "successful": 4, "requests": 4}
+                      for c, t in tpot.items()}}
+
+
+def test_dflash_projection_at_a_measured_acceptance_length():
+    records = [_speed_record("rtx5090-nodrafter", None, {"1": 4.0, "16": 9.0}),
+               _speed_record("rtx5090-dflash", "/d", {"1": 10.0, "16": 20.0})]
+    roof = {**_roof(), "dflash_step_b1": {"total": 15.0e9}}
+    accepted = {"run": "trained-capture", "vllm": "0.21.0", "quantization": "bf16", "drafter_sha256": "d46b",
+                "concurrency": [1, 8], "mean_acceptance_length_vllm": 3.0, "mean_acceptance_length_reference": 2.9}
+    doc = fr.build(_shapes(), records=records, roof=roof, bandwidth={"copy_gbps": 3000.0, "read_gbps": 3000.0},
+                   six_layer=None, gpu=None, accepted=accepted)
+    a = doc["projection"]["dflash_at_measured_acceptance"]
+    assert a["acceptance_length"] == 3.0 and a["source"]["run"] == "trained-capture"
+    # Three tokens out of each 10 ms step, against 4 ms a token without the drafter: 1.2 x.
+    assert a["by_concurrency"]["1"] == {"dflash_step_ms": 10.0, "no_drafter_tpot_ms": 4.0,
+                                        "projected_tpot_ms": 3.333, "projected_speedup": 1.2}
+    assert a["by_concurrency"]["16"]["projected_speedup"] == 1.35
+    eff = doc["roofline"]["achieved_fraction"]
+    assert a["tok_s_c1_at_bandwidth"]["rtx5090"] == round(3.0 * eff * 1790e9 / 15.0e9, 1)
+    assert "DFlash at the measured acceptance length 3.00" in fr.markdown(doc)
+    # Without a bandwidth the step-time rows stand alone; without the no-drafter rows nothing does.
+    no_bw = fr.build(_shapes(), records=records, roof=roof, bandwidth=None, six_layer=None, gpu=None,
+                     accepted=accepted)
+    assert set(no_bw["projection"]) == {"dflash_at_measured_acceptance"}
+    assert "tok_s_c1_at_bandwidth" not in no_bw["projection"]["dflash_at_measured_acceptance"]
+    assert "projected speed-up" in fr.markdown(no_bw)
+    alone = fr.build(_shapes(), records=records[1:], roof=roof, bandwidth=None, six_layer=None, gpu=None,
+                     accepted=accepted)
+    assert alone["projection"] is None
+
+
+def test_earlier_runs_are_listed_with_their_settings(tmp_path):
+    (tmp_path / "runs").mkdir()
+    attempt = {"label": "rtx5090-dflash", "profile": "rtx5090", "drafter": "/d", "started": False, "fits": False,
+               "why": ["the server did not start"], "profile_settings": {"max_model_len": 65536,
+                                                                          "gpu_memory_utilization": 0.85,
+                                                                          "max_num_seqs": 22},
+               "blocker": {"device": "NVIDIA H200"}, "plan": {}, "derived": {},
+               "log": {"activation_peak_gib": 2.52, "available_kv_gib": 4.17, "estimated_max_len": 63168}}
+    (tmp_path / "runs" / "rtx5090-dflash-2-65536.json").write_text(json.dumps(attempt))
+    # The excerpt beside it (same stem) gives the token budget the record lacks.
+    (tmp_path / "runs" / "rtx5090-dflash-2-65536.server-excerpt.log").write_text(
+        "Chunked prefill is enabled with max_num_batched_tokens=8192.\n"
+        "Compiling a graph for compile range (1, 8192) takes 30.40 s\n")
+    attempts = fr.load_records(tmp_path / "runs")
+    doc = fr.build(_shapes(), records=[], roof=None, bandwidth=None, six_layer=None, gpu=None, attempts=attempts)
+    (row,) = doc["profile_attempts"]
+    assert row["record_file"] == "rtx5090-dflash-2-65536.json" and row["device"] == "NVIDIA H200"
+    assert row["settings"] == {"max_model_len": 65536, "gpu_memory_utilization": 0.85, "max_num_seqs": 22,
+                               "max_num_batched_tokens": 8192}
+    assert (row["estimated_max_model_len"], row["torch_compile"], row["fits"]) == (63168, "cold", False)
+    assert "| rtx5090 | rtx5090-dflash-2-65536.json | NVIDIA H200 | 65536 | 0.85 | 22 | 8192 | cold |" in \
+        fr.markdown(doc)
+
+
+def test_the_acceptance_record_is_named_by_run_and_drafter(tmp_path):
+    path = tmp_path / "acceptance.json"
+    path.write_text(json.dumps([{"run": "a", "drafter_sha256": "d46b01"}, {"run": "a", "drafter_sha256": "0d50"}]))
+    assert fr.accepted_record(path, "a", "d46b")["drafter_sha256"] == "d46b01"
+    with pytest.raises(SystemExit, match="2 records of run 'a'"):
+        fr.accepted_record(path, "a", "")

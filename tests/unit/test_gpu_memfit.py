@@ -162,3 +162,22 @@ def test_verdict():
     assert why == ["the server did not start", "CUDA out of memory"]
     assert memfit.verdict(started=True, bench=_bench(22, 88), max_num_seqs=22, preemptions=None,
                           oom=False)[1] == ["preemptions unknown (/metrics not read)"]
+
+
+def test_the_cards_agree_with_the_launchers_profiles():
+    """The emulation (memfit) and `serve --test-gpu` (launcher.profiles) give a card the same total."""
+    from launcher.profiles import PROFILES
+
+    for name, card in memfit.CARDS.items():
+        assert PROFILES[name].cuda_total_bytes == card.total_bytes
+
+
+def test_log_token_budget_and_compile_cache():
+    cold = ("INFO [config.py:1] Chunked prefill is enabled with max_num_batched_tokens=8192.\n"
+            "INFO [backends.py:393] Compiling a graph for compile range (1, 8192) takes 30.40 s\n")
+    cached = ("INFO [backends.py:292] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, "
+              "took 2.183 s\n")
+    log = memfit.parse_log(cold)
+    assert (log["max_num_batched_tokens"], log["torch_compile"]) == (8192, "cold")
+    assert memfit.parse_log(cached)["torch_compile"] == "cached"
+    assert "torch_compile" not in memfit.parse_log("INFO nothing compiled here\n")
