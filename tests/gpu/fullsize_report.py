@@ -302,6 +302,10 @@ def markdown(doc: dict) -> str:
                   f"a token. Copy bandwidth {_f(r.get('bandwidth_gbps'), '{:.0f}')} GB/s, read "
                   f"{_f(r.get('read_gbps'), '{:.0f}')} GB/s; achieved fraction at concurrency 1: "
                   f"{_f(r.get('achieved_fraction'), '{:.3f}')}."]
+        knobs = doc.get("knobs") or {}
+        lines += ["", f"Largest share ({r['share_basis']}) at batch 1: {r['largest_share_b1']}; what moves it: "
+                  f"{knobs.get('b1') or '-'}.",
+                  f"At batch 16: {r.get('largest_share_b16', '-')}; what moves it: {knobs.get('b16') or '-'}."]
     p = doc.get("projection")
     if p and p.get("decode_c1"):
         lines += ["", f"Projections ({p['label']}):", ""]

@@ -381,6 +381,7 @@ def test_dflash_projection_at_a_measured_acceptance_length():
     eff = doc["roofline"]["achieved_fraction"]
     assert a["tok_s_c1_at_bandwidth"]["rtx5090"] == round(3.0 * eff * 1790e9 / 15.0e9, 1)
     assert "DFlash at the measured acceptance length 3.00" in fr.markdown(doc)
+    assert f"at batch 1: attention; what moves it: {fr.KNOBS['attention']}" in fr.markdown(doc)
     # Without a bandwidth the step-time rows stand alone; without the no-drafter rows nothing does.
     no_bw = fr.build(_shapes(), records=records, roof=roof, bandwidth=None, six_layer=None, gpu=None,
                      accepted=accepted)
