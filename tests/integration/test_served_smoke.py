@@ -126,8 +126,13 @@ def test_served_phases_end_to_end_against_stand_ins(openai_client, forced_server
     # launcher bench against the same server, its JSON beside the record.
     assert dfl["bench"] == "tests/gpu/results/served-bench-0.21.0.json"
     bench = json.loads((out / "served-bench-0.21.0.json").read_text())
-    assert {(r["workload"], r["concurrency"]) for r in bench["runs"]} == {("random", 1), ("random", 22),
-                                                                           ("prompts", 1), ("prompts", 22)}
+    # The recipe's bench runs each workload at 1 and at the profile's max_num_seqs.
+    from launcher import recipe as recipes
+
+    rec = recipes.load("gemma4-moe-dflash")
+    top = rec.profiles["rtx5090"].serve.max_num_seqs or rec.serve.max_num_seqs
+    assert {(r["workload"], r["concurrency"]) for r in bench["runs"]} == {("random", 1), ("random", top),
+                                                                           ("prompts", 1), ("prompts", top)}
     assert bench["random_token_band"][1] == 8192
 
     # Stock: refused without --force, then the start-up error.
