@@ -132,6 +132,24 @@ def profile_settings(recipe: str, profile: str) -> dict:
             "max_num_batched_tokens": serve.max_num_batched_tokens or rec.serve.max_num_batched_tokens}
 
 
+def keep_earlier(out: Path, label: str, settings: dict, extra_sets: list) -> Path | None:
+    """Move an earlier record of ``label`` run with other settings (a profile being corrected) into
+    ``out/attempts/<label>-<n>.*``, where the report lists it; the same settings are just replaced."""
+    earlier = out / f"{label}.json"
+    if not earlier.is_file():
+        return None
+    rec = json.loads(earlier.read_text())
+    if rec.get("profile_settings") == settings and (rec.get("extra_sets") or []) == extra_sets:
+        return None
+    (out / "attempts").mkdir(exist_ok=True)
+    n = 1 + sum(1 for _ in (out / "attempts").glob(f"{label}-*.json") if ".bench." not in _.name)
+    stem = out / "attempts" / f"{label}-{n}"
+    for suffix in (".json", ".bench.json", ".server-excerpt.log"):
+        if (out / f"{label}{suffix}").is_file():
+            (out / f"{label}{suffix}").rename(stem.with_name(stem.name + suffix))
+    return stem.with_name(stem.name + ".json")
+
+
 def bench_recipe(path: str, concurrency: list, out: Path) -> Path:
     """A copy of the recipe whose bench runs only the random workload, at ``concurrency``."""
     import yaml
@@ -228,6 +246,9 @@ def run(args) -> dict:
                     "drafter": None if args.no_drafter else str(args.drafter), "profile_settings": settings,
                     "extra_sets": list(args.set),
                     "started": False, "fits": False, "why": []}
+    kept = keep_earlier(out, args.label, settings, list(args.set))
+    if kept:
+        print(f"kept the earlier {args.label} (other settings) as {kept}", flush=True)
     blocker = server = None
     gpu_poll = Poller(gpu_used_bytes, 1.0)
     log_path = out / f"{args.label}.server.log"

@@ -900,6 +900,7 @@ full_site() { # vLLM 0.21.0, FA2 when carried, and the patched copy the served r
 
 full_report() { # fullsize.json / .md from every record on this machine, and the raw records in one archive
     "$PY" tests/gpu/fullsize_report.py --shapes "$FULL_RAW/fullsize-shapes.json" --runs "$FULL_RAW" \
+        --attempts "$FULL_RAW/attempts" \
         --roofline "$FULL_RAW/roofline.json" --bandwidth "$FULL_RAW/bandwidth.json" \
         --bench-json tests/gpu/results/bench.json --gpu "$(cat "$WORK/gpu.txt")" \
         --json "$OUT/fullsize.json" --md "$OUT/fullsize.md" > /dev/null || echo "fullsize_report.py failed" >&2

@@ -423,3 +423,27 @@ def test_the_acceptance_record_is_named_by_run_and_drafter(tmp_path):
     assert fr.accepted_record(path, "a", "d46b")["drafter_sha256"] == "d46b01"
     with pytest.raises(SystemExit, match="2 records of run 'a'"):
         fr.accepted_record(path, "a", "")
+
+
+def test_an_earlier_run_with_other_settings_is_kept_as_an_attempt(tmp_path):
+    settings = {"max_model_len": 49152, "max_num_seqs": 16}
+    old = {"label": "rtx5090-dflash", "profile": "rtx5090", "profile_settings": {**settings, "max_num_seqs": 22},
+           "extra_sets": []}
+    (tmp_path / "rtx5090-dflash.json").write_text(json.dumps(old))
+    (tmp_path / "rtx5090-dflash.server-excerpt.log").write_text("max_num_batched_tokens=8192\n")
+    (tmp_path / "rtx5090-dflash.bench.json").write_text("{}")
+    kept = fsv.keep_earlier(tmp_path, "rtx5090-dflash", settings, [])
+    assert kept == tmp_path / "attempts" / "rtx5090-dflash-1.json"
+    assert sorted(p.name for p in (tmp_path / "attempts").iterdir()) == [
+        "rtx5090-dflash-1.bench.json", "rtx5090-dflash-1.json", "rtx5090-dflash-1.server-excerpt.log"]
+    assert not (tmp_path / "rtx5090-dflash.json").exists()
+    # The report finds it, with the excerpt beside it.
+    (row,) = fr.build(_shapes(), records=[], roof=None, bandwidth=None, six_layer=None, gpu=None,
+                      attempts=fr.load_records(tmp_path / "attempts"))["profile_attempts"]
+    assert row["settings"]["max_num_seqs"] == 22 and row["settings"]["max_num_batched_tokens"] == 8192
+    # A second correction gets the next number; a rerun with the same settings is only replaced.
+    (tmp_path / "rtx5090-dflash.json").write_text(json.dumps({**old, "profile_settings": {"max_num_seqs": 8}}))
+    assert fsv.keep_earlier(tmp_path, "rtx5090-dflash", settings, []).name == "rtx5090-dflash-2.json"
+    (tmp_path / "rtx5090-dflash.json").write_text(json.dumps({**old, "profile_settings": settings}))
+    assert fsv.keep_earlier(tmp_path, "rtx5090-dflash", settings, []) is None
+    assert (tmp_path / "rtx5090-dflash.json").exists()
