@@ -50,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_report  # noqa: E402
 import memfit  # noqa: E402
 import roofline  # noqa: E402
 
@@ -95,6 +96,7 @@ def profile_block(rec: dict) -> dict:
     graph = log.get("graph_actual_gib", log.get("graph_capture_gib"))
     delta = rec.get("metrics_delta") or {}
     return {"run": rec["label"], "profile": rec["profile"], "drafter": bool(rec.get("drafter")),
+            "series": rec.get("series"),
             "extra_sets": rec.get("extra_sets") or [], "emulation": rec.get("emulation"),
             "memory_budget_gib": plan.get("memory_budget_gib"), "card_total_gib": plan.get("card_total_gib"),
             "scaled_fraction": plan.get("scaled_fraction"), "fits": rec.get("fits"), "why": rec.get("why"),
@@ -120,7 +122,8 @@ def attempt_row(rec: dict) -> dict:
     """An earlier run of a profile: the settings it ran with and what came of them."""
     ran = {**(rec.get("log") or {}), **(rec.get("profile_settings") or {})}
     row = profile_block(rec)
-    return {"run": row["run"], "record_file": rec.get("record_file"), "profile": rec["profile"], "device": (rec.get("blocker") or {}).get("device"),
+    return {"run": row["run"], "record_file": rec.get("record_file"), "profile": rec["profile"],
+            "series": row["series"], "device": (rec.get("blocker") or {}).get("device"),
             "settings": {k: ran.get(k) for k in SETTINGS}, "started": rec.get("started"),
             **{k: row[k] for k in ("fits", "why", "activation_peak_gib", "kv_cache_gib", "kv_cache_tokens",
                                    "estimated_max_model_len", "peak_requests_running", "peak_kv_cache_usage",
@@ -202,10 +205,16 @@ def projection_block(roof: dict | None) -> dict | None:
            "decode_c1": roofline.projections(roof["bytes_per_token"], eff), "anchors": roofline.ANCHORS}
     step = roof.get("dflash_step_b1_terms")
     if step:
-        out["dflash_c1_by_acceptance"] = {
-            name: {str(t): round(roofline.dflash_projection(step, t, bw, eff), 1) for t in TAUS}
-            for name, bw in roofline.DEVICES_GBPS.items()}
+        by_tau = {str(t): dflash_tok_s(step, t, eff) for t in TAUS}
+        out["dflash_c1_by_acceptance"] = {name: {t: v[name] for t, v in by_tau.items()}
+                                          for name in roofline.DEVICES_GBPS}
     return out
+
+
+def dflash_tok_s(step: dict, tau: float, efficiency: float) -> dict[str, float]:
+    """DFlash tok/s at batch 1 on each projected device, at acceptance ``tau`` and ``efficiency``."""
+    return {name: round(roofline.dflash_projection(step, tau, bw, efficiency), 1)
+            for name, bw in roofline.DEVICES_GBPS.items()}
 
 
 def acceptance_projection(bench: dict, roof: dict | None, accepted: dict) -> dict | None:
@@ -216,9 +225,12 @@ def acceptance_projection(bench: dict, roof: dict | None, accepted: dict) -> dic
     for c, d in (bench.get("dflash") or {}).items():
         n = (bench.get("no_drafter") or {}).get(c) or {}
         if d.get("tpot_ms") and n.get("tpot_ms"):
+            # The random drafter's TPOT is a whole DFlash step (draft + verify): bench_report's
+            # formula with that step as one term.
             rows[c] = {"dflash_step_ms": round(d["tpot_ms"], 3), "no_drafter_tpot_ms": round(n["tpot_ms"], 3),
                        "projected_tpot_ms": round(d["tpot_ms"] / tau, 3),
-                       "projected_speedup": round(tau * n["tpot_ms"] / d["tpot_ms"], 3)}
+                       "projected_speedup": round(bench_report.projected_speedup(tau, n["tpot_ms"], 0.0,
+                                                                                 d["tpot_ms"]), 3)}
     if not rows:
         return None
     out = {"label": "projection, not a measurement: the trained small-width drafter's acceptance (issue 25) "
@@ -229,9 +241,7 @@ def acceptance_projection(bench: dict, roof: dict | None, accepted: dict) -> dic
            "by_concurrency": rows}
     step = (roof or {}).get("dflash_step_b1_terms")
     if step and (roof or {}).get("achieved_fraction"):
-        out["tok_s_c1_at_bandwidth"] = {
-            name: round(roofline.dflash_projection(step, tau, bw, roof["achieved_fraction"]), 1)
-            for name, bw in roofline.DEVICES_GBPS.items()}
+        out["tok_s_c1_at_bandwidth"] = dflash_tok_s(step, tau, roof["achieved_fraction"])
     return out
 
 
@@ -260,6 +270,13 @@ def build(shapes: dict, *, records: list[dict], roof: dict | None, bandwidth: di
     return doc
 
 
+def _series_line(doc: dict) -> str:
+    runs = [*(doc.get("profile_runs") or {}).values(), *(doc.get("profile_attempts") or [])]
+    named = sorted({r["series"][:8] for r in runs if r.get("series")})
+    missing = sum(1 for r in runs if not r.get("series"))
+    return ", ".join(named + ([f"not recorded in {missing} of {len(runs)}"] if missing else [])) or "-"
+
+
 def _f(v, fmt="{:.2f}"):
     return "-" if v is None else fmt.format(v)
 
@@ -272,6 +289,7 @@ def markdown(doc: dict) -> str:
              f"Parameters: {m['params_total'] / 1e9:.2f} B ({m['params_text'] / 1e9:.2f} B text, "
              f"{m['params_vision'] / 1e9:.2f} B vision), {m['params_active'] / 1e9:.2f} B active per token; "
              f"target {m['target_bytes'] / 1e9:.2f} GB, drafter {m['drafter_bytes'] / 1e9:.2f} GB.", "",
+             f"Series (the patched site's stamp, per run record): {_series_line(doc)}.", "",
              "## Memory fit", "",
              "| profile | run | budget GiB | fits | batched tokens | torch.compile | weights GiB | activation GiB | "
              "graphs GiB | KV GiB | KV tokens | KV tokens / max_model_len | peak KV use | preemptions | why |",

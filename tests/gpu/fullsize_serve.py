@@ -244,7 +244,7 @@ def run(args) -> dict:
     settings = profile_settings(args.recipe, args.profile)
     record: dict = {"label": args.label, "emulation": EMULATION, "recipe": args.recipe, "profile": args.profile,
                     "drafter": None if args.no_drafter else str(args.drafter), "profile_settings": settings,
-                    "extra_sets": list(args.set),
+                    "extra_sets": list(args.set), "series": args.series_hash,
                     "started": False, "fits": False, "why": []}
     kept = keep_earlier(out, args.label, settings, list(args.set))
     if kept:
@@ -368,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-drafter", action="store_true")
     parser.add_argument("--set", action="append", default=[], help="extra --set for the launcher")
     parser.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM argument (after --)")
+    parser.add_argument("--series-hash", help="the patched site's series hash (remote.sh series_hash)")
     parser.add_argument("--concurrency", default="max")
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--deadline-s", type=float, default=540)

@@ -135,7 +135,7 @@ LOG_PATTERNS = {
     "max_num_batched_tokens": rf"max_num_batched_tokens={_NUM}",
 }
 # A start that compiles the model (no torch.compile cache yet) peaks higher in the profile run than
-# one that loads the compiled graphs: 2.52 against 1.58 GiB at full size, the same settings.
+# one that loads the compiled graphs: about 2.5 against 1.58 GiB at full size, the rtx5090 profile.
 COMPILE_EVIDENCE = {"cold": "Compiling a graph for compile range", "cached": "Directly load the compiled graph(s)"}
 FAILURES = {
     "free_memory_check": "is less than desired GPU memory utilization",

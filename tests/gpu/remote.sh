@@ -953,6 +953,7 @@ fit() { # one served run in the emulated card's memory: FIT_PROFILE, FIT_DRAFTER
     fi
     PYTHONPATH=.:$SITE_PATCHED:$SITE "$PY" tests/gpu/fullsize_serve.py --label "$label" --out "$FULL_RAW" \
         --profile "$profile" --recipe "${FIT_RECIPE:-gemma4-moe-dflash}" --launcher "$(full_launcher)" \
+        --series-hash "$(series_hash)" \
         --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" "${dargs[@]}" "${sets[@]}" --concurrency "${FIT_CONCURRENCY:-max}" \
         "${vargs[@]}" "${debug[@]}" --deadline-s $(( ${FIT_BUDGET_S:-555} - (SECONDS - t0) )) \
         || echo "fullsize_serve.py exited $?" >&2

@@ -127,10 +127,9 @@ def test_served_phases_end_to_end_against_stand_ins(openai_client, forced_server
     assert dfl["bench"] == "tests/gpu/results/served-bench-0.21.0.json"
     bench = json.loads((out / "served-bench-0.21.0.json").read_text())
     # The recipe's bench runs each workload at 1 and at the profile's max_num_seqs.
-    from launcher import recipe as recipes
+    import fullsize_serve
 
-    rec = recipes.load("gemma4-moe-dflash")
-    top = rec.profiles["rtx5090"].serve.max_num_seqs or rec.serve.max_num_seqs
+    top = fullsize_serve.profile_settings("gemma4-moe-dflash", "rtx5090")["max_num_seqs"]
     assert {(r["workload"], r["concurrency"]) for r in bench["runs"]} == {("random", 1), ("random", top),
                                                                            ("prompts", 1), ("prompts", top)}
     assert bench["random_token_band"][1] == 8192

@@ -30,17 +30,9 @@ import roofline  # noqa: E402
 DEVICE_TOTAL = 85_031_714_816
 
 
-def _shipped_profile() -> tuple[float, int]:
-    """The rtx5090 profile's fraction and max_num_seqs as the recipe ships them (the runs read it)."""
-    from launcher import recipe as recipes
-
-    rec = recipes.load("gemma4-moe-dflash")
-    serve = rec.profiles["rtx5090"].serve
-    return (serve.gpu_memory_utilization or rec.serve.gpu_memory_utilization,
-            serve.max_num_seqs or rec.serve.max_num_seqs)
-
-
-FRACTION, MAX_SEQS = _shipped_profile()
+# The rtx5090 profile as the recipe ships it (the runs read it the same way).
+_SHIPPED = fsv.profile_settings("gemma4-moe-dflash", "rtx5090")
+FRACTION, MAX_SEQS = _SHIPPED["gpu_memory_utilization"], _SHIPPED["max_num_seqs"]
 MAX = str(MAX_SEQS)
 
 BLOCKER = textwrap.dedent(f"""\
@@ -148,7 +140,8 @@ def runs(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("fullsize-serve")
     try:
-        out = {"dflash": _run(tmp, "rtx5090-dflash", "--drafter", str(tmp / "d"), "--debug-log", monkeypatch=mp),
+        out = {"dflash": _run(tmp, "rtx5090-dflash", "--drafter", str(tmp / "d"), "--debug-log",
+                                "--series-hash", "cd" * 32, monkeypatch=mp),
                "nodrafter": _run(tmp, "rtx5090-nodrafter", "--no-drafter", monkeypatch=mp,
                                  env={"FAKE_PREEMPTIONS": "2"})}
     finally:
@@ -175,6 +168,7 @@ def test_a_served_run_records_memory_bench_and_verdict(runs):
     rec = runs["dflash"]
     assert rec["_code"] == 0 and rec["started"] and rec["fits"], rec["why"]
     assert rec["emulation"].startswith("emulation")
+    assert rec["series"] == "cd" * 32 and runs["nodrafter"]["series"] is None
     assert rec["blocker"]["free_after_bytes"] == memfit.CARDS["rtx5090"].total_bytes
     assert (rec["log"]["weights_gib"], rec["log"]["activation_peak_gib"], rec["log"]["graph_actual_gib"]) == \
         (18.34, 2.1, 0.58)
@@ -240,6 +234,8 @@ def test_report_has_issue_27s_fields(runs):
     assert (p["weights_gib"], p["graph_gib"], p["kv_cache_tokens"]) == (18.34, 0.58, 140352)
     assert p["memory_budget_gib"] == round(33_668_857_856 * FRACTION / 2**30, 3)
     assert doc["profiles_without_drafter"]["rtx5090"]["fits"] is False
+    assert "Series (the patched site's stamp, per run record): cdcdcdcd, not recorded in 1 of 2." in \
+        fr.markdown(doc)
     for key in ("no_drafter", "dflash"):
         assert set(doc["bench"][key]) == {"1", MAX}
         assert set(doc["bench"][key][MAX]) >= {"output_tok_s", "ttft_ms", "tpot_ms", "successful"}
@@ -281,6 +277,8 @@ STUB_PY = textwrap.dedent("""\
         fh.write(json.dumps(args) + "\\n")
     if args[:4] == ["-m", "launcher", "serve", "--help"]:
         print("  --test-gpu   plan on a Hopper test GPU" if os.environ.get("STUB_TEST_GPU") else "  --force")
+    if args[:1] == ["-c"] and "print((s.stamp" in args[1]:  # remote.sh series_hash: the site's stamp
+        print("ab" * 32)
 """)
 
 
@@ -321,6 +319,9 @@ def test_remote_sh_passes_the_harness_what_it_needs(tmp_path, verb, test_gpu):
     assert opt["--label"] == ("rtx5090-dflash-fit" if verb == "fit" else "rtx5090-dflash")
     assert opt["--drafter"] == "/m/dflash-26b-a4b" and opt["--model"] == "/m/gemma4-26b-a4b-nvfp4"
     assert opt["--concurrency"] == ("max" if verb == "fit" else "1,4,16,max")
+    # The record names the series the patched site was stamped with.
+    stamp_call = next(c for c in calls if c[:1] == ["-c"] and "print((s.stamp" in c[1])
+    assert stamp_call[2] == str(patched) and opt["--series-hash"] == "ab" * 32
     assert [a for a in serve if a.startswith("--vllm-arg")] == [
         "--vllm-arg=--mm-processor-cache-gb", "--vllm-arg=0", "--vllm-arg=--attention-config",
         '--vllm-arg={"flash_attn_version": 2}']
@@ -381,6 +382,7 @@ def test_dflash_projection_at_a_measured_acceptance_length():
     eff = doc["roofline"]["achieved_fraction"]
     assert a["tok_s_c1_at_bandwidth"]["rtx5090"] == round(3.0 * eff * 1790e9 / 15.0e9, 1)
     assert "DFlash at the measured acceptance length 3.00" in fr.markdown(doc)
+    assert "Series (the patched site's stamp, per run record): not recorded in 2 of 2." in fr.markdown(doc)
     assert f"at batch 1: attention; what moves it: {fr.KNOBS['attention']}" in fr.markdown(doc)
     # Without a bandwidth the step-time rows stand alone; without the no-drafter rows nothing does.
     no_bw = fr.build(_shapes(), records=records, roof=roof, bandwidth=None, six_layer=None, gpu=None,
