@@ -241,7 +241,8 @@ def markdown(rows: list[dict]) -> str:
                              f"{_cell(_round(c.get('measured_over_projected'), 3))} | "
                              f"{_cell(_round(c.get('mean_acceptance_length'), 3))} | {times} | "
                              f"{_cell(_round(c.get('projected_speedup_by_period'), 3))} "
-                             f"({_cell(_round(c.get('decode_period_ms'), 2))} / {_cell(_round(c.get('dflash_period_ms'), 2))}) | "
+                             f"({_cell(_round(c.get('decode_period_ms'), 2))} / "
+                             f"{_cell(_round(c.get('dflash_period_ms'), 2))}) | "
                              f"{'-' if bar is None else ('met' if bar else 'not met')} |")
     return "\n".join(lines) + "\n"
 

@@ -363,7 +363,8 @@ def attempts_markdown(rows: list[dict]) -> list[str]:
            "why |", "|" + "---|" * 17]
     for r in rows:
         st = r["settings"]
-        out.append(f"| {r['profile']} | {r['record_file'] or r['run']} | {r['device'] or '-'} | {_f(st['max_model_len'], '{:g}')} | "
+        out.append(f"| {r['profile']} | {r['record_file'] or r['run']} | {r['device'] or '-'} | "
+                   f"{_f(st['max_model_len'], '{:g}')} | "
                    f"{_f(st['gpu_memory_utilization'], '{:g}')} | {_f(st['max_num_seqs'], '{:g}')} | "
                    f"{_f(st['max_num_batched_tokens'], '{:g}')} | {r['torch_compile'] or '-'} | {r['started']} | "
                    f"{r['fits']} | {_f(r['activation_peak_gib'])} | {_f(r['kv_cache_gib'])} | "

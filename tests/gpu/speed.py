@@ -72,7 +72,8 @@ def step_times(steps: list[dict], n: int, k: int, has_drafter: bool) -> dict:
     if not has_drafter:
         return {"decode_steps": m["steps"], "t_decode_ms": m["step_ms"]}
     return {"verify_steps": m["steps"], "t_draft_ms": m["propose_ms"],
-            "t_verify_ms": None if None in (m["step_ms"], m["propose_ms"]) else round(m["step_ms"] - m["propose_ms"], 4)}
+            "t_verify_ms": (None if None in (m["step_ms"], m["propose_ms"])
+                            else round(m["step_ms"] - m["propose_ms"], 4))}
 
 
 def summary(speed: dict, has_drafter: bool, k: int) -> dict:
