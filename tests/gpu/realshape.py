@@ -177,6 +177,11 @@ class RunSpec:
     # A DFlash run's no-drafter twin (mode "reference-grouped"): how far the target's
     # own greedy output moves under the same batching, the floor its verdict is read against.
     noise: str | None = None
+    # This run is ``twin_of``'s noise run (_noise_twin): its groups and prefix caching, no drafter.
+    # Named in key(): trained-refgroups-bf16 has the same other fields but its own groups.
+    twin_of: str | None = None
+    # None: the mode's default (on for DFlash and grouped runs, off for captures and references).
+    prefix_caching: bool | None = None
     # "random": the drafter of the shape (no draft ever accepted); "trained": train_drafter.py's
     # (issue 25), whose acceptance the engine's counters measure.
     drafter: str = "random"
@@ -206,6 +211,7 @@ class RunSpec:
                 **({"capture_drafts": True} if self.capture_drafts else {}),
                 **({"revert": self.revert} if self.revert else {}),
                 **({"speed": True} if self.speed else {}),
+                **({"twin_of": self.twin_of} if self.twin_of else {}),
                 "mm_prefix": self.mm_prefix, "probe": self.probe,
                 "async_scheduling": self.async_scheduling, "target_kind": self.target,
                 # Every run carries it (records written before issue 25 read as "random"), so a
@@ -384,8 +390,10 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
     by_name = {r.name: r for r in runs}
     twins = [by_name[n] for n in BATCH_INVARIANT_TWINS]
     noise = [by_name[n] for n in ("trained-refgroups-bf16", "trained-refgroups-bf16-smallkv")]
-    return runs + [_batch_invariant_twin(r) for r in twins] + \
+    runs = runs + [_batch_invariant_twin(r) for r in twins] + \
         [_batch_invariant_twin(r, compile_backend="eager") for r in twins + noise]
+    return _with_noise_twins(runs, {"trained-dflash-trained-fa2-cg-bf16-capture": "trained-refgroups-bf16-capture",
+                                    "trained-dflash-trained-fa2-cg-nvfp4": "trained-refgroups-nvfp4-acceptance"})
 
 
 # The runs whose verdict also needs exact numbers: found on the H100 (target 7b296e34),
@@ -401,6 +409,29 @@ BATCH_INVARIANT_TWINS = (
     "trained-oracle-fa2-cg-bf16-smallkv", "trained-dflash-fa2-cg-nvfp4-smallkv", "trained-oracle-fa2-cg-nvfp4-smallkv",
     "trained-dflash-trained-fa2-cg-bf16", "trained-dflash-trained-fa2-cg-nvfp4",
 )
+
+
+def _noise_twin(spec: RunSpec, name: str) -> tuple[RunSpec, RunSpec]:
+    """(``spec`` naming its noise run ``name``, that run): the same engine and groups without
+    the drafter, judged against the same reference. trained-refgroups-bf16 runs 1/4/17/32 with
+    prefix caching; a capture runs 1/8/17 without, the trained-drafter runs 1/8/22 with it, and
+    the target's batch-shape noise is only a floor for the groups it was measured in."""
+    twin = dataclasses.replace(spec, name=name, mode="reference-grouped", drafter_backend=None, drafter="random",
+                               capture_drafts=False, noise=None, twin_of=spec.name,
+                               prefix_caching=not spec.capture_drafts)
+    return dataclasses.replace(spec, noise=name), twin
+
+
+def _with_noise_twins(runs: list[RunSpec], twins: dict[str, str]) -> list[RunSpec]:
+    """``runs`` with each run named in ``twins`` (run -> noise run) replaced by its noise-named
+    self, and its twin right after it."""
+    out = []
+    for r in runs:
+        if r.name in twins:
+            out.extend(_noise_twin(r, twins[r.name]))
+        else:
+            out.append(r)
+    return out
 
 
 def _without(spec: RunSpec, patch_id: str) -> RunSpec:
@@ -507,7 +538,10 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
         run("v33-trained-dflash-trained-fa2-cg-bf16-capture", "patched", "dflash", backend="flash_attn",
             reference="v33-trained-ref-bf16", drafter="trained", capture_drafts=True, concurrency=(1, 8, 17)),
     ]
-    return runs + [_without(runs[-1], pid) for pid in DRAFTER_SIDE_PATCHES[v]]
+    runs += [_without(runs[-1], pid) for pid in DRAFTER_SIDE_PATCHES[v]]
+    return _with_noise_twins(runs, {f"v33-{dflash}": f"v33-{noise}" for dflash, noise in (
+        ("trained-dflash-trained-fa2-cg-bf16-capture", "trained-refgroups-bf16-capture"),
+        ("trained-dflash-trained-fa2-cg-nvfp4", "trained-refgroups-nvfp4-acceptance"))})
 
 
 RUNS = {r.name: r for r in _runs()}
@@ -728,7 +762,8 @@ def trained_engine_kwargs(spec: RunSpec, models: Path) -> dict:
         model=str(target), dtype="bfloat16", max_model_len=TRAINED_MAX_MODEL_LEN, seed=0,
         logprobs_mode="raw_logits", disable_log_stats=False, **_memory_share(),
         # One-at-a-time references compute every prompt from scratch (see engine_kwargs).
-        enable_prefix_caching=spec.mode in ("dflash", "reference-grouped") and not spec.capture_drafts,
+        enable_prefix_caching=spec.prefix_caching if spec.prefix_caching is not None
+        else spec.mode in ("dflash", "reference-grouped") and not spec.capture_drafts,
         max_num_seqs=1 if spec.mode == "reference" else max(TRAINED_CONCURRENCY),
         enforce_eager=not spec.cuda_graphs,
     )
@@ -1325,7 +1360,7 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     # compile_backend is in key() only when set, so name it: a -bi-noinductor record must
     # not replace its -bi twin.
     defaults = {**RunSpec("", "patched", "reference").key(), "compile_backend": None, "trace_inputs": False,
-                "capture_drafts": False, "revert": None, "speed": False}
+                "capture_drafts": False, "revert": None, "speed": False, "twin_of": None}
 
     def ident(r: dict) -> tuple:
         # A patched record replaces the same configuration's record of an

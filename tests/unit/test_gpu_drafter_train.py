@@ -394,7 +394,7 @@ def _fake_groups(k, continuation, seed=5):
 
 def _tiny_cfg(**kw):
     base = dict(steps=3, batch_rows=2, anchors_per_row=3, continuation=12, k=4, warmup=1, log_every=1,
-                lr=1e-2)
+                lr=1e-2, data_chunks=1)
     return td.DrafterTrainConfig(**{**base, **kw})
 
 
