@@ -392,8 +392,7 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
     noise = [by_name[n] for n in ("trained-refgroups-bf16", "trained-refgroups-bf16-smallkv")]
     runs = runs + [_batch_invariant_twin(r) for r in twins] + \
         [_batch_invariant_twin(r, compile_backend="eager") for r in twins + noise]
-    return _with_noise_twins(runs, {"trained-dflash-trained-fa2-cg-bf16-capture": "trained-refgroups-bf16-capture",
-                                    "trained-dflash-trained-fa2-cg-nvfp4": "trained-refgroups-nvfp4-acceptance"})
+    return _with_noise_twins(runs, NOISE_TWINS)
 
 
 # The runs whose verdict also needs exact numbers: found on the H100 (target 7b296e34),
@@ -409,6 +408,13 @@ BATCH_INVARIANT_TWINS = (
     "trained-oracle-fa2-cg-bf16-smallkv", "trained-dflash-fa2-cg-nvfp4-smallkv", "trained-oracle-fa2-cg-nvfp4-smallkv",
     "trained-dflash-trained-fa2-cg-bf16", "trained-dflash-trained-fa2-cg-nvfp4",
 )
+
+
+# DFlash runs whose noise run is their own twin (same groups, same prefix caching). Only bf16:
+# the NVFP4 one-at-a-time reference does not reproduce under default numerics on the H100
+# (Marlin; 12 of 36 prompts differ between its passes, 2026-11-27), so an NVFP4 twin has no
+# reference to be judged against (its -bi-noinductor twins are the NVFP4 verdict).
+NOISE_TWINS = {"trained-dflash-trained-fa2-cg-bf16-capture": "trained-refgroups-bf16-capture"}
 
 
 def _noise_twin(spec: RunSpec, name: str) -> tuple[RunSpec, RunSpec]:
@@ -539,9 +545,7 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
             reference="v33-trained-ref-bf16", drafter="trained", capture_drafts=True, concurrency=(1, 8, 17)),
     ]
     runs += [_without(runs[-1], pid) for pid in DRAFTER_SIDE_PATCHES[v]]
-    return _with_noise_twins(runs, {f"v33-{dflash}": f"v33-{noise}" for dflash, noise in (
-        ("trained-dflash-trained-fa2-cg-bf16-capture", "trained-refgroups-bf16-capture"),
-        ("trained-dflash-trained-fa2-cg-nvfp4", "trained-refgroups-nvfp4-acceptance"))})
+    return _with_noise_twins(runs, {f"v33-{dflash}": f"v33-{noise}" for dflash, noise in NOISE_TWINS.items()})
 
 
 RUNS = {r.name: r for r in _runs()}

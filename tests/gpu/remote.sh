@@ -694,7 +694,8 @@ trained_setup() { # what every trained-target run needs: the target (and the dra
     case "${RUNS:-}${RS_PARALLEL:-}" in *dflash-trained*) wait_drafter ;; esac
     [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
     seed_raw
-    trained_nvfp4
+    # bf16 runs need no NVFP4 copy, so they do not wait for a background one (quant-bg).
+    case "${RUNS:-}${RS_PARALLEL:-}" in ""|*nvfp4*) trained_nvfp4 ;; esac
 }
 
 trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes side by side, or RUNS

@@ -17,8 +17,10 @@ sources by ``test_*_source_facts`` so a misreading shows as a failure here, not 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -720,3 +722,11 @@ def test_a_gpu_fraction_outside_0_1_is_refused_before_anything_loads(tmp_path, c
     with pytest.raises(SystemExit) as exc:
         td.main([str(tmp_path / "no-models"), "--gpu-fraction", fraction])
     assert exc.value.code == 2 and "--gpu-fraction must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_the_default_recipe_is_the_one_that_made_the_drafter_the_results_use():
+    """`remote.sh train-drafter` with no override rebuilds d46bce41 (2,400 steps on two data
+    sets; rebuilt bit for bit on a second H100 on 2026-11-27): its record's train_config."""
+    record = json.loads((Path(__file__).parents[1] / "gpu/results/trained/drafter-train-record-d46bce41-h100.json")
+                        .read_text())
+    assert json.loads(json.dumps(dataclasses.asdict(td.DrafterTrainConfig()))) == record["train_config"]

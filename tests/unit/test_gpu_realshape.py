@@ -455,3 +455,33 @@ def test_merge_takes_a_speed_runs_measurement_as_one_configuration():
     again = dict(base, speed={"1": {"tok_s": 104.0}})
     plain = dict(base, name="trained-x")
     assert rs.merge([first, plain], [again]) == [plain, again]
+
+
+def test_every_noise_run_a_run_names_exists_and_runs_on_its_release():
+    for spec in rs.RUNS.values():
+        if spec.noise:
+            noise = rs.RUNS[spec.noise]
+            assert noise.mode == "reference-grouped" and noise.vllm == spec.vllm, spec.name
+            assert noise.quant == spec.quant and noise.target == spec.target, spec.name
+
+
+def test_a_capture_runs_noise_twin_is_its_engine_without_the_drafter_in_its_own_groups():
+    """trained-refgroups-bf16 runs 1/4/17/32 with prefix caching; the capture runs 1/8/17 without
+    (a cached prefix feeds the drafter no features): its floor must come from its own groups."""
+    models = Path("/models")
+    for prefix in ("", "v33-"):
+        capture = rs.RUNS[f"{prefix}trained-dflash-trained-fa2-cg-bf16-capture"]
+        twin = rs.RUNS[capture.noise]
+        assert twin.name == f"{prefix}trained-refgroups-bf16-capture" and twin.twin_of == capture.name
+        assert not twin.has_drafter and not twin.capture_drafts and twin.concurrency == capture.concurrency
+        kc, kt = rs.trained_engine_kwargs(capture, models), rs.trained_engine_kwargs(twin, models)
+        assert kt["enable_prefix_caching"] is False and "speculative_config" not in kt
+        assert {k: v for k, v in kc.items() if k != "speculative_config"} == kt
+        # Its own configuration: a merge keeps it beside the 1/4/17/32 noise run.
+        wide = rs.RUNS[f"{prefix}trained-refgroups-bf16"]
+        assert twin.key() != wide.key() and wide.concurrency != twin.concurrency
+        base = {"vllm": twin.vllm, "ok": True, "target_kind": "trained"}
+        merged = rs.merge([dict(base, name=wide.name, **wide.key())], [dict(base, name=twin.name, **twin.key())])
+        assert sorted(r["name"] for r in merged) == sorted([wide.name, twin.name])
+    # The ablation runs are the capture less a patch, not its noise-named copy.
+    assert rs.RUNS["trained-dflash-trained-fa2-cg-bf16-capture-without-dflash-target-layer-ids-offset"].noise is None
