@@ -533,6 +533,11 @@ def _runs_v33_trained(nvfp4: str) -> list[RunSpec]:
         run("v33-trained-dflash-trained-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="v33-trained-ref-bf16-bi-noinductor", drafter="trained",
             concurrency=ACCEPTANCE_CONCURRENCY, **exact),
+        # NVFP4's lossless verdict: the default-numerics reference (Marlin) does not reproduce,
+        # the emulated one does (v33-trained-ref-nvfp4-bi-noinductor, two passes identical).
+        run("v33-trained-dflash-trained-fa2-cg-nvfp4-bi-noinductor", "patched", "dflash", nvfp4, "flash_attn",
+            reference="v33-trained-ref-nvfp4-bi-noinductor", drafter="trained",
+            concurrency=ACCEPTANCE_CONCURRENCY, **exact),
         run("v33-trained-oracle-fa2-cg-bf16-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="v33-trained-ref-bf16-bi-noinductor", oracle=True, **exact),
         run("v33-trained-oracle-fa2-cg-nvfp4-bi-noinductor", "patched", "dflash", nvfp4, "flash_attn",
@@ -600,8 +605,15 @@ def target_identity(spec: RunSpec, models: Path) -> dict:
     if not spec.trained:
         return {"target_name": RANDOM_TARGET_NAME, "target_sha256": None}
     rec = json.loads((models / TRAINED_TARGET / "train-record.json").read_text())
-    return {"target_name": "trained-" + TRAINED_TARGET.removeprefix("trained-"),
-            "target_sha256": rec["target_sha256"]}
+    identity = {"target_name": "trained-" + TRAINED_TARGET.removeprefix("trained-"),
+                "target_sha256": rec["target_sha256"]}
+    if spec.quant == "modelopt-nvfp4":
+        # Each machine may quantize its own copy (`remote.sh trained-nvfp4`), and a reference
+        # carried from another machine must have run the same one.
+        import train_target
+
+        identity["quantized_sha256"] = train_target.checkpoint_sha256(models / (TRAINED_TARGET + "-nvfp4"))
+    return identity
 
 
 # ------------------------------------------------------------ oracle (issue 24)
@@ -988,6 +1000,8 @@ def judge(reference: dict | None, run: dict) -> dict:
         return {"lossless": None, "reason": "run failed"}
     if reference.get("target_sha256") != run.get("target_sha256"):
         return {"lossless": None, "reason": "reference ran another target (target_sha256 differs)"}
+    if None not in (q := (reference.get("quantized_sha256"), run.get("quantized_sha256"))) and q[0] != q[1]:
+        return {"lossless": None, "reason": "reference ran another NVFP4 copy (quantized_sha256 differs)"}
     ref = reference["passes"][0]
     # Small-pool runs record scheduler events; a request without any had none.
     events = ({(e["group"], e["prompt"]): e for e in run["sched_events"]}
@@ -1307,7 +1321,8 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
     fields = {"target_name": raw.get("target_name"), "target_sha256": raw.get("target_sha256"),
               "nondegenerate": block, "preemptions": counters.get("preemptions"),
               "prefix_cache_hits": prefix_cache_hits(raw), "counters": counters,
-              "reference": spec.reference}
+              "reference": spec.reference,
+              **({"quantized_sha256": raw["quantized_sha256"]} if raw.get("quantized_sha256") else {})}
     if spec.oracle:
         fields.update(oracle_fields(raw, reference, block))
     elif spec.mode == "dflash":

@@ -617,7 +617,10 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     if [ -n "${DRAFTER_STEPS:-}${DRAFTER_OVERRIDE:-}" ] || ! drafter_is_current; then
         # A failed retraining must not leave the carried drafter looking current.
         rm -f "$DRAFTER_TRAINED/drafter-train-record.json"
-        # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do.
+        # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do. Expandable
+        # segments: capped at 0.62 of an H100 the training went out of memory with 12 GB reserved
+        # but unallocated; with them it fit in 0.7 (peak 42.7 GB) and made the same weights.
+        PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
             ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} \
             ${DRAFTER_GPU_FRACTION:+--gpu-fraction "$DRAFTER_GPU_FRACTION"} 2>&1 | grep -v "Loading weights" \

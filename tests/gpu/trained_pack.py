@@ -96,11 +96,18 @@ def collect(files_at: Path, stage: Path, stem: str = STEM) -> list[str]:
     return missing
 
 
+def _curve(record: dict) -> list:
+    """A loss curve without its wall-clock times, which differ from run to run and machine to machine."""
+    return [{k: v for k, v in p.items() if k != "elapsed_s"} if isinstance(p, dict) else p
+            for p in record["loss_curve"]]
+
+
 def repeat(first: dict, again: dict) -> dict:
-    """Did the same recipe give the same checkpoint twice?"""
-    return {"first": first["target_sha256"], "again": again["target_sha256"],
-            "identical": first["target_sha256"] == again["target_sha256"],
-            "loss_curves_equal": first["loss_curve"] == again["loss_curve"],
+    """Did the same recipe give the same checkpoint twice? Target or drafter train records."""
+    key = "drafter_sha256" if "drafter_sha256" in first else "target_sha256"
+    return {"checkpoint": key, "first": first[key], "again": again[key],
+            "identical": first[key] == again[key],
+            "loss_curves_equal": _curve(first) == _curve(again),
             "train_config_equal": first.get("train_config") == again.get("train_config"),
             "first_gpu": first.get("gpu"), "again_gpu": again.get("gpu")}
 

@@ -485,3 +485,24 @@ def test_a_capture_runs_noise_twin_is_its_engine_without_the_drafter_in_its_own_
         assert sorted(r["name"] for r in merged) == sorted([wide.name, twin.name])
     # The ablation runs are the capture less a patch, not its noise-named copy.
     assert rs.RUNS["trained-dflash-trained-fa2-cg-bf16-capture-without-dflash-target-layer-ids-offset"].noise is None
+
+
+def test_an_nvfp4_run_names_its_quantized_copy_and_is_not_judged_against_another(tmp_path):
+    """The NVFP4 copy is made per machine (`remote.sh trained-nvfp4`); a reference carried from
+    another machine may have run another copy under the same target_sha256."""
+    tt = _load("train_target")
+    target = tmp_path / rs.TRAINED_TARGET
+    target.mkdir()
+    (target / "train-record.json").write_text(json.dumps({"target_sha256": "t"}))
+    copy = tmp_path / (rs.TRAINED_TARGET + "-nvfp4")
+    copy.mkdir()
+    (copy / "model.safetensors").write_bytes(b"nvfp4 weights")
+    nvfp4 = rs.target_identity(rs.RUNS["trained-ref-nvfp4"], tmp_path)
+    assert nvfp4["target_sha256"] == "t" and nvfp4["quantized_sha256"] == tt.checkpoint_sha256(copy)
+    assert "quantized_sha256" not in rs.target_identity(rs.RUNS["trained-ref-bf16"], tmp_path)
+    ref = dict(_reference([[_out([1, 2, 3])], [_out([1, 2, 3])]]), target_sha256="t", quantized_sha256="a")
+    run = {"ok": True, "target_sha256": "t", "quantized_sha256": "b", "groups": {"1": [_out([1, 2, 3])]}}
+    assert rs.judge(ref, run)["reason"].startswith("reference ran another NVFP4 copy")
+    assert rs.judge(ref, dict(run, quantized_sha256="a"))["lossless"] is True
+    # Records from before the field: judged on target_sha256 alone, as they were.
+    assert rs.judge({k: v for k, v in ref.items() if k != "quantized_sha256"}, run)["lossless"] is True

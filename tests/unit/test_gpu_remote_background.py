@@ -38,3 +38,32 @@ def test_train_bg_returns_through_a_pipe_while_the_training_runs(tmp_path):
     finally:
         if (work / "bg.pid").exists() and (work / "bg.pid").read_text().strip():
             os.killpg(os.getpgid(int((work / "bg.pid").read_text())), signal.SIGKILL)
+
+
+def _trained_setup(tmp_path, runs: str, parallel: str) -> str:
+    """Which waits trained_setup makes for these run names: the script's own function, with the
+    GPU query, the waits and the raw-record seeding stubbed to say their names."""
+    models, work = tmp_path / "models", tmp_path / "work"
+    models.mkdir(exist_ok=True)
+    (models / "shapes.json").write_text("{}")
+    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
+    stubs = ("nvidia-smi() { :; }\nwait_training() { echo wait_training; }\nwait_drafter() { echo wait_drafter; }\n"
+             "seed_raw() { :; }\ntrained_nvfp4() { echo trained_nvfp4; }\ntrained_setup\n")
+    (tmp_path / "setup.sh").write_text(functions + "\n" + stubs)
+    env = dict(os.environ, WORK=str(work), OUT=str(work / "out"), MODELS_TRAINED=str(models),
+               RUNS=runs, RS_PARALLEL=parallel)
+    done = subprocess.run(["bash", str(tmp_path / "setup.sh")], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_bf16_runs_do_not_wait_for_the_background_nvfp4_copy(tmp_path):
+    """On 2026-11-27 the bf16 noise runs were to start while the NVFP4 copy (quant-bg, 6 minutes)
+    was still being made beside the drafter's training."""
+    assert _trained_setup(tmp_path, "", "trained-refgroups-bf16-capture;v33-trained-ref-bf16") == ["wait_training"]
+    assert _trained_setup(tmp_path, "", "trained-ref-nvfp4") == ["wait_training", "trained_nvfp4"]
+    assert _trained_setup(tmp_path, "trained-dflash-trained-fa2-cg-nvfp4", "") == \
+        ["wait_training", "wait_drafter", "trained_nvfp4"]
+    # No names: every run of the release, NVFP4 ones among them.
+    assert _trained_setup(tmp_path, "", "") == ["wait_training", "trained_nvfp4"]

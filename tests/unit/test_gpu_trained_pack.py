@@ -107,6 +107,18 @@ def test_repeat_says_whether_two_trainings_gave_the_same_checkpoint():
     assert r["identical"] is False and r["loss_curves_equal"] is False and r["train_config_equal"] is True
 
 
+def test_repeat_reads_a_drafter_record_and_ignores_the_curves_wall_clock():
+    """The drafter d46bce41 rebuilt on a second H100 (2026-11-27): same weights, same losses,
+    its curve's elapsed_s 25-30 % longer (the GPU was shared)."""
+    a = {"drafter_sha256": "d", "target_sha256": "t", "train_config": {"steps": 2},
+         "loss_curve": [{"step": 0, "loss": 33.39, "lr": 3e-05, "elapsed_s": 0.3}]}
+    b = dict(a, loss_curve=[{"step": 0, "loss": 33.39, "lr": 3e-05, "elapsed_s": 0.4}])
+    r = pack.repeat(a, b)
+    assert r["checkpoint"] == "drafter_sha256" and r["identical"] is True and r["loss_curves_equal"] is True
+    c = dict(b, loss_curve=[{"step": 0, "loss": 33.40, "lr": 3e-05, "elapsed_s": 0.4}])
+    assert pack.repeat(a, c)["loss_curves_equal"] is False
+
+
 def test_a_retrained_drafter_travels_alone_and_lands_over_the_carried_one(tmp_path):
     target = _checkpoint(tmp_path / "models-trained")
     want = json.loads((target / "train-record.json").read_text())["target_sha256"]
