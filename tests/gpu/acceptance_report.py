@@ -106,6 +106,7 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
     measured = (rec.get("acceptance") or {}).get("mean_acceptance_length")
     reference = (rec.get("acceptance_reference") or {}).get("mean_acceptance_length")
     gap = abs(measured - reference) / reference if measured and reference else None
+    noise = rec.get("batch_noise") or {}
     return {
         "run": rec["name"], "vllm": rec.get("vllm"), "series": rec.get("series"),
         "quantization": rec.get("quantization"), "k": K,
@@ -113,7 +114,9 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         "concurrency": rec.get("concurrency"), "lossless": rec.get("lossless"),
         # Default numerics are not batch invariant: realshape's calibrated verdict says whether
         # the divergences are the target's own batching noise (None where no noise run exists).
-        "within_batch_noise": (rec.get("batch_noise") or {}).get("within"),
+        "within_batch_noise": noise.get("within"),
+        # The noise run that verdict read (None where it had none), so undecided is told from unmeasured.
+        "batch_noise_run": None if noise.get("reason") else noise.get("run"),
         "mean_acceptance_length_vllm": measured, "mean_acceptance_length_reference": reference,
         "relative_gap": round(gap, 4) if gap is not None else None,
         "acceptance_bar_met": (measured is not None and measured >= MIN_ACCEPTANCE
@@ -253,8 +256,8 @@ def _round(value, digits: int = 1):
 
 def _lossless_cell(row: dict) -> str:
     noise = row.get("within_batch_noise")
-    if row["lossless"] is False and noise is not None:
-        return f"False; within batching noise: {noise}"
+    if row["lossless"] is False and (noise is not None or row.get("batch_noise_run")):
+        return f"False; within batching noise: {'not decided' if noise is None else noise}"
     return _cell(row["lossless"])
 
 

@@ -56,11 +56,18 @@ def test_a_default_numerics_row_shows_its_batch_noise_verdict():
         _rec("noisy", 3.1, lossless=False, batch_noise={"run": "refgroups", "within": True}),
         _rec("corrupt", 3.1, lossless=False, batch_noise={"run": "refgroups", "within": False}),
         _rec("exact", 3.1, lossless=True),
+        # A swap whose token fell outside the kept logprobs: measured, not decided.
+        _rec("open", 3.1, lossless=False, batch_noise={"run": "refgroups", "within": None, "unmeasured": 2}),
+        _rec("alone", 3.1, lossless=False, batch_noise={"run": "refgroups", "within": None,
+                                                        "reason": "no batch-noise run"}),
     ])}
     assert rows["noisy"]["within_batch_noise"] is True and rows["exact"]["within_batch_noise"] is None
+    assert rows["open"]["batch_noise_run"] == "refgroups" and rows["alone"]["batch_noise_run"] is None
     md = ar.markdown(list(rows.values()))
     assert "| False; within batching noise: True |" in md
     assert "| False; within batching noise: False |" in md
+    assert md.count("| False; within batching noise: not decided |") == 1
+    assert md.count("| False |") == 1
     assert "| True |" in md
 
 
