@@ -1000,7 +1000,8 @@ def judge(reference: dict | None, run: dict) -> dict:
         return {"lossless": None, "reason": "run failed"}
     if reference.get("target_sha256") != run.get("target_sha256"):
         return {"lossless": None, "reason": "reference ran another target (target_sha256 differs)"}
-    if None not in (q := (reference.get("quantized_sha256"), run.get("quantized_sha256"))) and q[0] != q[1]:
+    copies = reference.get("quantized_sha256"), run.get("quantized_sha256")  # None: bf16, or an older record
+    if None not in copies and copies[0] != copies[1]:
         return {"lossless": None, "reason": "reference ran another NVFP4 copy (quantized_sha256 differs)"}
     ref = reference["passes"][0]
     # Small-pool runs record scheduler events; a request without any had none.
