@@ -15,6 +15,8 @@
 #   remote.sh prepare          installs and patched copies only (before verbs run side by side)
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
 #   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
+#   remote.sh lanes-bg         RS_PARALLEL_21 / RS_PARALLEL_33 lanes of both releases in the background
+#   remote.sh lanes-wait       wait for them (LANES_WAIT_S), report, and bring their records back
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -735,6 +737,50 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
     return 0
 }
 
+lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and realshape-v33-trained
+    # side by side, each in a session of its own from a snapshot of this tree (the next call's copy
+    # replaces these files), so they outlive a call's 600 s; lanes-wait reports and collects.
+    # Run `prepare` first: the two verbs must not build the same folders at once.
+    mkdir -p "$WORK"
+    local tree=$WORK/lanes-tree v verb lanes
+    snapshot_tree "$tree"
+    mkdir -p "$tree/.stage"
+    cp -r "$STAGE"/realshape-raw-* "$tree/.stage/" 2>/dev/null || true  # seed_raw's carried references
+    for v in 21 33; do
+        lanes=RS_PARALLEL_$v
+        [ -n "${!lanes:-}" ] || continue
+        verb=realshape-trained; [ "$v" = 33 ] && verb=realshape-v33-trained
+        rm -f "$WORK/lanes-$v.rc" && rm -rf "$WORK/lanes-out-$v"
+        (cd "$tree" && RS_PARALLEL=${!lanes} OUT=$WORK/lanes-out-$v exec setsid nohup bash -c \
+            "bash tests/gpu/remote.sh $verb > $WORK/lanes-$v.log 2>&1; echo \$? > $WORK/lanes-$v.rc") \
+            > /dev/null 2>&1 < /dev/null &
+        echo "$verb in the background: ${!lanes} (log: $WORK/lanes-$v.log)"
+        sleep "${LANES_STAGGER_S:-30}"
+    done
+}
+
+lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say where each lane is,
+    # and put what exists into $OUT/lanes.tgz (records, raw records, logs), ended or not
+    local waited=0 v pending
+    while :; do
+        pending=0
+        for v in 21 33; do
+            [ -f "$WORK/lanes-$v.log" ] && [ ! -f "$WORK/lanes-$v.rc" ] && pending=1
+        done
+        [ "$pending" = 0 ] || [ "$waited" -ge "${LANES_WAIT_S:-480}" ] && break
+        sleep 5; waited=$((waited + 5))
+    done
+    for v in 21 33; do
+        [ -f "$WORK/lanes-$v.log" ] || continue
+        echo "lanes $v: $([ -f "$WORK/lanes-$v.rc" ] && echo "ended with $(cat "$WORK/lanes-$v.rc")" || echo running)"
+        tail -3 "$WORK/lanes-$v.log"
+    done
+    mkdir -p "$OUT"
+    (cd "$WORK" && tar -czf "$OUT/lanes.tgz" --ignore-failed-read $(ls -d lanes-out-* lanes-*.log \
+        realshape-raw-trained realshape-raw-v33-trained realshape-raw-*-lane-*.log 2>/dev/null)) || true
+    [ "$pending" = 0 ]
+}
+
 served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images, `launcher bench`
     # (tests/gpu/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a device call
     # holds about two of them (tests/gpu/README.md, "Served (issue 26)"). Raw phases stay in
@@ -997,5 +1043,7 @@ case "$cmd" in
     prepare) prepare ;;
     drafter-bg) drafter_background ;;
     pack-drafter) pack_drafter ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter" >&2; exit 2 ;;
+    lanes-bg) lanes_background ;;
+    lanes-wait) lanes_wait ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait" >&2; exit 2 ;;
 esac

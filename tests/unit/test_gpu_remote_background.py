@@ -67,3 +67,41 @@ def test_bf16_runs_do_not_wait_for_the_background_nvfp4_copy(tmp_path):
         ["wait_training", "wait_drafter", "trained_nvfp4"]
     # No names: every run of the release, NVFP4 ones among them.
     assert _trained_setup(tmp_path, "", "") == ["wait_training", "trained_nvfp4"]
+
+
+def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_not(tmp_path):
+    """lanes-bg starts realshape-trained and realshape-v33-trained in sessions of their own from a
+    snapshot (the stand-in verbs note their lanes and raw seeds, one ends at once, one sleeps);
+    lanes-wait reports each and packs what exists."""
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "tests" / "gpu").mkdir(parents=True)
+    (repo / ".stage" / "realshape-raw-trained").mkdir(parents=True)
+    (repo / ".stage" / "realshape-raw-trained" / "trained-ref-bf16.raw.json").write_text("{}")
+    (repo / "tests" / "gpu" / "remote.sh").write_text(
+        'mkdir -p "$OUT"; echo "$1 $RS_PARALLEL $(ls .stage/realshape-raw-trained)" > "$OUT/verb.txt"\n'
+        f'echo $$ >> {work}/bg.pids\n'
+        '[ "$1" = realshape-v33-trained ] && sleep 60\nexit 0\n')
+    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
+    (tmp_path / "f.sh").write_text(functions + '\n"$@"\n')
+    env = dict(os.environ, WORK=str(work), OUT=str(tmp_path / "out"), LANES_STAGGER_S="0", LANES_WAIT_S="3",
+               RS_PARALLEL_21="a;b", RS_PARALLEL_33="c")
+    try:
+        started = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_background"], cwd=repo, env=env,
+                                 capture_output=True, text=True, timeout=30)
+        assert started.returncode == 0, started.stderr
+        assert "realshape-trained in the background: a;b" in started.stdout
+        waited = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_wait"], cwd=repo, env=env,
+                                capture_output=True, text=True, timeout=30)
+        assert waited.returncode == 1  # one verb still runs
+        assert "lanes 21: ended with 0" in waited.stdout and "lanes 33: running" in waited.stdout
+        assert (work / "lanes-out-21" / "verb.txt").read_text().split() == \
+            ["realshape-trained", "a;b", "trained-ref-bf16.raw.json"]
+        listed = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "lanes.tgz")], capture_output=True,
+                                text=True, check=True).stdout.split()
+        assert "lanes-out-21/verb.txt" in listed and "lanes-33.log" in listed
+    finally:
+        for pid in (work / "bg.pids").read_text().split() if (work / "bg.pids").exists() else []:
+            try:
+                os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
