@@ -250,6 +250,13 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
         rm -rf "$WORK/extras" && mkdir -p "$WORK/extras" "$MODELS_RS"
         # shellcheck disable=SC2086
         cat $parts | tar -x -C "$WORK/extras"
+        if [ -f "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" ] && [ ! -d "$SITE/vllm/vllm_flash_attn" ]; then
+            # A background extras may run before the bundle's install has made $SITE (2026-11-27:
+            # it died here, and set -e took the checkpoints after it down too): FA2 waits, unmarked,
+            # for the next extras (prepare, every verb).
+            echo "$stem: vLLM is not in $SITE yet (remote.sh install): FA2 waits for the next extras"
+            rm -rf "$WORK/extras"; continue
+        fi
         if [ -f "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" ]; then
             xz -d -c "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" > "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
             # A patched copy made before FA2 arrived gets it too.

@@ -197,3 +197,33 @@ def test_better_refuses_a_record_without_an_evaluation():
         pack.better({"target_sha256": "x"}, _drafter_record("x", "old", 2.5))
     stale = _drafter_record("another target", "old", 3.5)
     assert pack.better(_drafter_record("x", "new", 2.0), stale)["replace"] is True
+
+
+def test_extras_before_the_install_keeps_fa2_for_later_and_still_unpacks_the_checkpoints(tmp_path):
+    """On 2026-11-27 a background `extras` ran before the bundle's install had made $SITE: the FA2
+    copy failed and set -e stopped it before extras-trained. FA2 now waits, unmarked."""
+    import lzma
+    import tarfile
+
+    target = _checkpoint(tmp_path / "models-trained")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert _remote("pack-trained", tmp_path, OUT=str(out), PACK_PARTS="0 1 2 3").returncode == 0
+    stage = tmp_path / "stage"
+    pack.collect(out, stage)
+    fa2 = tmp_path / "fa2-src" / "fa2"
+    fa2.mkdir(parents=True)
+    (fa2 / "_vllm_fa2_C.abi3.so.xz").write_bytes(lzma.compress(b"not a real library"))
+    with tarfile.open(tmp_path / "extras-fa2.tar", "w") as tar:
+        tar.add(fa2, arcname="fa2")
+    _load("stage").split(tmp_path / "extras-fa2.tar", stage, "extras-fa2")
+    (stage / "bundle.json").write_text('{"sha256": "", "bytes": 0, "parts": []}\n')
+    env = {"MODELS_TRAINED": str(tmp_path / "fresh" / "models-trained"), "OUT": str(tmp_path / "o")}
+    assert _remote("receive", tmp_path, **env).returncode == 0
+    res = _remote("extras", tmp_path, **env)  # $SITE does not exist: no install has run
+    assert res.returncode == 0, res.stderr
+    assert "extras-fa2: vLLM is not in" in res.stdout and "extras-trained installed" in res.stdout
+    assert not (tmp_path / "site" / ".extras-fa2-installed").exists()
+    assert (tmp_path / "site" / ".extras-trained-installed").exists()
+    unpacked = tmp_path / "fresh" / "models-trained" / "trained-a4b-r30" / "model.safetensors"
+    assert unpacked.read_bytes() == (target / "model.safetensors").read_bytes()
