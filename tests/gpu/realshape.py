@@ -600,6 +600,15 @@ def offline_acceptance(evaluation: dict, concurrency: tuple[int, ...]) -> dict |
                                       NUM_SPECULATIVE_TOKENS)
 
 
+def checkpoint_differs(a: dict, b: dict) -> str | None:
+    """Which identity field tells two runs' checkpoints apart, or None: the target's sha256, then
+    the NVFP4 copy's where both records name one (records from before quantized_sha256 have none)."""
+    if a.get("target_sha256") != b.get("target_sha256"):
+        return "target_sha256"
+    copies = a.get("quantized_sha256"), b.get("quantized_sha256")
+    return "quantized_sha256" if None not in copies and copies[0] != copies[1] else None
+
+
 def target_identity(spec: RunSpec, models: Path) -> dict:
     """target_name and target_sha256 of the checkpoint a run loads (train_target.py's record)."""
     if not spec.trained:
@@ -662,10 +671,10 @@ def prepare_oracle(spec: RunSpec, models: Path, raw_dir: Path) -> dict:
     """Parent side, before the child starts: the plan from the reference's first pass
     (oracle.make_plan_file) and the child's environment. Raises OracleSetupError."""
     ref = _reference_raw(spec, raw_dir)
-    sha = target_identity(spec, models)["target_sha256"]
-    if ref.get("target_sha256") != sha:
-        raise OracleSetupError(f"oracle run {spec.name}: reference {spec.reference} ran target "
-                               f"{ref.get('target_sha256')}, this run loads {sha}")
+    identity = target_identity(spec, models)
+    if differs := checkpoint_differs(ref, identity):
+        raise OracleSetupError(f"oracle run {spec.name}: reference {spec.reference} ran {differs} "
+                               f"{ref.get(differs)}, this run loads {identity.get(differs)}")
     # Output records keep prompt lengths, not ids: the ids come from the workload both
     # runs read, checked against the lengths the reference recorded.
     prompts, _ = workload(spec, models, 0)
@@ -998,11 +1007,10 @@ def judge(reference: dict | None, run: dict) -> dict:
         return {"lossless": None, "reason": "reference not deterministic", "reference": stable}
     if not run.get("ok"):
         return {"lossless": None, "reason": "run failed"}
-    if reference.get("target_sha256") != run.get("target_sha256"):
-        return {"lossless": None, "reason": "reference ran another target (target_sha256 differs)"}
-    copies = reference.get("quantized_sha256"), run.get("quantized_sha256")  # None: bf16, or an older record
-    if None not in copies and copies[0] != copies[1]:
-        return {"lossless": None, "reason": "reference ran another NVFP4 copy (quantized_sha256 differs)"}
+    differs = checkpoint_differs(reference, run)
+    if differs:
+        what = "target" if differs == "target_sha256" else "NVFP4 copy"
+        return {"lossless": None, "reason": f"reference ran another {what} ({differs} differs)"}
     ref = reference["passes"][0]
     # Small-pool runs record scheduler events; a request without any had none.
     events = ({(e["group"], e["prompt"]): e for e in run["sched_events"]}
@@ -1277,8 +1285,8 @@ def within_batch_noise(reference: dict | None, run: dict, noise: dict | None, no
         return {"run": noise_name, "within": None, "reason": "the run failed"}
     if not reference or not reference.get("ok") or not passes_agree(reference["passes"])["stable"]:
         return {"run": noise_name, "within": None, "reason": "reference not deterministic"}
-    shas = {x.get("target_sha256") for x in (reference, noise, run)}
-    if len(shas) > 1:  # a carried raw record of another target must not set the bound
+    # A carried raw record of another target (or NVFP4 copy) must not set the bound.
+    if checkpoint_differs(reference, noise) or checkpoint_differs(reference, run):
         return {"run": noise_name, "within": None, "reason": "runs of different targets"}
     bound, own = margin_shift(reference, noise), margin_shift(reference, run)
     swings = divergence_swings(reference, run)
