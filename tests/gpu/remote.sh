@@ -467,12 +467,17 @@ train_background() { # install, then train-target (and TRAIN_BG_DRAFTER=1: train
         steps="$steps; [ \$(cat $WORK/train-bg.rc) = 0 ] && \
 bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc"
     fi
-    # The redirections belong to the backgrounded group, not to setsid inside it: otherwise the
-    # group's shell waits for the training holding the caller's stdout, and a call piped through
-    # `tail` ran to its time limit (2026-11-27).
-    (cd "$WORK/bg-tree" && TRAIN_BG=1 OUT=$WORK/train-bg-out exec setsid nohup bash -c "$steps") \
-        > "$WORK/train-bg.out" 2>&1 < /dev/null &
+    detached "$WORK/bg-tree" "$WORK/train-bg.out" "$steps" TRAIN_BG=1 OUT="$WORK/train-bg-out"
     echo "training in the background (log: $WORK/train-bg.out; the next calls wait for it)"
+}
+
+detached() { # detached DIR LOG SCRIPT [VAR=VALUE ...]: bash -c SCRIPT in DIR with those variables, in a
+    # session of its own, its output to LOG; returns at once. The redirections belong to the
+    # backgrounded group, not to setsid inside it: otherwise the group's shell waits for the job
+    # holding the caller's stdout, and a call piped through `tail` ran to its time limit (2026-11-27).
+    local dir=$1 log=$2 script=$3
+    shift 3
+    (cd "$dir" && exec setsid nohup env "$@" bash -c "$script") > "$log" 2>&1 < /dev/null &
 }
 
 snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that outlives the call (the
@@ -500,9 +505,9 @@ drafter_background() { # train-drafter alone in a session of its own, on the car
     mkdir -p "$DRAFTER_NEXT" && ln -s "$TRAINED" "$DRAFTER_NEXT/$(basename "$TRAINED")"
     snapshot_tree "$WORK/drafter-bg-tree"
     touch "$WORK/drafter-bg.asked"
-    (cd "$WORK/drafter-bg-tree" && MODELS_TRAINED=$DRAFTER_NEXT OUT=$WORK/train-bg-out exec setsid nohup bash -c \
-        "bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc") \
-        > /dev/null 2>&1 < /dev/null &
+    detached "$WORK/drafter-bg-tree" /dev/null \
+        "bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc" \
+        MODELS_TRAINED="$DRAFTER_NEXT" OUT="$WORK/train-bg-out"
     echo "drafter training in the background (log: $WORK/drafter-bg.out; runs of the trained drafter wait for it)"
 }
 
@@ -645,9 +650,9 @@ quant_background() { # trained-nvfp4 in a session of its own, once the backgroun
     extras   # here, not in the background: two calls must not install at once
     [ -d "$SITE_QUANT" ] || { echo "extras-quant not carried: nothing to quantize" >&2; return 1; }
     rm -f "$WORK/quant-bg.rc"
-    (cd "$WORK/bg-tree" && QUANT_BG_SELF=1 OUT=$WORK/train-bg-out exec setsid nohup bash -c \
-        "while [ ! -f $WORK/train-bg.rc ]; do sleep 5; done; bash tests/gpu/remote.sh trained-nvfp4; echo \$? > $WORK/quant-bg.rc") \
-        > "$WORK/quant-bg.out" 2>&1 < /dev/null &
+    detached "$WORK/bg-tree" "$WORK/quant-bg.out" \
+        "while [ ! -f $WORK/train-bg.rc ]; do sleep 5; done; bash tests/gpu/remote.sh trained-nvfp4; echo \$? > $WORK/quant-bg.rc" \
+        QUANT_BG_SELF=1 OUT="$WORK/train-bg-out"
     echo "NVFP4 copy in the background once training ends (log: $WORK/quant-bg.out)"
 }
 
@@ -758,9 +763,8 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
         [ -n "${!lanes:-}" ] || continue
         verb=realshape-trained; [ "$v" = 33 ] && verb=realshape-v33-trained
         rm -f "$WORK/lanes-$v.rc" && rm -rf "$WORK/lanes-out-$v"
-        (cd "$tree" && RS_PARALLEL=${!lanes} OUT=$WORK/lanes-out-$v exec setsid nohup bash -c \
-            "bash tests/gpu/remote.sh $verb > $WORK/lanes-$v.log 2>&1; echo \$? > $WORK/lanes-$v.rc") \
-            > /dev/null 2>&1 < /dev/null &
+        detached "$tree" /dev/null "bash tests/gpu/remote.sh $verb > $WORK/lanes-$v.log 2>&1; echo \$? > $WORK/lanes-$v.rc" \
+            RS_PARALLEL="${!lanes}" OUT="$WORK/lanes-out-$v"
         echo "$verb in the background: ${!lanes} (log: $WORK/lanes-$v.log)"
         sleep "${LANES_STAGGER_S:-30}"
     done
