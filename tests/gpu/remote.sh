@@ -764,7 +764,8 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
         verb=realshape-trained; [ "$v" = 33 ] && verb=realshape-v33-trained
         rm -f "$WORK/lanes-$v.rc" && rm -rf "$WORK/lanes-out-$v"
         detached "$tree" /dev/null "bash tests/gpu/remote.sh $verb > $WORK/lanes-$v.log 2>&1; echo \$? > $WORK/lanes-$v.rc" \
-            RS_PARALLEL="${!lanes}" OUT="$WORK/lanes-out-$v"
+            RS_PARALLEL="${!lanes}" OUT="$WORK/lanes-out-$v" \
+            ROUND_DEADLINE_S="${ROUND_DEADLINE_S:-1800}" RS_CHILD_TIMEOUT_S="${RS_CHILD_TIMEOUT_S:-900}"
         echo "$verb in the background: ${!lanes} (log: $WORK/lanes-$v.log)"
         sleep "${LANES_STAGGER_S:-30}"
     done

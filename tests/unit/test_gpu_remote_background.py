@@ -79,6 +79,7 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
     (repo / ".stage" / "realshape-raw-trained" / "trained-ref-bf16.raw.json").write_text("{}")
     (repo / "tests" / "gpu" / "remote.sh").write_text(
         'mkdir -p "$OUT"; echo "$1 $RS_PARALLEL $(ls .stage/realshape-raw-trained)" > "$OUT/verb.txt"\n'
+        'echo "$ROUND_DEADLINE_S $RS_CHILD_TIMEOUT_S" > "$OUT/limits.txt"\n'
         f'echo $$ >> {work}/bg.pids\n'
         '[ "$1" = realshape-v33-trained ] && sleep 60\nexit 0\n')
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
@@ -96,6 +97,8 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
         assert "lanes 21: ended with 0" in waited.stdout and "lanes 33: running" in waited.stdout
         assert (work / "lanes-out-21" / "verb.txt").read_text().split() == \
             ["realshape-trained", "a;b", "trained-ref-bf16.raw.json"]
+        # A background lane is not bound by a call's 600 s: a 0.33.0 capture alone took 392 s.
+        assert (work / "lanes-out-21" / "limits.txt").read_text().split() == ["1800", "900"]
         listed = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "lanes.tgz")], capture_output=True,
                                 text=True, check=True).stdout.split()
         assert "lanes-out-21/verb.txt" in listed and "lanes-33.log" in listed
