@@ -36,7 +36,10 @@ MAX_PROJECTION_GAP = 0.15
 
 
 def _trained(records: list[dict]) -> list[dict]:
-    return [r for r in records if r.get("drafter_kind") == "trained" and r.get("mode") == "dflash"]
+    # A run that loaded another tree's compiled target (realshape.stale_compile_artifacts) measured
+    # that tree, not its own: no row, no ablation entry.
+    return [r for r in records if r.get("drafter_kind") == "trained" and r.get("mode") == "dflash"
+            and not r.get("stale_compile_artifacts")]
 
 
 def _equivalence(rec: dict | None) -> dict | None:

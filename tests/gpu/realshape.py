@@ -1186,6 +1186,13 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict, noise: 
         "wall_s": raw.get("wall_s"),
         **_quant_backends("\n".join(raw.get("log_text_for_backends", []))),
     }
+    if raw.get("stale_compile_artifacts"):
+        found = raw["stale_compile_artifacts"]
+        rec["ok"] = False
+        rec["stale_compile_artifacts"] = found
+        rec["error"] = (f"loaded compiled graph {found[0]['artifact'][:8]} that {', '.join(found[0]['saved_by'])} "
+                        f"saved from another vLLM tree ({', '.join(t[:8] for t in found[0]['trees'])}): "
+                        "its target is not this tree's")
     if raw.get("assert_lines"):
         rec["assert_lines"] = raw["assert_lines"]
     if raw.get("probe") is not None:
@@ -1618,6 +1625,7 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if spec.batch_invariant:
         env["VLLM_BATCH_INVARIANT"] = "1"
+    env["VLLM_CACHE_ROOT"] = str(compile_cache_root(env, spec.vllm, site))
     res_file, log_file = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
     probe_file = logs / f"{spec.name}.probe.jsonl"
     # A result left by an earlier call on the warm machine must not stand in for a child
@@ -1644,6 +1652,41 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     if spec.oracle:
         raw.update(oracle_result(spec, logs, raw.get("oracle_max_tokens")))
     return raw
+
+
+def compile_cache_root(env: dict, vllm: str, site: str | None) -> Path:
+    """vLLM's cache folder for the tree a run imports. The AOT compile cache keys a graph by the
+    config and the forward's name, not by the runner that set the DFlash target's aux hidden-state
+    layers on the model, so the series less `dflash-target-layer-ids-offset` and the series less
+    another patch share a key: on 2026-11-28 a run of the second loaded the first's graph and fed
+    its drafter layers one too early. One folder per tree keeps each tree's graphs its own."""
+    base = Path(env.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
+    return base / "trees" / f"{vllm}-{(run_tree_hash(site) or 'stock')[:16]}"
+
+
+def stale_compile_artifacts(raws: dict[str, dict]) -> dict[str, list[dict]]:
+    """Per run, the compiled graphs it loaded that only runs on other vLLM trees saved (the raw
+    records of one raw folder, one machine): its target may not be the one its tree builds."""
+    savers: dict[str, list[tuple[str, str | None]]] = {}
+    for name, raw in raws.items():
+        for key in (raw.get("compile_artifacts") or {}).get("saved", []):
+            savers.setdefault(key, []).append((name, raw.get("series_hash")))
+    stale = {}
+    for name, raw in raws.items():
+        found = [{"artifact": key, "saved_by": [n for n, _ in savers[key]],
+                  "trees": sorted({str(t) for _, t in savers[key]})}
+                 for key in (raw.get("compile_artifacts") or {}).get("loaded", [])
+                 if key in savers and all(t != raw.get("series_hash") for _, t in savers[key])]
+        if found:
+            stale[name] = found
+    return stale
+
+
+def _with_compile_artifacts(raw: dict, log: Path) -> dict:
+    """Raw records written before they carried ``compile_artifacts``: read them from the run's log."""
+    if "compile_artifacts" in raw or not log.exists():
+        return raw
+    return raw | {"compile_artifacts": run_modes.parse_log(log.read_text(errors="replace"))["compile_artifacts"]}
 
 
 def order_runs(names: list[str]) -> list[str]:
@@ -1779,8 +1822,11 @@ def main(argv: list[str] | None = None) -> int:
         status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
         print(f"    {time.time() - t0:.0f}s {status}", flush=True)
     # Verdicts use every raw result present (earlier calls on the warm machine too).
-    raws = {p.name[:-len(".raw.json")]: json.loads(p.read_text())
+    raws = {p.name[:-len(".raw.json")]: _with_compile_artifacts(json.loads(p.read_text()),
+                                                                 raw_dir / p.name.replace(".raw.json", ".log"))
             for p in sorted(raw_dir.glob("*.raw.json"))}
+    for name, found in stale_compile_artifacts(raws).items():
+        raws[name] = raws[name] | {"stale_compile_artifacts": found}
     records = []
     for name, raw in raws.items():
         if name not in RUNS or RUNS[name].vllm != args.vllm:

@@ -789,7 +789,7 @@ lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say
     done
     mkdir -p "$OUT"
     (cd "$WORK" && tar -czf "$OUT/lanes.tgz" --ignore-failed-read $(ls -d lanes-out-* lanes-*.log \
-        realshape-raw-trained realshape-raw-v33-trained realshape-raw-*-lane-*.log 2>/dev/null)) || true
+        realshape-raw-trained realshape-raw-v33-trained realshape-raw-*-lane-*.log rs-meta-*trained.json 2>/dev/null)) || true
     [ "$pending" = 0 ]
 }
 

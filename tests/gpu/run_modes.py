@@ -65,6 +65,12 @@ _WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start")
 _LINE_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:ERROR \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
 _BACKEND_EXPLICIT = re.compile(r"Using AttentionBackendEnum\.(\w+) backend")
 _BACKEND_AUTO = re.compile(r"Using (\w+) attention backend out of potential backends")
+# vLLM's AOT compile cache (on by default with torch >= 2.10): the folder is named by a key of the
+# config and the forward's qualified name, not by what the runner sets on the model after building
+# it (the DFlash target's aux hidden-state layers), so a patch to the runner can meet a graph that
+# an unpatched runner compiled (tests/gpu/README.md, "One compile cache per vLLM tree").
+_AOT_SAVED = re.compile(r"saved AOT compiled function to \S*torch_aot_compile/([0-9a-f]+)/")
+_AOT_LOADED = re.compile(r"Directly load AOT compilation from path \S*torch_aot_compile/([0-9a-f]+)/")
 
 
 def prompts(token_limit: int) -> list[list[int]]:
@@ -249,7 +255,12 @@ def parse_log(text: str) -> dict:
             break
     forced = any("Forcing TRITON_ATTN" in ln for ln in lines)
     return {"log_backends_explicit": explicit, "log_backends_auto": auto,
-            "log_error_line": error_line, "log_forced_triton": forced}
+            "log_error_line": error_line, "log_forced_triton": forced,
+            "compile_artifacts": {"saved": _matches(_AOT_SAVED, lines), "loaded": _matches(_AOT_LOADED, lines)}}
+
+
+def _matches(pattern: re.Pattern, lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(m.group(1) for ln in lines if (m := pattern.search(ln))))
 
 
 def run_logged(cmd: list[str], env: dict, log_file: Path, timeout: float) -> int | str:

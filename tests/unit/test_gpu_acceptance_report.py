@@ -303,3 +303,12 @@ def test_a_served_speed_row_joins_only_the_rows_of_the_drafter_it_served():
     ar.add_served_speed(rows, {"servers": [{"server": "speed", "vllm": "0.21.0", "drafter_sha256": "new",
                                             "speed": speed_rows}]})
     assert {r["drafter_sha256"]: bool(r["served_speed"]) for r in rows} == {"old": False, "new": True}
+
+
+def test_a_run_that_measured_another_trees_compiled_target_is_no_ablation_entry():
+    stale = [{"artifact": "ffe83d1f", "saved_by": ["capture-without-y"], "trees": ["5ae8"]}]
+    records = [_rec("capture", 3.0, capture_drafts=True),
+               _rec("capture-without-x", 1.8, capture_drafts=True, revert="x", stale_compile_artifacts=stale),
+               _rec("capture-without-y", 3.0, capture_drafts=True, revert="y")]
+    (row,) = ar.build(records)
+    assert [a["reverted"] for a in row["ablation"]] == ["y"]

@@ -506,3 +506,47 @@ def test_an_nvfp4_run_names_its_quantized_copy_and_is_not_judged_against_another
     assert rs.judge(ref, dict(run, quantized_sha256="a"))["lossless"] is True
     # Records from before the field: judged on target_sha256 alone, as they were.
     assert rs.judge({k: v for k, v in ref.items() if k != "quantized_sha256"}, run)["lossless"] is True
+
+
+# The log lines vLLM 0.21.0 wrote on 2026-11-28 (decorators.py), folder names shortened.
+_SAVED = ("INFO 11-28 00:34:39 [decorators.py:708] saved AOT compiled function to "
+          "/root/.cache/vllm/torch_compile_cache/torch_aot_compile/ffe83d1f4c0a/rank_0_0/model")
+_LOADED = ("INFO 11-28 00:40:25 [decorators.py:311] Directly load AOT compilation from path "
+           "/root/.cache/vllm/torch_compile_cache/torch_aot_compile/ffe83d1f4c0a/rank_0_0/model")
+
+
+def test_a_run_that_loaded_a_graph_only_another_tree_compiled_is_refused(tmp_path):
+    """On 2026-11-28 the ablation without the embed-scale patch loaded the target graph that the
+    ablation without the layer-offset patch had compiled (the AOT key ignores the runner's aux
+    hidden-state layers): its drafter was fed the layers one too early (feature cosine 0.973)."""
+    rm = _load("run_modes")
+    assert rm.parse_log(_SAVED + "\n" + _SAVED)["compile_artifacts"] == {"saved": ["ffe83d1f4c0a"], "loaded": []}
+    raws = {"without-offset": {"series_hash": "5ae8", "compile_artifacts": rm.parse_log(_SAVED)["compile_artifacts"]},
+            "without-embed": {"series_hash": "a5c4", "compile_artifacts": rm.parse_log(_LOADED)["compile_artifacts"]},
+            # the same tree loading its own graph is what the cache is for
+            "again-offset": {"series_hash": "5ae8", "compile_artifacts": {"saved": [], "loaded": ["ffe83d1f4c0a"]}}}
+    stale = rs.stale_compile_artifacts(raws)
+    assert stale == {"without-embed": [{"artifact": "ffe83d1f4c0a", "saved_by": ["without-offset"], "trees": ["5ae8"]}]}
+    spec = rs.RUNS["trained-dflash-trained-fa2-cg-bf16-capture-without-gemma4-dflash-embed-scale-logit-softcap"]
+    rec = rs.record(spec, {"ok": True, "stale_compile_artifacts": stale["without-embed"]}, None, {})
+    assert rec["ok"] is False and "without-offset" in rec["error"] and rec["stale_compile_artifacts"]
+    # A raw record written before the field: the merge reads it from the run's log.
+    log = tmp_path / "r.log"
+    log.write_text(_LOADED + "\n")
+    assert rs._with_compile_artifacts({}, log)["compile_artifacts"]["loaded"] == ["ffe83d1f4c0a"]
+    assert rs._with_compile_artifacts({"compile_artifacts": {}}, log) == {"compile_artifacts": {}}
+
+
+def test_each_vllm_tree_compiles_into_a_cache_folder_of_its_own(tmp_path):
+    from launcher.patching.stamp import STAMP_REL
+
+    trees = []
+    for h in ("5ae8d1737c608923e2da", "a5c42b2df27238f148ca"):
+        tree = tmp_path / h
+        (tree / STAMP_REL).parent.mkdir(parents=True)
+        (tree / STAMP_REL).write_text(json.dumps({"series_hash": h, "patches": []}))
+        trees.append(f"{tree}:/tmp/site")
+    roots = {rs.compile_cache_root({"VLLM_CACHE_ROOT": "/c"}, "0.21.0", t) for t in trees}
+    assert roots == {Path("/c/trees/0.21.0-5ae8d1737c608923"), Path("/c/trees/0.21.0-a5c42b2df27238f1")}
+    assert rs.compile_cache_root({}, "0.33.0", str(tmp_path / "stock")) == \
+        Path.home() / ".cache" / "vllm" / "trees" / "0.33.0-stock"
