@@ -694,6 +694,37 @@ def aux_layers(code_root: Path) -> dict:
     }
 
 
+def spec_hash(code_root: Path) -> dict:
+    """``SpeculativeConfig.compute_hash`` and the ``safe_hash`` it calls, both real, on stand-in
+    configs: the draft ``ModelConfig`` answers ``compute_hash()`` with one value per checkpoint
+    (its real hash needs vLLM's pydantic ``ModelConfig`` built from a checkpoint on disk)."""
+    import _hashlib
+    import hashlib
+
+    spec = _class(_module(code_root / "vllm" / "config" / "speculative.py"), "SpeculativeConfig")
+    hashing = _module(code_root / "vllm" / "utils" / "hashing.py")
+    ns: dict[str, Any] = {"hashlib": hashlib, "HASH": object,
+                          "UnsupportedDigestmodError": _hashlib.UnsupportedDigestmodError}
+    _exec(ast.unparse(_function(hashing, "safe_hash")), ns)
+    _exec(_class_source("Spec", "", [_method(spec, "compute_hash")]), ns)
+
+    def run(method: str, checkpoint: str | None = None, **hf_fields) -> str:
+        obj = object.__new__(ns["Spec"])
+        obj.method = method
+        obj.draft_model_config = None if checkpoint is None else types.SimpleNamespace(
+            hf_config=types.SimpleNamespace(**hf_fields), compute_hash=lambda: f"model-config-of-{checkpoint}")
+        return obj.compute_hash()
+
+    return {
+        # Two z-lab DFlash drafters of one target, their layers named only in dflash_config.
+        "dflash_a": run("dflash", "dflash-a", dflash_config={"target_layer_ids": [1, 7, 13, 19, 25]}),
+        "dflash_b": run("dflash", "dflash-b", dflash_config={"target_layer_ids": [2, 9, 15, 21, 27]}),
+        "eagle3": run("eagle3", "eagle3-a", eagle_aux_hidden_state_layer_ids=[2, 15, 27]),
+        "mtp": run("mtp", "mtp-a"),
+        "ngram": run("ngram"),
+    }
+
+
 def gemma4_block_tables(code_root: Path) -> dict:
     proposer = _class(_module(code_root / "vllm" / "v1" / "spec_decode" / "gemma4.py"), "Gemma4Proposer")
     ns: dict[str, Any] = {"copy": copy.copy, "CommonAttentionMetadata": object}
@@ -744,6 +775,7 @@ SECTIONS = {
     "dflash_drafter_config": dflash_drafter_config,
     "gemma4_mtp_backends": gemma4_mtp_backends,
     "aux_layers": aux_layers,
+    "spec_hash": spec_hash,
     "gemma4_block_tables": gemma4_block_tables,
     "kv_grouping_real": kv_grouping_real,
     "kv_bytes": _kv_bytes_cases,

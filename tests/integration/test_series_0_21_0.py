@@ -47,6 +47,7 @@ PROBE = Path(__file__).with_name("series_0_21_0_probe.py")
 # Read by the probe, changed by no patch.
 PROBE_EXTRA = [
     "vllm/utils/math_utils.py",
+    "vllm/utils/hashing.py",
     "vllm/config/model.py",
     "vllm/config/model_arch.py",
     "vllm/v1/attention/backend.py",

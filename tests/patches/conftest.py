@@ -47,6 +47,7 @@ READS = [
     "vllm/config/model_arch.py",
     "vllm/config/vllm.py",
     "vllm/utils/math_utils.py",
+    "vllm/utils/hashing.py",
     "vllm/utils/torch_utils.py",
     "vllm/v1/kv_cache_interface.py",
     "vllm/v1/core/kv_cache_utils.py",
