@@ -137,6 +137,17 @@ def probe():
     return run
 
 
+@pytest.fixture(scope="session")
+def probe_section(vllm_tree, stock_tree, probe):
+    """``probe_section(version, section, patch_id)``: one section of the version's probe on the
+    tree with that patch alone; ``patch_id=None``: on the released tree."""
+    def run(version: str, section: str, patch_id: str | None) -> dict:
+        tree = stock_tree(version) if patch_id is None else vllm_tree(version, patch_id)
+        return probe(version, tree, section)[section]
+
+    return run
+
+
 TRITON = "3.9.0"
 TRITON_PROBE = Path(__file__).resolve().parent / "triton_attention_probe.py"
 

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
 
 @pytest.fixture(scope="module")
-def seen(vllm_tree, probe):
-    return probe(VERSION, vllm_tree(VERSION, PATCH_ID), "aux_layers")["aux_layers"]
+def seen(probe_section):
+    return probe_section(VERSION, "aux_layers", PATCH_ID)
 
 
 def test_dflash_target_layer_ids_are_shifted_to_aux_state_indices(seen):
@@ -27,8 +27,8 @@ def test_dflash_target_layer_ids_are_shifted_to_aux_state_indices(seen):
     assert seen["dflash_config"] == [2, 8, 14, 20, 26]
 
 
-def test_eagle_ids_and_missing_ids_unchanged(seen, stock_tree, probe):
-    stock = probe(VERSION, stock_tree(VERSION), "aux_layers")["aux_layers"]
+def test_eagle_ids_and_missing_ids_unchanged(seen, probe_section):
+    stock = probe_section(VERSION, "aux_layers", None)
     assert seen["eagle_ids"] == stock["eagle_ids"] == [2, 15, 27]
     # Speculators-format DFlash configs write both; the EAGLE ids win, as before.
     assert seen["both"] == stock["both"] == [2, 8]

@@ -20,25 +20,22 @@ pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
 
 @pytest.fixture(scope="module")
-def seen(vllm_tree, probe):
-    return probe(VERSION, vllm_tree(VERSION, PATCH_ID), "spec_hash")["spec_hash"]
+def keys(probe_section):
+    """The speculative config hashes, per case, on the patched tree and on the released one."""
+    return {tree: probe_section(VERSION, "spec_hash", patch) for tree, patch in (("patched", PATCH_ID), ("released", None))}
 
 
-@pytest.fixture(scope="module")
-def released(stock_tree, probe):
-    return probe(VERSION, stock_tree(VERSION), "spec_hash")["spec_hash"]
+def test_two_dflash_drafters_of_one_target_compile_under_two_keys(keys):
+    assert keys["patched"]["dflash_a"] != keys["patched"]["dflash_b"]
 
 
-def test_two_dflash_drafters_of_one_target_compile_under_two_keys(seen):
-    assert seen["dflash_a"] != seen["dflash_b"]
-
-
-def test_a_patched_tree_never_loads_a_graph_the_released_runner_compiled(seen, released):
+def test_a_patched_tree_never_loads_a_graph_the_released_runner_compiled(keys):
     # The same drafter and target: the released key must not find the patched runner's graph.
-    assert seen["dflash_a"] != released["dflash_a"]
-    assert seen["eagle3"] != released["eagle3"]
+    for case in ("dflash_a", "eagle3"):
+        assert keys["patched"][case] != keys["released"][case], case
 
 
-def test_methods_without_aux_hidden_states_hash_unchanged(seen, released):
-    assert seen["mtp"] == released["mtp"] and seen["ngram"] == released["ngram"]
-    assert seen["mtp"] != seen["dflash_a"]
+def test_methods_without_aux_hidden_states_hash_unchanged(keys):
+    for case in ("mtp", "ngram"):
+        assert keys["patched"][case] == keys["released"][case], case
+    assert keys["patched"]["mtp"] != keys["patched"]["dflash_a"]

@@ -21,13 +21,13 @@ pytestmark = pytest.mark.network  # first run downloads the release from PyPI
 
 
 @pytest.fixture(scope="module")
-def seen(vllm_tree, probe):
-    return probe(VERSION, vllm_tree(VERSION, PATCH_ID), "kv_grouping_real")["kv_grouping_real"]
+def seen(probe_section):
+    return probe_section(VERSION, "kv_grouping_real", PATCH_ID)
 
 
 @pytest.fixture(scope="module")
-def stock(stock_tree, probe):
-    return probe(VERSION, stock_tree(VERSION), "kv_grouping_real")["kv_grouping_real"]
+def stock(probe_section):
+    return probe_section(VERSION, "kv_grouping_real", None)
 
 
 # Drafters with more layers than the target's KV cache groups, which the
