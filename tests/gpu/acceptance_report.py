@@ -121,6 +121,8 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         # The noise run that verdict read (None where it had none), so undecided is told from unmeasured.
         "batch_noise_run": None if noise.get("reason") else noise.get("run"),
         "mean_acceptance_length_vllm": measured, "mean_acceptance_length_reference": reference,
+        # The model the offline walk ran: the bf16 target, or the NVFP4 one of the run's numerics.
+        "reference_model": rec.get("acceptance_reference_model") or "bf16",
         "relative_gap": round(gap, 4) if gap is not None else None,
         "acceptance_bar_met": (measured is not None and measured >= MIN_ACCEPTANCE
                                and gap is not None and gap <= MAX_RELATIVE_GAP),
@@ -201,7 +203,8 @@ def markdown(rows: list[dict]) -> str:
         "",
         "Regenerate: `python tests/gpu/acceptance_report.py` after `remote.sh realshape-trained` "
         "(tests/gpu/README.md, \"Trained drafter (issue 25)\"). Acceptance length = 1 + accepted drafts per "
-        f"verify step, from vLLM's counters; the reference is train_drafter.py's offline walk on the same prompts. "
+        f"verify step, from vLLM's counters; the reference is train_drafter.py's offline walk on the same prompts, "
+        "on the bf16 target, or on the NVFP4 target of the run's numerics where nvfp4_reference.py ran (in brackets). "
         f"Bars: at least {MIN_ACCEPTANCE} and within {MAX_RELATIVE_GAP:.0%} of the reference; drafts equal for "
         f"{MIN_EQUAL_FRACTION:.0%} of at least {MIN_CONTEXTS} contexts. `-`: not measured yet.",
         "",
@@ -222,7 +225,8 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['run']} | {r['vllm']} | {str(r['series'])[:8]} | {str(r['drafter_sha256'])[:8]} | "
             f"{r['quantization']} | "
-            f"{_cell(r['mean_acceptance_length_vllm'])} | {_cell(r['mean_acceptance_length_reference'])} | "
+            f"{_cell(r['mean_acceptance_length_vllm'])} | {_cell(r['mean_acceptance_length_reference'])}"
+            f"{'' if r['reference_model'] == 'bf16' else ' (' + r['reference_model'] + ')'} | "
             f"{_cell(r['relative_gap'])} | {'met' if r['acceptance_bar_met'] else 'not met'} | {eq_cell} | "
             f"{_lossless_cell(r)} | {abl} | {_speed_cell(r['speed'])} |")
     served = [r for r in rows if r.get("served_speed")]

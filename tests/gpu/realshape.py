@@ -588,8 +588,36 @@ def drafter_identity(spec: RunSpec, models: Path) -> dict:
         return {"drafter_sha256": None, "acceptance_reference": None}
     rec = json.loads(path.read_text())
     ev = (rec.get("evaluation") or {}).get(f"vllm-{spec.vllm}") or {}
-    return {"drafter_sha256": rec.get("drafter_sha256"), "drafter_target_sha256": rec.get("target_sha256"),
-            "acceptance_reference": offline_acceptance(ev, spec.concurrency)}
+    identity = {"drafter_sha256": rec.get("drafter_sha256"), "drafter_target_sha256": rec.get("target_sha256"),
+                "acceptance_reference": offline_acceptance(ev, spec.concurrency)}
+    if spec.quant == "modelopt-nvfp4":
+        identity["acceptance_reference_nvfp4"] = nvfp4_references(spec, models, rec.get("drafter_sha256"))
+    return identity
+
+
+def nvfp4_references(spec: RunSpec, models: Path, drafter_sha256: str | None) -> dict:
+    """The offline walks on the NVFP4 target (nvfp4_reference.py), by numerics (W4A4, W4A16), that
+    ran this drafter and this machine's NVFP4 copy, weighted as this run's groups weigh the prompts."""
+    import train_target
+
+    folder = drafter_dir(spec, models)
+    found = sorted(folder.glob("nvfp4-evaluation*.json"))
+    if not found:
+        return {}
+    copy_sha = train_target.checkpoint_sha256(models / (TRAINED_TARGET + "-nvfp4"))
+    out = {}
+    for path in found:
+        walk = json.loads(path.read_text())
+        if walk.get("drafter_sha256") == drafter_sha256 and walk.get("quantized_sha256") == copy_sha:
+            ev = (walk.get("evaluation") or {}).get(f"vllm-{spec.vllm}") or {}
+            out[walk["numerics"]] = offline_acceptance(ev, spec.concurrency)
+    return out
+
+
+def nvfp4_numerics(raw: dict) -> str:
+    """W4A16 where vLLM ran NVFP4 through Marlin (Hopper's default), else W4A4 (FP4 GEMMs, emulation)."""
+    linear = _quant_backends("\n".join(raw.get("log_text_for_backends", []))).get("linear_backend") or []
+    return "W4A16" if any(k.startswith("Marlin") for k in linear) else "W4A4"
 
 
 def offline_acceptance(evaluation: dict, concurrency: tuple[int, ...]) -> dict | None:
@@ -849,16 +877,10 @@ def draft_equivalence(spec: RunSpec, models: Path, captured) -> dict:
     captured inputs, and the captured features against the Hugging Face target's (bf16 target
     folder: the NVFP4 copy keeps the embedding in bf16, and the features are judged as fed)."""
     import torch
-    from safetensors.torch import load_file
 
-    import dflash_reference as ref
     import train_drafter
 
-    folder = drafter_dir(spec, models)
-    config = json.loads((folder / "config.json").read_text())
-    drafter = ref.Drafter(ref.Geometry.from_config(config))
-    drafter.load_state_dict({n: t.float() for n, t in load_file(str(folder / "model.safetensors")).items()})
-    drafter = drafter.to("cuda").eval()
+    drafter = train_drafter.load_drafter(drafter_dir(spec, models), "cuda")
     target_dir = models / TRAINED_TARGET
     model = train_drafter.load_target(target_dir, "cuda")
     shared = train_drafter.shared_from_target(model, target_dir)
@@ -1373,14 +1395,20 @@ def acceptance(counters: dict, k: int = NUM_SPECULATIVE_TOKENS) -> dict | None:
 
 
 def drafter_fields(raw: dict, measured: dict | None) -> dict:
-    """A trained-drafter run's drafter identity and its acceptance beside the offline reference."""
-    offline = raw.get("acceptance_reference") or {}
+    """A trained-drafter run's drafter identity and its acceptance beside the offline reference:
+    the walk on the model the run computed, the NVFP4 one of its numerics where it exists, else
+    the bf16 target (``acceptance_reference_model`` says which)."""
+    offline, model = raw.get("acceptance_reference") or {}, "bf16"
+    numerics = nvfp4_numerics(raw) if "acceptance_reference_nvfp4" in raw else None
+    if numerics and (raw["acceptance_reference_nvfp4"] or {}).get(numerics):
+        offline, model = raw["acceptance_reference_nvfp4"][numerics], f"nvfp4-{numerics}"
     ratio = None
     if measured and offline.get("mean_acceptance_length"):
         ratio = round(measured["mean_acceptance_length"] / offline["mean_acceptance_length"], 4)
     return {"drafter_sha256": raw.get("drafter_sha256"),
             "drafter_for_this_target": raw.get("drafter_target_sha256") == raw.get("target_sha256"),
-            "acceptance_reference": raw.get("acceptance_reference"),
+            "acceptance_reference": offline or None,
+            "acceptance_reference_model": model,
             "acceptance_ratio_to_reference": ratio}
 
 

@@ -17,6 +17,7 @@
 #   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
 #   remote.sh lanes-bg         RS_PARALLEL_21 / RS_PARALLEL_33 lanes of both releases in the background
 #   remote.sh lanes-wait       wait for them (LANES_WAIT_S), report, and bring their records back
+#   remote.sh nvfp4-reference  the offline acceptance walk on the NVFP4 target (W4A4, W4A16)
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -646,6 +647,20 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     cp "$DRAFTER_TRAINED/drafter-train-record.json" "$OUT/"
 }
 
+nvfp4_reference() { # issue 25: the offline walk on the NVFP4 target (nvfp4_reference.py), the reference of
+    # the NVFP4 rows; W4A4 (an RTX 5090's FP4 GEMMs, vLLM's emulation) and W4A16 (Hopper's Marlin)
+    install
+    extras
+    trained_setup
+    mkdir -p "$OUT"
+    local numerics
+    for numerics in "" --weights-only; do
+        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/nvfp4_reference.py "$MODELS_TRAINED" \
+            $numerics 2>&1 | grep -v "Loading weights" | tail -3
+    done
+    cp "$DRAFTER_TRAINED"/nvfp4-evaluation*.json "$OUT/"
+}
+
 quant_background() { # trained-nvfp4 in a session of its own, once the background training has ended
     extras   # here, not in the background: two calls must not install at once
     [ -d "$SITE_QUANT" ] || { echo "extras-quant not carried: nothing to quantize" >&2; return 1; }
@@ -1055,7 +1070,8 @@ case "$cmd" in
     prepare) prepare ;;
     drafter-bg) drafter_background ;;
     pack-drafter) pack_drafter ;;
+    nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference" >&2; exit 2 ;;
 esac

@@ -454,6 +454,16 @@ def drafter_sha256(folder: Path) -> str:
     return h.hexdigest()
 
 
+def load_drafter(folder: Path, device: str):
+    """A saved drafter (config.json, model.safetensors) as dflash_reference's float32 Drafter, in eval."""
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    drafter = ref.Drafter(ref.Geometry.from_config(config))
+    drafter.load_state_dict({n: t.float() for n, t in load_file(str(folder / "model.safetensors")).items()})
+    return drafter.to(device).eval()
+
+
 def shared_from_target(model, target_dir: Path) -> ref.Shared:
     text = json.loads((target_dir / "config.json").read_text())["text_config"]
     table = model.model.language_model.embed_tokens.weight.detach()

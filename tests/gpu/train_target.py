@@ -205,22 +205,45 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     import torch
     import torch.nn.functional as F
 
+    copies, routing = expert_dispatch(hidden_states, top_k_index, self.num_experts)
+    gate_up = F.grouped_mm(copies, self.gate_up_proj.to(torch.bfloat16).transpose(1, 2), offs=routing.offsets)
+    gate, up = gate_up.chunk(2, dim=-1)
+    down = F.grouped_mm(self.act_fn(gate) * up, self.down_proj.to(torch.bfloat16).transpose(1, 2),
+                        offs=routing.offsets)
+    return expert_combine(down, routing, top_k_weights, hidden_states.dtype)
+
+
+@dataclass
+class Routing:
+    """Where each token copy went: the sort that groups copies by expert, and each group's end."""
+
+    order: object
+    inverse: object
+    offsets: object  # int32 [experts]: cumulative copies per expert, grouped_mm's offs
+    expert_of_copy: object  # the expert of each sorted copy
+
+
+def expert_dispatch(hidden_states, top_k_index, num_experts: int):
+    """(bf16 token copies sorted by expert, their Routing): the rows every expert's GEMM reads."""
+    import torch
+
     tokens, k = top_k_index.shape
     flat = top_k_index.reshape(-1)
     order = torch.argsort(flat, stable=True)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    experts = torch.arange(self.num_experts, device=flat.device)
+    experts = torch.arange(num_experts, device=flat.device)
     offsets = torch.cumsum((flat.unsqueeze(1) == experts).sum(0), 0).to(torch.int32)
     copies = hidden_states.to(torch.bfloat16).unsqueeze(1).expand(tokens, k, -1).reshape(tokens * k, -1)
-    copies = _permute_rows(copies, order, inverse)
-    gate_up = F.grouped_mm(copies, self.gate_up_proj.to(torch.bfloat16).transpose(1, 2), offs=offsets)
-    gate, up = gate_up.chunk(2, dim=-1)
-    down = F.grouped_mm(self.act_fn(gate) * up, self.down_proj.to(torch.bfloat16).transpose(1, 2),
-                        offs=offsets)
-    down = _permute_rows(down, inverse, order)
+    return _permute_rows(copies, order, inverse), Routing(order, inverse, offsets, flat[order])
+
+
+def expert_combine(down, routing: Routing, top_k_weights, dtype):
+    """The experts' sorted outputs back to their tokens, weighted by the router and summed."""
+    tokens, k = top_k_weights.shape
+    down = _permute_rows(down, routing.inverse, routing.order)
     weighted = down.view(tokens, k, -1) * top_k_weights.unsqueeze(-1).to(down.dtype)
-    return weighted.sum(dim=1).to(hidden_states.dtype)
+    return weighted.sum(dim=1).to(dtype)
 
 
 def build_model(device: str):

@@ -550,3 +550,34 @@ def test_each_vllm_tree_compiles_into_a_cache_folder_of_its_own(tmp_path):
     assert roots == {Path("/c/trees/0.21.0-5ae8d1737c608923"), Path("/c/trees/0.21.0-a5c42b2df27238f1")}
     assert rs.compile_cache_root({}, "0.33.0", str(tmp_path / "stock")) == \
         Path.home() / ".cache" / "vllm" / "trees" / "0.33.0-stock"
+
+
+def test_an_nvfp4_run_is_judged_against_the_walk_on_the_nvfp4_model_it_computed(tmp_path):
+    """The offline walk on the bf16 target is another model than an NVFP4 run's; nvfp4_reference.py
+    walks the NVFP4 target as W4A4 (FP4 GEMMs, emulation) and W4A16 (Hopper's Marlin)."""
+    tt = _load("train_target")
+    models = tmp_path
+    copy = models / (rs.TRAINED_TARGET + "-nvfp4")
+    copy.mkdir()
+    (copy / "model.safetensors").write_bytes(b"nvfp4")
+    drafter = models / rs.TRAINED_DRAFTER_TRAINED
+    drafter.mkdir()
+    steps = {"per_prompt_steps": [[3, 1], [15]]}
+    for numerics, quantized in (("W4A4", tt.checkpoint_sha256(copy)), ("W4A16", tt.checkpoint_sha256(copy)),
+                                ("W4A8", "another-copy")):
+        (drafter / f"nvfp4-evaluation-{numerics}.json").write_text(json.dumps(
+            {"numerics": numerics, "drafter_sha256": "d46b", "quantized_sha256": quantized,
+             "evaluation": {"vllm-0.21.0": steps}}))
+    spec = rs.RUNS["trained-dflash-trained-fa2-cg-nvfp4"]
+    refs = rs.nvfp4_references(spec, models, "d46b")
+    assert sorted(refs) == ["W4A16", "W4A4"]  # the walk on another NVFP4 copy is no reference
+    assert rs.nvfp4_references(spec, models, "other-drafter") == {}
+    bf16 = {"mean_acceptance_length": 2.9}
+    raw = {"acceptance_reference": bf16, "acceptance_reference_nvfp4": {"W4A4": {"mean_acceptance_length": 2.5}},
+           "log_text_for_backends": ["Using EmulationNvFp4LinearKernel for NVFP4 GEMM"]}
+    fields = rs.drafter_fields(raw, {"mean_acceptance_length": 2.4})
+    assert fields["acceptance_reference_model"] == "nvfp4-W4A4" and fields["acceptance_ratio_to_reference"] == 0.96
+    marlin = raw | {"log_text_for_backends": ["Using MarlinNvFp4LinearKernel for NVFP4 GEMM"]}
+    # No W4A16 walk here: the bf16 one, said so.
+    assert rs.drafter_fields(marlin, None)["acceptance_reference_model"] == "bf16"
+    assert rs.drafter_fields({"acceptance_reference": bf16}, None)["acceptance_reference"] == bf16
