@@ -600,13 +600,17 @@ def nvfp4_references(spec: RunSpec, models: Path, drafter_sha256: str | None) ->
     ran this drafter and this machine's NVFP4 copy, weighted as this run's groups weigh the prompts."""
     import train_target
 
-    folder = drafter_dir(spec, models)
-    found = sorted(folder.glob("nvfp4-evaluation*.json"))
+    found = sorted(drafter_dir(spec, models).glob("nvfp4-evaluation*.json"))
     if not found:
         return {}
     copy_sha = train_target.checkpoint_sha256(models / (TRAINED_TARGET + "-nvfp4"))
+    return nvfp4_walks(found, spec, drafter_sha256, copy_sha)
+
+
+def nvfp4_walks(paths: list[Path], spec: RunSpec, drafter_sha256: str | None, copy_sha: str | None) -> dict:
+    """Of nvfp4_reference.py's records, those of this drafter and NVFP4 copy, by numerics."""
     out = {}
-    for path in found:
+    for path in paths:
         walk = json.loads(path.read_text())
         if walk.get("drafter_sha256") == drafter_sha256 and walk.get("quantized_sha256") == copy_sha:
             ev = (walk.get("evaluation") or {}).get(f"vllm-{spec.vllm}") or {}
@@ -1792,6 +1796,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="realshape.json to merge into")
     parser.add_argument("--md", type=Path)
     parser.add_argument("--meta", type=Path)
+    parser.add_argument("--nvfp4-walks", type=Path, metavar="DIR",
+                        help="with --merge-only: nvfp4_reference.py's records (nvfp4-evaluation*.json) for NVFP4 "
+                             "runs recorded before them")
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("--vllm", default="0.21.0", help="the release under --site-*: only its runs")
     parser.add_argument("--merge-only", action="store_true",
@@ -1855,6 +1862,15 @@ def main(argv: list[str] | None = None) -> int:
             for p in sorted(raw_dir.glob("*.raw.json"))}
     for name, found in stale_compile_artifacts(raws).items():
         raws[name] = raws[name] | {"stale_compile_artifacts": found}
+    if args.nvfp4_walks:
+        # NVFP4 runs recorded before their walk existed: judged against it now, where it ran their copy.
+        walks = sorted(args.nvfp4_walks.glob("nvfp4-evaluation*.json"))
+        for name, raw in raws.items():
+            spec = RUNS.get(name)
+            if spec and spec.quant == "modelopt-nvfp4" and spec.drafter == "trained" \
+                    and not raw.get("acceptance_reference_nvfp4"):
+                raws[name] = raw | {"acceptance_reference_nvfp4": nvfp4_walks(
+                    walks, spec, raw.get("drafter_sha256"), raw.get("quantized_sha256"))}
     records = []
     for name, raw in raws.items():
         if name not in RUNS or RUNS[name].vllm != args.vllm:

@@ -581,3 +581,25 @@ def test_an_nvfp4_run_is_judged_against_the_walk_on_the_nvfp4_model_it_computed(
     # No W4A16 walk here: the bf16 one, said so.
     assert rs.drafter_fields(marlin, None)["acceptance_reference_model"] == "bf16"
     assert rs.drafter_fields({"acceptance_reference": bf16}, None)["acceptance_reference"] == bf16
+
+
+def test_a_merge_judges_earlier_nvfp4_runs_against_a_walk_that_ran_their_copy(tmp_path):
+    raw_dir, walks = tmp_path / "raw", tmp_path / "walks"
+    raw_dir.mkdir()
+    walks.mkdir()
+    name = "v33-trained-dflash-trained-fa2-cg-nvfp4"
+    counters = {"spec_drafts": 100, "spec_accepted_tokens": 135}
+    (raw_dir / f"{name}.raw.json").write_text(json.dumps(
+        {"name": name, "ok": True, "drafter_sha256": "d46b", "quantized_sha256": "f875", "counters": counters,
+         "acceptance_reference": {"mean_acceptance_length": 2.83},
+         "log_text_for_backends": ["Using MarlinNvFp4LinearKernel for NVFP4 GEMM"]}))
+    for numerics, copy in (("W4A16", "f875"), ("W4A4", "f875"), ("W4A16", "another")):
+        (walks / f"nvfp4-evaluation-{numerics}-{copy}.json").write_text(json.dumps(
+            {"numerics": numerics, "drafter_sha256": "d46b", "quantized_sha256": copy,
+             "evaluation": {"vllm-0.33.0": {"per_prompt_steps": [[1, 2], [0]] if copy == "f875" else [[15]]}}}))
+    out = tmp_path / "realshape.json"
+    assert rs.main(["--merge-only", "--models", str(tmp_path / "m"), "--vllm", "0.33.0", "--raw-dir", str(raw_dir),
+                    "--nvfp4-walks", str(walks), "--out", str(out)]) == 0
+    (rec,) = [r for r in json.loads(out.read_text()) if r["name"] == name]
+    assert rec["acceptance_reference_model"] == "nvfp4-W4A16"  # Marlin: weights only
+    assert rec["acceptance_reference"]["mean_acceptance_length"] < 2.83
