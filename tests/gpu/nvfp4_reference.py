@@ -185,6 +185,53 @@ def apply(model, tensors: dict, activations: bool = True) -> dict:
     return done
 
 
+def agreement(model, prompts: list[dict], outputs: list[dict], device: str) -> dict:
+    """How closely this model computes what a vLLM run computed: each prompt with the run's own
+    tokens after it, teacher-forced; at every generated position, whether this model's argmax is
+    the run's token, and how far its logits are from the run's top-5 logits (raw logits, after
+    the soft cap, as both report them)."""
+    import torch
+
+    positions = agree = 0
+    gaps = []
+    with torch.no_grad():
+        for prompt, out in zip(prompts, outputs):
+            ids = list(prompt["token_ids"]) + list(out["token_ids"])
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0].float()
+            start = len(prompt["token_ids"]) - 1
+            for t, token in enumerate(out["token_ids"]):
+                row = logits[start + t]
+                positions += 1
+                agree += int(int(row.argmax()) == token)
+                gaps += [abs(float(row[tid]) - value) for tid, value, *_ in out["top"][t]]
+    gaps.sort()
+    return {"prompts": len(outputs), "positions": positions, "argmax_agrees": round(agree / positions, 4),
+            "logit_gap_median": round(gaps[len(gaps) // 2], 4), "logit_gap_p99": round(gaps[int(len(gaps) * 0.99)], 4),
+            "logit_gap_max": round(gaps[-1], 4)}
+
+
+def compare(args) -> int:
+    """``--against RAW``: this module's bf16, W4A16 and W4A4 targets against a vLLM run's outputs
+    (realshape.py's raw record of a one-at-a-time reference run, its first pass)."""
+    from safetensors.torch import load_file
+
+    target_dir = args.models / tt.TARGET.name
+    raw = json.loads(args.against.read_text())
+    prompts = json.loads((target_dir / "prompts.json").read_text())
+    pairs = sorted(zip(prompts, raw["passes"][0]), key=lambda pair: len(pair[0]["token_ids"]))[:args.prompts]
+    tensors = load_file(str(args.models / f"{tt.TARGET.name}-nvfp4" / "model.safetensors"))
+    report = {"against": raw.get("name"), "vllm": raw.get("vllm_version"),
+              "quantized_sha256": raw.get("quantized_sha256"), "models": {}}
+    for label, activations in (("bf16", None), ("W4A16", False), ("W4A4", True)):
+        model = td.load_target(target_dir, args.device)
+        if activations is not None:
+            apply(model, tensors, activations=activations)
+        report["models"][label] = agreement(model, [p for p, _ in pairs], [o for _, o in pairs], args.device)
+        print(label, json.dumps(report["models"][label]), flush=True)
+    print(json.dumps(report), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
     from safetensors.torch import load_file
@@ -194,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--weights-only", action="store_true",
                         help="W4A16: weights in NVFP4, activations in bf16 (Hopper's Marlin kernels)")
+    parser.add_argument("--against", type=Path, metavar="RAW",
+                        help="instead of the walk: how closely the bf16, W4A16 and W4A4 targets compute a vLLM "
+                             "reference run's outputs (realshape.py's raw record)")
+    parser.add_argument("--prompts", type=int, default=8, help="with --against: the shortest N prompts")
     args = parser.parse_args(argv)
+    if args.against:
+        return compare(args)
     t0 = time.time()
     target_dir = args.models / tt.TARGET.name
     nvfp4_dir = args.models / f"{tt.TARGET.name}-nvfp4"
