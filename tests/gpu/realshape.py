@@ -1721,6 +1721,25 @@ def _with_compile_artifacts(raw: dict, log: Path) -> dict:
     return raw | {"compile_artifacts": run_modes.parse_log(log.read_text(errors="replace"))["compile_artifacts"]}
 
 
+def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
+    """The raw records of a folder, by run name, with what the merge reads beside them: compiled
+    graphs from the runs' logs where a record predates them, the runs that loaded another tree's
+    graph, and (``walks_dir``) the NVFP4 walks of NVFP4 runs recorded before those existed."""
+    raws = {p.name[:-len(".raw.json")]: _with_compile_artifacts(json.loads(p.read_text()),
+                                                                 raw_dir / p.name.replace(".raw.json", ".log"))
+            for p in sorted(raw_dir.glob("*.raw.json"))}
+    for name, found in stale_compile_artifacts(raws).items():
+        raws[name] = raws[name] | {"stale_compile_artifacts": found}
+    walks = sorted(walks_dir.glob("nvfp4-evaluation*.json")) if walks_dir else []
+    for name, raw in raws.items():
+        spec = RUNS.get(name)
+        if walks and spec and spec.quant == "modelopt-nvfp4" and spec.drafter == "trained" \
+                and not raw.get("acceptance_reference_nvfp4"):
+            raws[name] = raw | {"acceptance_reference_nvfp4": nvfp4_walks(
+                walks, spec, raw.get("drafter_sha256"), raw.get("quantized_sha256"))}
+    return raws
+
+
 def order_runs(names: list[str]) -> list[str]:
     """Names in the order asked, except that an oracle run listed before its reference
     moves to just after it (the oracle's plan is made from the reference's raw record)."""
@@ -1857,20 +1876,7 @@ def main(argv: list[str] | None = None) -> int:
         status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
         print(f"    {time.time() - t0:.0f}s {status}", flush=True)
     # Verdicts use every raw result present (earlier calls on the warm machine too).
-    raws = {p.name[:-len(".raw.json")]: _with_compile_artifacts(json.loads(p.read_text()),
-                                                                 raw_dir / p.name.replace(".raw.json", ".log"))
-            for p in sorted(raw_dir.glob("*.raw.json"))}
-    for name, found in stale_compile_artifacts(raws).items():
-        raws[name] = raws[name] | {"stale_compile_artifacts": found}
-    if args.nvfp4_walks:
-        # NVFP4 runs recorded before their walk existed: judged against it now, where it ran their copy.
-        walks = sorted(args.nvfp4_walks.glob("nvfp4-evaluation*.json"))
-        for name, raw in raws.items():
-            spec = RUNS.get(name)
-            if spec and spec.quant == "modelopt-nvfp4" and spec.drafter == "trained" \
-                    and not raw.get("acceptance_reference_nvfp4"):
-                raws[name] = raw | {"acceptance_reference_nvfp4": nvfp4_walks(
-                    walks, spec, raw.get("drafter_sha256"), raw.get("quantized_sha256"))}
+    raws = load_raws(raw_dir, args.nvfp4_walks)
     records = []
     for name, raw in raws.items():
         if name not in RUNS or RUNS[name].vllm != args.vllm:
