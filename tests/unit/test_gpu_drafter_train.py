@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.gpu_scripts import load as _load
+from tests.unit.gpu_scripts import tiny_gemma4_target
 
 torch = pytest.importorskip("torch", reason="the drafter's pieces need torch (the test venv has the CPU build)")
 ref = _load("dflash_reference")
@@ -301,18 +302,7 @@ def test_the_series_shifts_target_layer_ids_on_0_21_0():
 
 
 def _tiny_target(layers=6):
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-
-    shape = mc.TargetShape("t", layers, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                           num_global_key_value_heads=1, num_experts=4, moe_intermediate_size=16,
-                           intermediate_size=32, sliding_window=8)
-    ids = {k: v for k, v in tt.lm_files.CONFIG_IDS.items() if k != "mask_token_id"}
-    cfg = mc.gemma4_config_dict(shape, vocab=256, ids=ids, max_positions=512)
-    config = Gemma4Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-    config.architectures = ["Gemma4ForConditionalGeneration"]
-    torch.manual_seed(0)
-    model = Gemma4ForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
-    return model.eval(), cfg
+    return tiny_gemma4_target(layers)
 
 
 def test_target_features_are_the_stream_after_each_target_layer_and_ignore_right_padding():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.gpu_scripts import load as _load
+from tests.unit.gpu_scripts import tiny_gemma4_target
 
 torch = pytest.importorskip("torch", reason="the reference needs torch (the test venv has the CPU build)")
 nvfp4_tensor = pytest.importorskip("modelopt.torch.quantization.qtensor.nvfp4_tensor",
@@ -17,7 +18,6 @@ nvfp4_tensor = pytest.importorskip("modelopt.torch.quantization.qtensor.nvfp4_te
 nr = _load("nvfp4_reference")
 td = _load("train_drafter")
 tt = _load("train_target")
-mc = _load("make_checkpoints")
 
 NVFP4 = nvfp4_tensor.NVFP4QTensor
 
@@ -61,18 +61,9 @@ def test_weights_and_activations_match_modelopts_nvfp4():
 
 
 def _tiny_target(tmp_path):
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-
-    shape = mc.TargetShape("t", 2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                           num_global_key_value_heads=1, num_experts=4, moe_intermediate_size=16,
-                           intermediate_size=32, sliding_window=8)
-    ids = {k: v for k, v in tt.lm_files.CONFIG_IDS.items() if k != "mask_token_id"}
-    cfg = mc.gemma4_config_dict(shape, vocab=256, ids=ids, max_positions=512)
-    config = Gemma4Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-    config.architectures = ["Gemma4ForConditionalGeneration"]
-    torch.manual_seed(0)
-    Gemma4ForConditionalGeneration._from_config(config, attn_implementation="eager",
-                                                dtype=torch.float32).save_pretrained(tmp_path)
+    """tiny_gemma4_target, saved and loaded as train_drafter loads the trained target (bf16)."""
+    model, _ = tiny_gemma4_target(layers=2)
+    model.save_pretrained(tmp_path)
     return td.load_target(tmp_path, "cpu")
 
 
