@@ -577,7 +577,7 @@ def drafter_dir(spec: RunSpec, models: Path) -> Path:
     return models / (TRAINED_DRAFTER_TRAINED if spec.drafter == "trained" else TRAINED_DRAFTER)
 
 
-def drafter_identity(spec: RunSpec, models: Path) -> dict:
+def drafter_identity(spec: RunSpec, models: Path, quantized_sha256: str | None = None) -> dict:
     """A trained-drafter run's drafter: its sha256, the target it was trained for, and the offline
     acceptance train_drafter.py measured on the same prompts under this release's attention
     semantics, weighted as this run's concurrency groups count requests (train-drafter record)."""
@@ -591,24 +591,17 @@ def drafter_identity(spec: RunSpec, models: Path) -> dict:
     identity = {"drafter_sha256": rec.get("drafter_sha256"), "drafter_target_sha256": rec.get("target_sha256"),
                 "acceptance_reference": offline_acceptance(ev, spec.concurrency)}
     if spec.quant == "modelopt-nvfp4":
-        identity["acceptance_reference_nvfp4"] = nvfp4_references(spec, models, rec.get("drafter_sha256"))
+        # The offline walks on the NVFP4 target that ran this drafter and the copy this run loads
+        # (target_identity's quantized_sha256).
+        identity["acceptance_reference_nvfp4"] = nvfp4_walks(
+            sorted(drafter_dir(spec, models).glob("nvfp4-evaluation*.json")), spec,
+            rec.get("drafter_sha256"), quantized_sha256)
     return identity
 
 
-def nvfp4_references(spec: RunSpec, models: Path, drafter_sha256: str | None) -> dict:
-    """The offline walks on the NVFP4 target (nvfp4_reference.py), by numerics (W4A4, W4A16), that
-    ran this drafter and this machine's NVFP4 copy, weighted as this run's groups weigh the prompts."""
-    import train_target
-
-    found = sorted(drafter_dir(spec, models).glob("nvfp4-evaluation*.json"))
-    if not found:
-        return {}
-    copy_sha = train_target.checkpoint_sha256(models / (TRAINED_TARGET + "-nvfp4"))
-    return nvfp4_walks(found, spec, drafter_sha256, copy_sha)
-
-
 def nvfp4_walks(paths: list[Path], spec: RunSpec, drafter_sha256: str | None, copy_sha: str | None) -> dict:
-    """Of nvfp4_reference.py's records, those of this drafter and NVFP4 copy, by numerics."""
+    """Of nvfp4_reference.py's records, those of this drafter and NVFP4 copy, by numerics (W4A4,
+    W4A16), weighted as this run's groups weigh the prompts."""
     out = {}
     for path in paths:
         walk = json.loads(path.read_text())
@@ -971,7 +964,7 @@ def run_child(spec: RunSpec, models: Path, token_limit: int) -> dict:
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=TOP_LOGPROBS,
                                  detokenize=False) for m in max_tokens]
         result.update(target_identity(spec, models))
-        result.update(drafter_identity(spec, models))
+        result.update(drafter_identity(spec, models, result.get("quantized_sha256")))
         t1 = time.time()
         if llm is None:
             pass  # models loaded: nothing to generate

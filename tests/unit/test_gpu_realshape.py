@@ -569,9 +569,11 @@ def test_an_nvfp4_run_is_judged_against_the_walk_on_the_nvfp4_model_it_computed(
             {"numerics": numerics, "drafter_sha256": "d46b", "quantized_sha256": quantized,
              "evaluation": {"vllm-0.21.0": steps}}))
     spec = rs.RUNS["trained-dflash-trained-fa2-cg-nvfp4"]
-    refs = rs.nvfp4_references(spec, models, "d46b")
+    (drafter / rs.DRAFTER_RECORD).write_text(json.dumps({"drafter_sha256": "d46b", "evaluation": {}}))
+    refs = rs.drafter_identity(spec, models, tt.checkpoint_sha256(copy))["acceptance_reference_nvfp4"]
     assert sorted(refs) == ["W4A16", "W4A4"]  # the walk on another NVFP4 copy is no reference
-    assert rs.nvfp4_references(spec, models, "other-drafter") == {}
+    walks = sorted(drafter.glob("nvfp4-evaluation*.json"))
+    assert rs.nvfp4_walks(walks, spec, "other-drafter", tt.checkpoint_sha256(copy)) == {}
     bf16 = {"mean_acceptance_length": 2.9}
     raw = {"acceptance_reference": bf16, "acceptance_reference_nvfp4": {"W4A4": {"mean_acceptance_length": 2.5}},
            "log_text_for_backends": ["Using EmulationNvFp4LinearKernel for NVFP4 GEMM"]}
