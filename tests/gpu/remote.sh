@@ -62,7 +62,9 @@ receive() { # copy the carried parts of every bundle (bundle.*, extras*.*) to $B
         cp "$manifest" "$BUNDLE_DIR/"
         stem=$(basename "$manifest" .json)
         for part in "$STAGE"/"$stem".tar*.part*; do
-            [ -f "$part" ] && cp "$part" "$BUNDLE_DIR/"
+            # A part already received stays as it is: a background extras may be reading it, and
+            # rewriting it under that reader failed the whole sha256 (2026-11-28).
+            [ -f "$part" ] && ! cmp -s "$part" "$BUNDLE_DIR/$(basename "$part")" && cp "$part" "$BUNDLE_DIR/"
         done
     done
     [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json carried yet" >&2; return 1; }

@@ -65,6 +65,13 @@ def test_pack_collect_receive_unpack_round_trip(tmp_path):
     (tmp_path / "site").mkdir()
     env = {"MODELS_TRAINED": str(fresh / "models-trained"), "OUT": str(tmp_path / "o")}
     assert _remote("receive", tmp_path, **env).returncode == 0
+    # The next call's receive leaves a part it already holds alone (a background extras may be
+    # reading it: on 2026-11-28 one that was rewritten under it failed the whole sha256).
+    held = tmp_path / "bundle" / "extras-trained.tar.part00"
+    os.utime(held, ns=(0, 0))
+    again = _remote("receive", tmp_path, **env)
+    assert again.returncode == 0 and "extras-trained parts held: 4/4" in again.stdout, again.stderr
+    assert held.stat().st_mtime_ns == 0  # not written again
     res = _remote("extras", tmp_path, **env)
     assert res.returncode == 0, res.stderr
     res = _remote("check-trained", tmp_path, **env)
