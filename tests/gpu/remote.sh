@@ -16,6 +16,7 @@
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
 #   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
 #   remote.sh lanes-bg         RS_PARALLEL_21 / RS_PARALLEL_33 lanes of both releases in the background
+#                              (RS_WALK_NVFP4=1: nvfp4-reference beside them)
 #   remote.sh lanes-wait       wait for them (LANES_WAIT_S), report, and bring their records back
 #   remote.sh nvfp4-reference  the offline acceptance walk on the NVFP4 target (W4A4, W4A16)
 #
@@ -786,6 +787,13 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
         echo "$verb in the background: ${!lanes} (log: $WORK/lanes-$v.log)"
         sleep "${LANES_STAGGER_S:-30}"
     done
+    # RS_WALK_NVFP4=1: the NVFP4 walk beside them (minutes on the GPU, past one call on its own).
+    if [ -n "${RS_WALK_NVFP4:-}" ]; then
+        rm -f "$WORK/lanes-walk.rc" && rm -rf "$WORK/lanes-out-walk"
+        detached "$tree" /dev/null "bash tests/gpu/remote.sh nvfp4-reference > $WORK/lanes-walk.log 2>&1; echo \$? > $WORK/lanes-walk.rc" \
+            OUT="$WORK/lanes-out-walk"
+        echo "nvfp4-reference in the background (log: $WORK/lanes-walk.log)"
+    fi
 }
 
 lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say where each lane is,
@@ -793,13 +801,13 @@ lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say
     local waited=0 v pending
     while :; do
         pending=0
-        for v in 21 33; do
+        for v in 21 33 walk; do
             [ -f "$WORK/lanes-$v.log" ] && [ ! -f "$WORK/lanes-$v.rc" ] && pending=1
         done
         [ "$pending" = 0 ] || [ "$waited" -ge "${LANES_WAIT_S:-480}" ] && break
         sleep 5; waited=$((waited + 5))
     done
-    for v in 21 33; do
+    for v in 21 33 walk; do
         [ -f "$WORK/lanes-$v.log" ] || continue
         echo "lanes $v: $([ -f "$WORK/lanes-$v.rc" ] && echo "ended with $(cat "$WORK/lanes-$v.rc")" || echo running)"
         tail -3 "$WORK/lanes-$v.log"

@@ -70,9 +70,9 @@ def test_bf16_runs_do_not_wait_for_the_background_nvfp4_copy(tmp_path):
 
 
 def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_not(tmp_path):
-    """lanes-bg starts realshape-trained and realshape-v33-trained in sessions of their own from a
-    snapshot (the stand-in verbs note their lanes and raw seeds, one ends at once, one sleeps);
-    lanes-wait reports each and packs what exists."""
+    """lanes-bg starts realshape-trained and realshape-v33-trained (and, asked, nvfp4-reference) in
+    sessions of their own from a snapshot (the stand-in verbs note their lanes and raw seeds, one
+    ends at once, one sleeps); lanes-wait reports each and packs what exists."""
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "tests" / "gpu").mkdir(parents=True)
     (repo / ".stage" / "realshape-raw-trained").mkdir(parents=True)
@@ -85,7 +85,7 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
     (tmp_path / "f.sh").write_text(functions + '\n"$@"\n')
     env = dict(os.environ, WORK=str(work), OUT=str(tmp_path / "out"), LANES_STAGGER_S="0", LANES_WAIT_S="3",
-               RS_PARALLEL_21="a;b", RS_PARALLEL_33="c")
+               RS_PARALLEL_21="a;b", RS_PARALLEL_33="c", RS_WALK_NVFP4="1")
     try:
         started = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_background"], cwd=repo, env=env,
                                  capture_output=True, text=True, timeout=30)
@@ -95,6 +95,10 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
                                 capture_output=True, text=True, timeout=30)
         assert waited.returncode == 1  # one verb still runs
         assert "lanes 21: ended with 0" in waited.stdout and "lanes 33: running" in waited.stdout
+        # The NVFP4 walk runs beside the lanes, its record in a lane folder of its own.
+        assert "lanes walk: ended with 0" in waited.stdout
+        assert (work / "lanes-out-walk" / "verb.txt").read_text().split() == \
+            ["nvfp4-reference", "trained-ref-bf16.raw.json"]
         assert (work / "lanes-out-21" / "verb.txt").read_text().split() == \
             ["realshape-trained", "a;b", "trained-ref-bf16.raw.json"]
         # A background lane is not bound by a call's 600 s: a 0.33.0 capture alone took 392 s.
@@ -102,6 +106,7 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
         listed = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "lanes.tgz")], capture_output=True,
                                 text=True, check=True).stdout.split()
         assert "lanes-out-21/verb.txt" in listed and "lanes-33.log" in listed
+        assert "lanes-out-walk/verb.txt" in listed and "lanes-walk.log" in listed
     finally:
         for pid in (work / "bg.pids").read_text().split() if (work / "bg.pids").exists() else []:
             try:
