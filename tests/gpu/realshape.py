@@ -1742,10 +1742,10 @@ def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
     walks = sorted(walks_dir.glob("nvfp4-evaluation*.json")) if walks_dir else []
     for name, raw in raws.items():
         spec = RUNS.get(name)
-        if walks and spec and spec.quant == "modelopt-nvfp4" and spec.drafter == "trained" \
-                and not raw.get("acceptance_reference_nvfp4"):
-            raws[name] = raw | {"acceptance_reference_nvfp4": nvfp4_walks(
-                walks, spec, raw.get("drafter_sha256"), raw.get("quantized_sha256"))}
+        if walks and spec and spec.quant == "modelopt-nvfp4" and spec.drafter == "trained":
+            # A run that ended while the walks ran beside it holds those that existed then.
+            found = nvfp4_walks(walks, spec, raw.get("drafter_sha256"), raw.get("quantized_sha256"))
+            raws[name] = raw | {"acceptance_reference_nvfp4": found | (raw.get("acceptance_reference_nvfp4") or {})}
     return raws
 
 

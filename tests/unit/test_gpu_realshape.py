@@ -605,3 +605,10 @@ def test_a_merge_judges_earlier_nvfp4_runs_against_a_walk_that_ran_their_copy(tm
     (rec,) = [r for r in json.loads(out.read_text()) if r["name"] == name]
     assert rec["acceptance_reference_model"] == "nvfp4-W4A16"  # Marlin: weights only
     assert rec["acceptance_reference"]["mean_acceptance_length"] < 2.83
+    # A run that ended while the walks ran beside it (2026-11-28) holds W4A4 alone: the merge
+    # adds the W4A16 walk its Marlin kernels need, and keeps the one it has.
+    own = {"mean_acceptance_length": 2.5}
+    raw = json.loads((raw_dir / f"{name}.raw.json").read_text())
+    (raw_dir / f"{name}.raw.json").write_text(json.dumps(raw | {"acceptance_reference_nvfp4": {"W4A4": own}}))
+    walks_of = rs.load_raws(raw_dir, walks)[name]["acceptance_reference_nvfp4"]
+    assert walks_of["W4A4"] == own and walks_of["W4A16"]["mean_acceptance_length"] < 2.83
