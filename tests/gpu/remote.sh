@@ -5,6 +5,7 @@
 #
 #   remote.sh receive          copy the bundle parts present in .stage/ to $BUNDLE_DIR
 #   remote.sh install          reassemble, verify and install the bundle into $SITE (once)
+#   remote.sh install-bg       the same in the background, from a snapshot, under prepare's lock
 #   remote.sh proof [ROUND..]  install, make the checkpoints, run ROUNDs (stock, patched;
 #                              default both), compare, write results under $OUT
 #   remote.sh full-size-checkpoints | fit | full-bench   issue 27 (tests/gpu/README.md, "Full size")
@@ -488,6 +489,15 @@ snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that ou
     # next call's copy of the repository replaces these files, and bash reads a script while it runs)
     rm -rf "$1" && mkdir -p "$1"
     tar --exclude=./.stage -cf - . | tar -xf - -C "$1"
+}
+
+install_background() { # install in a session of its own from a snapshot of this tree, under prepare's
+    # lock: receive calls go on meanwhile (each call's copy of the tree replaced the requirements
+    # file under a background install, which failed, on 2026-11-28), and a later prepare waits for it
+    mkdir -p "$WORK"
+    snapshot_tree "$WORK/install-tree"
+    detached "$WORK/install-tree" "$WORK/install-bg.log" "flock $WORK/prepare.lock bash tests/gpu/remote.sh install"
+    echo "install in the background (log: $WORK/install-bg.log)"
 }
 
 DRAFTER_NEXT=$WORK/drafter-next  # drafter-bg's models folder: the target linked, the new drafter
@@ -1080,8 +1090,9 @@ case "$cmd" in
     prepare) prepare ;;
     drafter-bg) drafter_background ;;
     pack-drafter) pack_drafter ;;
+    install-bg) install_background ;;
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg" >&2; exit 2 ;;
 esac

@@ -113,3 +113,36 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
                 os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_install_bg_runs_from_a_snapshot_under_prepares_lock(tmp_path):
+    """On 2026-11-28 a background install read tests/gpu/bundle-requirements.txt while the next
+    receive call's copy of the tree replaced it, and failed. install-bg runs from a snapshot, and
+    holds prepare's lock so that prepare waits for it. The stand-in verb notes where it runs and
+    whether it can take that lock itself (it must not: its parent holds it)."""
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "tests" / "gpu").mkdir(parents=True)
+    (repo / "tests" / "gpu" / "remote.sh").write_text(
+        f'echo $$ > {work}/bg.pid; pwd > {work}/cwd.txt\n'
+        f'flock -n {work}/prepare.lock true && echo free > {work}/lock.txt || echo held > {work}/lock.txt\n'
+        'sleep 60\n')
+    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
+    (tmp_path / "f.sh").write_text(functions + '\n"$@"\n')
+    env = dict(os.environ, WORK=str(work), OUT=str(tmp_path / "out"))
+    try:
+        started = subprocess.run(["bash", "-c", f"bash {tmp_path / 'f.sh'} install_background | tail -1"],
+                                 cwd=repo, env=env, capture_output=True, text=True, timeout=30)
+        assert started.returncode == 0, started.stderr
+        assert "install in the background" in started.stdout
+        for _ in range(100):
+            if (work / "lock.txt").exists() and (work / "lock.txt").read_text().strip():
+                break
+            time.sleep(0.1)
+        assert (work / "cwd.txt").read_text().strip() == str(work / "install-tree")
+        assert (work / "lock.txt").read_text().strip() == "held"
+        # The caller's tree may now change under it: the snapshot keeps the files it started with.
+        (repo / "tests" / "gpu" / "remote.sh").unlink()
+        assert (work / "install-tree" / "tests" / "gpu" / "remote.sh").exists()
+    finally:
+        if (work / "bg.pid").exists() and (work / "bg.pid").read_text().strip():
+            os.killpg(os.getpgid(int((work / "bg.pid").read_text())), signal.SIGKILL)
