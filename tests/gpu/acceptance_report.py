@@ -106,7 +106,7 @@ def _speed_bar_at_one(one: dict | None) -> bool | None:
 
 
 def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | None = None) -> dict:
-    measured = (rec.get("acceptance") or {}).get("mean_acceptance_length")
+    measured = _acceptance(rec)
     reference = (rec.get("acceptance_reference") or {}).get("mean_acceptance_length")
     gap = abs(measured - reference) / reference if measured and reference else None
     noise = rec.get("batch_noise") or {}
@@ -129,7 +129,7 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         "per_position": {"vllm": (rec.get("acceptance") or {}).get("per_position"),
                          "reference": (rec.get("acceptance_reference") or {}).get("per_position")},
         "draft_equivalence": _equivalence(capture),
-        "ablation": [_ablation_entry(a) for a in ablation],
+        "ablation": [_ablation_entry(a, capture) for a in ablation],
         # Item 5, per concurrency of the speed runs (null where they have not run).
         "speed_concurrency": [int(c) for c in paired] if paired else None,
         "tok_s": {c: p["tok_s"] for c, p in paired.items()} if paired else None,
@@ -143,12 +143,19 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
     }
 
 
-def _ablation_entry(rec: dict) -> dict:
+def _ablation_entry(rec: dict, capture: dict | None) -> dict:
+    """One reverted run, beside the acceptance of the capture run it reverts a patch of: that run
+    has the ablation's prompts and concurrency, where the row's own run may have others (1, 8, 22)."""
     eq = _equivalence(rec) or {}
     return {"reverted": rec.get("revert"), "series": rec.get("series"),
             "draft_equivalence_equal": eq.get("equal"), "draft_equivalence_contexts": eq.get("contexts"),
             "features_median_cosine": eq.get("features_median_cosine"),
-            "mean_acceptance_length_vllm": (rec.get("acceptance") or {}).get("mean_acceptance_length")}
+            "mean_acceptance_length_vllm": _acceptance(rec),
+            "mean_acceptance_length_vllm_unreverted": _acceptance(capture) if capture else None}
+
+
+def _acceptance(rec: dict) -> float | None:
+    return (rec.get("acceptance") or {}).get("mean_acceptance_length")
 
 
 def build(records: list[dict]) -> list[dict]:
@@ -209,7 +216,7 @@ def markdown(rows: list[dict]) -> str:
         f"{MIN_EQUAL_FRACTION:.0%} of at least {MIN_CONTEXTS} contexts. `-`: not measured yet.",
         "",
         "| run | vLLM | series | drafter | quant | acceptance vLLM | reference | gap | bar | draft equivalence | lossless "
-        "| ablation (reverted: equal contexts, features' median cosine, acceptance) | tok/s DFlash / alone, measured / projected speed-up "
+        "| ablation (reverted: equal contexts, features' median cosine, acceptance (the capture run's)) | tok/s DFlash / alone, measured / projected speed-up "
         "(per concurrency) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -220,7 +227,8 @@ def markdown(rows: list[dict]) -> str:
                    f"features {_cell(eq['features_median_cosine'])}") if eq else "-"
         abl = "; ".join(f"{a['reverted']}: {_cell(a['draft_equivalence_equal'])}/"
                         f"{_cell(a['draft_equivalence_contexts'])}, features {_cell(a.get('features_median_cosine'))}, "
-                        f"{_cell(a['mean_acceptance_length_vllm'])}"
+                        f"{_cell(a['mean_acceptance_length_vllm'])} (unreverted "
+                        f"{_cell(a.get('mean_acceptance_length_vllm_unreverted'))})"
                         for a in r["ablation"]) or "-"
         lines.append(
             f"| {r['run']} | {r['vllm']} | {str(r['series'])[:8]} | {str(r['drafter_sha256'])[:8]} | "

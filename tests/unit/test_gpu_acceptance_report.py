@@ -36,7 +36,7 @@ def test_a_row_per_configuration_with_its_capture_and_ablation_runs():
                                           "holds_within_noise": None}
     assert plain["ablation"] == [{"reverted": "x", "series": "abc", "draft_equivalence_equal": 12,
                                   "draft_equivalence_contexts": 250, "features_median_cosine": None,
-                                  "mean_acceptance_length_vllm": 1.3}]
+                                  "mean_acceptance_length_vllm": 1.3, "mean_acceptance_length_vllm_unreverted": 4.1}]
     assert rows["nvfp4"]["draft_equivalence"] is None and rows["nvfp4"]["ablation"] == []
     assert rows["nvfp4"]["relative_gap"] == 0.125 and rows["nvfp4"]["acceptance_bar_met"] is False
 
