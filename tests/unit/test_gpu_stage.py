@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests.unit.gpu_scripts import load as _load
@@ -76,5 +78,22 @@ def test_the_call_plan_carries_each_manifest_with_its_first_part_and_flags_what_
     assert all("DOES NOT FIT" in line for line in full)
 
 
-def test_the_tracked_tree_is_counted_from_git():
-    assert stage.tracked_bytes() > (stage.REPO / "tests" / "gpu" / "stage.py").stat().st_size
+def test_the_tree_is_counted_from_git_with_untracked_files_it_does_not_ignore(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/.stage/\n")
+    (repo / ".stage").mkdir()
+    (repo / ".stage" / "part").write_bytes(b"p" * 5000)
+    (repo / "tracked").write_bytes(b"t" * 300)
+    subprocess.run(["git", "-C", str(repo), "add", "tracked", ".gitignore"], check=True)
+    (repo / "new-log-archive").write_bytes(b"n" * 700)  # a device call copies it too
+    assert stage.tree_bytes(repo) == 300 + 700 + len("/.stage/\n")
+
+
+def test_a_part_fits_one_call_beside_this_tree():
+    """What every GPU session stages against: the repository as a call copies it, one part of
+    PART_BYTES with its manifest, and 3 MiB for the raw reference records carried at the end.
+    Fails when the tree has outgrown the parts: shrink the tree (log archives as xz) or cut
+    smaller parts (stage.py --resplit)."""
+    assert stage.tree_bytes() + stage.PART_BYTES + 3 * 2**20 <= stage.CALL_BYTES
