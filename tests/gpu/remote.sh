@@ -641,7 +641,8 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     mkdir -p "$OUT" "$WORK"
     [ -f "$TRAINED/train-record.json" ] || { echo "train the target first: remote.sh train-target" >&2; return 1; }
     # DRAFTER_STEPS or DRAFTER_OVERRIDE (DrafterTrainConfig fields as JSON) ask for another
-    # drafter: it replaces a carried one.
+    # drafter: it replaces a carried one. An override's extra_fraction takes its windows from
+    # DRAFTER_EXTRA_CORPUS (the bundle's own vllm/ sources, pinned by the bundle's sha256).
     if [ -n "${DRAFTER_STEPS:-}${DRAFTER_OVERRIDE:-}" ] || ! drafter_is_current; then
         # A failed retraining must not leave the carried drafter looking current.
         rm -f "$DRAFTER_TRAINED/drafter-train-record.json"
@@ -651,6 +652,7 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
         PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
             ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} \
+            ${DRAFTER_EXTRA_CORPUS:+--extra-corpus "$DRAFTER_EXTRA_CORPUS"} \
             ${DRAFTER_GPU_FRACTION:+--gpu-fraction "$DRAFTER_GPU_FRACTION"} 2>&1 | grep -v "Loading weights" \
             | tee "$WORK/train-drafter.log" | grep -v "^step" || true
         grep "^step" "$WORK/train-drafter.log" | awk 'NR % 8 == 1' || true

@@ -85,6 +85,11 @@ class DrafterTrainConfig:
     # Two sets and 2,400 steps made d46bce41 (held-out acceptance 2.61 against 1,200 steps on one
     # set's 2.53; 3.55 on trained windows, 2.73 on fresh ones: more data is the lever).
     data_chunks: int = 2
+    # The share of each group's windows taken from --extra-corpus instead of the train split:
+    # Python the target never trained on. On its train split the target continues memorized
+    # text, which the drafter learns to predict (3.55 there); held-out prompts make the target
+    # continue unseen code (2.73), which is what the runs draft on. 0: d46bce41's recipe.
+    extra_fraction: float = 0.0
     continuation: int = 128
     k: int = ref.K_DEFAULT
     # A step is about 3,000 small kernels whatever its size (5 layers, fwd + bwd, two semantics),
@@ -191,6 +196,16 @@ def prompt_windows(stream, rows: int, shortest: int, longest: int, rng: random.R
         start = rng.randrange(0, len(stream) - n)
         out.append([bos] + list(stream[start:start + n - 1]))
     return out
+
+
+def group_windows(stream, extra_stream, group: tuple[int, int, int], extra_fraction: float,
+                  rng: random.Random) -> list[list[int]]:
+    """One generation group's prompts: ``extra_fraction`` of them from ``extra_stream``, the rest
+    from the train split, drawn in that order from the one seeded ``rng``."""
+    rows, shortest, longest = group
+    extra = round(rows * extra_fraction)
+    windows = prompt_windows(stream, rows - extra, shortest, longest, rng)
+    return windows + (prompt_windows(extra_stream, extra, shortest, longest, rng) if extra else [])
 
 
 def make_group(model, prompts: list[list[int]], cfg: DrafterTrainConfig, layer_ids) -> dict:
@@ -501,7 +516,22 @@ def config_from(steps: int | None, override: dict) -> DrafterTrainConfig:
     cfg = dataclasses.replace(DrafterTrainConfig(), **fields)
     if not 1 <= cfg.data_chunks <= cfg.steps:
         raise SystemExit(f"data_chunks {cfg.data_chunks}: between 1 and steps ({cfg.steps}), each chunk trains")
+    if not 0 <= cfg.extra_fraction <= 1:
+        raise SystemExit(f"extra_fraction {cfg.extra_fraction}: a share of each group's windows, in [0, 1]")
     return cfg
+
+
+def extra_corpus(root: Path | None, cfg: DrafterTrainConfig) -> dict | None:
+    """The Python under ``root`` (every file, both of lm_files' splits: none of it is evaluated)
+    where the recipe asks for windows from it; refused where the two disagree."""
+    if (root is not None) != (cfg.extra_fraction > 0):
+        raise SystemExit("--extra-corpus and a nonzero extra_fraction go together: "
+                         f"got {root or 'no --extra-corpus'} and extra_fraction {cfg.extra_fraction}")
+    if root is None:
+        return None
+    found = lm_files.collect_corpus(root)
+    return {"root": str(root), "sha256": found["sha256"], "files": len(found["train"]) + len(found["heldout"]),
+            "docs": found["train"] + found["heldout"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help=f"optimizer steps (default {DrafterTrainConfig.steps})")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--stdlib", type=Path, help="corpus root (default: this interpreter's stdlib)")
+    parser.add_argument("--extra-corpus", type=Path, metavar="ROOT",
+                        help="Python sources the target never trained on (remote.sh: the bundle's vllm/), "
+                             "for the extra_fraction of each group's windows")
     parser.add_argument("--override", type=json.loads, default={},
                         help="DrafterTrainConfig fields as JSON, e.g. a CPU smoke run's smaller groups")
     parser.add_argument("--gpu-fraction", type=float,
@@ -521,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_fraction is not None and not 0 < args.gpu_fraction <= 1:
         parser.error(f"--gpu-fraction must be in (0, 1], got {args.gpu_fraction}")
     cfg = config_from(args.steps, args.override)
+    extra = extra_corpus(args.extra_corpus, cfg)
 
     import torch
     import transformers
@@ -543,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     corpus = lm_files.collect_corpus(args.stdlib)
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     stream = tt.encode_docs(tokenizer, corpus["train"])
-    print(f"target loaded, corpus {corpus['files']} ({time.time() - t0:.0f}s)", flush=True)
+    extra_stream = tt.encode_docs(tokenizer, extra.pop("docs")) if extra else None
+    print(f"target loaded, corpus {corpus['files']}, extra {extra and extra['files']} ({time.time() - t0:.0f}s)",
+          flush=True)
 
     rng = random.Random(cfg.seed)
     drafter = build_drafter(config, cfg, args.device)
@@ -553,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     for chunk in range(cfg.data_chunks):
         t_gen, groups = time.time(), []
         for rows, shortest, longest in cfg.gen_groups:
-            windows = prompt_windows(stream, rows, shortest, longest, rng)
+            windows = group_windows(stream, extra_stream, (rows, shortest, longest), cfg.extra_fraction, rng)
             trained_windows += windows[:16]
             groups.append(make_group(model, windows, cfg, layer_ids))
             print(f"chunk {chunk} group {rows} x {shortest}-{longest}: {groups[-1]['consistency']} "
@@ -586,8 +622,10 @@ def main(argv: list[str] | None = None) -> int:
         "target_sha256_recomputed": tt.checkpoint_sha256(target_dir),
         "corpus_sha256": corpus["sha256"],
         "corpus_matches_target": corpus["sha256"] == target_record["corpus"]["sha256"],
+        "extra_corpus": extra,
         "objective": ("cross entropy of the K drafts of blocks [token at anchor, mask x K] anchored in the "
-                      "target's own greedy continuations of train-split windows, against the target's argmax "
+                      "target's own greedy continuations of train-split windows (extra_fraction of them from "
+                      "extra_corpus), against the target's argmax "
                       "at anchor .. anchor+K-1 (teacher-forced), weighted exp(-(k-1)/loss_decay); mean over "
                       "the semantics"),
         "train_config": dataclasses.asdict(cfg),

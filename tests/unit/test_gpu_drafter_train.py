@@ -719,4 +719,36 @@ def test_the_default_recipe_is_the_one_that_made_the_drafter_the_results_use():
     sets; rebuilt bit for bit on a second H100 on 2026-11-27): its record's train_config."""
     record = json.loads((Path(__file__).parents[1] / "gpu/results/trained/drafter-train-record-d46bce41-h100.json")
                         .read_text())
-    assert json.loads(json.dumps(dataclasses.asdict(td.DrafterTrainConfig()))) == record["train_config"]
+    default = json.loads(json.dumps(dataclasses.asdict(td.DrafterTrainConfig())))
+    # Fields added after d46bce41 default to what it did without them.
+    assert default.pop("extra_fraction") == 0.0
+    assert default == record["train_config"]
+
+
+def test_extra_windows_come_after_the_train_splits_from_one_seeded_draw():
+    """extra_fraction 0 draws exactly what d46bce41 drew; otherwise that share of the group comes
+    from the extra stream (code the target never trained on), the same for the same seed."""
+    import random
+
+    stream, extra = list(range(10_000, 12_000)), list(range(50_000, 52_000))
+    plain = td.group_windows(stream, None, (8, 16, 40), 0.0, random.Random(7))
+    assert plain == td.prompt_windows(stream, 8, 16, 40, random.Random(7))
+    mixed = td.group_windows(stream, extra, (8, 16, 40), 0.25, random.Random(7))
+    assert mixed == td.group_windows(stream, extra, (8, 16, 40), 0.25, random.Random(7))
+    sources = ["extra" if w[1] >= 50_000 else "train" for w in mixed]
+    assert sources == ["train"] * 6 + ["extra"] * 2
+
+
+def test_an_extra_corpus_and_its_fraction_go_together(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    with pytest.raises(SystemExit, match="extra_fraction 0.0"):
+        td.extra_corpus(tmp_path, td.config_from(None, {}))
+    with pytest.raises(SystemExit, match="no --extra-corpus"):
+        td.extra_corpus(None, td.config_from(None, {"extra_fraction": 0.5}))
+    with pytest.raises(SystemExit, match="in \\[0, 1\\]"):
+        td.config_from(None, {"extra_fraction": 1.5})
+    assert td.extra_corpus(None, td.config_from(None, {})) is None
+    found = td.extra_corpus(tmp_path, td.config_from(None, {"extra_fraction": 0.5}))
+    assert found["files"] == 1 and found["docs"] == [("pkg/mod.py", "def f():\n    return 1\n")]
+    assert len(found["sha256"]) == 64
