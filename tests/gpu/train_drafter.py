@@ -86,9 +86,10 @@ class DrafterTrainConfig:
     # set's 2.53; 3.55 on trained windows, 2.73 on fresh ones: more data is the lever).
     data_chunks: int = 2
     # The share of each group's windows taken from --extra-corpus instead of the train split:
-    # Python the target never trained on. On its train split the target continues memorized
-    # text, which the drafter learns to predict (3.55 there); held-out prompts make the target
-    # continue unseen code (2.73), which is what the runs draft on. 0: d46bce41's recipe.
+    # Python the target never trained on. d46bce41 accepts 3.55 on its own windows, 2.73 on fresh
+    # windows of the same split and 2.61 held out: it learnt its data by heart (more data is the
+    # lever), and code the target never saw, which the runs' prompts are, costs a little more.
+    # An extra corpus adds both new data and that kind of prompt. 0: d46bce41's recipe.
     extra_fraction: float = 0.0
     continuation: int = 128
     k: int = ref.K_DEFAULT
