@@ -810,16 +810,16 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
 
 lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say where each lane is,
     # and put what exists into $OUT/lanes.tgz (records, raw records, logs), ended or not
-    local waited=0 v pending
+    local waited=0 v pending lanes="21 33 walk"
     while :; do
         pending=0
-        for v in 21 33 walk; do
+        for v in $lanes; do
             [ -f "$WORK/lanes-$v.log" ] && [ ! -f "$WORK/lanes-$v.rc" ] && pending=1
         done
         [ "$pending" = 0 ] || [ "$waited" -ge "${LANES_WAIT_S:-480}" ] && break
         sleep 5; waited=$((waited + 5))
     done
-    for v in 21 33 walk; do
+    for v in $lanes; do
         [ -f "$WORK/lanes-$v.log" ] || continue
         echo "lanes $v: $([ -f "$WORK/lanes-$v.rc" ] && echo "ended with $(cat "$WORK/lanes-$v.rc")" || echo running)"
         tail -3 "$WORK/lanes-$v.log"

@@ -522,17 +522,18 @@ def config_from(steps: int | None, override: dict) -> DrafterTrainConfig:
     return cfg
 
 
-def extra_corpus(root: Path | None, cfg: DrafterTrainConfig) -> dict | None:
-    """The Python under ``root`` (every file, both of lm_files' splits: none of it is evaluated)
-    where the recipe asks for windows from it; refused where the two disagree."""
+def extra_corpus(root: Path | None, cfg: DrafterTrainConfig) -> tuple[list, dict | None]:
+    """(docs, record): the Python under ``root`` (every file, both of lm_files' splits: none of it
+    is evaluated) where the recipe asks for windows from it, and what the drafter's record names
+    of it; refused where the two disagree."""
     if (root is not None) != (cfg.extra_fraction > 0):
         raise SystemExit("--extra-corpus and a nonzero extra_fraction go together: "
                          f"got {root or 'no --extra-corpus'} and extra_fraction {cfg.extra_fraction}")
     if root is None:
-        return None
+        return [], None
     found = lm_files.collect_corpus(root)
-    return {"root": str(root), "sha256": found["sha256"], "files": len(found["train"]) + len(found["heldout"]),
-            "docs": found["train"] + found["heldout"]}
+    docs = found["train"] + found["heldout"]
+    return docs, {"root": str(root), "sha256": found["sha256"], "files": len(docs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -555,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_fraction is not None and not 0 < args.gpu_fraction <= 1:
         parser.error(f"--gpu-fraction must be in (0, 1], got {args.gpu_fraction}")
     cfg = config_from(args.steps, args.override)
-    extra = extra_corpus(args.extra_corpus, cfg)
+    extra_docs, extra = extra_corpus(args.extra_corpus, cfg)
 
     import torch
     import transformers
@@ -578,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = lm_files.collect_corpus(args.stdlib)
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     stream = tt.encode_docs(tokenizer, corpus["train"])
-    extra_stream = tt.encode_docs(tokenizer, extra.pop("docs")) if extra else None
+    extra_stream = tt.encode_docs(tokenizer, extra_docs) if extra_docs else None
     print(f"target loaded, corpus {corpus['files']}, extra {extra and extra['files']} ({time.time() - t0:.0f}s)",
           flush=True)
 

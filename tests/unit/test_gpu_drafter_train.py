@@ -748,7 +748,7 @@ def test_an_extra_corpus_and_its_fraction_go_together(tmp_path):
         td.extra_corpus(None, td.config_from(None, {"extra_fraction": 0.5}))
     with pytest.raises(SystemExit, match="in \\[0, 1\\]"):
         td.config_from(None, {"extra_fraction": 1.5})
-    assert td.extra_corpus(None, td.config_from(None, {})) is None
-    found = td.extra_corpus(tmp_path, td.config_from(None, {"extra_fraction": 0.5}))
-    assert found["files"] == 1 and found["docs"] == [("pkg/mod.py", "def f():\n    return 1\n")]
+    assert td.extra_corpus(None, td.config_from(None, {})) == ([], None)
+    docs, found = td.extra_corpus(tmp_path, td.config_from(None, {"extra_fraction": 0.5}))
+    assert found["files"] == 1 and docs == [("pkg/mod.py", "def f():\n    return 1\n")]
     assert len(found["sha256"]) == 64
