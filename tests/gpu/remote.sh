@@ -15,6 +15,8 @@
 #   remote.sh served-all       both versions side by side in one call, each one's phases too
 #   remote.sh prepare          installs and patched copies only (before verbs run side by side)
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
+#   remote.sh drafter-sweep    DRAFTER_SWEEP's recipes, one a GPU, in the background (sweep-wait
+#                              keeps the best); then pack-drafter
 #   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
 #   remote.sh lanes-bg         RS_PARALLEL_21 / RS_PARALLEL_33 lanes of both releases in the background
 #                              (RS_WALK_NVFP4=1: nvfp4-reference beside them)
@@ -523,6 +525,60 @@ drafter_background() { # train-drafter alone in a session of its own, on the car
         "bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc" \
         MODELS_TRAINED="$DRAFTER_NEXT" OUT="$WORK/train-bg-out"
     echo "drafter training in the background (log: $WORK/drafter-bg.out; runs of the trained drafter wait for it)"
+}
+
+SWEEP=$WORK/drafter-sweep  # drafter-sweep's slots: a models folder (the target linked), log and rc a GPU
+
+drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: one train-drafter a GPU,
+    # all at once, each in a session of its own (a training is launch-bound and memory-bound, so
+    # several recipes on one GPU each cost what one does on a 4-GPU machine's device time);
+    # sweep-wait keeps the drafter that accepts most on the held-out prompts
+    install
+    extras
+    [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
+    local plan i override extra
+    plan=$("$PY" tests/gpu/trained_pack.py sweep-plan --gpus "${SWEEP_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}") \
+        || return 1
+    rm -rf "$SWEEP" && mkdir -p "$SWEEP"
+    snapshot_tree "$SWEEP/tree"
+    while IFS=$'\t' read -r i extra override; do
+        mkdir -p "$SWEEP/$i/models" "$SWEEP/$i/work"
+        ln -s "$TRAINED" "$SWEEP/$i/models/$(basename "$TRAINED")"
+        # An override without extra_fraction takes no extra corpus (train_drafter.py refuses the pair).
+        detached "$SWEEP/tree" /dev/null \
+            "bash tests/gpu/remote.sh train-drafter > $SWEEP/$i/out 2>&1; echo \$? > $SWEEP/$i/rc" \
+            CUDA_VISIBLE_DEVICES="$i" MODELS_TRAINED="$SWEEP/$i/models" WORK="$SWEEP/$i/work" \
+            OUT="$SWEEP/$i/work/out" DRAFTER_OVERRIDE="$override" \
+            DRAFTER_EXTRA_CORPUS="$([ "$extra" = 1 ] && echo "${DRAFTER_EXTRA_CORPUS:-$SITE/vllm}")"
+        echo "slot $i (GPU $i): $override"
+    done <<< "$plan"
+}
+
+sweep_wait() { # wait for drafter-sweep (SWEEP_WAIT_S at most, then report and return: call again);
+    # once every slot has ended, the best drafter replaces $DRAFTER_TRAINED (trained_pack.py better)
+    # and every slot's log and record go to $OUT as drafter-sweep.tar.xz
+    [ -d "$SWEEP" ] || { echo "no drafter-sweep on this machine" >&2; return 1; }
+    local deadline=$((SECONDS + ${SWEEP_WAIT_S:-540})) slots ended d
+    slots=$(find "$SWEEP" -mindepth 1 -maxdepth 1 -name '[0-9]*' | wc -l)
+    while ended=$(find "$SWEEP" -mindepth 2 -maxdepth 2 -name rc | wc -l); [ "$ended" -lt "$slots" ] \
+            && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    for d in "$SWEEP"/[0-9]*; do
+        echo "slot $(basename "$d"): rc $(cat "$d/rc" 2>/dev/null || echo running); \
+$(grep -v '^step' "$d/out" 2>/dev/null | grep -v '^ ' | tail -2 | tr '\n' ' ') $(grep '^step' "$d/out" 2>/dev/null | tail -1)"
+    done
+    [ "$ended" -ge "$slots" ] || { echo "$ended of $slots slots ended: sweep-wait again"; return 0; }
+    mkdir -p "$OUT"
+    for d in "$SWEEP"/[0-9]*; do
+        local next=$d/models/$(basename "$DRAFTER_TRAINED")
+        [ "$(cat "$d/rc")" = 0 ] && [ -f "$next/drafter-train-record.json" ] || continue
+        cp "$next/drafter-train-record.json" "$d/drafter-train-record.json"
+        if [ ! -f "$DRAFTER_TRAINED/drafter-train-record.json" ] || "$PY" tests/gpu/trained_pack.py better \
+                "$next/drafter-train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json"; then
+            rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
+            echo "slot $(basename "$d")'s drafter is now $DRAFTER_TRAINED"
+        fi
+    done
+    (cd "$SWEEP" && tar -cf - [0-9]*/out [0-9]*/drafter-train-record.json 2>/dev/null) | xz -9 > "$OUT/drafter-sweep.tar.xz"
 }
 
 wait_training() { # block until a background training (train_background) has ended; its logs to $OUT
@@ -1091,6 +1147,8 @@ case "$cmd" in
     served-all) served_all ;;
     prepare) prepare ;;
     drafter-bg) drafter_background ;;
+    drafter-sweep) drafter_sweep ;;
+    sweep-wait) sweep_wait ;;
     pack-drafter) pack_drafter ;;
     install-bg) install_background ;;
     nvfp4-reference) nvfp4_reference ;;

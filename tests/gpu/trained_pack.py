@@ -22,10 +22,15 @@ the drafter that ``extras-trained`` carries.
     python tests/gpu/trained_pack.py collect FILES_AT [--stage .stage] [--stem S]  (here)
     python tests/gpu/trained_pack.py repeat RECORD_A RECORD_B           (device)
     python tests/gpu/trained_pack.py better NEW_DRAFTER_RECORD OLD_DRAFTER_RECORD  (device)
+    DRAFTER_SWEEP='[{...}, ...]' python tests/gpu/trained_pack.py sweep-plan --gpus N    (device)
 
 ``better`` decides whether a retrained drafter replaces the one on disk: only when its held-out
 acceptance (the train record's own evaluation, on the same prompts and target) is not lower.
 A retrain is an experiment; the runs after it must not quietly lose acceptance to one.
+
+``sweep-plan`` checks ``remote.sh drafter-sweep``'s recipes before any GPU time goes into them:
+one line a GPU, ``slot<TAB>needs the extra corpus (0/1)<TAB>override``, or a refusal that names
+the recipe and its fault.
 """
 
 from __future__ import annotations
@@ -131,6 +136,36 @@ def better(new: dict, old: dict) -> dict:
             "same_target": same_target, "replace": bool(not same_target or a_new >= a_old)}
 
 
+def sweep_plan(text: str, gpus: int) -> list[str]:
+    """DRAFTER_SWEEP's recipes as drafter-sweep launches them, each checked as train_drafter.py
+    would check it (unknown fields and out-of-range values are refused here, not on the GPU)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import dataclasses
+
+    import train_drafter
+
+    try:
+        recipes = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"DRAFTER_SWEEP is not JSON: {e}") from None
+    if not isinstance(recipes, list) or not recipes or not all(isinstance(r, dict) for r in recipes):
+        raise SystemExit("DRAFTER_SWEEP: a non-empty JSON list of DrafterTrainConfig overrides (objects)")
+    if len(recipes) > gpus:
+        raise SystemExit(f"DRAFTER_SWEEP has {len(recipes)} recipes and this machine {gpus} GPUs: one a GPU")
+    fields = {f.name for f in dataclasses.fields(train_drafter.DrafterTrainConfig)}
+    lines = []
+    for slot, recipe in enumerate(recipes):
+        unknown = sorted(set(recipe) - fields)
+        if unknown:
+            raise SystemExit(f"DRAFTER_SWEEP recipe {slot}: no DrafterTrainConfig field {', '.join(unknown)}")
+        try:
+            cfg = train_drafter.config_from(None, recipe)
+        except SystemExit as e:
+            raise SystemExit(f"DRAFTER_SWEEP recipe {slot}: {e}") from None
+        lines.append(f"{slot}\t{int(cfg.extra_fraction > 0)}\t{json.dumps(recipe, separators=(',', ':'))}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -148,12 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("better")
     b.add_argument("new", type=Path)
     b.add_argument("old", type=Path)
+    w = sub.add_parser("sweep-plan")
+    w.add_argument("--gpus", type=int, required=True)
     args = parser.parse_args(argv)
     if args.cmd == "manifest":
         man = write_manifest(args.pack, json.loads(args.record.read_text()), args.stem)
         print(f"{len(man['parts'])} parts, {man['bytes'] / 2**20:.0f} MiB, target {man['target_sha256'][:12]}")
     elif args.cmd == "collect":
         collect(args.files_at, args.stage, args.stem)
+    elif args.cmd == "sweep-plan":
+        import os
+        print("\n".join(sweep_plan(os.environ.get("DRAFTER_SWEEP", ""), args.gpus)))
     elif args.cmd == "better":
         verdict = better(json.loads(args.new.read_text()), json.loads(args.old.read_text()))
         print(json.dumps(verdict))
