@@ -448,8 +448,8 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
         # The bundle's transformers 5.13.1 writes the config vLLM 0.21.0 reads.
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$MODELS_TRAINED" \
             ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} ${TRAIN_UNLIKELIHOOD:+--unlikelihood "$TRAIN_UNLIKELIHOOD"} \
-            2>&1 | grep -v "Writing model shards" | tee "$WORK/train.log" \
-            | grep -v "^step" || true
+            2>&1 | grep --line-buffered -v "Writing model shards" | tee "$WORK/train.log" \
+            | grep --line-buffered -v "^step" || true
         grep "^step" "$WORK/train.log" | awk 'NR % 10 == 1' || true
         cp "$WORK/train.log" "$OUT/"
     fi
@@ -563,8 +563,11 @@ sweep_wait() { # wait for drafter-sweep (SWEEP_WAIT_S at most, then report and r
     while ended=$(find "$SWEEP" -mindepth 2 -maxdepth 2 -name rc | wc -l); [ "$ended" -lt "$slots" ] \
             && [ $SECONDS -lt $deadline ]; do sleep 5; done
     for d in "$SWEEP"/[0-9]*; do
+        # train-drafter.log has every line as it comes (the pipes are line-buffered: block-buffered,
+        # a sweep 200 s in had shown nothing of its progress on 2026-11-28)
         echo "slot $(basename "$d"): rc $(cat "$d/rc" 2>/dev/null || echo running); \
-$(grep -v '^step' "$d/out" 2>/dev/null | grep -v '^ ' | tail -2 | tr '\n' ' ') $(grep '^step' "$d/out" 2>/dev/null | tail -1)"
+$(grep -v '^step' "$d/work/train-drafter.log" 2>/dev/null | grep -v '^ ' | tail -2 | tr '\n' ' ') \
+$(grep '^step' "$d/work/train-drafter.log" 2>/dev/null | tail -1)"
     done
     [ "$ended" -ge "$slots" ] || { echo "$ended of $slots slots ended: sweep-wait again"; return 0; }
     mkdir -p "$OUT"
@@ -578,7 +581,9 @@ $(grep -v '^step' "$d/out" 2>/dev/null | grep -v '^ ' | tail -2 | tr '\n' ' ') $
             echo "slot $(basename "$d")'s drafter is now $DRAFTER_TRAINED"
         fi
     done
-    (cd "$SWEEP" && tar -cf - [0-9]*/out [0-9]*/drafter-train-record.json 2>/dev/null) | xz -9 > "$OUT/drafter-sweep.tar.xz"
+    # What each slot left (a failed slot has no record): its output, whole log and record.
+    (cd "$SWEEP" && find [0-9]* -maxdepth 2 \( -name out -o -name train-drafter.log \
+        -o -name drafter-train-record.json \) -type f | sort | tar -cf - -T -) | xz -9 > "$OUT/drafter-sweep.tar.xz"
 }
 
 wait_training() { # block until a background training (train_background) has ended; its logs to $OUT
@@ -709,8 +714,9 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
             ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} \
             ${DRAFTER_EXTRA_CORPUS:+--extra-corpus "$DRAFTER_EXTRA_CORPUS"} \
-            ${DRAFTER_GPU_FRACTION:+--gpu-fraction "$DRAFTER_GPU_FRACTION"} 2>&1 | grep -v "Loading weights" \
-            | tee "$WORK/train-drafter.log" | grep -v "^step" || true
+            ${DRAFTER_GPU_FRACTION:+--gpu-fraction "$DRAFTER_GPU_FRACTION"} 2>&1 \
+            | grep --line-buffered -v "Loading weights" \
+            | tee "$WORK/train-drafter.log" | grep --line-buffered -v "^step" || true
         grep "^step" "$WORK/train-drafter.log" | awk 'NR % 8 == 1' || true
         cp "$WORK/train-drafter.log" "$OUT/"
     fi

@@ -25,6 +25,7 @@ TRAIN_STAND_IN = r'''
 cat > "$WORK/given.txt" <<GIVEN
 verb=$1 gpu=$CUDA_VISIBLE_DEVICES override=$DRAFTER_OVERRIDE extra=${DRAFTER_EXTRA_CORPUS:-none} models=$MODELS_TRAINED
 GIVEN
+case "$DRAFTER_OVERRIDE" in *'"steps":13}'*) echo "CUDA out of memory"; exit 1 ;; esac  # a slot that fails
 d=$MODELS_TRAINED/dflash-r5-trained; mkdir -p "$d"
 "$PY" - "$d" <<'PY'
 import json, os, sys
@@ -34,7 +35,7 @@ rec = {"drafter_sha256": f"d{acc}", "target_sha256": "t", "evaluation": ev}
 open(os.path.join(sys.argv[1], "drafter-train-record.json"), "w").write(json.dumps(rec))
 open(os.path.join(sys.argv[1], "model.safetensors"), "w").write(f"{acc}\n")
 PY
-echo "step 1 loss 1.0"; [ "$(echo "$DRAFTER_OVERRIDE" | grep -c fail)" = 0 ]
+printf 'target loaded\nstep 1 loss 1.0\n' > "$WORK/train-drafter.log"
 '''
 
 
@@ -97,7 +98,8 @@ def test_each_recipe_trains_on_its_own_gpu_and_the_best_is_kept(tmp_path):
     assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "3.1\n"
     with tarfile.open(tmp_path / "out" / "drafter-sweep.tar.xz") as tar:
         names = set(tar.getnames())
-    assert {"0/out", "1/out", "2/out", "1/drafter-train-record.json", "2/drafter-train-record.json"} <= names
+    assert {"0/out", "2/out", "1/work/train-drafter.log", "1/drafter-train-record.json",
+            "2/drafter-train-record.json"} <= names
 
 
 def test_a_sweep_no_better_than_the_carried_drafter_keeps_it(tmp_path):
@@ -109,14 +111,29 @@ def test_a_sweep_no_better_than_the_carried_drafter_keeps_it(tmp_path):
     assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "old\n"
 
 
+def test_a_failed_slot_leaves_its_log_and_the_others_still_choose(tmp_path):
+    _target(tmp_path, old_acceptance=2.61)
+    assert _run(tmp_path, "drafter_sweep", DRAFTER_SWEEP='[{"steps": 13}, {"steps": 2700}]').returncode == 0
+    _wait_all(tmp_path, 2)
+    waited = _run(tmp_path, "sweep_wait", SWEEP_WAIT_S="30")
+    assert waited.returncode == 0, waited.stderr
+    assert "slot 0: rc 1" in waited.stdout
+    assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "2.7\n"
+    with tarfile.open(tmp_path / "out" / "drafter-sweep.tar.xz") as tar:
+        said = tar.extractfile("0/out").read().decode()
+        names = set(tar.getnames())
+    assert "CUDA out of memory" in said and "0/drafter-train-record.json" not in names
+
+
 def test_sweep_wait_before_the_end_reports_and_changes_nothing(tmp_path):
     _target(tmp_path, old_acceptance=2.0)
     sweep = tmp_path / "work" / "drafter-sweep"
-    (sweep / "0").mkdir(parents=True)
-    (sweep / "0" / "out").write_text("chunk 0 group 1024 x 16-160\nstep 50 loss 5.8\n")
+    (sweep / "0" / "work").mkdir(parents=True)
+    (sweep / "0" / "work" / "train-drafter.log").write_text("chunk 0 group 1024 x 16-160\nstep 50 loss 5.8\n")
     waited = _run(tmp_path, "sweep_wait", SWEEP_WAIT_S="1")
     assert waited.returncode == 0, waited.stderr
-    assert "0 of 1 slots ended" in waited.stdout and "step 50 loss 5.8" in waited.stdout
+    assert "0 of 1 slots ended" in waited.stdout
+    assert "chunk 0 group 1024 x 16-160" in waited.stdout and "step 50 loss 5.8" in waited.stdout
     assert not (tmp_path / "out" / "drafter-sweep.tar.xz").exists()
     assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "old\n"
 
