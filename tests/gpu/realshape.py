@@ -1761,16 +1761,25 @@ def order_runs(names: list[str]) -> list[str]:
     return out
 
 
-def lane_problems(lanes: str, raw_dir: Path) -> list[str]:
+def lane_gpus(lanes: int, gpus: list[str] | None) -> list[str | None]:
+    """The GPU each of ``lanes`` lanes runs on: ``gpus`` (RS_LANE_GPUS) round-robin, or None
+    for every lane where none are named (all on the first GPU, as before GPUs were named)."""
+    return [gpus[i % len(gpus)] if gpus else None for i in range(lanes)]
+
+
+def lane_problems(lanes: str, raw_dir: Path, gpus: list[str] | None = None) -> list[str]:
     """RS_PARALLEL lanes ("a,b;c,d") run side by side: an oracle run needs its reference
     in its own lane (order_runs puts it first), or a raw record of it from an earlier
     call that no lane rewrites meanwhile. A speed run (issue 25) times the GPU: it runs
-    only where there is one lane."""
+    only in a lane that has its GPU to itself (one lane, or RS_LANE_GPUS giving it a GPU
+    no other lane of this call gets)."""
     split = [[n for n in lane.split(",") if n] for lane in lanes.split(";")]
+    placed = lane_gpus(len(split), gpus)
     problems = []
-    if len(split) > 1:
-        problems += [f"{n}: a speed run needs the GPU to itself: run it with RUNS, not in RS_PARALLEL lanes"
-                     for lane in split for n in lane if n in RUNS and RUNS[n].speed]
+    for lane, gpu in zip(split, placed):
+        if len(split) > 1 and placed.count(gpu) > 1:
+            problems += [f"{n}: a speed run needs the GPU to itself: run it with RUNS, or give its lane a GPU of "
+                         f"its own (RS_LANE_GPUS)" for n in lane if n in RUNS and RUNS[n].speed]
     for lane in split:
         for name in lane:
             spec = RUNS.get(name)
@@ -1833,9 +1842,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: judge the raw runs in --raw-dir and merge them into --out")
     parser.add_argument("--check-lanes", metavar="RS_PARALLEL",
                         help="run nothing: exit 2 if an oracle run of these lanes may start before its reference")
+    parser.add_argument("--lane-gpus", metavar="IDS",
+                        help="with --check-lanes: the GPUs the lanes take round-robin (RS_LANE_GPUS, e.g. 0,1,2,3)")
     args = parser.parse_args(argv)
     if args.check_lanes is not None:
-        problems = lane_problems(args.check_lanes, args.raw_dir or Path("/tmp/realshape-raw"))
+        gpus = [g for g in (args.lane_gpus or "").split(",") if g] or None
+        problems = lane_problems(args.check_lanes, args.raw_dir or Path("/tmp/realshape-raw"), gpus)
         print("\n".join(problems) or "lanes ok", flush=True)
         return 2 if problems else 0
     if args.reverts_of is not None:

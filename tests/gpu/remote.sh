@@ -19,6 +19,7 @@
 #                              keeps the best); then pack-drafter
 #   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
 #   remote.sh lanes-bg         RS_PARALLEL_21 / RS_PARALLEL_33 lanes of both releases in the background
+#                              (RS_LANE_GPUS_21 / _33: the GPUs their lanes take, round-robin)
 #                              (RS_WALK_NVFP4=1: nvfp4-reference beside them)
 #   remote.sh lanes-wait       wait for them (LANES_WAIT_S), report, and bring their records back
 #   remote.sh nvfp4-reference  the offline acceptance walk on the NVFP4 target (W4A4, W4A16)
@@ -818,10 +819,15 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
         # write raw runs only; one merge judges them all at the end.
         # An oracle run (issue 24) makes its plan from its reference's raw record: refuse
         # lanes where that record may be absent or rewritten while the oracle run starts.
+        # RS_LANE_GPUS="0,1,2,3" (a machine of several GPUs): lane i runs on the i-th, round-robin.
         "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" \
-            --check-lanes "$RS_PARALLEL" || return 1
+            --check-lanes "$RS_PARALLEL" ${RS_LANE_GPUS:+--lane-gpus "$RS_LANE_GPUS"} || return 1
         IFS=';' read -r -a lanes <<< "$RS_PARALLEL"
+        local gpus=()
+        [ -n "${RS_LANE_GPUS:-}" ] && IFS=',' read -r -a gpus <<< "$RS_LANE_GPUS"
         for lane in "${lanes[@]}"; do
+            # shellcheck disable=SC2046
+            env $([ "${#gpus[@]}" -gt 0 ] && echo "CUDA_VISIBLE_DEVICES=${gpus[$((i % ${#gpus[@]}))]}") \
             RS_GPU_UTIL=${RS_GPU_UTIL:-0.25} RS_KV_CACHE_GIB=${RS_KV_CACHE_GIB:-6} \
                 "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$v" \
                 --deadline-s "${ROUND_DEADLINE_S:-540}" --runs "$lane" "$@" \
@@ -829,7 +835,7 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
             pids+=($!); i=$((i + 1)); sleep "${RS_LANE_STAGGER_S:-20}"
         done
         # (lane logs named by RAW: realshape-trained and realshape-v33-trained may run side by side)
-        for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/$raw-lane-$i.log" | tail -12; done
+        for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/$raw-lane-$i.log" | tail -12 || true; done
         MODELS_RS=$MODELS_TRAINED realshape_py "$raw" "$meta" --vllm "$v" --merge-only "$@"
     else
         local names
@@ -846,17 +852,18 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
     # replaces these files), so they outlive a call's 600 s; lanes-wait reports and collects.
     # Run `prepare` first: the two verbs must not build the same folders at once.
     mkdir -p "$WORK"
-    local tree=$WORK/lanes-tree v verb lanes
+    local tree=$WORK/lanes-tree v verb lanes gpus
     snapshot_tree "$tree"
     mkdir -p "$tree/.stage"
     cp -r "$STAGE"/realshape-raw-* "$tree/.stage/" 2>/dev/null || true  # seed_raw's carried references
+    lane_gpus_disjoint || return 1
     for v in 21 33; do
-        lanes=RS_PARALLEL_$v
+        lanes=RS_PARALLEL_$v gpus=RS_LANE_GPUS_$v
         [ -n "${!lanes:-}" ] || continue
         verb=realshape-trained; [ "$v" = 33 ] && verb=realshape-v33-trained
         rm -f "$WORK/lanes-$v.rc" && rm -rf "$WORK/lanes-out-$v"
         detached "$tree" /dev/null "bash tests/gpu/remote.sh $verb > $WORK/lanes-$v.log 2>&1; echo \$? > $WORK/lanes-$v.rc" \
-            RS_PARALLEL="${!lanes}" OUT="$WORK/lanes-out-$v" \
+            RS_PARALLEL="${!lanes}" RS_LANE_GPUS="${!gpus:-}" OUT="$WORK/lanes-out-$v" \
             ROUND_DEADLINE_S="${ROUND_DEADLINE_S:-1800}" RS_CHILD_TIMEOUT_S="${RS_CHILD_TIMEOUT_S:-900}"
         echo "$verb in the background: ${!lanes} (log: $WORK/lanes-$v.log)"
         sleep "${LANES_STAGGER_S:-30}"
@@ -868,6 +875,19 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
             OUT="$WORK/lanes-out-walk"
         echo "nvfp4-reference in the background (log: $WORK/lanes-walk.log)"
     fi
+}
+
+lane_gpus_disjoint() { # RS_LANE_GPUS_21 / RS_LANE_GPUS_33: where both releases' lanes run and either
+    # names GPUs, both name them and share none (a lane without GPUs runs on the first one, and each
+    # verb checks only its own lanes' speed runs)
+    [ -n "${RS_PARALLEL_21:-}" ] && [ -n "${RS_PARALLEL_33:-}" ] || return 0
+    [ -z "${RS_LANE_GPUS_21:-}${RS_LANE_GPUS_33:-}" ] && return 0
+    if [ -z "${RS_LANE_GPUS_21:-}" ] || [ -z "${RS_LANE_GPUS_33:-}" ]; then
+        echo "RS_LANE_GPUS_21 and RS_LANE_GPUS_33: name both or neither (lanes without run on GPU 0)" >&2; return 1
+    fi
+    local shared
+    shared=$(comm -12 <(tr ',' '\n' <<< "$RS_LANE_GPUS_21" | sort -u) <(tr ',' '\n' <<< "$RS_LANE_GPUS_33" | sort -u) | paste -sd,)
+    [ -z "$shared" ] || { echo "RS_LANE_GPUS_21 and RS_LANE_GPUS_33 share GPU $shared: give each release its own" >&2; return 1; }
 }
 
 lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say where each lane is,

@@ -1,0 +1,90 @@
+"""RS_LANE_GPUS: on a machine of several GPUs, realshape's lanes each take a GPU round-robin, and a
+speed run may then run in a lane that has its GPU to itself. Runs remote.sh's own trained_lanes and
+lanes_background, and realshape.py's own lane check; the runs themselves (vLLM on a GPU, which
+cannot exist here) are a stand-in realshape.py that writes down the GPU and runs it was given."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "tests" / "gpu"
+sys.path.insert(0, str(GPU))
+import realshape as rs  # noqa: E402
+
+SPEED = next(n for n, r in rs.RUNS.items() if r.speed and r.trained and r.vllm == "0.21.0")
+OTHER = "trained-ref-bf16"
+
+# The stand-in: the lane check is realshape.py's own; a run notes CUDA_VISIBLE_DEVICES and --runs.
+STAND_IN = f'''import os, sys
+sys.path.insert(0, {str(GPU)!r})
+import realshape
+if "--check-lanes" in sys.argv or "--merge-only" in sys.argv:
+    sys.exit(realshape.main(sys.argv[1:]) if "--check-lanes" in sys.argv else 0)
+runs = sys.argv[sys.argv.index("--runs") + 1]
+with open(os.path.join(os.environ["WORK"], "placed.txt"), "a") as f:
+    f.write(f"{{runs}} gpu={{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}}\\n")
+'''
+
+
+def _lanes(tmp_path: Path, parallel: str, **env_extra) -> subprocess.CompletedProcess:
+    tree = tmp_path / "tree"
+    (tree / "tests" / "gpu").mkdir(parents=True, exist_ok=True)
+    (tree / "tests" / "gpu" / "realshape.py").write_text(STAND_IN)
+    functions = (GPU / "remote.sh").read_text().split("\ncmd=${1:-}\n")[0]
+    (tmp_path / "f.sh").write_text(functions + '\ntrained_lanes 0.21.0 raw meta.json\n')
+    env = dict(os.environ, WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"), PY=sys.executable,
+               MODELS_TRAINED=str(tmp_path / "models"), RS_PARALLEL=parallel, RS_LANE_STAGGER_S="0",
+               **env_extra)
+    (tmp_path / "work").mkdir(exist_ok=True)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(tmp_path / "f.sh")], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_lanes_take_the_named_gpus_round_robin(tmp_path):
+    done = _lanes(tmp_path, "a;b;c", RS_LANE_GPUS="2,3")
+    assert done.returncode == 0, done.stderr
+    placed = sorted((tmp_path / "work" / "placed.txt").read_text().split("\n")[:-1])
+    assert placed == ["a gpu=2", "b gpu=3", "c gpu=2"]
+
+
+def test_without_named_gpus_the_lanes_see_every_gpu_as_before(tmp_path):
+    done = _lanes(tmp_path, "a;b")
+    assert done.returncode == 0, done.stderr
+    assert sorted((tmp_path / "work" / "placed.txt").read_text().split("\n")[:-1]) == ["a gpu=unset", "b gpu=unset"]
+
+
+def test_a_speed_run_in_a_lane_of_its_own_gpu_runs_and_on_a_shared_gpu_is_refused(tmp_path):
+    ok = _lanes(tmp_path, f"{SPEED};{OTHER}", RS_LANE_GPUS="0,1")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"{SPEED} gpu=0" in (tmp_path / "work" / "placed.txt").read_text()
+    (tmp_path / "work" / "placed.txt").unlink()
+    # Three lanes on two GPUs: the speed run's GPU 0 is the third lane's too.
+    shared = _lanes(tmp_path, f"{SPEED};{OTHER};x", RS_LANE_GPUS="0,1")
+    assert shared.returncode != 0 and f"{SPEED}: a speed run needs the GPU to itself" in shared.stdout
+    assert not (tmp_path / "work" / "placed.txt").exists()
+
+
+@pytest.mark.parametrize("gpus, refused", [({"RS_LANE_GPUS_21": "0,1", "RS_LANE_GPUS_33": "1,2"}, "share GPU 1"),
+                                           ({"RS_LANE_GPUS_21": "0,1"}, "name both or neither")])
+def test_both_releases_lanes_get_disjoint_gpus_or_nothing_starts(tmp_path, gpus, refused):
+    functions = (GPU / "remote.sh").read_text().split("\ncmd=${1:-}\n")[0]
+    (tmp_path / "f.sh").write_text(functions + '\nlanes_background\n')
+    (tmp_path / "repo").mkdir()
+    env = dict(os.environ, WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"), LANES_STAGGER_S="0",
+               RS_PARALLEL_21="a", RS_PARALLEL_33="b", **gpus)
+    done = subprocess.run(["bash", str(tmp_path / "f.sh")], cwd=tmp_path / "repo", env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0 and refused in done.stderr
+    assert not (tmp_path / "work" / "lanes-21.log").exists()
+
+
+def test_lane_gpus_places_round_robin_and_none_without_names():
+    assert rs.lane_gpus(3, ["0", "1"]) == ["0", "1", "0"]
+    assert rs.lane_gpus(2, None) == [None, None]
