@@ -78,6 +78,20 @@ def _wait_all(tmp_path: Path, slots: int) -> None:
         time.sleep(0.1)
 
 
+def _sweep_to_the_end(tmp_path: Path, sweep: str, slots: int) -> subprocess.CompletedProcess:
+    """drafter-sweep, every slot ended, then sweep-wait: what sweep-wait said."""
+    started = _run(tmp_path, "drafter_sweep", DRAFTER_SWEEP=sweep)
+    assert started.returncode == 0, started.stderr
+    _wait_all(tmp_path, slots)
+    waited = _run(tmp_path, "sweep_wait", SWEEP_WAIT_S="30")
+    assert waited.returncode == 0, waited.stderr
+    return waited
+
+
+def _kept(tmp_path: Path) -> str:
+    return (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text()
+
+
 def test_each_recipe_trains_on_its_own_gpu_and_the_best_is_kept(tmp_path):
     _target(tmp_path, old_acceptance=2.61)
     sweep = json.dumps([{"steps": 2500}, {"steps": 3100, "extra_fraction": 0.5}, {"steps": 2900}])
@@ -91,11 +105,11 @@ def test_each_recipe_trains_on_its_own_gpu_and_the_best_is_kept(tmp_path):
     assert "extra=none " in given[0] and "extra=none " in given[2] and "gpu=2 " in given[2]
     # Each trains beside the carried drafter, in its own models folder, the target linked.
     assert f"models={tmp_path}/work/drafter-sweep/0/models" in given[0]
-    assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "old\n"
+    assert _kept(tmp_path) == "old\n"
 
     waited = _run(tmp_path, "sweep_wait", SWEEP_WAIT_S="30")
     assert waited.returncode == 0, waited.stderr
-    assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "3.1\n"
+    assert _kept(tmp_path) == "3.1\n"
     with tarfile.open(tmp_path / "out" / "drafter-sweep.tar.xz") as tar:
         names = set(tar.getnames())
     assert {"0/out", "2/out", "1/work/train-drafter.log", "1/drafter-train-record.json",
@@ -104,21 +118,15 @@ def test_each_recipe_trains_on_its_own_gpu_and_the_best_is_kept(tmp_path):
 
 def test_a_sweep_no_better_than_the_carried_drafter_keeps_it(tmp_path):
     _target(tmp_path, old_acceptance=3.5)
-    assert _run(tmp_path, "drafter_sweep", DRAFTER_SWEEP='[{"steps": 2500}, {"steps": 3000}]').returncode == 0
-    _wait_all(tmp_path, 2)
-    waited = _run(tmp_path, "sweep_wait", SWEEP_WAIT_S="30")
-    assert waited.returncode == 0, waited.stderr
-    assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "old\n"
+    _sweep_to_the_end(tmp_path, '[{"steps": 2500}, {"steps": 3000}]', 2)
+    assert _kept(tmp_path) == "old\n"
 
 
 def test_a_failed_slot_leaves_its_log_and_the_others_still_choose(tmp_path):
     _target(tmp_path, old_acceptance=2.61)
-    assert _run(tmp_path, "drafter_sweep", DRAFTER_SWEEP='[{"steps": 13}, {"steps": 2700}]').returncode == 0
-    _wait_all(tmp_path, 2)
-    waited = _run(tmp_path, "sweep_wait", SWEEP_WAIT_S="30")
-    assert waited.returncode == 0, waited.stderr
+    waited = _sweep_to_the_end(tmp_path, '[{"steps": 13}, {"steps": 2700}]', 2)
     assert "slot 0: rc 1" in waited.stdout
-    assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "2.7\n"
+    assert _kept(tmp_path) == "2.7\n"
     with tarfile.open(tmp_path / "out" / "drafter-sweep.tar.xz") as tar:
         said = tar.extractfile("0/out").read().decode()
         names = set(tar.getnames())
