@@ -1777,7 +1777,7 @@ def lane_problems(lanes: str, raw_dir: Path, gpus: list[str] | None = None) -> l
     placed = lane_gpus(len(split), gpus)
     problems = []
     for lane, gpu in zip(split, placed):
-        if len(split) > 1 and placed.count(gpu) > 1:
+        if placed.count(gpu) > 1:
             problems += [f"{n}: a speed run needs the GPU to itself: run it with RUNS, or give its lane a GPU of "
                          f"its own (RS_LANE_GPUS)" for n in lane if n in RUNS and RUNS[n].speed]
     for lane in split:

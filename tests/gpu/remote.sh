@@ -531,9 +531,9 @@ drafter_background() { # train-drafter alone in a session of its own, on the car
 SWEEP=$WORK/drafter-sweep  # drafter-sweep's slots: a models folder (the target linked), log and rc a GPU
 
 drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: one train-drafter a GPU,
-    # all at once, each in a session of its own (a training is launch-bound and memory-bound, so
-    # several recipes on one GPU each cost what one does on a 4-GPU machine's device time);
-    # sweep-wait keeps the drafter that accepts most on the held-out prompts
+    # all at once, each in a session of its own (a machine of four GPUs costs the device time of
+    # one, so four recipes cost what one does); sweep-wait keeps the drafter that accepts most on
+    # the held-out prompts
     install
     extras
     [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
@@ -576,11 +576,7 @@ $(grep '^step' "$d/work/train-drafter.log" 2>/dev/null | tail -1)"
         local next=$d/models/$(basename "$DRAFTER_TRAINED")
         [ "$(cat "$d/rc")" = 0 ] && [ -f "$next/drafter-train-record.json" ] || continue
         cp "$next/drafter-train-record.json" "$d/drafter-train-record.json"
-        if [ ! -f "$DRAFTER_TRAINED/drafter-train-record.json" ] || "$PY" tests/gpu/trained_pack.py better \
-                "$next/drafter-train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json"; then
-            rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
-            echo "slot $(basename "$d")'s drafter is now $DRAFTER_TRAINED"
-        fi
+        adopt_drafter "$next"
     done
     # What each slot left (a failed slot has no record): its output, whole log and record.
     (cd "$SWEEP" && find [0-9]* -maxdepth 2 \( -name out -o -name train-drafter.log \
@@ -599,22 +595,26 @@ wait_training() { # block until a background training (train_background) has end
     [ "$(cat "$WORK/train-bg.rc")" = 0 ]
 }
 
+adopt_drafter() { # adopt_drafter DIR: a newly trained drafter replaces $DRAFTER_TRAINED unless it
+    # accepts less on the held-out prompts (trained_pack.py better): such a retrain is recorded, not
+    # swapped in. Returns 0 either way; nothing happens where DIR holds no train record.
+    local next=$1
+    [ -f "$next/drafter-train-record.json" ] || return 0
+    if [ ! -f "$DRAFTER_TRAINED/drafter-train-record.json" ] || "$PY" tests/gpu/trained_pack.py better \
+            "$next/drafter-train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json"; then
+        rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
+        echo "the new drafter ($next) replaces $DRAFTER_TRAINED"
+    else
+        echo "the new drafter ($next) accepts less held-out than $DRAFTER_TRAINED: kept the old one"
+    fi
+}
+
 wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1, drafter-bg) has
     # ended; drafter-bg's drafter then replaces the one in $MODELS_TRAINED
     [ -f "$WORK/drafter-bg.asked" ] || return 0
     while [ ! -f "$WORK/drafter-bg.rc" ]; do sleep 5; done
     echo "background drafter training ended with $(cat "$WORK/drafter-bg.rc")"
-    local next=$DRAFTER_NEXT/$(basename "$DRAFTER_TRAINED")
-    if [ "$(cat "$WORK/drafter-bg.rc")" = 0 ] && [ -f "$next/drafter-train-record.json" ]; then
-        # A retrain that accepts less on the held-out prompts is recorded, not swapped in.
-        if [ ! -f "$DRAFTER_TRAINED/drafter-train-record.json" ] || "$PY" tests/gpu/trained_pack.py better \
-                "$next/drafter-train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json"; then
-            rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
-            echo "the new drafter replaces $DRAFTER_TRAINED"
-        else
-            echo "the new drafter accepts less held-out than $DRAFTER_TRAINED: kept the old one"
-        fi
-    fi
+    [ "$(cat "$WORK/drafter-bg.rc")" = 0 ] && adopt_drafter "$DRAFTER_NEXT/$(basename "$DRAFTER_TRAINED")"
     [ -f "$WORK/drafter-bg.out" ] || return 0  # the target failed: the drafter never started
     grep -v "^step" "$WORK/drafter-bg.out" | tail -12 || true
     mkdir -p "$OUT" && cp "$WORK/drafter-bg.out" "$OUT/train-drafter-bg.log"
@@ -1180,5 +1180,5 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait" >&2; exit 2 ;;
 esac

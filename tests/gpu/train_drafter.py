@@ -508,6 +508,9 @@ def deterministic_torch(seed: int) -> None:
 
 def config_from(steps: int | None, override: dict) -> DrafterTrainConfig:
     fields = dict(override)
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(DrafterTrainConfig)})
+    if unknown:
+        raise SystemExit(f"no DrafterTrainConfig field {', '.join(unknown)}")
     if steps is not None:
         fields["steps"] = steps
     if "gen_groups" in fields:

@@ -707,6 +707,12 @@ def test_data_chunks_must_leave_every_chunk_steps():
     assert td.config_from(2400, {"data_chunks": 2}).data_chunks == 2
 
 
+def test_an_override_naming_no_field_is_refused_by_name():
+    # --override and remote.sh drafter-sweep's recipes: a typo is named, not a TypeError.
+    with pytest.raises(SystemExit, match="no DrafterTrainConfig field data_chunk, stepz"):
+        td.config_from(None, {"stepz": 1, "data_chunk": 4})
+
+
 @pytest.mark.parametrize("fraction", ["0", "1.5", "-0.2"])
 def test_a_gpu_fraction_outside_0_1_is_refused_before_anything_loads(tmp_path, capsys, fraction):
     with pytest.raises(SystemExit) as exc:
