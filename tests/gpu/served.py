@@ -233,9 +233,20 @@ class Launched:
                 child.kill()
             except Exception:  # noqa: BLE001 - psutil.NoSuchProcess: already gone
                 pass
+        # A killed process holds its port until it has exited: the next phase binds that port
+        # (a smoke test found it still taken right after stop on 2026-11-28).
+        _wait_gone(family)
         code = self.proc.wait()
         self._log.close()
         return code
+
+
+def _wait_gone(procs: list, timeout: float = 30) -> None:
+    """Until every one of ``procs`` (psutil processes) has exited, or ``timeout`` has passed."""
+    if procs:
+        import psutil
+
+        psutil.wait_procs(procs, timeout=timeout)
 
 
 def _descendants(pid: int) -> list:
