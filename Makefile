@@ -116,9 +116,9 @@ gpu-realshape-v33: gpu-realshape-stage
 	RS_POST_NORM=$${RS_POST_NORM:-0.15} bash tests/gpu/remote.sh quantize-rs
 	RS_POST_NORM=$${RS_POST_NORM:-0.15} OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-v33
 
-## make gpu-trained: the trained-target proof (issue 23) on a GPU host (kind nvidia-h100-x1): stage,
-## then on the GPU train the target (train_target.py, ~5 min, seeded) and its DFlash drafter
-## (train_drafter.py, ~3 min, seeded), quantize the target with `launcher quantize`,
+## make gpu-trained: the trained-target proof (issue 23) on a GPU host (an H200: the drafter's recipe
+## holds 85 GB): stage, then on the GPU train the target (train_target.py, ~5 min, seeded) and its
+## DFlash drafter (train_drafter.py, ~20 min, seeded), quantize the target with `launcher quantize`,
 ## and run every trained-* run of realshape.py (RUNS=a,b narrows; RS_PARALLEL="a,b;c,d" runs lanes side by
 ## side); results in tests/gpu/results/realshape.* and trained/ (tests/gpu/README.md, "Trained target",
 ## "Trained drafter")

@@ -545,7 +545,7 @@ drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: 
     while IFS=$'\t' read -r i extra override; do
         mkdir -p "$SWEEP/$i/models" "$SWEEP/$i/work"
         ln -s "$TRAINED" "$SWEEP/$i/models/$(basename "$TRAINED")"
-        # An override without extra_fraction takes no extra corpus (train_drafter.py refuses the pair).
+        # A recipe whose extra_fraction is 0 gets no extra corpus (train_drafter.py refuses the pair).
         detached "$SWEEP/tree" /dev/null \
             "bash tests/gpu/remote.sh train-drafter > $SWEEP/$i/out 2>&1; echo \$? > $SWEEP/$i/rc" \
             CUDA_VISIBLE_DEVICES="$i" MODELS_TRAINED="$SWEEP/$i/models" WORK="$SWEEP/$i/work" \
@@ -698,13 +698,25 @@ sys.exit(0 if d["target_sha256"] == t["target_sha256"] else 1)' \
         "$DRAFTER_TRAINED/drafter-train-record.json" "$TRAINED/train-record.json" 2>/dev/null
 }
 
+drafter_extra_corpus() { # the extra corpus the recipe (the defaults with DRAFTER_OVERRIDE) asks for, if any
+    local override=${DRAFTER_OVERRIDE:-} needs
+    [ -n "$override" ] || override='{}'
+    # sweep-plan reads the recipe as train_drafter.py does, and refuses a bad one before the GPU.
+    needs=$(DRAFTER_SWEEP="[$override]" "$PY" tests/gpu/trained_pack.py sweep-plan --gpus 1) || return 1
+    [ "$(cut -f2 <<< "$needs")" = 1 ] && echo "${DRAFTER_EXTRA_CORPUS:-$SITE/vllm}"
+    return 0
+}
+
 train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on the trained target
     install
     mkdir -p "$OUT" "$WORK"
     [ -f "$TRAINED/train-record.json" ] || { echo "train the target first: remote.sh train-target" >&2; return 1; }
     # DRAFTER_STEPS or DRAFTER_OVERRIDE (DrafterTrainConfig fields as JSON) ask for another
-    # drafter: it replaces a carried one. An override's extra_fraction takes its windows from
-    # DRAFTER_EXTRA_CORPUS (the bundle's own vllm/ sources, pinned by the bundle's sha256).
+    # drafter: it replaces a carried one. A recipe with an extra_fraction (the default's 0.5
+    # among them) takes those windows from DRAFTER_EXTRA_CORPUS, by default the bundle's own
+    # vllm/ sources (pinned by the bundle's sha256, recorded by their own).
+    local corpus
+    corpus=$(drafter_extra_corpus) || return 1
     if [ -n "${DRAFTER_STEPS:-}${DRAFTER_OVERRIDE:-}" ] || ! drafter_is_current; then
         # A failed retraining must not leave the carried drafter looking current.
         rm -f "$DRAFTER_TRAINED/drafter-train-record.json"
@@ -714,7 +726,7 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
         PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
             ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} \
-            ${DRAFTER_EXTRA_CORPUS:+--extra-corpus "$DRAFTER_EXTRA_CORPUS"} \
+            ${corpus:+--extra-corpus "$corpus"} \
             ${DRAFTER_GPU_FRACTION:+--gpu-fraction "$DRAFTER_GPU_FRACTION"} 2>&1 \
             | grep --line-buffered -v "Loading weights" \
             | tee "$WORK/train-drafter.log" | grep --line-buffered -v "^step" || true

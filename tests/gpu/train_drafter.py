@@ -40,9 +40,11 @@ What it does, in one command on the GPU host (``remote.sh train-drafter``):
    ``drafter-train-record.json`` (loss curve, acceptance, ``drafter_sha256``,
    ``target_sha256``).
 
-Seeded: the same seed, target and GPU kind give the same weights. About three
-minutes on an H100. Needs transformers 5.13.1 (the bundle's) and a CUDA GPU.
-``python tests/gpu/train_drafter.py MODELS_DIR [--steps N]``
+Seeded: the same seed, target and GPU kind give the same weights. The default
+recipe (4f7c6c17) took 20 minutes on an H200 beside three other trainings and
+85 GB at peak: it does not fit an H100. Needs transformers 5.13.1 (the
+bundle's), a CUDA GPU and, for extra_fraction, ``--extra-corpus``.
+``python tests/gpu/train_drafter.py MODELS_DIR --extra-corpus ROOT [--steps N]``
 """
 
 from __future__ import annotations
@@ -77,25 +79,27 @@ class DrafterTrainConfig:
     seed: int = 20261127
     # Generation groups (rows, shortest prompt, longest prompt): prompts up to the
     # proof's 1,500 tokens, one generate call each (rows x longest^2 bounds the eager
-    # attention's memory at prefill; decode steps, not rows, cost time).
-    gen_groups: tuple = ((1024, 16, 160), (768, 160, 600), (320, 600, 1100), (160, 1100, 1500))
+    # attention's memory at prefill; decode steps, not rows, cost time). The two short groups
+    # have twice d46bce41's rows: one data set's features then take about 85 GB at peak
+    # (2026-11-28, H200), so this recipe needs an H200; d46bce41's groups took 43 GB.
+    gen_groups: tuple = ((2048, 16, 160), (1536, 160, 600), (320, 600, 1100), (160, 1100, 1500))
     # More data without more memory: the groups are made afresh (new windows) this many times,
-    # each set trained on for steps / data_chunks steps and then freed. One set's features take
-    # about 27 GB on the H100; two at once did not fit beside generation (2026-11-27: OOM).
-    # Two sets and 2,400 steps made d46bce41 (held-out acceptance 2.61 against 1,200 steps on one
-    # set's 2.53; 3.55 on trained windows, 2.73 on fresh ones: more data is the lever).
-    data_chunks: int = 2
+    # each set trained on for steps / data_chunks steps and then freed (two sets at once did not
+    # fit beside generation on an H100, 2026-11-27). More data was the lever: d46bce41 (two
+    # sets of its groups, 4,544 rows) accepted 3.55 on its own windows but 2.61 held out; the
+    # sweep of 2026-11-28 (tests/gpu/results/trained/sweep-2026-11-28) gave 2.99 held out for
+    # 9,088 rows, 3.46 for 16,256 and 3.59 for these 20,320, with trained and fresh windows
+    # now alike (3.86 / 3.74): it no longer learns its data by heart.
+    data_chunks: int = 5
     # The share of each group's windows taken from --extra-corpus instead of the train split:
-    # Python the target never trained on. d46bce41 accepts 3.55 on its own windows, 2.73 on fresh
-    # windows of the same split and 2.61 held out: it learnt its data by heart (more data is the
-    # lever), and code the target never saw, which the runs' prompts are, costs a little more.
-    # An extra corpus adds both new data and that kind of prompt. 0: d46bce41's recipe.
-    extra_fraction: float = 0.0
+    # Python the target never trained on (the bundle's vllm/ sources; remote.sh train-drafter
+    # passes them). The runs' prompts are that kind of code, and the corpus adds fresh data.
+    extra_fraction: float = 0.5
     continuation: int = 128
     k: int = ref.K_DEFAULT
     # A step is about 3,000 small kernels whatever its size (5 layers, fwd + bwd, two semantics),
     # so its time is mostly launches: few large steps rather than many small ones.
-    steps: int = 2400
+    steps: int = 3000
     batch_rows: int = 64
     anchors_per_row: int = 16
     lr: float = 2e-3

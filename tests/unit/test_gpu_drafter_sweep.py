@@ -94,14 +94,16 @@ def _kept(tmp_path: Path) -> str:
 
 def test_each_recipe_trains_on_its_own_gpu_and_the_best_is_kept(tmp_path):
     _target(tmp_path, old_acceptance=2.61)
-    sweep = json.dumps([{"steps": 2500}, {"steps": 3100, "extra_fraction": 0.5}, {"steps": 2900}])
+    sweep = json.dumps([{"steps": 2500, "extra_fraction": 0}, {"steps": 3100, "extra_fraction": 0.25},
+                        {"steps": 2900, "extra_fraction": 0}, {"steps": 2000}])
     started = _run(tmp_path, "drafter_sweep", DRAFTER_SWEEP=sweep)
     assert started.returncode == 0, started.stderr
-    _wait_all(tmp_path, 3)
-    given = {i: (tmp_path / "work" / "drafter-sweep" / str(i) / "work" / "given.txt").read_text() for i in range(3)}
-    assert "verb=train-drafter gpu=1 " in given[1] and '"extra_fraction":0.5' in given[1]
-    # Only the recipe with an extra_fraction gets the extra corpus (the bundle's vllm/ by default).
-    assert f"extra={tmp_path}/site/vllm " in given[1]
+    _wait_all(tmp_path, 4)
+    given = {i: (tmp_path / "work" / "drafter-sweep" / str(i) / "work" / "given.txt").read_text() for i in range(4)}
+    assert "verb=train-drafter gpu=1 " in given[1] and '"extra_fraction":0.25' in given[1]
+    # Only a recipe with an extra_fraction gets the extra corpus (the bundle's vllm/ by default);
+    # one that names none has the default's 0.5.
+    assert f"extra={tmp_path}/site/vllm " in given[1] and f"extra={tmp_path}/site/vllm " in given[3]
     assert "extra=none " in given[0] and "extra=none " in given[2] and "gpu=2 " in given[2]
     # Each trains beside the carried drafter, in its own models folder, the target linked.
     assert f"models={tmp_path}/work/drafter-sweep/0/models" in given[0]
@@ -155,3 +157,52 @@ def test_bad_recipes_are_refused_before_anything_starts(tmp_path):
         res = _run(tmp_path, "drafter_sweep", DRAFTER_SWEEP=sweep)
         assert res.returncode != 0 and said in res.stderr, (sweep, res.stderr)
         assert not (tmp_path / "work" / "drafter-sweep").exists()
+
+
+# The training's stand-in for remote.sh train-drafter: train_drafter.py, whose recipe checks stay
+# the real ones (trained_pack.py sweep-plan imports them) but whose main writes down its
+# arguments and a drafter for the target instead of training.
+TRAIN_DRAFTER_STAND_IN = r'''
+import json, sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_drafter_real import *  # noqa: F401,F403
+
+if __name__ == "__main__":
+    models = Path(sys.argv[1])
+    (models / "dflash-r5-trained").mkdir(exist_ok=True)
+    (models / "dflash-r5-trained" / "drafter-train-record.json").write_text(json.dumps({"target_sha256": "t"}))
+    (models.parent / "argv.json").write_text(json.dumps(sys.argv[1:]))
+'''
+
+
+def _train_drafter_argv(tmp_path, **env) -> list[str]:
+    _target(tmp_path, old_acceptance=None)
+    gpu = _tree(tmp_path) / "tests" / "gpu"
+    (gpu / "train_drafter.py").rename(gpu / "train_drafter_real.py")
+    (gpu / "train_drafter.py").write_text(TRAIN_DRAFTER_STAND_IN)
+    res = _run(tmp_path, "train_drafter", **env)
+    assert res.returncode == 0, res.stderr
+    return json.loads((tmp_path / "argv.json").read_text())
+
+
+def test_train_drafter_gives_the_default_recipe_its_extra_corpus(tmp_path):
+    """The default recipe (4f7c6c17's) takes half its windows from an extra corpus:
+    `remote.sh train-drafter` with no override must pass one, the bundle's vllm/ unless named."""
+    argv = _train_drafter_argv(tmp_path)
+    assert argv[argv.index("--extra-corpus") + 1] == f"{tmp_path}/site/vllm"
+
+
+def test_train_drafter_passes_no_corpus_to_a_recipe_without_extra_fraction(tmp_path):
+    argv = _train_drafter_argv(tmp_path, DRAFTER_OVERRIDE='{"extra_fraction": 0, "steps": 10}',
+                               DRAFTER_EXTRA_CORPUS="/somewhere")
+    assert "--extra-corpus" not in argv and argv[argv.index("--override") + 1] == '{"extra_fraction": 0, "steps": 10}'
+
+
+def test_train_drafter_takes_a_named_corpus_and_refuses_a_bad_recipe_before_training(tmp_path):
+    argv = _train_drafter_argv(tmp_path, DRAFTER_EXTRA_CORPUS="/elsewhere/vllm")
+    assert argv[argv.index("--extra-corpus") + 1] == "/elsewhere/vllm"
+    (tmp_path / "argv.json").unlink()
+    res = _run(tmp_path, "train_drafter", DRAFTER_OVERRIDE='{"stepz": 1}')
+    assert res.returncode != 0 and "no DrafterTrainConfig field stepz" in res.stderr
+    assert not (tmp_path / "argv.json").exists()
