@@ -1767,15 +1767,19 @@ def lane_gpus(lanes: int, gpus: list[str] | None) -> list[str | None]:
     return [gpus[i % len(gpus)] if gpus else None for i in range(lanes)]
 
 
-def lane_problems(lanes: str, raw_dir: Path, gpus: list[str] | None = None) -> list[str]:
+def lane_problems(lanes: str, raw_dir: Path, gpus: list[str] | None = None, vllm: str | None = None) -> list[str]:
     """RS_PARALLEL lanes ("a,b;c,d") run side by side: an oracle run needs its reference
     in its own lane (order_runs puts it first), or a raw record of it from an earlier
     call that no lane rewrites meanwhile. A speed run (issue 25) times the GPU: it runs
     only in a lane that has its GPU to itself (one lane, or RS_LANE_GPUS giving it a GPU
-    no other lane of this call gets)."""
+    no other lane of this call gets). Every name must be a run of ``vllm`` (where given):
+    checked here, before a GPU machine spends its time installing for a typo."""
     split = [[n for n in lane.split(",") if n] for lane in lanes.split(";")]
     placed = lane_gpus(len(split), gpus)
-    problems = []
+    problems = [f"{n}: no such run (realshape.RUNS)" for lane in split for n in lane if n not in RUNS]
+    if vllm:
+        problems += [f"{n}: a vLLM {RUNS[n].vllm} run in the {vllm} lanes"
+                     for lane in split for n in lane if n in RUNS and RUNS[n].vllm != vllm]
     for lane, gpu in zip(split, placed):
         if placed.count(gpu) > 1:
             problems += [f"{n}: a speed run needs the GPU to itself: run it with RUNS, or give its lane a GPU of "
@@ -1837,7 +1841,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --merge-only: nvfp4_reference.py's records (nvfp4-evaluation*.json) for NVFP4 "
                              "runs recorded before them")
     parser.add_argument("--deadline-s", type=float, default=540)
-    parser.add_argument("--vllm", default="0.21.0", help="the release under --site-*: only its runs")
+    parser.add_argument("--vllm", help="the release under --site-*: only its runs (default 0.21.0; with "
+                        "--check-lanes, each lane's runs must be its)")
     parser.add_argument("--merge-only", action="store_true",
                         help="run nothing: judge the raw runs in --raw-dir and merge them into --out")
     parser.add_argument("--check-lanes", metavar="RS_PARALLEL",
@@ -1847,9 +1852,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check_lanes is not None:
         gpus = [g for g in (args.lane_gpus or "").split(",") if g] or None
-        problems = lane_problems(args.check_lanes, args.raw_dir or Path("/tmp/realshape-raw"), gpus)
+        problems = lane_problems(args.check_lanes, args.raw_dir or Path("/tmp/realshape-raw"), gpus, args.vllm)
         print("\n".join(problems) or "lanes ok", flush=True)
         return 2 if problems else 0
+    args.vllm = args.vllm or "0.21.0"
     if args.reverts_of is not None:
         # None named: the runs remote.sh runs when neither RUNS nor RS_PARALLEL narrows them.
         names = [n for n in re.split(r"[,;]", args.reverts_of) if n] or \

@@ -833,7 +833,7 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
         # lanes where that record may be absent or rewritten while the oracle run starts.
         # RS_LANE_GPUS="0,1,2,3" (a machine of several GPUs): lane i runs on the i-th, round-robin.
         "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" \
-            --check-lanes "$RS_PARALLEL" ${RS_LANE_GPUS:+--lane-gpus "$RS_LANE_GPUS"} || return 1
+            --check-lanes "$RS_PARALLEL" --vllm "$v" ${RS_LANE_GPUS:+--lane-gpus "$RS_LANE_GPUS"} || return 1
         IFS=';' read -r -a lanes <<< "$RS_PARALLEL"
         local gpus=()
         [ -n "${RS_LANE_GPUS:-}" ] && IFS=',' read -r -a gpus <<< "$RS_LANE_GPUS"
@@ -869,6 +869,7 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
     mkdir -p "$tree/.stage"
     cp -r "$STAGE"/realshape-raw-* "$tree/.stage/" 2>/dev/null || true  # seed_raw's carried references
     lane_gpus_disjoint || return 1
+    lanes_check || return 1
     for v in 21 33; do
         lanes=RS_PARALLEL_$v gpus=RS_LANE_GPUS_$v
         [ -n "${!lanes:-}" ] || continue
@@ -887,6 +888,22 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
             OUT="$WORK/lanes-out-walk"
         echo "nvfp4-reference in the background (log: $WORK/lanes-walk.log)"
     fi
+}
+
+lanes_check() { # both releases' lanes checked as their verbs will check them (run names, release,
+    # speed runs' GPUs, oracle references), before anything starts: in the background a typo
+    # would show only minutes later, in a log
+    local v lanes gpus raw release
+    for v in 21 33; do
+        lanes=RS_PARALLEL_$v gpus=RS_LANE_GPUS_$v
+        [ -n "${!lanes:-}" ] || continue
+        raw=realshape-raw-trained release=0.21.0
+        [ "$v" = 33 ] && raw=realshape-raw-v33-trained release=$V33
+        seed_raw "$raw" > /dev/null   # as the verb will, so a carried reference counts
+        "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$release" \
+            --check-lanes "${!lanes}" ${!gpus:+--lane-gpus "${!gpus}"} > "$WORK/lanes-check-$v.txt" \
+            || { sed "s/^/RS_PARALLEL_$v: /" "$WORK/lanes-check-$v.txt" >&2; return 1; }
+    done
 }
 
 lane_gpus_disjoint() { # RS_LANE_GPUS_21 / RS_LANE_GPUS_33: where both releases' lanes run and either

@@ -19,6 +19,8 @@ import realshape as rs  # noqa: E402
 
 SPEED = next(n for n, r in rs.RUNS.items() if r.speed and r.trained and r.vllm == "0.21.0")
 OTHER = "trained-ref-bf16"
+# Three runs of 0.21.0 that are neither speed nor oracle runs (the lane check names unknown ones).
+A, B, C = "trained-ref-bf16", "trained-ref-nvfp4", "trained-dflash-trained-fa2-cg-bf16"
 
 # The stand-in: the lane check is realshape.py's own; a run notes CUDA_VISIBLE_DEVICES and --runs.
 STAND_IN = f'''import os, sys
@@ -48,16 +50,24 @@ def _lanes(tmp_path: Path, parallel: str, **env_extra) -> subprocess.CompletedPr
 
 
 def test_lanes_take_the_named_gpus_round_robin(tmp_path):
-    done = _lanes(tmp_path, "a;b;c", RS_LANE_GPUS="2,3")
-    assert done.returncode == 0, done.stderr
+    done = _lanes(tmp_path, f"{A};{B};{C}", RS_LANE_GPUS="2,3")
+    assert done.returncode == 0, done.stdout + done.stderr
     placed = sorted((tmp_path / "work" / "placed.txt").read_text().split("\n")[:-1])
-    assert placed == ["a gpu=2", "b gpu=3", "c gpu=2"]
+    assert placed == sorted([f"{A} gpu=2", f"{B} gpu=3", f"{C} gpu=2"])
 
 
 def test_without_named_gpus_the_lanes_see_every_gpu_as_before(tmp_path):
-    done = _lanes(tmp_path, "a;b")
-    assert done.returncode == 0, done.stderr
-    assert sorted((tmp_path / "work" / "placed.txt").read_text().split("\n")[:-1]) == ["a gpu=unset", "b gpu=unset"]
+    done = _lanes(tmp_path, f"{A};{B}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted((tmp_path / "work" / "placed.txt").read_text().split("\n")[:-1]) == \
+        sorted([f"{A} gpu=unset", f"{B} gpu=unset"])
+
+
+def test_a_misspelt_run_or_one_of_the_other_release_starts_no_lane(tmp_path):
+    done = _lanes(tmp_path, f"{A};{B}x;v33-trained-ref-bf16")
+    assert done.returncode != 0
+    assert f"{B}x: no such run" in done.stdout and "v33-trained-ref-bf16: a vLLM 0.33.0 run in the 0.21.0 lanes" in done.stdout
+    assert not (tmp_path / "work" / "placed.txt").exists()
 
 
 def test_a_speed_run_in_a_lane_of_its_own_gpu_runs_and_on_a_shared_gpu_is_refused(tmp_path):
@@ -66,7 +76,7 @@ def test_a_speed_run_in_a_lane_of_its_own_gpu_runs_and_on_a_shared_gpu_is_refuse
     assert f"{SPEED} gpu=0" in (tmp_path / "work" / "placed.txt").read_text()
     (tmp_path / "work" / "placed.txt").unlink()
     # Three lanes on two GPUs: the speed run's GPU 0 is the third lane's too.
-    shared = _lanes(tmp_path, f"{SPEED};{OTHER};x", RS_LANE_GPUS="0,1")
+    shared = _lanes(tmp_path, f"{SPEED};{OTHER};{B}", RS_LANE_GPUS="0,1")
     assert shared.returncode != 0 and f"{SPEED}: a speed run needs the GPU to itself" in shared.stdout
     assert not (tmp_path / "work" / "placed.txt").exists()
 
@@ -88,3 +98,17 @@ def test_both_releases_lanes_get_disjoint_gpus_or_nothing_starts(tmp_path, gpus,
 def test_lane_gpus_places_round_robin_and_none_without_names():
     assert rs.lane_gpus(3, ["0", "1"]) == ["0", "1", "0"]
     assert rs.lane_gpus(2, None) == [None, None]
+
+
+def test_lanes_bg_refuses_a_misspelt_run_before_anything_starts(tmp_path):
+    """lanes-bg checks both releases' lanes itself (the verbs would, minutes later, in a log)."""
+    functions = (GPU / "remote.sh").read_text().split("\ncmd=${1:-}\n")[0]
+    (tmp_path / "f.sh").write_text(functions + '\nsnapshot_tree() { mkdir -p "$1"; }\nlanes_background\n')
+    env = dict(os.environ, WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"), LANES_STAGGER_S="0",
+               PY=sys.executable, MODELS_TRAINED=str(tmp_path / "models"), STAGE=str(tmp_path / "stage"),
+               RS_PARALLEL_21=f"{A};{B}", RS_PARALLEL_33="v33-trained-ref-bf16;v33-trained-ref-bf16-bi-noinductr")
+    done = subprocess.run(["bash", str(tmp_path / "f.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0
+    assert "RS_PARALLEL_33: v33-trained-ref-bf16-bi-noinductr: no such run" in done.stderr
+    assert not (tmp_path / "work" / "lanes-21.log").exists() and not (tmp_path / "work" / "lanes-33.log").exists()

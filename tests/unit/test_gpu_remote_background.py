@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 REMOTE = Path(__file__).resolve().parents[1] / "gpu" / "remote.sh"
+A, B = "trained-ref-bf16", "trained-ref-nvfp4"  # two runs of 0.21.0's lanes
 
 
 def test_train_bg_returns_through_a_pipe_while_the_training_runs(tmp_path):
@@ -75,6 +77,9 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
     ends at once, one sleeps); lanes-wait reports each and packs what exists."""
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "tests" / "gpu").mkdir(parents=True)
+    # realshape.py's own lane check runs first (lanes_check): the real module, real run names.
+    for f in REMOTE.parent.glob("*.py"):
+        (repo / "tests" / "gpu" / f.name).write_text(f.read_text())
     (repo / ".stage" / "realshape-raw-trained").mkdir(parents=True)
     (repo / ".stage" / "realshape-raw-trained" / "trained-ref-bf16.raw.json").write_text("{}")
     (repo / "tests" / "gpu" / "remote.sh").write_text(
@@ -85,12 +90,13 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
     (tmp_path / "f.sh").write_text(functions + '\n"$@"\n')
     env = dict(os.environ, WORK=str(work), OUT=str(tmp_path / "out"), LANES_STAGGER_S="0", LANES_WAIT_S="3",
-               RS_PARALLEL_21="a;b", RS_PARALLEL_33="c", RS_WALK_NVFP4="1")
+               PY=sys.executable, MODELS_TRAINED=str(tmp_path / "models"), RS_PARALLEL_21=f"{A};{B}",
+               RS_PARALLEL_33="v33-trained-ref-bf16", RS_WALK_NVFP4="1")
     try:
         started = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_background"], cwd=repo, env=env,
                                  capture_output=True, text=True, timeout=30)
         assert started.returncode == 0, started.stderr
-        assert "realshape-trained in the background: a;b" in started.stdout
+        assert f"realshape-trained in the background: {A};{B}" in started.stdout
         waited = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_wait"], cwd=repo, env=env,
                                 capture_output=True, text=True, timeout=30)
         assert waited.returncode == 1  # one verb still runs
@@ -100,7 +106,7 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
         assert (work / "lanes-out-walk" / "verb.txt").read_text().split() == \
             ["nvfp4-reference", "trained-ref-bf16.raw.json"]
         assert (work / "lanes-out-21" / "verb.txt").read_text().split() == \
-            ["realshape-trained", "a;b", "trained-ref-bf16.raw.json"]
+            ["realshape-trained", f"{A};{B}", "trained-ref-bf16.raw.json"]
         # A background lane is not bound by a call's 600 s: a 0.33.0 capture alone took 392 s.
         assert (work / "lanes-out-21" / "limits.txt").read_text().split() == ["1800", "900"]
         listed = subprocess.run(["tar", "-tzf", str(tmp_path / "out" / "lanes.tgz")], capture_output=True,

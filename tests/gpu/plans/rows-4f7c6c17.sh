@@ -1,0 +1,39 @@
+# Issue 25: every vLLM row with the drafter 4f7c6c17, both releases at once on a machine of four
+# GPUs (tests/gpu/README.md, "Several drafter recipes at once"). On the device, after `prepare`:
+#   . tests/gpu/plans/rows-4f7c6c17.sh && bash tests/gpu/remote.sh lanes-bg
+# (a device command holds 2,000 characters: the lane lists live here). Each release's speed pair
+# has a GPU of its own (lane 0 takes the first GPU of its list, every other lane the second);
+# the references of the exact rows run again on this machine. tests/unit/test_gpu_plans.py
+# checks these lists as lanes-bg will.
+lanes() { tr -d ' \n'; }
+
+RS_PARALLEL_21=$(lanes <<'LANES'
+trained-speed-dflash-trained-fa2-cg-bf16,trained-speed-nodrafter-fa2-cg-bf16;
+trained-dflash-trained-fa2-cg-bf16-capture;
+trained-dflash-trained-fa2-cg-bf16-capture-without-dflash-target-layer-ids-offset,
+  trained-dflash-trained-fa2-cg-bf16-capture-without-gemma4-dflash-embed-scale-logit-softcap;
+trained-ref-bf16-bi-noinductor,trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor;
+trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor-without-dflash-target-layer-ids-offset,
+  trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor-without-gemma4-dflash-embed-scale-logit-softcap;
+trained-ref-nvfp4-bi-noinductor,trained-dflash-trained-fa2-cg-nvfp4-bi-noinductor;
+trained-dflash-trained-fa2-cg-nvfp4
+LANES
+)
+RS_PARALLEL_33=$(lanes <<'LANES'
+v33-trained-speed-dflash-trained-fa2-cg-bf16,v33-trained-speed-nodrafter-fa2-cg-bf16;
+v33-trained-dflash-trained-fa2-cg-bf16-capture;
+v33-trained-dflash-trained-fa2-cg-bf16-capture-without-gemma4-dflash-embed-scale-logit-softcap;
+v33-trained-ref-bf16-bi-noinductor,v33-trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor;
+v33-trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor-without-gemma4-dflash-embed-scale-logit-softcap;
+v33-trained-ref-nvfp4-bi-noinductor,v33-trained-dflash-trained-fa2-cg-nvfp4-bi-noinductor;
+v33-trained-dflash-trained-fa2-cg-nvfp4
+LANES
+)
+RS_LANE_GPUS_21=1,0,0,0,0,0,0
+RS_LANE_GPUS_33=3,2,2,2,2,2,2
+# Six or seven engines a GPU: a tenth of it and 4 GiB of KV cache each (as the sessions before).
+RS_GPU_UTIL=0.1
+RS_KV_CACHE_GIB=4
+# The NVFP4 walks of this drafter, the NVFP4 rows' references, beside the lanes (on GPU 0).
+RS_WALK_NVFP4=1
+export RS_PARALLEL_21 RS_PARALLEL_33 RS_LANE_GPUS_21 RS_LANE_GPUS_33 RS_GPU_UTIL RS_KV_CACHE_GIB RS_WALK_NVFP4
