@@ -175,6 +175,72 @@ def build(records: list[dict]) -> list[dict]:
     return rows
 
 
+def drafter_side_patches() -> dict[str, set[str]]:
+    """The patches each release's ablation reverts (realshape's trained-drafter runs with a revert):
+    the issue asks for every one of them, each reverted on its own."""
+    import realshape
+
+    out: dict[str, set[str]] = {}
+    for spec in realshape.RUNS.values():
+        if spec.revert and spec.drafter == "trained":
+            out.setdefault(spec.vllm, set()).add(spec.revert)
+    return out
+
+
+def done_when(rows: list[dict]) -> list[dict]:
+    """Issue 25's "Done when", per release and drafter (a retrained drafter's rows are judged on
+    their own, never mixed with an earlier drafter's):
+    every row's acceptance at least 3 and within 10 % of its reference (bf16 and NVFP4 rows
+    counted apart), the drafts of a capture run equal for 99 % of at least 200 contexts (strictly
+    or within the bf16 noise of the same weights), an ablation row for each drafter-side patch,
+    and at concurrency 1 a DFlash win within 15 % of the projection (offline or served)."""
+    expected = drafter_side_patches()
+    out = []
+    for vllm, drafter in sorted({(r["vllm"], r["drafter_sha256"]) for r in rows}, key=str):
+        group = [r for r in rows if r["vllm"] == vllm and r["drafter_sha256"] == drafter]
+        acceptance = {q: {"rows": sorted(r["run"] for r in group if (r["quantization"] == "bf16") == (q == "bf16")),
+                          "met": sorted(r["run"] for r in group if (r["quantization"] == "bf16") == (q == "bf16")
+                                        and r["acceptance_bar_met"])} for q in ("bf16", "nvfp4")}
+        equivalence = [r["draft_equivalence"] for r in group if r["draft_equivalence"]]
+        recorded = {a["reverted"] for r in group for a in r["ablation"] if a["mean_acceptance_length_vllm"] is not None}
+        speed = [b for r in group for b in (r["speed_bar_met"], r["served_speed_bar_met"]) if b is not None]
+        verdict = {
+            "acceptance": bool(group) and all(len(a["met"]) == len(a["rows"]) for a in acceptance.values()),
+            "draft_equivalence": any(e["holds"] or e["holds_within_noise"] for e in equivalence),
+            "ablation": expected.get(vllm, set()) <= recorded,
+            "speed": any(speed),
+        }
+        out.append({"vllm": vllm, "drafter_sha256": drafter, "series": sorted({str(r["series"]) for r in group}),
+                    "acceptance": acceptance,
+                    "draft_equivalence_contexts": max((e["contexts"] for e in equivalence), default=None),
+                    "ablation_expected": sorted(expected.get(vllm, set())), "ablation_recorded": sorted(recorded),
+                    "speed_measured": bool(speed), "met": verdict, "done": all(verdict.values())})
+    return out
+
+
+def _done_markdown(summary: list[dict]) -> list[str]:
+    lines = ["", "Done when (issue 25), per release and drafter: acceptance in every row (bf16 / NVFP4 rows met), "
+             "draft equivalence in a capture run, an ablation row per drafter-side patch, the speed bar at "
+             "concurrency 1 (offline or served).", "",
+             "| vLLM | drafter | series | acceptance bf16 | acceptance NVFP4 | equivalence | ablation | speed | done |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "not met"
+
+    for d in summary:
+        acc = d["acceptance"]
+        missing = sorted(set(d["ablation_expected"]) - set(d["ablation_recorded"]))
+        lines.append(
+            f"| {d['vllm']} | {str(d['drafter_sha256'])[:8]} | {', '.join(s[:8] for s in d['series'])} | "
+            f"{len(acc['bf16']['met'])}/{len(acc['bf16']['rows'])} | {len(acc['nvfp4']['met'])}/{len(acc['nvfp4']['rows'])} | "
+            f"{mark(d['met']['draft_equivalence'])} ({_cell(d['draft_equivalence_contexts'])} contexts) | "
+            f"{mark(d['met']['ablation'])}{' (missing: ' + ', '.join(missing) + ')' if missing else ''} | "
+            f"{mark(d['met']['speed']) if d['speed_measured'] else 'not measured'} | "
+            f"{'**done**' if d['done'] else 'no'} |")
+    return lines
+
+
 def add_served_speed(rows: list[dict], served: dict) -> None:
     """The served speed rows (served.py's speed phase: `launcher bench` against `vllm serve`,
     bf16 target, default numerics) into the rows of their release with those numerics, as
@@ -262,6 +328,7 @@ def markdown(rows: list[dict]) -> str:
                              f"({_cell(_round(c.get('decode_period_ms'), 2))} / "
                              f"{_cell(_round(c.get('dflash_period_ms'), 2))}) | "
                              f"{'-' if bar is None else ('met' if bar else 'not met')} |")
+    lines += _done_markdown(done_when(rows))
     return "\n".join(lines) + "\n"
 
 

@@ -312,3 +312,63 @@ def test_a_run_that_measured_another_trees_compiled_target_is_no_ablation_entry(
                _rec("capture-without-y", 3.0, capture_drafts=True, revert="y")]
     (row,) = ar.build(records)
     assert [a["reverted"] for a in row["ablation"]] == ["y"]
+
+
+# ------------------------------------------------------------------ the issue's "Done when"
+
+OFFSET, EMBED = "dflash-target-layer-ids-offset", "gemma4-dflash-embed-scale-logit-softcap"
+
+
+def test_the_ablation_asks_for_every_drafter_side_patch_realshape_reverts():
+    """From realshape's own runs: both drafter-side patches on 0.21.0, the embed scale on 0.33.0
+    (the layer offset is upstream there)."""
+    assert ar.drafter_side_patches() == {"0.21.0": {OFFSET, EMBED}, "0.33.0": {EMBED}}
+
+
+def _done(records: list[dict]) -> dict:
+    return {(d["vllm"], d["drafter_sha256"]): d for d in ar.done_when(ar.build(records))}
+
+
+def test_done_when_judges_each_drafter_apart_and_names_what_is_missing():
+    eq = {"contexts": 250, "equal": 249}
+    new = dict(drafter_sha256="new")
+    records = [
+        # The earlier drafter: under 3, its ablation whole.
+        _rec("capture", 2.7, ref=2.7, capture_drafts=True, draft_equivalence=eq, drafter_sha256="old"),
+        _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET, drafter_sha256="old"),
+        _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED, drafter_sha256="old"),
+        # The new one: every row at 3.5, one reverted patch recorded of the two.
+        _rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, **new),
+        _rec("nvfp4", 3.4, ref=3.5, quantization="modelopt-nvfp4", **new),
+        _rec("capture-without-e", 1.9, capture_drafts=True, revert=EMBED, **new),
+    ]
+    done = _done(records)
+    old, fresh = done[("0.21.0", "old")], done[("0.21.0", "new")]
+    assert old["met"] == {"acceptance": False, "draft_equivalence": True, "ablation": True, "speed": False}
+    assert fresh["met"]["acceptance"] is True and fresh["acceptance"]["nvfp4"] == {"rows": ["nvfp4"], "met": ["nvfp4"]}
+    # The old drafter's offset ablation does not stand in for the new one's.
+    assert fresh["met"]["ablation"] is False and fresh["ablation_recorded"] == [EMBED]
+    assert fresh["speed_measured"] is False and fresh["done"] is False
+    md = ar.markdown(ar.build(records))
+    assert f"| 0.21.0 | new | abc | 1/1 | 1/1 | met (250 contexts) | not met (missing: {OFFSET}) | not measured | no |" in md
+
+
+def test_done_when_needs_every_row_and_a_speed_win_at_concurrency_1():
+    eq = {"contexts": 300, "equal": 299}
+    base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq),
+            _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
+            _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
+    rows = ar.build(base)
+    rows[0]["speed_bar_met"] = True
+    (done,) = ar.done_when(rows)
+    assert done["done"] is True and "| **done** |" in ar.markdown(rows)
+    # One row under the bar (an exact-numerics row at 2.9) undoes it.
+    rows = ar.build(base + [_rec("exact", 2.9, ref=3.0, batch_invariant=True)])
+    rows[0]["speed_bar_met"] = True
+    (done,) = ar.done_when(rows)
+    assert done["met"]["acceptance"] is False and done["acceptance"]["bf16"]["met"] == ["capture"]
+    assert done["done"] is False
+    # A measured speed bar that failed is "not met", not "not measured".
+    rows[0]["speed_bar_met"] = False
+    (done,) = ar.done_when(rows)
+    assert done["speed_measured"] is True and done["met"]["speed"] is False
