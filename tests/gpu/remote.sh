@@ -537,12 +537,12 @@ drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: 
     install
     extras
     [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
-    local plan i override extra
+    local plan i override
     plan=$("$PY" tests/gpu/trained_pack.py sweep-plan --gpus "${SWEEP_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}") \
         || return 1
     rm -rf "$SWEEP" && mkdir -p "$SWEEP"
     snapshot_tree "$SWEEP/tree"
-    while IFS=$'\t' read -r i extra override; do
+    while IFS=$'\t' read -r i _ override; do
         mkdir -p "$SWEEP/$i/models" "$SWEEP/$i/work"
         ln -s "$TRAINED" "$SWEEP/$i/models/$(basename "$TRAINED")"
         # A recipe whose extra_fraction is 0 gets no extra corpus (train_drafter.py refuses the pair).
@@ -550,7 +550,7 @@ drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: 
             "bash tests/gpu/remote.sh train-drafter > $SWEEP/$i/out 2>&1; echo \$? > $SWEEP/$i/rc" \
             CUDA_VISIBLE_DEVICES="$i" MODELS_TRAINED="$SWEEP/$i/models" WORK="$SWEEP/$i/work" \
             OUT="$SWEEP/$i/work/out" DRAFTER_OVERRIDE="$override" \
-            DRAFTER_EXTRA_CORPUS="$([ "$extra" = 1 ] && echo "${DRAFTER_EXTRA_CORPUS:-$SITE/vllm}")"
+            DRAFTER_EXTRA_CORPUS="$(DRAFTER_OVERRIDE="$override" drafter_extra_corpus)"
         echo "slot $i (GPU $i): $override"
     done <<< "$plan"
 }
