@@ -3,26 +3,29 @@
 #   . tests/gpu/plans/rows-4f7c6c17.sh && bash tests/gpu/remote.sh lanes-bg
 # (a device command holds 2,000 characters: the lane lists live here). Each release's speed pair
 # has a GPU of its own (lane 0 takes the first GPU of its list, every other lane the second);
-# the references of the exact rows run again on this machine. tests/unit/test_gpu_plans.py
-# checks these lists as lanes-bg will.
+# every reference (one request at a time, bf16 and NVFP4 exact; the carried raws are the H100s'
+# and stay in .stage to compare with) and the capture runs' batch-noise twins (the no-drafter
+# engine in the capture's groups) run again on this machine. The default-numerics NVFP4
+# reference stays the carried one: it does not reproduce from run to run (Marlin).
+# tests/unit/test_gpu_plans.py checks these lists as lanes-bg will.
 lanes() { tr -d ' \n'; }
 
 RS_PARALLEL_21=$(lanes <<'LANES'
 trained-speed-dflash-trained-fa2-cg-bf16,trained-speed-nodrafter-fa2-cg-bf16;
-trained-dflash-trained-fa2-cg-bf16-capture;
+trained-dflash-trained-fa2-cg-bf16-capture,trained-refgroups-bf16-capture;
 trained-dflash-trained-fa2-cg-bf16-capture-without-dflash-target-layer-ids-offset,
   trained-dflash-trained-fa2-cg-bf16-capture-without-gemma4-dflash-embed-scale-logit-softcap;
 trained-ref-bf16-bi-noinductor,trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor;
 trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor-without-dflash-target-layer-ids-offset,
   trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor-without-gemma4-dflash-embed-scale-logit-softcap;
 trained-ref-nvfp4-bi-noinductor,trained-dflash-trained-fa2-cg-nvfp4-bi-noinductor;
-trained-dflash-trained-fa2-cg-nvfp4
+trained-ref-bf16,trained-dflash-trained-fa2-cg-nvfp4
 LANES
 )
 RS_PARALLEL_33=$(lanes <<'LANES'
 v33-trained-speed-dflash-trained-fa2-cg-bf16,v33-trained-speed-nodrafter-fa2-cg-bf16;
-v33-trained-dflash-trained-fa2-cg-bf16-capture;
-v33-trained-dflash-trained-fa2-cg-bf16-capture-without-gemma4-dflash-embed-scale-logit-softcap;
+v33-trained-dflash-trained-fa2-cg-bf16-capture,v33-trained-refgroups-bf16-capture;
+v33-trained-ref-bf16,v33-trained-dflash-trained-fa2-cg-bf16-capture-without-gemma4-dflash-embed-scale-logit-softcap;
 v33-trained-ref-bf16-bi-noinductor,v33-trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor;
 v33-trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor-without-gemma4-dflash-embed-scale-logit-softcap;
 v33-trained-ref-nvfp4-bi-noinductor,v33-trained-dflash-trained-fa2-cg-nvfp4-bi-noinductor;
