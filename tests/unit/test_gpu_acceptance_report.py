@@ -348,27 +348,33 @@ def test_done_when_judges_each_drafter_apart_and_names_what_is_missing():
     assert fresh["met"]["acceptance"] is True and fresh["acceptance"]["nvfp4"] == {"rows": ["nvfp4"], "met": ["nvfp4"]}
     # The old drafter's offset ablation does not stand in for the new one's.
     assert fresh["met"]["ablation"] is False and fresh["ablation_recorded"] == [EMBED]
-    assert fresh["speed_measured"] is False and fresh["done"] is False
+    assert fresh["speed_served"] is None and fresh["done"] is False
     md = ar.markdown(ar.build(records))
-    assert f"| 0.21.0 | new | abc | 1/1 | 1/1 | met (250 contexts) | not met (missing: {OFFSET}) | not measured | no |" in md
+    assert (f"| 0.21.0 | new | abc | 1/1 | 1/1 | met (250 contexts) | not met (missing: {OFFSET}) "
+            "| not measured (not measured) | no |") in md
 
 
-def test_done_when_needs_every_row_and_a_speed_win_at_concurrency_1():
+def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
     eq = {"contexts": 300, "equal": 299}
     base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq),
             _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
             _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
     rows = ar.build(base)
     rows[0]["speed_bar_met"] = True
+    # The offline engine's pair does not stand in for the served measurement (serving has landed).
     (done,) = ar.done_when(rows)
-    assert done["done"] is True and "| **done** |" in ar.markdown(rows)
+    assert done["speed_offline"] is True and done["met"]["speed"] is False and done["done"] is False
+    rows[0]["served_speed_bar_met"] = True
+    (done,) = ar.done_when(rows)
+    assert done["done"] is True and "| met (met) | **done** |" in ar.markdown(rows)
     # One row under the bar (an exact-numerics row at 2.9) undoes it.
     rows = ar.build(base + [_rec("exact", 2.9, ref=3.0, batch_invariant=True)])
-    rows[0]["speed_bar_met"] = True
+    rows[0]["served_speed_bar_met"] = True
     (done,) = ar.done_when(rows)
     assert done["met"]["acceptance"] is False and done["acceptance"]["bf16"]["met"] == ["capture"]
     assert done["done"] is False
     # A measured speed bar that failed is "not met", not "not measured".
-    rows[0]["speed_bar_met"] = False
+    rows[0]["served_speed_bar_met"] = False
     (done,) = ar.done_when(rows)
-    assert done["speed_measured"] is True and done["met"]["speed"] is False
+    assert done["speed_served"] is False and done["met"]["speed"] is False
+    assert "| not met (not measured) |" in ar.markdown(rows)
