@@ -537,12 +537,12 @@ drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: 
     install
     extras
     [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
-    local plan i override
+    local plan i extra override
     plan=$("$PY" tests/gpu/trained_pack.py sweep-plan --gpus "${SWEEP_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}") \
         || return 1
     rm -rf "$SWEEP" && mkdir -p "$SWEEP"
     snapshot_tree "$SWEEP/tree"
-    while IFS=$'\t' read -r i _ override; do
+    while IFS=$'\t' read -r i extra override; do
         mkdir -p "$SWEEP/$i/models" "$SWEEP/$i/work"
         ln -s "$TRAINED" "$SWEEP/$i/models/$(basename "$TRAINED")"
         # A recipe whose extra_fraction is 0 gets no extra corpus (train_drafter.py refuses the pair).
@@ -550,7 +550,7 @@ drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: 
             "bash tests/gpu/remote.sh train-drafter > $SWEEP/$i/out 2>&1; echo \$? > $SWEEP/$i/rc" \
             CUDA_VISIBLE_DEVICES="$i" MODELS_TRAINED="$SWEEP/$i/models" WORK="$SWEEP/$i/work" \
             OUT="$SWEEP/$i/work/out" DRAFTER_OVERRIDE="$override" \
-            DRAFTER_EXTRA_CORPUS="$(DRAFTER_OVERRIDE="$override" drafter_extra_corpus)"
+            DRAFTER_EXTRA_CORPUS="$(extra_corpus_if "$extra")"
         echo "slot $i (GPU $i): $override"
     done <<< "$plan"
 }
@@ -699,11 +699,16 @@ sys.exit(0 if d["target_sha256"] == t["target_sha256"] else 1)' \
 }
 
 drafter_extra_corpus() { # the extra corpus the recipe (the defaults with DRAFTER_OVERRIDE) asks for, if any
-    local override=${DRAFTER_OVERRIDE:-} needs
+    local override=${DRAFTER_OVERRIDE:-} plan
     [ -n "$override" ] || override='{}'
     # sweep-plan reads the recipe as train_drafter.py does, and refuses a bad one before the GPU.
-    needs=$(DRAFTER_SWEEP="[$override]" "$PY" tests/gpu/trained_pack.py sweep-plan --gpus 1) || return 1
-    [ "$(cut -f2 <<< "$needs")" = 1 ] && echo "${DRAFTER_EXTRA_CORPUS:-$SITE/vllm}"
+    plan=$(DRAFTER_SWEEP="[$override]" "$PY" tests/gpu/trained_pack.py sweep-plan --gpus 1) || return 1
+    extra_corpus_if "$(cut -f2 <<< "$plan")"
+}
+
+extra_corpus_if() { # extra_corpus_if 0|1 (sweep-plan's column): DRAFTER_EXTRA_CORPUS, by default the
+    # bundle's vllm/ sources, where the recipe needs one; nothing otherwise
+    [ "$1" = 1 ] && echo "${DRAFTER_EXTRA_CORPUS:-$SITE/vllm}"
     return 0
 }
 
@@ -865,11 +870,11 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
     # Run `prepare` first: the two verbs must not build the same folders at once.
     mkdir -p "$WORK"
     local tree=$WORK/lanes-tree v verb lanes gpus
+    lane_gpus_disjoint || return 1
+    lanes_check || return 1
     snapshot_tree "$tree"
     mkdir -p "$tree/.stage"
     cp -r "$STAGE"/realshape-raw-* "$tree/.stage/" 2>/dev/null || true  # seed_raw's carried references
-    lane_gpus_disjoint || return 1
-    lanes_check || return 1
     for v in 21 33; do
         lanes=RS_PARALLEL_$v gpus=RS_LANE_GPUS_$v
         [ -n "${!lanes:-}" ] || continue
