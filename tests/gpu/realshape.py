@@ -1410,19 +1410,26 @@ def acceptance(counters: dict, k: int = NUM_SPECULATIVE_TOKENS) -> dict | None:
 def drafter_fields(raw: dict, measured: dict | None) -> dict:
     """A trained-drafter run's drafter identity and its acceptance beside the offline reference:
     the walk on the model the run computed, the NVFP4 one of its numerics where it exists, else
-    the bf16 target (``acceptance_reference_model`` says which)."""
+    the bf16 target (``acceptance_reference_model`` says which); and, where walk_along.py ran, the
+    same walk along the text this run wrote, which takes the target's numerics out of the gap."""
     offline, model = raw.get("acceptance_reference") or {}, "bf16"
     numerics = nvfp4_numerics(raw) if "acceptance_reference_nvfp4" in raw else None
     if numerics and (raw["acceptance_reference_nvfp4"] or {}).get(numerics):
         offline, model = raw["acceptance_reference_nvfp4"][numerics], f"nvfp4-{numerics}"
-    ratio = None
-    if measured and offline.get("mean_acceptance_length"):
-        ratio = round(measured["mean_acceptance_length"] / offline["mean_acceptance_length"], 4)
+    along = raw.get("acceptance_along_output")  # walk_along.py: the same walk on this run's own text
     return {"drafter_sha256": raw.get("drafter_sha256"),
             "drafter_for_this_target": raw.get("drafter_target_sha256") == raw.get("target_sha256"),
             "acceptance_reference": offline or None,
             "acceptance_reference_model": model,
-            "acceptance_ratio_to_reference": ratio}
+            "acceptance_ratio_to_reference": _ratio(measured, offline),
+            "acceptance_along_output": along,
+            "acceptance_ratio_along_output": _ratio(measured, along)}
+
+
+def _ratio(measured: dict | None, reference: dict | None) -> float | None:
+    if not measured or not (reference or {}).get("mean_acceptance_length"):
+        return None
+    return round(measured["mean_acceptance_length"] / reference["mean_acceptance_length"], 4)
 
 
 def _key_value(field: str, value):

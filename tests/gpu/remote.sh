@@ -853,12 +853,16 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
         done
         # (lane logs named by RAW: realshape-trained and realshape-v33-trained may run side by side)
         for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/$raw-lane-$i.log" | tail -12 || true; done
-        MODELS_RS=$MODELS_TRAINED realshape_py "$raw" "$meta" --vllm "$v" --merge-only "$@"
     else
         local names
         names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained and s.vllm == sys.argv[1]))' "$v")}
         MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py "$raw" "$meta" --vllm "$v" "$@"
     fi
+    # The reference walk along each DFlash run's own text (seconds on the GPU), then the merge
+    # that puts it beside vLLM's acceptance (the runs' records as they were otherwise).
+    "$PY" tests/gpu/walk_along.py --models "$MODELS_TRAINED" --raw "$WORK/$raw" --device cuda --write \
+        > "$WORK/$raw-walk-along.log" 2>&1 || tail -5 "$WORK/$raw-walk-along.log"
+    MODELS_RS=$MODELS_TRAINED realshape_py "$raw" "$meta" --vllm "$v" --merge-only "$@"
     tar -C "$WORK" -czf "$OUT/${raw/realshape-raw/realshape-logs}.tar.gz" "$raw"
     [ -f "$OUT/realshape.json" ] && "$PY" tests/gpu/acceptance_report.py --realshape "$OUT/realshape.json" --out-dir "$OUT"
     return 0

@@ -344,19 +344,23 @@ def test_done_when_judges_each_drafter_apart_and_names_what_is_missing():
     ]
     done = _done(records)
     old, fresh = done[("0.21.0", "old")], done[("0.21.0", "new")]
-    assert old["met"] == {"acceptance": False, "draft_equivalence": True, "ablation": True, "speed": False}
+    assert old["met"] == {"acceptance": False, "concurrency": False, "draft_equivalence": True, "ablation": True,
+                          "speed": False}
     assert fresh["met"]["acceptance"] is True and fresh["acceptance"]["nvfp4"] == {"rows": ["nvfp4"], "met": ["nvfp4"]}
     # The old drafter's offset ablation does not stand in for the new one's.
     assert fresh["met"]["ablation"] is False and fresh["ablation_recorded"] == [EMBED]
     assert fresh["speed_served"] is None and fresh["done"] is False
     md = ar.markdown(ar.build(records))
-    assert (f"| 0.21.0 | new | abc | 1/1 | 1/1 | met (250 contexts) | not met (missing: {OFFSET}) "
+    assert (f"| 0.21.0 | new | abc | 1/1 | 1/1 | 0 / 0 | met (250 contexts) | not met (missing: {OFFSET}) "
             "| not measured (not measured) | no |") in md
 
 
 def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
     eq = {"contexts": 300, "equal": 299}
-    base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq),
+    levels = dict(concurrency=[1, 8, 22])
+    base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
+            _rec("bf16", 3.4, ref=3.5, **levels),
+            _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", **levels),
             _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
             _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
     rows = ar.build(base)
@@ -371,10 +375,36 @@ def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
     rows = ar.build(base + [_rec("exact", 2.9, ref=3.0, batch_invariant=True)])
     rows[0]["served_speed_bar_met"] = True
     (done,) = ar.done_when(rows)
-    assert done["met"]["acceptance"] is False and done["acceptance"]["bf16"]["met"] == ["capture"]
+    assert done["met"]["acceptance"] is False and done["acceptance"]["bf16"]["met"] == ["bf16"]
     assert done["done"] is False
     # A measured speed bar that failed is "not met", not "not measured".
     rows[0]["served_speed_bar_met"] = False
     (done,) = ar.done_when(rows)
     assert done["speed_served"] is False and done["met"]["speed"] is False
     assert "| not met (not measured) |" in ar.markdown(rows)
+
+
+def test_done_when_needs_a_bf16_and_an_nvfp4_row_at_1_8_and_22():
+    """Item 4 measures both targets at 1, 8 and 22 in flight: capture runs at 1, 8, 17 alone, or
+    bf16 rows alone, leave it open however well they accept."""
+    eq = {"contexts": 300, "equal": 299}
+    base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
+            _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
+            _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
+
+    def judged(extra):
+        rows = ar.build(base + extra)
+        rows[0]["served_speed_bar_met"] = True
+        return ar.done_when(rows)[0]
+
+    only_capture = judged([])
+    assert only_capture["met"]["acceptance"] is True and only_capture["met"]["concurrency"] is False
+    assert only_capture["done"] is False
+    bf16_only = judged([_rec("bf16", 3.4, ref=3.5, concurrency=[1, 8, 22])])
+    assert bf16_only["at_issue_concurrency"] == {"bf16": ["bf16"], "nvfp4": []} and bf16_only["done"] is False
+    both = judged([_rec("bf16", 3.4, ref=3.5, concurrency=[1, 8, 22]),
+                   _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", concurrency=[1, 8, 22])])
+    assert both["met"]["concurrency"] is True and both["done"] is True
+    assert "| 1/1 | 1/1 | 1 / 1 |" in ar.markdown(ar.build(base + [_rec("bf16", 3.4, ref=3.5, concurrency=[1, 8, 22]),
+                                                                  _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4",
+                                                                       concurrency=[1, 8, 22])]))

@@ -34,10 +34,10 @@ with open(os.path.join(os.environ["WORK"], "placed.txt"), "a") as f:
 '''
 
 
-def _lanes(tmp_path: Path, parallel: str, **env_extra) -> subprocess.CompletedProcess:
+def _lanes(tmp_path: Path, parallel: str, stand_in: str = STAND_IN, **env_extra) -> subprocess.CompletedProcess:
     tree = tmp_path / "tree"
     (tree / "tests" / "gpu").mkdir(parents=True, exist_ok=True)
-    (tree / "tests" / "gpu" / "realshape.py").write_text(STAND_IN)
+    (tree / "tests" / "gpu" / "realshape.py").write_text(stand_in)
     functions = (GPU / "remote.sh").read_text().split("\ncmd=${1:-}\n")[0]
     (tmp_path / "f.sh").write_text(functions + '\ntrained_lanes 0.21.0 raw meta.json\n')
     env = dict(os.environ, WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"), PY=sys.executable,
@@ -112,3 +112,25 @@ def test_lanes_bg_refuses_a_misspelt_run_before_anything_starts(tmp_path):
     assert done.returncode != 0
     assert "RS_PARALLEL_33: v33-trained-ref-bf16-bi-noinductr: no such run" in done.stderr
     assert not (tmp_path / "work" / "lanes-21.log").exists() and not (tmp_path / "work" / "lanes-33.log").exists()
+
+
+def test_the_walk_along_each_runs_output_comes_after_the_lanes_and_before_the_merge(tmp_path):
+    """trained_lanes walks the reference along every DFlash run's own text (walk_along.py --write,
+    on the GPU) once the lanes have ended, then merges: the records carry it. Stand-ins note the
+    order; the lane check is realshape.py's own."""
+    tree = tmp_path / "tree" / "tests" / "gpu"
+    tree.mkdir(parents=True)
+    note = 'open(os.path.join(os.environ["WORK"], "order.txt"), "a").write({} + "\\n")'
+    merging = STAND_IN.replace(
+        'sys.exit(realshape.main(sys.argv[1:]) if "--check-lanes" in sys.argv else 0)',
+        f'sys.exit(realshape.main(sys.argv[1:])) if "--check-lanes" in sys.argv else '
+        f'({note.format(repr("merge"))}, sys.exit(0))')
+    assert merging != STAND_IN
+    walk_note = note.format('"walk " + " ".join(sys.argv[1:])')
+    (tree / "walk_along.py").write_text(f"import os, sys\n{walk_note}\n")
+    done = _lanes(tmp_path, f"{A};{B}", merging)
+    assert done.returncode == 0, done.stdout + done.stderr
+    order = (tmp_path / "work" / "order.txt").read_text().split("\n")[:-1]
+    assert [line.split()[0] for line in order] == ["walk", "merge"]
+    assert f"--raw {tmp_path / 'work' / 'raw'} --device cuda --write" in order[0]
+    assert (tmp_path / "work" / "placed.txt").read_text().count("gpu=") == 2  # the lanes ran first

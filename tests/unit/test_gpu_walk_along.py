@@ -1,0 +1,145 @@
+"""walk_along.py (issue 25, item 4): the reference walk along a run's own output, on a small
+random Gemma 4 target of the trained target's make and a random drafter, on the CPU. Nothing here
+needs a GPU; the released vLLM does not run (the walk is the reference side only)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tests.unit.gpu_scripts import load as _load
+from tests.unit.gpu_scripts import tiny_gemma4_target
+
+torch = pytest.importorskip("torch", reason="the walk needs torch (the test venv has the CPU build)")
+ref = _load("dflash_reference")
+td = _load("train_drafter")
+wa = _load("walk_along")
+rs = _load("realshape")
+ar = _load("acceptance_report")
+
+K = 4
+DRAFTER = {
+    "hidden_size": 64, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6,
+    "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 2]},
+}
+
+
+@pytest.fixture(scope="module")
+def pieces():
+    model, cfg = tiny_gemma4_target(4)
+    torch.manual_seed(7)
+    drafter = ref.Drafter(ref.Geometry.from_config(DRAFTER))
+    drafter.init_weights(0.3)
+    drafter.eval()
+    shared = ref.Shared.gemma4(model.model.language_model.embed_tokens.weight.detach(), cfg["text_config"])
+    rng = random.Random(3)
+    prompt = [2] + [rng.randrange(24, 256) for _ in range(11)]
+    return model, drafter, shared, prompt
+
+
+def test_along_the_targets_own_greedy_text_the_walk_is_the_offline_walk(pieces):
+    """evaluate()'s walk checks drafts against the teacher-forced argmax; along the target's own
+    greedy continuation that argmax is the text, so both count the same steps."""
+    model, drafter, shared, prompt = pieces
+    max_tokens = 24
+    cont = td.greedy_continue(model, [prompt], max_tokens + K)[0]
+    seq = prompt + cont
+    feats, greedy, _ = td.target_features(model, [seq], [1, 2], 1000)
+    # greedy[t] is the token for t + 1: over the continuation it is the continuation (float32)
+    assert greedy[0, len(prompt) - 1:-1].tolist() == cont
+    for sem in ref.SEMANTICS:
+        drafts = td.drafts_at_every_anchor(drafter, shared, feats[0], torch.tensor(seq), len(prompt), max_tokens, sem, K)
+        offline = td.prompt_steps(drafts, greedy[0], len(prompt), max_tokens, K)
+        assert wa.steps_along(model, drafter, shared, prompt, cont, sem, K, 1000, max_tokens) == offline
+
+
+def test_drafts_count_against_the_text_the_run_wrote_not_the_targets_argmax(pieces):
+    """A text whose first tokens are the drafter's own first block: that step accepts all K drafts
+    whatever the target would have said; the same text with one drafted token changed accepts
+    only the drafts before it."""
+    model, drafter, shared, prompt = pieces
+    sem = ref.SEMANTICS[0]
+    bonus = 40
+    feats, _, _ = td.target_features(model, [prompt + [bonus]], [1, 2], 1000)
+    first = td.drafts_at_every_anchor(drafter, shared, feats[0], torch.tensor(prompt + [bonus]), len(prompt), 1,
+                                      sem, K)[0].tolist()
+    text = [bonus] + first + [50] * 12
+    assert wa.steps_along(model, drafter, shared, prompt, text, sem, K, 1000)[0] == K
+    changed = [bonus] + first[:2] + [(first[2] + 1) % 256] + first[3:] + [50] * 12
+    assert wa.steps_along(model, drafter, shared, prompt, changed, sem, K, 1000)[0] == 2
+
+
+def _drafter_folder(path, tag: bytes):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(tag)
+    return td.drafter_sha256(path)
+
+
+def test_only_trained_drafter_runs_that_generated_are_walked_and_another_drafters_is_refused(tmp_path):
+    models = tmp_path / "models"
+    here = _drafter_folder(models / rs.TRAINED_DRAFTER_TRAINED, b"mine")
+    runs = {
+        "trained-dflash-trained-fa2-cg-bf16-capture": {"drafter_sha256": here, "groups": {"1": [{}]}},
+        "trained-ref-bf16": {"passes": [[]]},                                      # a reference: no drafter
+        "trained-speed-dflash-trained-fa2-cg-bf16": {"drafter_sha256": here, "groups": {"1": [{}]}},  # speed
+        "trained-dflash-fa2-cg-bf16": {"groups": {"1": [{}]}},                     # the random drafter
+    }
+    paths = []
+    for name, raw in runs.items():
+        assert name in rs.RUNS, name
+        paths.append(tmp_path / f"{name}.raw.json")
+        paths[-1].write_text(json.dumps({"name": name, **raw}))
+    assert wa.walked_runs(paths, models) == [paths[0]]
+    other = tmp_path / "other.raw.json"
+    other.write_text(json.dumps({"name": "trained-dflash-trained-fa2-cg-bf16-capture",
+                                 "drafter_sha256": "0" * 64, "groups": {"1": [{}]}}))
+    with pytest.raises(SystemExit, match="drafter 00000000, but .* holds"):
+        wa.walked_runs([other], models)
+    # Found in a folder beside this drafter's runs, it is left out, not walked.
+    assert wa.walked_runs([other, paths[0]], models, named=set()) == [paths[0]]
+
+
+def test_nvfp4_runs_are_walked_on_the_nvfp4_target_of_their_numerics():
+    assert wa.run_numerics({"name": "trained-dflash-trained-fa2-cg-bf16-capture"}) == "bf16"
+    marlin = {"name": "trained-dflash-trained-fa2-cg-nvfp4",
+              "log_text_for_backends": ["Using MarlinNvFp4LinearKernel for NVFP4 GEMM"]}
+    assert rs.nvfp4_numerics(marlin) == "W4A16" and wa.run_numerics(marlin) == "W4A16"
+    assert wa.run_numerics({"name": "trained-dflash-trained-fa2-cg-nvfp4-bi-noinductor",
+                            "log_text_for_backends": []}) == "W4A4"
+
+
+def _record(measured: float, reference: float, along: float | None) -> dict:
+    rec = {"name": "trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor", "vllm": "0.21.0", "series": "s",
+           "quantization": "bf16", "drafter_sha256": "d", "acceptance": {"mean_acceptance_length": measured},
+           "acceptance_reference": {"mean_acceptance_length": reference}}
+    if along is not None:
+        rec["acceptance_along_output"] = {"mean_acceptance_length": along}
+    return rec
+
+
+def test_the_acceptance_bar_reads_the_walk_along_the_runs_output_where_it_ran():
+    # The HF-text walk 14 % above, the walk along the run's own text 3 % below: met.
+    row = ar._row(_record(3.53, 4.09, 3.42), None, [])
+    assert row["acceptance_bar_met"] and row["acceptance_bar_reference"] == "along_output"
+    assert row["relative_gap"] == 0.1369 and row["relative_gap_along_output"] == 0.0322
+    # Close to the HF-text walk but 15 % off its own text: not met.
+    assert not ar._row(_record(4.0, 4.05, 3.47), None, []).get("acceptance_bar_met")
+    # Without the walk along its output the row is judged as before.
+    before = ar._row(_record(3.53, 4.09, None), None, [])
+    assert not before["acceptance_bar_met"] and before["acceptance_bar_reference"] == "reference"
+    # Under 3 fails whatever the references say.
+    assert not ar._row(_record(2.9, 2.9, 2.9), None, [])["acceptance_bar_met"]
+
+
+def test_realshape_records_the_walk_along_the_output_and_its_ratio():
+    raw = {"drafter_sha256": "d", "acceptance_reference": {"mean_acceptance_length": 4.0},
+           "acceptance_along_output": {"mean_acceptance_length": 3.5, "steps": 9}}
+    fields = rs.drafter_fields(raw, {"mean_acceptance_length": 3.5})
+    assert fields["acceptance_along_output"]["steps"] == 9
+    assert fields["acceptance_ratio_along_output"] == 1.0 and fields["acceptance_ratio_to_reference"] == 0.875
+    assert rs.drafter_fields({"drafter_sha256": "d"}, None)["acceptance_ratio_along_output"] is None
