@@ -35,21 +35,23 @@ import train_drafter  # noqa: E402
 
 
 def steps_along(model, drafter, shared, prompt: list[int], output: list[int], semantics: str, k: int,
-                chunk_tokens: int, max_tokens: int | None = None) -> list[int]:
-    """Accepted drafts per verify step of one request whose text is prompt + output, the request
-    ending at ``max_tokens`` (default: all of ``output``; a draft past the text's end is not
-    accepted, as none can be checked)."""
+                chunk_tokens: int) -> list[int]:
+    """Accepted drafts per verify step of one request whose text is prompt + output.
+
+    vLLM verifies all K drafts of a request's last step and counts what it accepts before it cuts
+    the output at max_tokens (Scheduler.update_from_output: the spec-decode stats come first), so
+    the text is extended past its end by the target's greedy continuation (K tokens), as
+    train_drafter.evaluate's walk extends its own."""
     import torch
 
-    seq = prompt + output
-    max_tokens = len(output) if max_tokens is None else max_tokens
+    seq = prompt + output + train_drafter.greedy_continue(model, [prompt + output], k)[0]
     feats, _, _ = train_drafter.target_features(model, [seq], list(drafter.g.target_layer_ids), chunk_tokens)
     tokens = torch.tensor(seq, device=feats.device)
     drafts = train_drafter.drafts_at_every_anchor(drafter, shared, feats[0].to(next(drafter.parameters()).dtype),
-                                                  tokens, len(prompt), max_tokens, semantics, k)
+                                                  tokens, len(prompt), len(output), semantics, k)
     # prompt_steps compares block a's drafts with greedy[a:a + k], the tokens at a + 1 ..: here
     # the tokens the run wrote.
-    return train_drafter.prompt_steps(drafts, tokens[1:], len(prompt), max_tokens, k)
+    return train_drafter.prompt_steps(drafts, tokens[1:], len(prompt), len(output), k)
 
 
 def run_numerics(raw: dict) -> str:

@@ -42,8 +42,10 @@ def pieces():
 
 
 def test_along_the_targets_own_greedy_text_the_walk_is_the_offline_walk(pieces):
-    """evaluate()'s walk checks drafts against the teacher-forced argmax; along the target's own
-    greedy continuation that argmax is the text, so both count the same steps."""
+    """evaluate()'s walk checks drafts against the teacher-forced argmax of a continuation K tokens
+    longer than the request; along the target's own greedy text that argmax is the text, and the
+    walk along it extends the text by the same K tokens, so both count the same steps (the last
+    one's drafts past max_tokens included, as vLLM's counters do)."""
     model, drafter, shared, prompt = pieces
     max_tokens = 24
     cont = td.greedy_continue(model, [prompt], max_tokens + K)[0]
@@ -54,7 +56,7 @@ def test_along_the_targets_own_greedy_text_the_walk_is_the_offline_walk(pieces):
     for sem in ref.SEMANTICS:
         drafts = td.drafts_at_every_anchor(drafter, shared, feats[0], torch.tensor(seq), len(prompt), max_tokens, sem, K)
         offline = td.prompt_steps(drafts, greedy[0], len(prompt), max_tokens, K)
-        assert wa.steps_along(model, drafter, shared, prompt, cont, sem, K, 1000, max_tokens) == offline
+        assert wa.steps_along(model, drafter, shared, prompt, cont[:max_tokens], sem, K, 1000) == offline
 
 
 def test_drafts_count_against_the_text_the_run_wrote_not_the_targets_argmax(pieces):
@@ -71,6 +73,24 @@ def test_drafts_count_against_the_text_the_run_wrote_not_the_targets_argmax(piec
     assert wa.steps_along(model, drafter, shared, prompt, text, sem, K, 1000)[0] == K
     changed = [bonus] + first[:2] + [(first[2] + 1) % 256] + first[3:] + [50] * 12
     assert wa.steps_along(model, drafter, shared, prompt, changed, sem, K, 1000)[0] == 2
+
+
+def test_the_last_step_counts_drafts_past_the_end_as_vllms_counters_do(pieces, monkeypatch):
+    """An oracle drafter (each block drafts the K tokens that follow its anchor in the text it is
+    given) accepts every draft; the request's last step too, past max_tokens, because the text
+    goes on with the target's own greedy tokens (vLLM counts a step's accepted drafts before it
+    cuts the output). Cut at the run's last token instead, that step would accept fewer."""
+    model, drafter, shared, prompt = pieces
+
+    def oracle(_drafter, _shared, _features, tokens, plen, n, _semantics, k):
+        ahead = [tokens[a + 1:a + 1 + k] for a in range(plen, plen + n)]
+        return torch.stack([torch.nn.functional.pad(t, (0, k - len(t)), value=-1) for t in ahead])
+
+    monkeypatch.setattr(wa.train_drafter, "drafts_at_every_anchor", oracle)
+    output = td.greedy_continue(model, [prompt], 23)[0]
+    steps = wa.steps_along(model, drafter, shared, prompt, output, ref.SEMANTICS[0], K, 1000)
+    # n: 1, 6, 11, 16, 21, then 26 >= 23: five steps, the last one's drafts partly past the end
+    assert steps == [K] * 5
 
 
 def _drafter_folder(path, tag: bytes):
