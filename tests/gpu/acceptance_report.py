@@ -214,15 +214,15 @@ def done_when(rows: list[dict]) -> list[dict]:
     out = []
     for vllm, drafter in sorted({(r["vllm"], r["drafter_sha256"]) for r in rows}, key=str):
         group = [r for r in rows if r["vllm"] == vllm and r["drafter_sha256"] == drafter]
-        acceptance = {q: {"rows": sorted(r["run"] for r in group if (r["quantization"] == "bf16") == (q == "bf16")),
-                          "met": sorted(r["run"] for r in group if (r["quantization"] == "bf16") == (q == "bf16")
-                                        and r["acceptance_bar_met"])} for q in ("bf16", "nvfp4")}
+        by_quant = {q: [r for r in group if (r["quantization"] == "bf16") == (q == "bf16")] for q in ("bf16", "nvfp4")}
+        acceptance = {q: {"rows": sorted(r["run"] for r in rs),
+                          "met": sorted(r["run"] for r in rs if r["acceptance_bar_met"])} for q, rs in by_quant.items()}
         equivalence = [r["draft_equivalence"] for r in group if r["draft_equivalence"]]
         recorded = {a["reverted"] for r in group for a in r["ablation"] if a["mean_acceptance_length_vllm"] is not None}
         # Item 4 measures "in bf16 and in NVFP4 ... at 1, 8 and 22 concurrent requests": a capture
         # run's 1, 8, 17 does not stand in for it, nor a bf16 row for an NVFP4 one.
-        at_levels = {q: sorted(r["run"] for r in group if (r["quantization"] == "bf16") == (q == "bf16")
-                               and set(ISSUE_CONCURRENCY) <= set(r.get("concurrency") or ())) for q in ("bf16", "nvfp4")}
+        at_levels = {q: sorted(r["run"] for r in rs if set(ISSUE_CONCURRENCY) <= set(r.get("concurrency") or ()))
+                     for q, rs in by_quant.items()}
         served = [r["served_speed_bar_met"] for r in group if r["served_speed_bar_met"] is not None]
         offline = [r["speed_bar_met"] for r in group if r["speed_bar_met"] is not None]
         verdict = {

@@ -54,7 +54,8 @@ def test_along_the_targets_own_greedy_text_the_walk_is_the_offline_walk(pieces):
     # greedy[t] is the token for t + 1: over the continuation it is the continuation (float32)
     assert greedy[0, len(prompt) - 1:-1].tolist() == cont
     for sem in ref.SEMANTICS:
-        drafts = td.drafts_at_every_anchor(drafter, shared, feats[0], torch.tensor(seq), len(prompt), max_tokens, sem, K)
+        drafts = td.drafts_at_every_anchor(drafter, shared, feats[0], torch.tensor(seq), len(prompt), max_tokens,
+                                           sem, K)
         offline = td.prompt_steps(drafts, greedy[0], len(prompt), max_tokens, K)
         assert wa.steps_along(model, drafter, shared, prompt, cont[:max_tokens], sem, K, 1000) == offline
 
