@@ -14,10 +14,12 @@ the run wrote there. Steps follow vLLM's bookkeeping (dflash_reference.walk), ev
 the run's concurrency groups sent it, so the summary is the one vLLM's counters give when its
 drafter side computes what the reference does.
 
-    python tests/gpu/walk_along.py --models MODELS --raw RUN.raw.json [--device cpu]
+    python tests/gpu/walk_along.py --models MODELS --raw RAW_DIR_OR_FILES [--device cuda] [--write]
 
-prints the summary as JSON (``acceptance_along_output``), and with ``--record realshape.json``
-writes it into that run's record. Runs on the CPU in minutes (the 26 requests of a capture run).
+prints each run's summary as JSON (``acceptance_along_output``); ``--write`` stores it in the
+run's raw record, where realshape.py's merge puts it beside vLLM's acceptance
+(``remote.sh``'s ``trained_lanes`` does this on the GPU before its merge). On a CPU a capture
+run takes 2-4 minutes.
 """
 
 from __future__ import annotations
