@@ -64,61 +64,78 @@ def run_numerics(raw: dict) -> str:
     return realshape.nvfp4_numerics(raw)
 
 
-def along_run(raw: dict, models: Path, device: str, k: int = realshape.NUM_SPECULATIVE_TOKENS,
-              chunk_tokens: int = 8192) -> dict:
-    """The walk along every request of a DFlash run's raw record (its ``groups``)."""
-    held = json.loads((models / realshape.TRAINED_TARGET / "prompts.json").read_text())
-    prompts = [p["token_ids"] for p in held]
-    target_dir = models / realshape.TRAINED_TARGET
-    model = train_drafter.load_target(target_dir, device)
-    numerics = run_numerics(raw)
-    if numerics != "bf16":
-        # The features vLLM's drafter got came from the NVFP4 target of the run's numerics.
-        from safetensors.torch import load_file
+class Walker:
+    """The walk's models, each loaded once for every run walked: the bf16 target and the NVFP4
+    ones (one per numerics: nvfp4_reference.apply changes a model in place), the drafter, the
+    held-out prompts. Steps are kept per text as well: runs that wrote the same text (an ablation
+    under exact numerics and its patched run, one prompt in several groups) are walked once."""
 
-        import nvfp4_reference
+    def __init__(self, models: Path, device: str, k: int = realshape.NUM_SPECULATIVE_TOKENS,
+                 chunk_tokens: int = 8192) -> None:
+        self.models, self.device, self.k, self.chunk_tokens = models, device, k, chunk_tokens
+        self.target_dir = models / realshape.TRAINED_TARGET
+        self.prompts = [p["token_ids"] for p in json.loads((self.target_dir / "prompts.json").read_text())]
+        self.drafter = train_drafter.load_drafter(models / realshape.TRAINED_DRAFTER_TRAINED, device)
+        self._targets: dict[str, object] = {}
+        self._steps: dict[tuple, list[int]] = {}
+        self.shared = train_drafter.shared_from_target(self.target("bf16"), self.target_dir)
 
-        tensors = load_file(str(models / (realshape.TRAINED_TARGET + "-nvfp4") / "model.safetensors"))
-        nvfp4_reference.apply(model, tensors, activations=numerics == "W4A4")
-    drafter = train_drafter.load_drafter(models / realshape.TRAINED_DRAFTER_TRAINED, device)
-    shared = train_drafter.shared_from_target(model, target_dir)
-    semantics = f"vllm-{raw['vllm_version']}"
-    cache: dict[tuple, list[int]] = {}
-    steps: list[int] = []
-    t0 = time.time()
-    for _c, outputs in sorted(raw["groups"].items(), key=lambda kv: int(kv[0])):
-        for i, out in enumerate(outputs):  # group c sent the first c prompts, in order
-            key = (i, tuple(out["token_ids"]))
-            if key not in cache:
-                cache[key] = steps_along(model, drafter, shared, prompts[i], out["token_ids"], semantics, k,
-                                         chunk_tokens)
-            steps += cache[key]
-    summary = gate.acceptance_summary(steps, k)
-    summary.update(semantics=semantics, numerics=numerics, requests=sum(len(o) for o in raw["groups"].values()),
-                   distinct_texts=len(cache), device=device, wall_s=round(time.time() - t0, 1))
-    return summary
+    def target(self, numerics: str):
+        if numerics not in self._targets:
+            model = train_drafter.load_target(self.target_dir, self.device)
+            if numerics != "bf16":
+                # The features vLLM's drafter got came from the NVFP4 target of the run's numerics.
+                from safetensors.torch import load_file
+
+                import nvfp4_reference
+
+                tensors = load_file(str(self.models / (realshape.TRAINED_TARGET + "-nvfp4") / "model.safetensors"))
+                nvfp4_reference.apply(model, tensors, activations=numerics == "W4A4")
+            self._targets[numerics] = model
+        return self._targets[numerics]
+
+    def run(self, raw: dict) -> dict:
+        """The walk along every request of a DFlash run's raw record (its ``groups``)."""
+        numerics, semantics = run_numerics(raw), f"vllm-{raw['vllm_version']}"
+        model = self.target(numerics)
+        steps: list[int] = []
+        texts = set()
+        t0 = time.time()
+        for _c, outputs in sorted(raw["groups"].items(), key=lambda kv: int(kv[0])):
+            for i, out in enumerate(outputs):  # group c sent the first c prompts, in order
+                key = (numerics, semantics, i, tuple(out["token_ids"]))
+                texts.add(key)
+                if key not in self._steps:
+                    self._steps[key] = steps_along(model, self.drafter, self.shared, self.prompts[i],
+                                                   out["token_ids"], semantics, self.k, self.chunk_tokens)
+                steps += self._steps[key]
+        summary = gate.acceptance_summary(steps, self.k)
+        summary.update(semantics=semantics, numerics=numerics, requests=sum(len(o) for o in raw["groups"].values()),
+                       distinct_texts=len(texts), device=self.device, wall_s=round(time.time() - t0, 1))
+        return summary
 
 
-def walked_runs(paths: list[Path], models: Path, named: set[Path] | None = None) -> list[Path]:
-    """The raw records this walk applies to: trained-drafter DFlash runs that generated, with the
-    drafter in ``models``. A record named on the command line (``named``; default: all) of
-    another drafter is refused by name, never walked with the wrong weights; one found in a
+def walked_runs(paths: list[Path], models: Path, named: set[Path] | None = None) -> list[tuple[Path, dict]]:
+    """The raw records this walk applies to, read: trained-drafter DFlash runs that generated,
+    with the drafter in ``models``. A record named on the command line (``named``; default: all)
+    of another drafter is refused by name, never walked with the wrong weights; one found in a
     folder is left out with a line that says so (a folder may hold an earlier drafter's runs)."""
-    here = train_drafter.drafter_sha256(models / realshape.TRAINED_DRAFTER_TRAINED)
     named = set(paths) if named is None else named
+    here = None
     chosen = []
     for path in paths:
         raw = json.loads(path.read_text())
         spec = realshape.RUNS.get(raw.get("name"))
         if spec is None or spec.drafter != "trained" or not raw.get("groups") or spec.speed:
             continue
+        here = here or train_drafter.drafter_sha256(models / realshape.TRAINED_DRAFTER_TRAINED)
         if raw.get("drafter_sha256") != here:
             why = f"{path}: drafter {str(raw.get('drafter_sha256'))[:8]}, but {models} holds {here[:8]}"
             if path in named:
                 raise SystemExit(f"{why}: walk it with the models it ran")
             print(f"{why}: left out", file=sys.stderr)
             continue
-        chosen.append(path)
+        chosen.append((path, raw))
     return chosen
 
 
@@ -133,11 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--again", action="store_true", help="with --write: walk records that hold one already")
     args = parser.parse_args(argv)
     paths = [q for p in args.raw for q in (sorted(p.glob("*.raw.json")) if p.is_dir() else [p])]
-    for path in walked_runs(paths, args.models, {p for p in args.raw if not p.is_dir()}):
-        raw = json.loads(path.read_text())
-        if args.write and raw.get("acceptance_along_output") and not args.again:
-            continue  # walked by an earlier call: the same weights on the same text
-        raw["acceptance_along_output"] = along_run(raw, args.models, args.device)
+    runs = [(path, raw) for path, raw in walked_runs(paths, args.models, {p for p in args.raw if not p.is_dir()})
+            # walked by an earlier call: the same weights on the same text
+            if not (args.write and raw.get("acceptance_along_output") and not args.again)]
+    walker = Walker(args.models, args.device) if runs else None
+    for path, raw in runs:
+        raw["acceptance_along_output"] = walker.run(raw)
         print(json.dumps({"run": raw["name"], "acceptance_vllm": realshape.acceptance(raw.get("counters") or {}),
                           "acceptance_along_output": raw["acceptance_along_output"]}), flush=True)
         if args.write:

@@ -115,14 +115,36 @@ def test_only_trained_drafter_runs_that_generated_are_walked_and_another_drafter
         assert name in rs.RUNS, name
         paths.append(tmp_path / f"{name}.raw.json")
         paths[-1].write_text(json.dumps({"name": name, **raw}))
-    assert wa.walked_runs(paths, models) == [paths[0]]
+    assert [p for p, _ in wa.walked_runs(paths, models)] == [paths[0]]
     other = tmp_path / "other.raw.json"
     other.write_text(json.dumps({"name": "trained-dflash-trained-fa2-cg-bf16-capture",
                                  "drafter_sha256": "0" * 64, "groups": {"1": [{}]}}))
     with pytest.raises(SystemExit, match="drafter 00000000, but .* holds"):
         wa.walked_runs([other], models)
     # Found in a folder beside this drafter's runs, it is left out, not walked.
-    assert wa.walked_runs([other, paths[0]], models, named=set()) == [paths[0]]
+    assert [p for p, _ in wa.walked_runs([other, paths[0]], models, named=set())] == [paths[0]]
+
+
+def test_each_model_loads_once_and_each_text_is_walked_once_across_runs(tmp_path, monkeypatch):
+    """An ablation under exact numerics writes its patched run's text: the second run reuses the
+    first's steps, and both runs share one loaded target (stand-ins count the loads and walks;
+    the walk itself is checked above)."""
+    loads, walks = [], []
+    monkeypatch.setattr(wa.train_drafter, "load_target", lambda d, dev: loads.append(dev) or object())
+    monkeypatch.setattr(wa.train_drafter, "load_drafter", lambda d, dev: object())
+    monkeypatch.setattr(wa.train_drafter, "shared_from_target", lambda m, d: object())
+    monkeypatch.setattr(wa, "steps_along", lambda *a: walks.append(a[3:5]) or [len(a[4]) % 3])
+    (tmp_path / rs.TRAINED_TARGET).mkdir()
+    (tmp_path / rs.TRAINED_TARGET / "prompts.json").write_text(json.dumps([{"token_ids": [2, i]} for i in range(3)]))
+    outs = [{"token_ids": [5, 6]}, {"token_ids": [7]}]
+    raw = {"name": "trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor", "vllm_version": "0.21.0",
+           "groups": {"1": outs[:1], "2": outs}}
+    walker = wa.Walker(tmp_path, "cpu", k=2)
+    first = walker.run(raw)
+    ablation = walker.run(dict(raw, name="trained-dflash-trained-fa2-cg-bf16-capture-bi-noinductor-without-"
+                                         "gemma4-dflash-embed-scale-logit-softcap"))
+    assert len(loads) == 1 and len(walks) == 2  # prompt 0's text in both groups, then prompt 1's
+    assert first["steps"] == ablation["steps"] == 3 and first["distinct_texts"] == 2 and first["requests"] == 3
 
 
 def test_nvfp4_runs_are_walked_on_the_nvfp4_target_of_their_numerics():
