@@ -191,15 +191,11 @@ def build(records: list[dict]) -> list[dict]:
 
 
 def drafter_side_patches() -> dict[str, set[str]]:
-    """The patches each release's ablation reverts (realshape's trained-drafter runs with a revert):
-    the issue asks for every one of them, each reverted on its own."""
+    """The patches each release's ablation reverts (realshape.DRAFTER_SIDE_PATCHES, which makes
+    those runs): the issue asks for every one of them, each reverted on its own."""
     import realshape
 
-    out: dict[str, set[str]] = {}
-    for spec in realshape.RUNS.values():
-        if spec.revert and spec.drafter == "trained":
-            out.setdefault(spec.vllm, set()).add(spec.revert)
-    return out
+    return {v: set(ids) for v, ids in realshape.DRAFTER_SIDE_PATCHES.items()}
 
 
 def done_when(rows: list[dict]) -> list[dict]:
