@@ -721,8 +721,9 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     # among them) takes those windows from DRAFTER_EXTRA_CORPUS, by default the bundle's own
     # vllm/ sources (pinned by the bundle's sha256, recorded by their own).
     local corpus
-    corpus=$(drafter_extra_corpus) || return 1
     if [ -n "${DRAFTER_STEPS:-}${DRAFTER_OVERRIDE:-}" ] || ! drafter_is_current; then
+        # The recipe is read (a bad one refused) before the carried drafter is touched.
+        corpus=$(drafter_extra_corpus) || return 1
         # A failed retraining must not leave the carried drafter looking current.
         rm -f "$DRAFTER_TRAINED/drafter-train-record.json"
         # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do. Expandable
