@@ -106,7 +106,8 @@ def _speed_bar_at_one(one: dict | None) -> bool | None:
     return one["measured_speedup"] > 1 and abs(one["measured_over_projected"] - 1) <= MAX_PROJECTION_GAP
 
 
-def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | None = None) -> dict:
+def _acceptance_bar(rec: dict) -> dict:
+    """A run's acceptance beside its two references, and the bar (item 4)."""
     measured = _acceptance(rec)
     reference = (rec.get("acceptance_reference") or {}).get("mean_acceptance_length")
     gap = _gap(measured, reference)
@@ -116,6 +117,30 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
     # a gap to the walk along the Hugging Face target's text also holds the target's numerics;
     # else that walk.
     bar_gap = along_gap if along_gap is not None else gap
+    return {
+        "mean_acceptance_length_vllm": measured, "mean_acceptance_length_reference": reference,
+        # The model the offline walk ran: the bf16 target, or the NVFP4 one of the run's numerics.
+        "reference_model": rec.get("acceptance_reference_model") or "bf16",
+        "relative_gap": round(gap, 4) if gap is not None else None,
+        "mean_acceptance_length_along_output": along,
+        "relative_gap_along_output": round(along_gap, 4) if along_gap is not None else None,
+        "acceptance_bar_reference": "along_output" if along_gap is not None else "reference",
+        "acceptance_bar_met": (measured is not None and measured >= MIN_ACCEPTANCE
+                               and bar_gap is not None and bar_gap <= MAX_RELATIVE_GAP),
+    }
+
+
+def _capture_entry(capture: dict | None, rec: dict) -> dict | None:
+    """The capture run that joined ``rec``'s row (its drafts gave the row's equivalence): a
+    measurement of its own, at its own prompts and concurrency, so its acceptance is kept and
+    judged beside the row's."""
+    if capture is None or capture is rec:
+        return None
+    return {"run": capture["name"], "series": capture.get("series"), "concurrency": capture.get("concurrency"),
+            **_acceptance_bar(capture)}
+
+
+def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | None = None) -> dict:
     noise = rec.get("batch_noise") or {}
     return {
         "run": rec["name"], "vllm": rec.get("vllm"), "series": rec.get("series"),
@@ -127,15 +152,8 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         "within_batch_noise": noise.get("within"),
         # The noise run that verdict read (None where it had none), so undecided is told from unmeasured.
         "batch_noise_run": None if noise.get("reason") else noise.get("run"),
-        "mean_acceptance_length_vllm": measured, "mean_acceptance_length_reference": reference,
-        # The model the offline walk ran: the bf16 target, or the NVFP4 one of the run's numerics.
-        "reference_model": rec.get("acceptance_reference_model") or "bf16",
-        "relative_gap": round(gap, 4) if gap is not None else None,
-        "mean_acceptance_length_along_output": along,
-        "relative_gap_along_output": round(along_gap, 4) if along_gap is not None else None,
-        "acceptance_bar_reference": "along_output" if along_gap is not None else "reference",
-        "acceptance_bar_met": (measured is not None and measured >= MIN_ACCEPTANCE
-                               and bar_gap is not None and bar_gap <= MAX_RELATIVE_GAP),
+        **_acceptance_bar(rec),
+        "capture_run": _capture_entry(capture, rec),
         "per_position": {"vllm": (rec.get("acceptance") or {}).get("per_position"),
                          "reference": (rec.get("acceptance_reference") or {}).get("per_position"),
                          "along_output": (rec.get("acceptance_along_output") or {}).get("per_position")},
@@ -201,29 +219,38 @@ def drafter_side_patches() -> dict[str, set[str]]:
 def done_when(rows: list[dict]) -> list[dict]:
     """Issue 25's "Done when", per release and drafter (a retrained drafter's rows are judged on
     their own, never mixed with an earlier drafter's):
-    every row's acceptance at least 3 and within 10 % of its reference (bf16 and NVFP4 rows
-    counted apart), the drafts of a capture run equal for 99 % of at least 200 contexts (strictly
+    every row's acceptance, and that of the capture run joined to it, at least 3 and within 10 %
+    of its reference (bf16 and NVFP4 rows counted apart), the drafts of a capture run equal for 99 % of at least 200 contexts (strictly
     or within the bf16 noise of the same weights), an ablation row for each drafter-side patch,
-    and at concurrency 1 a DFlash win within 15 % of the projection, served (`launcher bench`
+    output identical to the no-drafter reference in an exact-numerics row of each target and no
+    default-numerics divergence beyond the batching noise, and at concurrency 1 a DFlash win within 15 % of the projection, served (`launcher bench`
     against `vllm serve`; the offline engine's pair is reported beside it)."""
     expected = drafter_side_patches()
     out = []
     for vllm, drafter in sorted({(r["vllm"], r["drafter_sha256"]) for r in rows}, key=str):
         group = [r for r in rows if r["vllm"] == vllm and r["drafter_sha256"] == drafter]
         by_quant = {q: [r for r in group if (r["quantization"] == "bf16") == (q == "bf16")] for q in ("bf16", "nvfp4")}
+        # A capture run that joined a row is a measurement too: its acceptance counts beside the row's.
+        measured = {q: rs + [r["capture_run"] for r in rs if r.get("capture_run")] for q, rs in by_quant.items()}
         acceptance = {q: {"rows": sorted(r["run"] for r in rs),
-                          "met": sorted(r["run"] for r in rs if r["acceptance_bar_met"])} for q, rs in by_quant.items()}
+                          "met": sorted(r["run"] for r in rs if r["acceptance_bar_met"])} for q, rs in measured.items()}
         equivalence = [r["draft_equivalence"] for r in group if r["draft_equivalence"]]
         recorded = {a["reverted"] for r in group for a in r["ablation"] if a["mean_acceptance_length_vllm"] is not None}
         # Item 4 measures "in bf16 and in NVFP4 ... at 1, 8 and 22 concurrent requests": a capture
         # run's 1, 8, 17 does not stand in for it, nor a bf16 row for an NVFP4 one.
         at_levels = {q: sorted(r["run"] for r in rs if set(ISSUE_CONCURRENCY) <= set(r.get("concurrency") or ()))
                      for q, rs in by_quant.items()}
+        exact = {q: [r["lossless"] for r in rs if r["batch_invariant"]] for q, rs in by_quant.items()}
         served = [r["served_speed_bar_met"] for r in group if r["served_speed_bar_met"] is not None]
         offline = [r["speed_bar_met"] for r in group if r["speed_bar_met"] is not None]
         verdict = {
             "acceptance": bool(group) and all(len(a["met"]) == len(a["rows"]) for a in acceptance.values()),
             "concurrency": all(at_levels.values()),
+            # "Output stays lossless": identical output is provable only where the target's numerics
+            # are batch invariant, so each target needs such a row and every one identical; under
+            # default numerics no divergence may lie beyond the target's own batching noise.
+            "lossless": all(v and all(x is True for x in v) for v in exact.values())
+            and not any(r["within_batch_noise"] is False for r in group),
             "draft_equivalence": any(e["holds"] or e["holds_within_noise"] for e in equivalence),
             "ablation": expected.get(vllm, set()) <= recorded,
             # Item 5 measures through `launcher bench` against `vllm serve` now that serving has
@@ -232,6 +259,7 @@ def done_when(rows: list[dict]) -> list[dict]:
         }
         out.append({"vllm": vllm, "drafter_sha256": drafter, "series": sorted({str(r["series"]) for r in group}),
                     "acceptance": acceptance, "at_issue_concurrency": at_levels,
+                    "exact_numerics_lossless": exact,
                     "draft_equivalence_contexts": max((e["contexts"] for e in equivalence), default=None),
                     "ablation_expected": sorted(expected.get(vllm, set())), "ablation_recorded": sorted(recorded),
                     "speed_served": any(served) if served else None,
@@ -244,22 +272,26 @@ def _done_markdown(summary: list[dict]) -> list[str]:
     levels = "/".join(map(str, ISSUE_CONCURRENCY))
     lines = ["", "Done when (issue 25), per release and drafter: acceptance in every row (bf16 / NVFP4 rows met), "
              f"a bf16 and an NVFP4 row measured at {levels} in flight, "
+             "lossless (exact-numerics rows of both targets identical to the reference, no default-numerics "
+             "divergence beyond batching noise), "
              "draft equivalence in a capture run, an ablation row per drafter-side patch, the speed bar at "
              "concurrency 1 through `vllm serve` (the offline engine's pair beside it).", "",
              f"| vLLM | drafter | series | acceptance bf16 | acceptance NVFP4 | at {levels}: bf16 / NVFP4 rows "
-             "| equivalence | ablation | speed served (offline) | done |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| lossless, exact rows bf16 / NVFP4 | equivalence | ablation | speed served (offline) | done |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def mark(ok: bool | None) -> str:
         return "not measured" if ok is None else "met" if ok else "not met"
 
     for d in summary:
-        acc = d["acceptance"]
+        acc, exact = d["acceptance"], d["exact_numerics_lossless"]
         missing = sorted(set(d["ablation_expected"]) - set(d["ablation_recorded"]))
         lines.append(
             f"| {d['vllm']} | {str(d['drafter_sha256'])[:8]} | {', '.join(s[:8] for s in d['series'])} | "
             f"{len(acc['bf16']['met'])}/{len(acc['bf16']['rows'])} | {len(acc['nvfp4']['met'])}/{len(acc['nvfp4']['rows'])} | "
             f"{len(d['at_issue_concurrency']['bf16'])} / {len(d['at_issue_concurrency']['nvfp4'])} | "
+            f"{mark(d['met']['lossless'])} ({sum(x is True for x in exact['bf16'])}/{len(exact['bf16'])} / "
+            f"{sum(x is True for x in exact['nvfp4'])}/{len(exact['nvfp4'])}) | "
             f"{mark(d['met']['draft_equivalence'])} ({_cell(d['draft_equivalence_contexts'])} contexts) | "
             f"{mark(d['met']['ablation'])}{' (missing: ' + ', '.join(missing) + ')' if missing else ''} | "
             f"{mark(d['speed_served'])} ({mark(d['speed_offline'])}) | "
@@ -322,6 +354,12 @@ def markdown(rows: list[dict]) -> str:
         eq_cell = (f"{eq['equal']}/{eq['contexts']}, beyond bf16 noise {_cell(eq['unequal_beyond_noise'])} "
                    f"(p99: {_cell(eq['unequal_beyond_noise_p99'])}), "
                    f"features {_cell(eq['features_median_cosine'])}") if eq else "-"
+        cap = r.get("capture_run")
+        if cap:
+            eq_cell += (f"; in {cap['run']} at {'/'.join(map(str, cap['concurrency'] or []))}: acceptance "
+                        f"{_cell(cap['mean_acceptance_length_vllm'])}, along its output "
+                        f"{_cell(cap['mean_acceptance_length_along_output'])}, "
+                        f"{'met' if cap['acceptance_bar_met'] else 'not met'}")
         abl = "; ".join(f"{a['reverted']}: {_cell(a['draft_equivalence_equal'])}/"
                         f"{_cell(a['draft_equivalence_contexts'])}, features {_cell(a.get('features_median_cosine'))}, "
                         f"{_cell(a['mean_acceptance_length_vllm'])} (unreverted "

@@ -1228,6 +1228,8 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict, noise: 
         rec["error"] = (f"loaded compiled graph {found[0]['artifact'][:8]} that {', '.join(found[0]['saved_by'])} "
                         f"saved from another vLLM tree ({', '.join(t[:8] for t in found[0]['trees'])}): "
                         "its target is not this tree's")
+    if raw.get("carried"):
+        rec["carried"] = True
     if raw.get("assert_lines"):
         rec["assert_lines"] = raw["assert_lines"]
     if raw.get("probe") is not None:
@@ -1441,7 +1443,8 @@ def _key_value(field: str, value):
 
 
 def merge(existing: list[dict], new: list[dict]) -> list[dict]:
-    """Records with the same configuration (vllm, series, key fields) are replaced."""
+    """Records with the same configuration (vllm, series, key fields) are replaced, except by a
+    record of a carried raw."""
     # RunSpec.key()'s fields; a record written before a field existed had its default.
     # compile_backend is in key() only when set, so name it: a -bi-noinductor record must
     # not replace its -bi twin.
@@ -1459,6 +1462,10 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
         return (r.get("vllm"), series, json.dumps(r.get("target"), sort_keys=True), r.get("drafter_layers"),
                 r.get("target_name", RANDOM_TARGET_NAME), drafter,
                 *(_key_value(k, r.get(k, d)) for k, d in defaults.items() if k != "series"))
+    # A record made from a carried raw (remote.sh seed_raw: another machine's reference, an input
+    # here) fills a gap but never replaces the record of its configuration: that one may be newer.
+    held = {ident(r) for r in existing}
+    new = [r for r in new if not (r.get("carried") and ident(r) in held)]
     fresh = {ident(r) for r in new}
     # A run that failed before it loaded the target has no target fields, so its ident
     # differs from its own rerun's: the rerun of the same name replaces it all the same.
@@ -1740,10 +1747,13 @@ def _with_compile_artifacts(raw: dict, log: Path) -> dict:
 def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
     """The raw records of a folder, by run name, with what the merge reads beside them: compiled
     graphs from the runs' logs where a record predates them, the runs that loaded another tree's
-    graph, and (``walks_dir``) the NVFP4 walks of NVFP4 runs recorded before those existed."""
+    graph, the runs carried from another machine (``carried``), and (``walks_dir``) the NVFP4
+    walks of NVFP4 runs recorded before those existed."""
     raws = {p.name[:-len(".raw.json")]: _with_compile_artifacts(json.loads(p.read_text()),
                                                                  raw_dir / p.name.replace(".raw.json", ".log"))
             for p in sorted(raw_dir.glob("*.raw.json"))}
+    for name in carried(raw_dir) & raws.keys():
+        raws[name] = raws[name] | {"carried": True}
     for name, found in stale_compile_artifacts(raws).items():
         raws[name] = raws[name] | {"stale_compile_artifacts": found}
     walks = sorted(walks_dir.glob("nvfp4-evaluation*.json")) if walks_dir else []
@@ -1754,6 +1764,23 @@ def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
             found = nvfp4_walks(walks, spec, raw.get("drafter_sha256"), raw.get("quantized_sha256"))
             raws[name] = raw | {"acceptance_reference_nvfp4": found | (raw.get("acceptance_reference_nvfp4") or {})}
     return raws
+
+
+CARRIED = "carried.txt"  # remote.sh seed_raw lists there the raw records it copied in
+
+
+def carried(raw_dir: Path) -> set[str]:
+    """The runs whose raw record in ``raw_dir`` was carried from another machine, not run here."""
+    listed = raw_dir / CARRIED
+    names = listed.read_text().split() if listed.exists() else []
+    return {n[:-len(".raw.json")] for n in names if n.endswith(".raw.json")}
+
+
+def uncarry(raw_dir: Path, name: str) -> None:
+    """``name`` ran here: its raw record is this machine's now, whatever was carried before."""
+    listed = raw_dir / CARRIED
+    if name in carried(raw_dir):
+        listed.write_text("".join(f"{n}\n" for n in listed.read_text().split() if n != f"{name}.raw.json"))
 
 
 def order_runs(names: list[str]) -> list[str]:
@@ -1907,6 +1934,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = run_one(spec, args.models, site, raw_dir, token_limit, min(CHILD_TIMEOUT_S, left + 30))
         raw["series_hash"] = run_tree_hash(site)
         (raw_dir / f"{name}.raw.json").write_text(json.dumps(raw) + "\n")
+        uncarry(raw_dir, name)
         status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
         print(f"    {time.time() - t0:.0f}s {status}", flush=True)
     # Verdicts use every raw result present (earlier calls on the warm machine too).

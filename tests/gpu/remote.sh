@@ -625,14 +625,15 @@ seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records carried fro
     # machine (.stage/RAW, default realshape-raw-trained, files *SUFFIX, default .raw.json) into
     # DEST (default $WORK/RAW) where this machine has none of its own: a DFlash run is judged
     # against them as against its own reference, target_sha256 permitting, and an oracle run
-    # plans from them
+    # plans from them. DEST/carried.txt names the copies: a merge reads them as inputs, and a
+    # carried record must not replace the newer record of its configuration (realshape.merge)
     local raw=${1:-realshape-raw-trained} f
     local d=$STAGE/$raw dest=${2:-$WORK/${1:-realshape-raw-trained}} suffix=${3:-.raw.json}
     [ -d "$d" ] || return 0
     mkdir -p "$dest"
     for f in "$d"/*"$suffix"; do
-        [ -f "$f" ] || continue
-        [ -f "$dest/$(basename "$f")" ] || cp "$f" "$dest/"
+        [ -f "$f" ] && [ ! -f "$dest/$(basename "$f")" ] || continue
+        cp "$f" "$dest/" && basename "$f" >> "$dest/carried.txt"
         echo "carried raw record: $(basename "$f")"
     done
 }
@@ -932,6 +933,12 @@ lane_gpus_disjoint() { # RS_LANE_GPUS_21 / RS_LANE_GPUS_33: where both releases'
 lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say where each lane is,
     # and put what exists into $OUT/lanes.tgz (records, raw records, logs), ended or not
     local waited=0 v pending lanes="21 33 walk"
+    # A machine that never ran lanes-bg (a fresh one: the last went back) has nothing to wait for,
+    # and saying "done" there would pass for lanes that ended
+    ls "$WORK"/lanes-*.log > /dev/null 2>&1 || {
+        echo "no lanes on this machine ($WORK has no lanes-*.log): it is not the one that ran lanes-bg" \
+            "(a machine goes back when idle); stage again and rerun lanes-bg" >&2
+        return 1; }
     while :; do
         pending=0
         for v in $lanes; do

@@ -15,6 +15,12 @@ def _rec(name, acc, ref=4.0, **kw):
             "acceptance_reference": {"mean_acceptance_length": ref, "per_position": [0.4]}, **kw}
 
 
+# Exact-numerics rows, identical to the reference, of both targets (the lossless item).
+EXACT = [_rec("bf16-exact", 3.4, ref=3.5, batch_invariant=True, compile_backend="eager", lossless=True),
+         _rec("nvfp4-exact", 3.3, ref=3.4, quantization="modelopt-nvfp4", batch_invariant=True,
+              compile_backend="eager", lossless=True)]
+
+
 def test_a_row_per_configuration_with_its_capture_and_ablation_runs():
     eq = {"contexts": 250, "equal": 249, "features": {"min_cosine": 0.998}}
     records = [
@@ -344,14 +350,15 @@ def test_done_when_judges_each_drafter_apart_and_names_what_is_missing():
     ]
     done = _done(records)
     old, fresh = done[("0.21.0", "old")], done[("0.21.0", "new")]
-    assert old["met"] == {"acceptance": False, "concurrency": False, "draft_equivalence": True, "ablation": True,
-                          "speed": False}
+    assert old["met"] == {"acceptance": False, "concurrency": False, "lossless": False, "draft_equivalence": True,
+                          "ablation": True, "speed": False}
     assert fresh["met"]["acceptance"] is True and fresh["acceptance"]["nvfp4"] == {"rows": ["nvfp4"], "met": ["nvfp4"]}
     # The old drafter's offset ablation does not stand in for the new one's.
     assert fresh["met"]["ablation"] is False and fresh["ablation_recorded"] == [EMBED]
     assert fresh["speed_served"] is None and fresh["done"] is False
     md = ar.markdown(ar.build(records))
-    assert (f"| 0.21.0 | new | abc | 1/1 | 1/1 | 0 / 0 | met (250 contexts) | not met (missing: {OFFSET}) "
+    assert (f"| 0.21.0 | new | abc | 1/1 | 1/1 | 0 / 0 | not met (0/0 / 0/0) | met (250 contexts) "
+            f"| not met (missing: {OFFSET}) "
             "| not measured (not measured) | no |") in md
 
 
@@ -360,7 +367,7 @@ def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
     levels = dict(concurrency=[1, 8, 22])
     base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
             _rec("bf16", 3.4, ref=3.5, **levels),
-            _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", **levels),
+            _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", **levels), *EXACT,
             _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
             _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
     rows = ar.build(base)
@@ -371,11 +378,12 @@ def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
     rows[0]["served_speed_bar_met"] = True
     (done,) = ar.done_when(rows)
     assert done["done"] is True and "| met (met) | **done** |" in ar.markdown(rows)
+    assert done["acceptance"]["bf16"]["rows"] == ["bf16", "bf16-exact", "capture"]  # the joined capture counts
     # One row under the bar (an exact-numerics row at 2.9) undoes it.
     rows = ar.build(base + [_rec("exact", 2.9, ref=3.0, batch_invariant=True)])
     rows[0]["served_speed_bar_met"] = True
     (done,) = ar.done_when(rows)
-    assert done["met"]["acceptance"] is False and done["acceptance"]["bf16"]["met"] == ["bf16"]
+    assert done["met"]["acceptance"] is False and done["acceptance"]["bf16"]["met"] == ["bf16", "bf16-exact", "capture"]
     assert done["done"] is False
     # A measured speed bar that failed is "not met", not "not measured".
     rows[0]["served_speed_bar_met"] = False
@@ -390,7 +398,7 @@ def test_done_when_needs_a_bf16_and_an_nvfp4_row_at_1_8_and_22():
     eq = {"contexts": 300, "equal": 299}
     base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
             _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
-            _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
+            _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED), *EXACT]
 
     def judged(extra):
         rows = ar.build(base + extra)
@@ -405,6 +413,52 @@ def test_done_when_needs_a_bf16_and_an_nvfp4_row_at_1_8_and_22():
     both = judged([_rec("bf16", 3.4, ref=3.5, concurrency=[1, 8, 22]),
                    _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", concurrency=[1, 8, 22])])
     assert both["met"]["concurrency"] is True and both["done"] is True
-    assert "| 1/1 | 1/1 | 1 / 1 |" in ar.markdown(ar.build(base + [_rec("bf16", 3.4, ref=3.5, concurrency=[1, 8, 22]),
+    assert "| 3/3 | 2/2 | 1 / 1 | met (1/1 / 1/1) |" in ar.markdown(ar.build(base + [_rec("bf16", 3.4, ref=3.5, concurrency=[1, 8, 22]),
                                                                   _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4",
                                                                        concurrency=[1, 8, 22])]))
+
+
+def test_a_joined_capture_run_keeps_its_own_acceptance_and_is_judged_with_the_row():
+    """The capture run at 1, 8, 17 joins the row of the run at 1, 8, 22: its equivalence is the
+    row's, and its own acceptance is kept beside the row's, not lost, and counts for the bar."""
+    eq = {"contexts": 900, "equal": 890}
+    capture = _rec("capture", 2.5, ref=4.0, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17],
+                   acceptance_along_output={"mean_acceptance_length": 2.52})
+    (row,) = ar.build([_rec("plain", 3.9, concurrency=[1, 8, 22]), capture])
+    assert row["run"] == "plain" and row["draft_equivalence"]["equal"] == 890
+    assert row["capture_run"]["run"] == "capture" and row["capture_run"]["concurrency"] == [1, 8, 17]
+    assert row["capture_run"]["mean_acceptance_length_vllm"] == 2.5
+    assert row["capture_run"]["relative_gap_along_output"] == 0.0079
+    assert row["capture_run"]["acceptance_bar_met"] is False  # under 3
+    (done,) = ar.done_when([row])
+    assert done["acceptance"]["bf16"] == {"rows": ["capture", "plain"], "met": ["plain"]}
+    assert done["met"]["acceptance"] is False
+    assert "in capture at 1/8/17: acceptance 2.5, along its output 2.52, not met" in ar.markdown([row])
+    # A capture run that is the row itself names no capture run beside it.
+    (alone,) = ar.build([capture])
+    assert alone["capture_run"] is None
+
+
+@pytest.mark.parametrize("extra, met", [
+    ([], True),
+    # no exact-numerics NVFP4 row: nothing proves its output identical
+    ([("drop", "nvfp4-exact")], False),
+    # an exact row that diverged
+    ([("lossless", False)], False),
+    # a default-numerics row whose divergences lie beyond the batching noise
+    ([("noise", False)], False),
+    # undecided (a swapped token outside the kept logprobs) is not a failure
+    ([("noise", None)], True),
+])
+def test_done_when_asks_for_identical_exact_numerics_rows_of_both_targets(extra, met):
+    records = [dict(r) for r in EXACT] + [_rec("plain", 3.4, ref=3.5, lossless=False,
+                                               batch_noise={"run": "refgroups", "within": True})]
+    for what, value in extra:
+        if what == "drop":
+            records = [r for r in records if r["name"] != value]
+        elif what == "lossless":
+            records[0]["lossless"] = value
+        else:
+            records[-1]["batch_noise"]["within"] = value
+    (done,) = ar.done_when(ar.build(records))
+    assert done["met"]["lossless"] is met

@@ -167,6 +167,32 @@ def test_merge_replaces_the_same_configuration_and_keeps_others():
     assert merged[1]["ok"] is True
 
 
+def test_a_carried_reference_fills_a_gap_but_never_replaces_the_record_of_its_configuration():
+    """A machine that ran only DFlash lanes judged them against references carried from an
+    earlier machine (remote.sh seed_raw): merged, those older records must not replace the
+    newer ones of the same configuration that the file holds."""
+    base = {"vllm": "0.21.0", "series": "patched", "mode": "reference", "target": {"sliding": 25, "full": 5}}
+    newer = dict(base, name="ref", series_hash="7430914d", ok=True)
+    carried = dict(base, name="ref", series_hash="21fa5aba", ok=True, carried=True)
+    other = dict(base, name="ref-exact", batch_invariant=True, ok=True, carried=True)
+    ran_here = dict(base, name="dflash", mode="dflash", ok=True)
+    merged = rs.merge([newer], [carried, other, ran_here])
+    assert merged == [newer, other, ran_here]
+    # Without the mark it is a rerun of that configuration, and replaces it.
+    assert rs.merge([newer], [dict(carried, carried=False)]) == [dict(carried, carried=False)]
+
+
+def test_raws_named_in_carried_txt_are_marked_until_a_run_writes_its_own(tmp_path):
+    for name in ("ref", "dflash"):
+        (tmp_path / f"{name}.raw.json").write_text(json.dumps({"name": name, "ok": True}) + "\n")
+    (tmp_path / rs.CARRIED).write_text("ref.raw.json\nother.raw.json\n")
+    raws = rs.load_raws(tmp_path)
+    assert raws["ref"].get("carried") is True and "carried" not in raws["dflash"]
+    rs.uncarry(tmp_path, "ref")  # the reference ran on this machine after all
+    assert rs.carried(tmp_path) == {"other"} and "carried" not in rs.load_raws(tmp_path)["ref"]
+    assert rs.record(rs.RUNS["trained-ref-bf16"], {"ok": False, "carried": True}, None, {})["carried"] is True
+
+
 def test_merge_drops_a_failed_start_when_the_same_run_comes_back():
     # 0.33.0 on the H100: the small-pool runs were refused at start-up, before the target
     # loaded, so their records carry no target fields; the reruns must replace them.

@@ -121,6 +121,18 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
                 pass
 
 
+def test_lanes_wait_on_a_machine_that_ran_no_lanes_fails_and_says_why(tmp_path):
+    """2026-11-28: the machine went back between lanes-bg and lanes-wait, and lanes-wait on the
+    fresh one answered 0 with only a cd error: it read as lanes that had ended."""
+    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
+    (tmp_path / "f.sh").write_text(functions + '\n"$@"\n')
+    env = dict(os.environ, WORK=str(tmp_path / "absent"), OUT=str(tmp_path / "out"), LANES_WAIT_S="0")
+    waited = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_wait"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert waited.returncode == 1
+    assert "no lanes on this machine" in waited.stderr and "rerun lanes-bg" in waited.stderr
+
+
 def test_install_bg_runs_from_a_snapshot_under_prepares_lock(tmp_path):
     """On 2026-11-28 a background install read tests/gpu/bundle-requirements.txt while the next
     receive call's copy of the tree replaced it, and failed. install-bg runs from a snapshot, and

@@ -635,6 +635,11 @@ def test_remote_sh_seeds_carried_served_phases_without_replacing_its_own(tmp_pat
     assert (work / "served" / "reference.json").read_text() == "carried"
     assert (work / "served" / "dflash.json").read_text() == "this machine's"
     assert "carried raw record: reference.json" in done.stdout
+    # carried.txt names the copies only: realshape.merge never lets one replace a newer record
+    assert (work / "served" / "carried.txt").read_text() == "reference.json\n"
+    assert "dflash.json" not in done.stdout
+    subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)  # a second seed
+    assert (work / "served" / "carried.txt").read_text() == "reference.json\n"
 
 
 def test_the_text_only_recipe_is_sent_only_requests_without_images(model_dir, made):
