@@ -220,11 +220,12 @@ def done_when(rows: list[dict]) -> list[dict]:
     """Issue 25's "Done when", per release and drafter (a retrained drafter's rows are judged on
     their own, never mixed with an earlier drafter's):
     every row's acceptance, and that of the capture run joined to it, at least 3 and within 10 %
-    of its reference (bf16 and NVFP4 rows counted apart), the drafts of a capture run equal for 99 % of at least 200 contexts (strictly
-    or within the bf16 noise of the same weights), an ablation row for each drafter-side patch,
-    output identical to the no-drafter reference in an exact-numerics row of each target and no
-    default-numerics divergence beyond the batching noise, and at concurrency 1 a DFlash win within 15 % of the projection, served (`launcher bench`
-    against `vllm serve`; the offline engine's pair is reported beside it)."""
+    of its reference (bf16 and NVFP4 rows counted apart); the drafts of a capture run equal for
+    99 % of at least 200 contexts (strictly or within the bf16 noise of the same weights); an
+    ablation row for each drafter-side patch; output identical to the no-drafter reference in an
+    exact-numerics row of each target, and no default-numerics divergence beyond the batching
+    noise; and at concurrency 1 a DFlash win within 15 % of the projection, served (`launcher
+    bench` against `vllm serve`; the offline engine's pair is reported beside it)."""
     expected = drafter_side_patches()
     out = []
     for vllm, drafter in sorted({(r["vllm"], r["drafter_sha256"]) for r in rows}, key=str):
