@@ -159,7 +159,9 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
                          "along_output": (rec.get("acceptance_along_output") or {}).get("per_position")},
         "draft_equivalence": _equivalence(capture),
         "ablation": [_ablation_entry(a, capture) for a in ablation],
-        # Item 5, per concurrency of the speed runs (null where they have not run).
+        # Item 5, per concurrency of the speed runs (null where they have not run); the served
+        # measurement replaces these where it joins (add_served_speed), the offline one stays in "speed".
+        "speed_source": "offline" if paired else None,
         "speed_concurrency": [int(c) for c in paired] if paired else None,
         "tok_s": {c: p["tok_s"] for c, p in paired.items()} if paired else None,
         "measured_speedup": {c: p["measured_speedup"] for c, p in paired.items()} if paired else None,
@@ -313,9 +315,21 @@ def add_served_speed(rows: list[dict], served: dict) -> None:
                 row["served_speed"] = {"series": srow.get("series"), "bench": srow.get("bench"),
                                        "drafter_sha256": srow.get("drafter_sha256"),
                                        "per_concurrency": srow["speed"]}
+                row.update(_issue_speed_fields(srow["speed"]))
                 # Item 5's bar through the server, where its engine cores timed their steps.
                 row["served_speed_bar_met"] = _speed_bar_at_one(
                     next((c for c in srow["speed"] if c.get("concurrency") == 1), None))
+
+
+def _issue_speed_fields(per_concurrency: list[dict]) -> dict:
+    """The issue's record fields (tok_s {dflash, no_drafter}, projected_speedup, concurrency)
+    from the served measurement: item 5 measures through `vllm serve` once serving has landed."""
+    per = {str(c["concurrency"]): c for c in per_concurrency}
+    return {"speed_source": "served", "speed_concurrency": [int(c) for c in per],
+            "tok_s": {c: {"dflash": p["output_tok_s"].get("with_drafter"), "no_drafter": p["output_tok_s"].get("without")}
+                      for c, p in per.items()},
+            "measured_speedup": {c: p.get("measured_speedup") for c, p in per.items()},
+            "projected_speedup": {c: p.get("projected_speedup") for c, p in per.items()}}
 
 
 def _cell(value) -> str:

@@ -270,6 +270,12 @@ def test_served_speed_rows_join_their_releases_default_numerics_bf16_rows():
     assert joined["plain"] == {"series": "newer", "bench": "b.json", "drafter_sha256": None,
                                "per_concurrency": speed_rows}
     assert joined["plain-bi"] is None and joined["nvfp4"] is None and joined["v33"] is None
+    # The record fields come from the served measurement (item 5, serving has landed).
+    plain = next(r for r in rows if r["run"] == "plain")
+    assert plain["speed_source"] == "served" and plain["speed_concurrency"] == [1]
+    assert plain["tok_s"] == {"1": {"dflash": 300.0, "no_drafter": 200.0}}
+    assert plain["measured_speedup"] == {"1": 1.5} and plain["projected_speedup"] == {"1": None}
+    assert next(r for r in rows if r["run"] == "nvfp4")["tok_s"] is None
     # no step times: no projection, so the bar is not judged
     assert {r["run"]: r["served_speed_bar_met"] for r in rows}["plain"] is None
     assert ("| 0.21.0 (plain) | newer | - | 1 | 300.0 / 200.0 | 1.5 | - | - | - | 2.8 | - / - / - | - (- / -) | - |"
