@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the launcher's stamp layout
 from launcher.patching.stamp import read_stamp  # noqa: E402
 from launcher.patching.tree import Tree  # noqa: E402
+import carried  # noqa: E402
 import compare  # noqa: E402
 import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
@@ -1752,7 +1753,7 @@ def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
     raws = {p.name[:-len(".raw.json")]: _with_compile_artifacts(json.loads(p.read_text()),
                                                                  raw_dir / p.name.replace(".raw.json", ".log"))
             for p in sorted(raw_dir.glob("*.raw.json"))}
-    for name in carried(raw_dir) & raws.keys():
+    for name in carried_runs(raw_dir) & raws.keys():
         raws[name] = raws[name] | {"carried": True}
     for name, found in stale_compile_artifacts(raws).items():
         raws[name] = raws[name] | {"stale_compile_artifacts": found}
@@ -1766,21 +1767,9 @@ def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
     return raws
 
 
-CARRIED = "carried.txt"  # remote.sh seed_raw lists there the raw records it copied in
-
-
-def carried(raw_dir: Path) -> set[str]:
+def carried_runs(raw_dir: Path) -> set[str]:
     """The runs whose raw record in ``raw_dir`` was carried from another machine, not run here."""
-    listed = raw_dir / CARRIED
-    names = listed.read_text().split() if listed.exists() else []
-    return {n[:-len(".raw.json")] for n in names if n.endswith(".raw.json")}
-
-
-def uncarry(raw_dir: Path, name: str) -> None:
-    """``name`` ran here: its raw record is this machine's now, whatever was carried before."""
-    listed = raw_dir / CARRIED
-    if name in carried(raw_dir):
-        listed.write_text("".join(f"{n}\n" for n in listed.read_text().split() if n != f"{name}.raw.json"))
+    return {n[:-len(".raw.json")] for n in carried.names(raw_dir) if n.endswith(".raw.json")}
 
 
 def order_runs(names: list[str]) -> list[str]:
@@ -1934,7 +1923,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = run_one(spec, args.models, site, raw_dir, token_limit, min(CHILD_TIMEOUT_S, left + 30))
         raw["series_hash"] = run_tree_hash(site)
         (raw_dir / f"{name}.raw.json").write_text(json.dumps(raw) + "\n")
-        uncarry(raw_dir, name)
+        carried.uncarry(raw_dir, f"{name}.raw.json")
         status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
         print(f"    {time.time() - t0:.0f}s {status}", flush=True)
     # Verdicts use every raw result present (earlier calls on the warm machine too).

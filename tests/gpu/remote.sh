@@ -625,8 +625,8 @@ seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records carried fro
     # machine (.stage/RAW, default realshape-raw-trained, files *SUFFIX, default .raw.json) into
     # DEST (default $WORK/RAW) where this machine has none of its own: a DFlash run is judged
     # against them as against its own reference, target_sha256 permitting, and an oracle run
-    # plans from them. DEST/carried.txt names the copies: a merge reads them as inputs, and a
-    # carried record must not replace the newer record of its configuration (realshape.merge)
+    # plans from them. DEST/carried.txt names the copies (tests/gpu/carried.py): a merge reads
+    # them as inputs, never in place of the newer record of their configuration
     local raw=${1:-realshape-raw-trained} f
     local d=$STAGE/$raw dest=${2:-$WORK/${1:-realshape-raw-trained}} suffix=${3:-.raw.json}
     [ -d "$d" ] || return 0

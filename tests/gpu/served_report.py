@@ -336,6 +336,11 @@ def stock_row(phase: dict) -> dict:
     return row
 
 
+# The phases whose measurement each row is (a DFlash row reads the reference only to judge).
+ROW_PHASES = {"reference": {"reference"}, "dflash": {"dflash", "bench"}, "stock": {"stock"},
+              "speed": {"speed-dflash", "speed-reference"}}
+
+
 def rows(phases: dict[str, dict]) -> list[dict]:
     """One row per server phase present, reference first."""
     out = []

@@ -185,11 +185,11 @@ def test_a_carried_reference_fills_a_gap_but_never_replaces_the_record_of_its_co
 def test_raws_named_in_carried_txt_are_marked_until_a_run_writes_its_own(tmp_path):
     for name in ("ref", "dflash"):
         (tmp_path / f"{name}.raw.json").write_text(json.dumps({"name": name, "ok": True}) + "\n")
-    (tmp_path / rs.CARRIED).write_text("ref.raw.json\nother.raw.json\n")
+    (tmp_path / "carried.txt").write_text("ref.raw.json\nother.raw.json\n")
     raws = rs.load_raws(tmp_path)
     assert raws["ref"].get("carried") is True and "carried" not in raws["dflash"]
-    rs.uncarry(tmp_path, "ref")  # the reference ran on this machine after all
-    assert rs.carried(tmp_path) == {"other"} and "carried" not in rs.load_raws(tmp_path)["ref"]
+    rs.carried.uncarry(tmp_path, "ref.raw.json")  # the reference ran on this machine after all
+    assert rs.carried_runs(tmp_path) == {"other"} and "carried" not in rs.load_raws(tmp_path)["ref"]
     assert rs.record(rs.RUNS["trained-ref-bf16"], {"ok": False, "carried": True}, None, {})["carried"] is True
 
 

@@ -682,6 +682,31 @@ def test_a_folders_rows_replace_the_same_servers_in_place():
                                                            ("speed", None)]
 
 
+def test_a_row_made_only_of_carried_phases_replaces_no_row(model_dir, tmp_path):
+    """The served twin of realshape's carried-reference rule: a reference phase carried from an
+    earlier machine (seed_raw lists it in carried.txt) judges this call's DFlash phase, but its row
+    must not replace the record's reference row, which a later machine may have written."""
+    reqs, vision, _ = served.inputs(model_dir, 2560)
+    phases = _phases(reqs, vision)
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    work.mkdir()
+    newer = {"server": "reference", "vllm": phases["reference"]["vllm"], "recipe": "gemma4-moe-dflash", "newer": True}
+    (out / "served.json").write_text(json.dumps({"servers": [newer]}))
+    for name in ("reference", "dflash"):
+        (work / f"{name}.json").write_text(json.dumps(phases[name]))
+    (work / "carried.txt").write_text("reference.json\n")
+    doc = served.assemble(work, out, {})
+    assert [r["server"] for r in doc["servers"]] == ["reference", "dflash"]
+    assert doc["servers"][0].get("newer") is True  # kept, not replaced by the carried phase's row
+    # Run here, the same phase is this machine's (Phase.save takes it off the list), and replaces it.
+    phase = served.Phase.__new__(served.Phase)  # save() needs only its name, folder and record
+    phase.name, phase.work, phase.record = "reference", work, phases["reference"]
+    phase.save()
+    doc = served.assemble(work, out, {})
+    assert "newer" not in doc["servers"][0] and (work / "carried.txt").read_text() == ""
+
+
 def test_the_record_names_the_trained_drafter_it_served(model_dir, tmp_path):
     drafter = tmp_path / "dflash-r5-trained"
     drafter.mkdir()
