@@ -9,6 +9,7 @@ rerun on a later machine). A run that writes its own record takes the name off t
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 
 LIST = "carried.txt"
@@ -21,7 +22,14 @@ def names(folder: Path) -> set[str]:
 
 
 def uncarry(folder: Path, name: str) -> None:
-    """``name`` (a file name in ``folder``) was just written here: it is this machine's now."""
+    """``name`` (a file name in ``folder``) was just written here: it is this machine's now.
+    Under a lock on the list: served.py's phases save side by side in one folder."""
     listed = folder / LIST
-    if name in names(folder):
-        listed.write_text("".join(f"{n}\n" for n in listed.read_text().split() if n != name))
+    if name not in names(folder):
+        return
+    with listed.open("r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        kept = [n for n in f.read().split() if n != name]
+        f.seek(0)
+        f.write("".join(f"{n}\n" for n in kept))
+        f.truncate()

@@ -799,3 +799,18 @@ def test_rows_kept_from_an_earlier_call_keep_the_drafter_that_call_served(tmp_pa
     assert all(r["target_sha256"] == "9ee9" for r in rows)
     # a row that names its drafter keeps it under a later call's meta
     assert served.stamp_models([dict(rows[0])], {"drafter_sha256": "ffff"})[0]["drafter_sha256"] == "0d50"
+
+
+def test_phases_saving_side_by_side_each_take_their_name_off_the_carried_list(tmp_path):
+    """served.py --parallel saves phases from threads in one folder: no name a phase took off
+    may come back, none left on may go."""
+    import threading
+
+    names = [f"p{i}.json" for i in range(16)]
+    (tmp_path / "carried.txt").write_text("".join(f"{n}\n" for n in names + ["kept.json"]))
+    threads = [threading.Thread(target=served.carried.uncarry, args=(tmp_path, n)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert served.carried.names(tmp_path) == {"kept.json"}
