@@ -861,9 +861,10 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
         MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py "$raw" "$meta" --vllm "$v" "$@"
     fi
     # The reference walk along each DFlash run's own text (seconds on the GPU), then the merge
-    # that puts it beside vLLM's acceptance (the runs' records as they were otherwise).
+    # that puts it beside vLLM's acceptance (the runs' records as they were otherwise). Its log
+    # lives with the raw records, so the logs tarball and lanes.tgz bring it back.
     "$PY" tests/gpu/walk_along.py --models "$MODELS_TRAINED" --raw "$WORK/$raw" --device cuda --write \
-        > "$WORK/$raw-walk-along.log" 2>&1 || tail -5 "$WORK/$raw-walk-along.log"
+        > "$WORK/$raw/walk-along.log" 2>&1 || tail -5 "$WORK/$raw/walk-along.log"
     MODELS_RS=$MODELS_TRAINED realshape_py "$raw" "$meta" --vllm "$v" --merge-only "$@"
     tar -C "$WORK" -czf "$OUT/${raw/realshape-raw/realshape-logs}.tar.gz" "$raw"
     [ -f "$OUT/realshape.json" ] && "$PY" tests/gpu/acceptance_report.py --realshape "$OUT/realshape.json" --out-dir "$OUT"

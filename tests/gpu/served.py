@@ -704,7 +704,8 @@ def _assemble(work: Path, out: Path, meta: dict) -> dict:
     earlier = out / "served.json"
     if earlier.exists():
         before = json.loads(earlier.read_text())
-        brought = {p for p in phases if f"{p}.json" in carried.names(work)}
+        listed = carried.names(work)
+        brought = {p for p in phases if f"{p}.json" in listed}
         rows = merge_rows(stamp_models(before.get("servers", []), before.get("meta") or {}), rows,
                           {r["server"] for r in rows if report.ROW_PHASES[r["server"]] & phases.keys() <= brought})
     doc = {"meta": meta, "servers": rows}

@@ -127,10 +127,12 @@ def test_the_walk_along_each_runs_output_comes_after_the_lanes_and_before_the_me
         f'({note.format(repr("merge"))}, sys.exit(0))')
     assert merging != STAND_IN
     walk_note = note.format('"walk " + " ".join(sys.argv[1:])')
-    (tree / "walk_along.py").write_text(f"import os, sys\n{walk_note}\n")
+    (tree / "walk_along.py").write_text(f"import os, sys\n{walk_note}\nprint('walked along')\n")
     done = _lanes(tmp_path, f"{A};{B}", merging)
     assert done.returncode == 0, done.stdout + done.stderr
     order = (tmp_path / "work" / "order.txt").read_text().split("\n")[:-1]
     assert [line.split()[0] for line in order] == ["walk", "merge"]
     assert f"--raw {tmp_path / 'work' / 'raw'} --device cuda --write" in order[0]
     assert (tmp_path / "work" / "placed.txt").read_text().count("gpu=") == 2  # the lanes ran first
+    # The walk's log is kept with the raw records: the logs tarball of the verb holds it.
+    assert (tmp_path / "work" / "raw" / "walk-along.log").read_text() == "walked along\n"
