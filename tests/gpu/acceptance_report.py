@@ -161,11 +161,7 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         "ablation": [_ablation_entry(a, capture) for a in ablation],
         # Item 5, per concurrency of the speed runs (null where they have not run); the served
         # measurement replaces these where it joins (add_served_speed), the offline one stays in "speed".
-        "speed_source": "offline" if paired else None,
-        "speed_concurrency": [int(c) for c in paired] if paired else None,
-        "tok_s": {c: p["tok_s"] for c, p in paired.items()} if paired else None,
-        "measured_speedup": {c: p["measured_speedup"] for c, p in paired.items()} if paired else None,
-        "projected_speedup": {c: p["projected_speedup"] for c, p in paired.items()} if paired else None,
+        **_speed_fields("offline", paired or {}),
         "speed": paired or None,
         "speed_bar_met": _speed_bar(paired or {}),
         "batch_invariant": bool(rec.get("batch_invariant")),
@@ -315,21 +311,31 @@ def add_served_speed(rows: list[dict], served: dict) -> None:
                 row["served_speed"] = {"series": srow.get("series"), "bench": srow.get("bench"),
                                        "drafter_sha256": srow.get("drafter_sha256"),
                                        "per_concurrency": srow["speed"]}
-                row.update(_issue_speed_fields(srow["speed"]))
+                row.update(_speed_fields("served", _served_paired(srow["speed"])))
                 # Item 5's bar through the server, where its engine cores timed their steps.
                 row["served_speed_bar_met"] = _speed_bar_at_one(
                     next((c for c in srow["speed"] if c.get("concurrency") == 1), None))
 
 
-def _issue_speed_fields(per_concurrency: list[dict]) -> dict:
-    """The issue's record fields (tok_s {dflash, no_drafter}, projected_speedup, concurrency)
-    from the served measurement: item 5 measures through `vllm serve` once serving has landed."""
-    per = {str(c["concurrency"]): c for c in per_concurrency}
-    return {"speed_source": "served", "speed_concurrency": [int(c) for c in per],
-            "tok_s": {c: {"dflash": p["output_tok_s"].get("with_drafter"), "no_drafter": p["output_tok_s"].get("without")}
-                      for c, p in per.items()},
-            "measured_speedup": {c: p.get("measured_speedup") for c, p in per.items()},
-            "projected_speedup": {c: p.get("projected_speedup") for c, p in per.items()}}
+def _speed_fields(source: str, paired: dict) -> dict:
+    """The issue's record fields (tok_s {dflash, no_drafter}, measured and projected speed-up,
+    concurrency) from a pair per concurrency (speed.pair's shape), null where none ran."""
+    if not paired:
+        return {"speed_source": None, "speed_concurrency": None, "tok_s": None,
+                "measured_speedup": None, "projected_speedup": None}
+    return {"speed_source": source, "speed_concurrency": [int(c) for c in paired],
+            "tok_s": {c: p["tok_s"] for c, p in paired.items()},
+            "measured_speedup": {c: p.get("measured_speedup") for c, p in paired.items()},
+            "projected_speedup": {c: p.get("projected_speedup") for c, p in paired.items()}}
+
+
+def _served_paired(per_concurrency: list[dict]) -> dict:
+    """served.json's speed entries in speed.pair's shape: item 5 measures through `vllm serve`
+    once serving has landed, so these replace the offline pair's fields where they join."""
+    return {str(c["concurrency"]): {"tok_s": {"dflash": c["output_tok_s"].get("with_drafter"),
+                                              "no_drafter": c["output_tok_s"].get("without")},
+                                    "measured_speedup": c.get("measured_speedup"),
+                                    "projected_speedup": c.get("projected_speedup")} for c in per_concurrency}
 
 
 def _cell(value) -> str:
