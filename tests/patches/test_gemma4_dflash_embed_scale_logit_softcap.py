@@ -59,12 +59,12 @@ def _classes(tree, version: str) -> dict:
     return classes
 
 
-def _vllm_config(target_model_type: str) -> types.SimpleNamespace:
+def _vllm_config(target_model_type: str, **dflash_extra) -> types.SimpleNamespace:
     drafter = types.SimpleNamespace(
         vocab_size=262144, hidden_size=HIDDEN, num_hidden_layers=5, rms_norm_eps=1e-6, markov_rank=8,
         dflash_config={
             "target_layer_ids": [1, 7, 13, 19, 25], "mask_token_id": 4,
-            "selector_rank": 8, "selector_top_k": 4, "block_size": 16,
+            "selector_rank": 8, "selector_top_k": 4, "block_size": 16, **dflash_extra,
         },
     )
     text = types.SimpleNamespace(
@@ -94,7 +94,7 @@ def _soft_cap(cls, vllm_config):
     return cls(vllm_config=vllm_config, prefix="").logits_processor.kwargs.get("soft_cap")
 
 
-@pytest.fixture(scope="module", params=["0.21.0", "0.33.0"])
+@pytest.fixture(scope="module", params=["0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.33.0"])
 def version(request):
     return request.param
 
@@ -111,11 +111,22 @@ def stock_classes(stock_tree, version):
 
 # 0.21.0 registers sqrt(hidden) as a float32 buffer (cast to the model dtype with
 # the model); 0.33.0 rounds it to the model dtype at once, as Gemma 4 does.
-EXPECTED_SCALE = {"0.21.0": float(torch.tensor(math.sqrt(HIDDEN), dtype=torch.float32)), "0.33.0": SCALE_BF16}
+def _expected_scale(version: str) -> float:
+    if version == "0.21.0":
+        return float(torch.tensor(math.sqrt(HIDDEN), dtype=torch.float32))
+    return SCALE_BF16
 
 
 def test_gemma4_target_drafter_embeddings_get_the_gemma_scale(classes, version):
-    assert _embed_scale(classes["DFlashQwen3Model"], _vllm_config("gemma4")) == EXPECTED_SCALE[version]
+    assert _embed_scale(classes["DFlashQwen3Model"], _vllm_config("gemma4")) == _expected_scale(version)
+
+
+def test_a_stated_input_embedding_scale_multiplies_the_gemma_scale(classes, version):
+    # z-lab's Gemma 4 reference (dflash 0.1.0, model_mlx.py): the target's
+    # embed_scale times dflash_config.input_embedding_scale. 0.25 is exact in
+    # binary, so the product is exact in either order of rounding.
+    config = _vllm_config("gemma4", input_embedding_scale=0.25)
+    assert _embed_scale(classes["DFlashQwen3Model"], config) == _expected_scale(version) * 0.25
 
 
 def test_gemma4_target_drafter_logits_get_the_soft_cap(classes):
