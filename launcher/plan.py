@@ -433,12 +433,13 @@ def _drafter_kernel_risk(plan: Plan, rec) -> None:
     Hopper, tests/gpu/results/realshape.md), but no sm_121 card was at hand.
     So the Spark profile keeps the recipe's FLASH_ATTN: from 0.26.0 the Gemma
     4 recipes' drafter runs the V2 runner anyway (forced for a mixed
-    sliding/full drafter, the default from 0.29.0), while 0.21.0 has DFlash
-    on V1 only, the reported setup. The warning names the fallback that keeps
-    FA2 out of the drafter on that release: TRITON_ATTN (the target's own
-    backend) where it runs non-causal attention, else FLEX_ATTENTION, whose
-    KV layout the 0.21.0 series reconciles with the target's.
+    sliding/full drafter, the default from 0.29.0), and TRITON_ATTN (the
+    target's own backend) runs non-causal attention there, so it is the
+    fallback the warning names. 0.21.0 has DFlash on V1 only, the reported
+    setup, and no fallback: its TRITON_ATTN has no non-causal attention, and
+    FLEX_ATTENTION cannot start next to the target (``_flex_drafter_refusal``).
     """
+    _flex_drafter_refusal(plan, rec)
     if plan.profile != "dgx-spark" or rec.drafter is None:
         return
     if (rec.drafter.attention_backend or "flash_attn") != "flash_attn":
@@ -446,16 +447,41 @@ def _drafter_kernel_risk(plan: Plan, rec) -> None:
     version = vllm_compat.parse_version(plan.vllm_version)
     if version >= vllm_compat.parse_version(TRITON_NON_CAUSAL_FROM):
         runner = f"vLLM {plan.vllm_version} runs this drafter on the V2 runner, the workaround suggested there"
-        fallback = "triton_attn"
+        way_out = "run the drafter without FA2: --set drafter.attention_backend=triton_attn"
     else:
         runner = f"vLLM {plan.vllm_version} runs DFlash on the V1 runner only, the setup of that report"
-        fallback = "flex_attention"
+        way_out = (f"vLLM {plan.vllm_version} has no drafter backend without FA2 for this model; serve with vLLM "
+                   f"{TRITON_NON_CAUSAL_FROM} or later and --set drafter.attention_backend=triton_attn")
     plan.warnings.append(
         "DGX Spark: the drafter runs FLASH_ATTN, i.e. FlashAttention 2 on sm_121, where vLLM #50707 reports a "
-        f"device-side assert in _vllm_fa2_C.varlen_fwd at start-up ({runner}); if you see it, run the drafter "
-        f"without FA2: --set drafter.attention_backend={fallback} (or serve without the drafter: --set drafter=null), "
-        "and report it (tests/gpu/README.md, 'sm_12x kernels')"
+        f"device-side assert in _vllm_fa2_C.varlen_fwd at start-up ({runner}); if you see it, {way_out} "
+        "(or serve without the drafter: --set drafter=null), and report it (tests/gpu/README.md, 'sm_12x kernels')"
     )
+
+
+def _flex_drafter_refusal(plan: Plan, rec) -> None:
+    """A FLEX_ATTENTION drafter cannot start beside a Gemma 4 target on 0.21.0.
+
+    The drafter's KV cache groups share raw tensors with the target's, whose
+    layers run TRITON_ATTN with blocks first, ``(num_blocks, 2, ...)``; the
+    series' ``reconcile-kv-layout-mixed-attention-backends`` gives every layer
+    of such a tensor that layout, FLEX's included. ``FlexAttentionImpl.forward``
+    then takes ``kv_cache.unbind(0)`` as (key, value) and
+    ``key_cache.view(-1, num_kv_heads, head_size)``, which a blocks-first
+    tensor cannot give ("view size is not compatible with input tensor's size
+    and stride") on the first forward.
+    """
+    if rec.drafter is None or rec.drafter.attention_backend != "flex_attention":
+        return
+    if vllm_compat.parse_version(plan.vllm_version) >= vllm_compat.parse_version(TRITON_NON_CAUSAL_FROM):
+        return
+    plan.reasons.append(Reason(
+        "drafter",
+        f"drafter.attention_backend=flex_attention cannot start on vLLM {plan.vllm_version} beside this "
+        "target: FLEX_ATTENTION cannot read the KV cache tensors it shares with the TRITON_ATTN target layers",
+        hint=f"keep flash_attn, or serve with vLLM {TRITON_NON_CAUSAL_FROM} or later with "
+             "--set drafter.attention_backend=triton_attn",
+    ))
 
 
 def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:

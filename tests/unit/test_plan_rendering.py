@@ -183,11 +183,11 @@ def test_decode_batch_beyond_the_captured_cuda_graphs_is_named(models):
     assert not any("CUDA graphs" in w for w in plan.warnings)
 
 
-@pytest.mark.parametrize(("version", "fallback"), [("0.21.0", "flex_attention"), ("0.26.0", "triton_attn"),
-                                                   ("0.33.0", "triton_attn")])
-def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(models, version, fallback):
+@pytest.mark.parametrize("version", ["0.26.0", "0.33.0"])
+def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(models, version):
     from tests.unit.conftest import GB10
 
+    fallback = "triton_attn"
     spark = resolve(Request("gemma4-moe-dflash", vllm_version=version), make_ctx(GB10))
     (warning,) = [w for w in spark.warnings if "#50707" in w]
     assert "FlashAttention 2 on sm_121" in warning and "--set drafter=null" in warning
@@ -197,5 +197,20 @@ def test_spark_plan_names_the_fa2_assert_of_50707_and_the_5090_plan_does_not(mod
                                sets=[f"drafter.attention_backend={fallback}"]), make_ctx(GB10))
     assert f'"attention_backend":"{fallback}"' in " ".join(followed.argv)
     assert not [w for w in followed.warnings if "#50707" in w]
+    assert not [r for r in followed.reasons if "cannot start" in r.message]
     rtx = resolve(Request("gemma4-moe-dflash", vllm_version=version), make_ctx(RTX5090))
     assert not [w for w in rtx.warnings if "#50707" in w]
+
+
+def test_spark_plan_on_0_21_0_names_no_fallback_that_cannot_start(models):
+    from tests.unit.conftest import GB10
+
+    spark = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(GB10))
+    (warning,) = [w for w in spark.warnings if "#50707" in w]
+    assert "flex_attention" not in warning and "0.26.0 or later" in warning
+    # FLEX_ATTENTION beside the TRITON_ATTN target cannot start on 0.21.0: refused, with the way out.
+    flex = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0",
+                           sets=["drafter.attention_backend=flex_attention"]), make_ctx(GB10))
+    (reason,) = [r for r in flex.reasons if "cannot start" in r.message]
+    assert "flex_attention cannot start" in reason.message and "triton_attn" in reason.hint
+
