@@ -500,7 +500,20 @@ def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: in
         "draft_contiguous_stride": list(torch.empty(caches[draft_layer].shape).stride()),
         "target_stride": list(caches[target_layer].stride()),
         "target_contiguous_stride": list(torch.empty(caches[target_layer].shape).stride()),
+        "draft_flex_read": _flex_read(caches[draft_layer], specs[draft_layer]) if block_dim[draft_layer] == 1 else None,
     }
+
+
+def _flex_read(kv_cache, spec) -> str:
+    """What FlexAttentionImpl.forward does first with a layer's cache
+    (``kv_cache.unbind(0)``, then ``key_cache.view(-1, num_kv_heads, head_size)``):
+    "ok", or the error torch raises."""
+    key_cache, _ = kv_cache.unbind(0)
+    try:
+        key_cache.view(-1, spec.num_kv_heads, spec.head_size)
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return "ok"
 
 
 def kv_layout_guards(code_root: Path) -> dict:

@@ -46,6 +46,14 @@ def test_drafter_blocks_never_reach_bytes_of_other_target_blocks(seen, drafter_b
     assert block_stride == 2 * k_v_stride
 
 
+def test_a_flex_drafter_cannot_read_its_restrided_shared_cache(seen):
+    # Why the plan refuses drafter.attention_backend=flex_attention on 0.21.0
+    # (launcher/plan.py _flex_drafter_refusal): FLEX reads its cache as
+    # (2, num_blocks, ...) and views the key half flat, which the blocks-first
+    # layout this patch gives a shared tensor cannot give.
+    assert "view size is not compatible" in seen["kv_bytes"]["flex_drafter_shared"]["draft_flex_read"]
+
+
 def test_target_layout_unchanged(seen, stock):
     for case in ("flash_drafter_shared", "flex_drafter_shared"):
         kv = seen["kv_bytes"][case]
