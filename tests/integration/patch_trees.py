@@ -85,6 +85,22 @@ def single_patch_tree(version: str, patch, dest: Path, layout: str = "site-packa
     return tree
 
 
+def patches_tree(version: str, patches, dest: Path, layout: str = "site-packages", extra=()) -> Path:
+    """Like ``single_patch_tree``, with several patches of one series applied in order."""
+    from launcher.patching import engine
+
+    touched = [fp.path for patch in patches for fp in patch.files]
+    tree = mini_tree(version, layout, dest / "tree", [*touched, *extra])
+    root = dest / "patches" / "vllm" / version
+    root.mkdir(parents=True)
+    for patch in patches:
+        shutil.copy2(patch.path, root / patch.name)
+    (root / "series").write_text("".join(patch.name + "\n" for patch in patches))
+    report = engine.apply(tree, patches_root=dest / "patches")
+    assert [r.outcome for r in report.results] == ["applied"] * len(patches)
+    return tree
+
+
 def check_applies_alone(version: str, patch, layout: str, tmp_path: Path) -> None:
     """One patch, as the only entry of a series, applies through the engine to
     the released tree, changes every file it touches, and each still compiles."""

@@ -3,15 +3,18 @@
 Runs the released ``SpeculativeConfig.compute_hash`` (and the real ``safe_hash``) on stand-in
 configs whose draft ``ModelConfig.compute_hash()`` names the checkpoint. That hash is half of the
 key vLLM's compile cache gives the target's graph, the graph that returns the aux hidden states a
-drafter reads. Two DFlash drafters of one target must get two keys, and a tree patched with this
-series must not share a key with the released one: `dflash-target-layer-ids-offset` changes which
-layers the target returns without changing any traced file, and on 2026-11-28 a GPU run loaded a
-graph that another tree had compiled (tests/gpu/README.md, "One compile cache per vLLM tree").
+drafter reads. Two DFlash drafters of one target must get two keys. That alone does not tell
+apart two trees that differ in `dflash-target-layer-ids-offset` (same drafter, same config), which
+changes which layers the target returns without changing any traced file: that patch hashes its
+shifted layers, and the last test here checks the two together.
 """
 
 from __future__ import annotations
 
 import pytest
+
+from tests.integration.patch_trees import patches_tree, pristine
+from tests.patches.conftest import READS, on_stock, patch_named
 
 VERSION = "0.21.0"
 PATCH_ID = "draft-model-config-in-compile-hash"
@@ -39,3 +42,17 @@ def test_methods_without_aux_hidden_states_hash_unchanged(keys):
     for case in ("mtp", "ngram"):
         assert keys["patched"][case] == keys["released"][case], case
     assert keys["patched"]["mtp"] != keys["patched"]["dflash_a"]
+
+
+def test_with_this_patch_trees_that_differ_only_in_the_layer_offset_get_two_keys(tmp_path, probe):
+    # The incident this patch's header cites: a tree with the whole series and the same tree
+    # less dflash-target-layer-ids-offset must not share the target's compiled graph.
+    this = patch_named(VERSION, PATCH_ID)
+    offset = patch_named(VERSION, "dflash-target-layer-ids-offset")
+    if on_stock():  # the released tree for both, as every test here runs on it
+        without = with_offset = pristine(VERSION, "site-packages")
+    else:
+        without = patches_tree(VERSION, [this], tmp_path / "without", extra=READS)
+        with_offset = patches_tree(VERSION, [offset, this], tmp_path / "with", extra=READS)
+    assert probe(VERSION, without, "spec_hash")["spec_hash"]["dflash_a"] != probe(
+        VERSION, with_offset, "spec_hash")["spec_hash"]["dflash_a"]
