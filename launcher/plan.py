@@ -230,6 +230,8 @@ def assemble(req: Request, ctx: Context) -> Plan:
     )
     _safety(plan, rec, ctx, req.extra_args)
     _drafter_kernel_risk(plan, rec)
+    _target_attention_checks(plan, rec, req.extra_args)
+    _b12x_moe_checks(plan, rec)
     return plan
 
 
@@ -482,6 +484,81 @@ def _flex_drafter_refusal(plan: Plan, rec) -> None:
         hint=f"keep flash_attn, or serve with vLLM {TRITON_NON_CAUSAL_FROM} or later with "
              "--set drafter.attention_backend=triton_attn",
     ))
+
+
+# Gemma 4's head sizes per KV cache group kind (head_dim / global_head_dim of every
+# released Gemma 4 config), and the largest head size each backend takes on sm_12x:
+# FA2's 256, B12X's get_supported_head_sizes (64-256), FlashInfer's 256.
+GEMMA4_HEAD_DIM = {"sliding_window": 256, "full_attention": 512}
+_MAX_HEAD_SIZE = {"flash_attn": 256, "b12x": 256, "flashinfer": 256}
+# First release with the B12X attention backend (vllm/v1/attention/backends/b12x.py).
+B12X_ATTENTION_FROM = "0.30.0"
+
+
+def _target_attention_checks(plan: Plan, rec, extra_args: list[str]) -> None:
+    """Which Gemma 4 layers may leave TRITON_ATTN (intent.attention_per_kind).
+
+    Without FA4 every Gemma 4 layer is locked to TRITON_ATTN, because the
+    512-dim full layers fit no other backend and multimodal serving puts a
+    multimodal prefix on every layer, which FLASH_ATTN and B12X refuse
+    ("partial multimodal token full attention not supported"). So a kind may
+    take another backend only if its head size fits that backend, and only
+    when the server is text-only (--language-model-only).
+    """
+    per_kind = rec.intent.attention_per_kind
+    text_only = "--language-model-only" in [*rec.serve.extra_args, *extra_args]
+    for kind, backend in sorted(per_kind.items()):
+        if backend == "triton_attn":
+            continue
+        where = f"intent.attention_per_kind.{kind}={backend}"
+        limit = _MAX_HEAD_SIZE.get(backend)
+        if limit is not None and GEMMA4_HEAD_DIM[kind] > limit:
+            plan.reasons.append(Reason(
+                "recipe", f"{where}: Gemma 4's {kind} layers have head size {GEMMA4_HEAD_DIM[kind]}, "
+                f"above {backend}'s {limit}; they must stay on TRITON_ATTN",
+                hint=f"--set intent.attention_per_kind.{kind}=triton_attn"))
+        if not text_only:
+            plan.reasons.append(Reason(
+                "recipe", f"{where} needs text-only serving: with images allowed every Gemma 4 layer carries "
+                "a multimodal prefix, which only TRITON_ATTN serves without FA4",
+                hint="add --language-model-only (the gemma4-moe-dflash-text recipe does)"))
+        if backend == "b12x":
+            _b12x_attention_checks(plan, where)
+
+
+def _b12x_attention_checks(plan: Plan, where: str) -> None:
+    version = vllm_compat.parse_version(plan.vllm_version)
+    if version < vllm_compat.parse_version(B12X_ATTENTION_FROM):
+        plan.reasons.append(Reason("recipe", f"{where}: vLLM {plan.vllm_version} has no B12X attention backend",
+                                   hint=f"use vLLM {B12X_ATTENTION_FROM} or later"))
+    if plan.test_gpu is not None:
+        plan.reasons.append(Reason("recipe", f"{where}: B12X runs on sm_120 / sm_121 only, not on the "
+                                   "GPU standing in", hint=f"--set intent.attention_per_kind.sliding_window=flash_attn"))
+    plan.warnings.append(
+        f"{where}: B12X needs vLLM's b12x extra (pip install 'vllm[b12x]=={plan.vllm_version}'); "
+        "its speed and output on these recipes are not measured yet"
+    )
+
+
+# First release whose --moe-backend takes each (MoEBackend in vllm/config/kernel.py).
+B12X_MOE_FROM = {"flashinfer_b12x": "0.26.0", "b12x": "0.29.0"}
+
+
+def _b12x_moe_checks(plan: Plan, rec) -> None:
+    """B12X NVFP4 MoE kernels (``--moe-backend b12x | flashinfer_b12x``) are sm_12x-only and opt-in."""
+    backend = rec.intent.moe_fp4_backend
+    if backend not in B12X_MOE_FROM:
+        return
+    where = f"intent.moe_fp4_backend={backend}"
+    since = B12X_MOE_FROM[backend]
+    if vllm_compat.parse_version(plan.vllm_version) < vllm_compat.parse_version(since):
+        plan.reasons.append(Reason("recipe", f"{where}: vLLM {plan.vllm_version}'s --moe-backend has no {backend}",
+                                   hint=f"use vLLM {since} or later"))
+    if plan.test_gpu is not None:
+        plan.reasons.append(Reason("recipe", f"{where}: the B12X MoE kernels run on sm_120 / sm_121 only, "
+                                   "not on the GPU standing in", hint="--set intent.moe_fp4_backend=marlin"))
+    need = "vLLM's b12x extra (pip install 'vllm[b12x]')" if backend == "b12x" else "FlashInfer's CuteDSL kernels"
+    plan.warnings.append(f"{where} needs {need}; its speed and output on these recipes are not measured yet")
 
 
 def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:

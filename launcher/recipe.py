@@ -25,10 +25,14 @@ from launcher.profiles import PROFILES
 
 ModelFormat = Literal["modelopt-nvfp4", "compressed-tensors", "bf16"]
 MoeBackend = Literal[
-    "auto", "cutlass", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl", "marlin", "triton", "emulation"
+    "auto", "cutlass", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl", "marlin", "triton", "emulation",
+    "b12x", "flashinfer_b12x",
 ]
 GemmBackend = Literal["auto", "cutlass", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cudnn", "marlin", "emulation"]
 AttentionBackend = Literal["flash_attn", "triton_attn", "flex_attention", "flashinfer"]
+# The target's backend per KV cache group kind (vLLM's AttentionConfig.backend_per_kind).
+KvGroupKind = Literal["sliding_window", "full_attention"]
+TargetAttentionBackend = Literal["flash_attn", "triton_attn", "flashinfer", "b12x"]
 
 
 class _Strict(BaseModel):
@@ -142,6 +146,11 @@ class Intent(_Strict):
     force_fp8_marlin: bool | None = None
     sampler: Literal["auto", "flashinfer", "pytorch"] = "auto"
     allow_long_max_model_len: bool = False
+    # The target's attention backend per KV cache group kind. Gemma 4's sliding
+    # layers (head_dim 256) can leave the TRITON_ATTN lock when no multimodal
+    # prefix can arise; its full layers (512) cannot take FA2 or B12X. Rendered
+    # as vLLM's own backend_per_kind where it exists (launcher.vllm_compat).
+    attention_per_kind: dict[KvGroupKind, TargetAttentionBackend] = Field(default_factory=dict)
 
 
 class ServeArgs(_Strict):

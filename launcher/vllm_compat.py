@@ -134,7 +134,29 @@ def render_intent(intent, version: Version) -> RenderedIntent:
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "1" if intent.sampler == "flashinfer" else "0"
     if intent.allow_long_max_model_len:
         env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    _render_attention_per_kind(intent.attention_per_kind, version, args, notes)
     return RenderedIntent(env, args, notes)
+
+
+# AttentionConfig.backend_per_kind (vllm/config/attention.py) first appears in 0.29.0.
+BACKEND_PER_KIND_SINCE = Version("0.29.0")
+
+
+def _render_attention_per_kind(per_kind: dict[str, str], version: Version, args: list[str],
+                               notes: list[str]) -> None:
+    if not per_kind:
+        return
+    if version < BACKEND_PER_KIND_SINCE:
+        notes.append(
+            f"intent.attention_per_kind has no knob in vLLM {version} (AttentionConfig.backend_per_kind "
+            f"from {BACKEND_PER_KIND_SINCE}); the recipe's patches choose the backends there"
+        )
+        return
+    # Dotted keys: vLLM merges every --attention-config.X into one config, so a
+    # user's own --attention-config.flash_attn_version 2 joins them instead of
+    # replacing them.
+    for kind, backend in sorted(per_kind.items()):
+        args += [f"--attention-config.backend_per_kind.{kind}", backend.upper()]
 
 
 def _render_moe(backend: str, version: Version, env: dict[str, str], args: list[str]) -> None:

@@ -21,7 +21,7 @@ import pytest
 from tests.integration.patch_trees import pristine, run_probe
 
 PROBE = Path(__file__).with_name("drafter_kv_groups_probe.py")
-VERSIONS = ["0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0"]
+VERSIONS = ["0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.32.0"]
 
 pytestmark = pytest.mark.network  # first run downloads the releases from PyPI
 

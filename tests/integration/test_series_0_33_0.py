@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import subprocess
 import sys
 import types
@@ -188,9 +187,11 @@ def dflash_module(patched_tree) -> tuple[str, ast.Module]:
 
 @pytest.fixture(scope="module")
 def helpers(dflash_module) -> dict:
-    """The patch's three module-level helpers, executed as written (they use no torch)."""
+    """The patch's three module-level helpers, executed as written (with CPU torch for the dtype rounding)."""
     _, module = dflash_module
-    ns: dict = {"VllmConfig": object, "Qwen3Config": object}
+    import torch
+
+    ns: dict = {"VllmConfig": object, "Qwen3Config": object, "torch": torch}
     for node in module.body:
         if isinstance(node, ast.FunctionDef) and node.name in HELPERS:
             exec(ast.unparse(node), ns)
@@ -199,8 +200,14 @@ def helpers(dflash_module) -> dict:
 
 
 def _vllm_config(text_model_type: str, **text_config):
+    import torch
+
     text = types.SimpleNamespace(model_type=text_model_type, **text_config)
-    return types.SimpleNamespace(model_config=types.SimpleNamespace(hf_text_config=text))
+    return types.SimpleNamespace(model_config=types.SimpleNamespace(hf_text_config=text, dtype=torch.bfloat16))
+
+
+# sqrt(2816) = 53.07 in bfloat16 (8 significant bits), as Gemma 4 applies it.
+GEMMA_SCALE_BF16 = 53.0
 
 
 def _draft(**fields):
@@ -210,7 +217,7 @@ def _draft(**fields):
 @pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4", "gemma4_unified"])
 def test_gemma4_target_gets_sqrt_hidden_embed_scale_and_its_soft_cap(helpers, model_type):
     vllm_config = _vllm_config(model_type, final_logit_softcapping=30.0)
-    assert helpers["_dflash_embed_scale"](_draft(), vllm_config) == pytest.approx(math.sqrt(2816))
+    assert helpers["_dflash_embed_scale"](_draft(), vllm_config) == GEMMA_SCALE_BF16
     assert helpers["_dflash_final_logit_softcap"](_draft(), vllm_config) == 30.0
 
 
@@ -227,10 +234,12 @@ def test_other_targets_keep_unscaled_uncapped_drafters(helpers, model_type):
     assert helpers["_dflash_final_logit_softcap"](draft, vllm_config) is None
 
 
-def test_a_drafter_stating_its_own_embedding_scale_is_not_scaled_twice(helpers):
+def test_a_stated_input_embedding_scale_multiplies_the_gemma_scale(helpers):
+    # z-lab's Gemma 4 rule (dflash 0.1.0, model_mlx.py): the target's embed_scale
+    # times dflash_config.input_embedding_scale.
     vllm_config = _vllm_config("gemma4_text", final_logit_softcapping=30.0)
-    draft = _draft(dflash_config={"input_embedding_scale": 53.0})
-    assert helpers["_dflash_embed_scale"](draft, vllm_config) is None
+    draft = _draft(dflash_config={"input_embedding_scale": 0.5})
+    assert helpers["_dflash_embed_scale"](draft, vllm_config) == GEMMA_SCALE_BF16 * 0.5
 
 
 def _class(module: ast.Module, name: str) -> ast.ClassDef:
@@ -308,3 +317,71 @@ def test_released_v2_dflash_loader_builds_on_the_target_model_config():
     )
     text = ast.unparse(fn)
     assert "is_mm_prefix_lm" not in text and "model_config=" not in text.split("get_model(")[0]
+
+
+# ------------------------------------ text-only: vLLM's own backend_per_kind, not a patch
+
+
+@pytest.fixture(scope="module")
+def select_backend():
+    """``select_backend(backend, per_kind, sliding)``: the released 0.33.0
+    ``get_attn_backend`` (vllm/v1/attention/selector.py), run as written with
+    ``KVCacheSpecKind`` and ``get_attn_spec_kind`` real; the current
+    VllmConfig and the cached backend lookup it ends in are stand-ins (they
+    need vLLM's compiled build), the latter returning the backend it is asked for."""
+    from enum import Enum
+
+    from tests.patches.vllm_source import load
+
+    tree = pristine(VERSION, "site-packages")
+    kv_text = (tree / "vllm/v1/kv_cache_interface.py").read_text()
+    kinds: dict = {"Enum": Enum}
+    exec(ast.unparse(_class(ast.parse(kv_text), "KVCacheSpecKind")), kinds)
+    kv_module = types.ModuleType("vllm.v1.kv_cache_interface")
+    kv_module.KVCacheSpecKind = kinds["KVCacheSpecKind"]
+    selector = load(tree, "vllm/v1/attention/selector.py", overrides={
+        "AttentionType": types.SimpleNamespace(DECODER="decoder", ENCODER_ONLY="encoder_only",
+                                               ENCODER_DECODER="encoder_decoder"),
+    })
+    selector["_cached_get_attn_backend"] = lambda backend, **kwargs: backend
+    selector["is_known_kv_cache_dtype"] = lambda dtype: True
+
+    def run(backend, per_kind, sliding):
+        config = types.SimpleNamespace(
+            cache_config=None, kv_transfer_config=None, speculative_config=None, model_config=None,
+            attention_config=types.SimpleNamespace(backend=backend, backend_per_kind=per_kind, use_non_causal=False),
+            parallel_config=types.SimpleNamespace(prefill_context_parallel_size=1, decode_context_parallel_size=1),
+        )
+        config_module = types.ModuleType("vllm.config")
+        config_module.get_current_vllm_config = lambda: config
+        saved = {name: sys.modules.get(name) for name in ("vllm.config", "vllm.v1.kv_cache_interface")}
+        sys.modules.update({"vllm.config": config_module, "vllm.v1.kv_cache_interface": kv_module})
+        try:
+            return selector["get_attn_backend"](256 if sliding else 512, "bfloat16", "bfloat16",
+                                                has_sliding_window=sliding)
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+
+    return run
+
+
+def test_text_only_recipe_per_kind_map_puts_sliding_layers_on_flash_attn_full_on_triton(select_backend):
+    # Gemma4Config.verify_and_update_config's lock without FA4: backend TRITON_ATTN
+    # (test_gemma4_text_only_per_layer_attention_backend.py pins the 0.21.0 side).
+    from launcher import recipe, vllm_compat
+
+    intent = recipe.load("gemma4-moe-dflash-text").intent
+    args = vllm_compat.render_intent(intent, vllm_compat.parse_version(VERSION)).args
+    (kind,) = [a.rsplit(".", 1)[1] for a in args if a.startswith("--attention-config.backend_per_kind.")]
+    per_kind = {kind: args[args.index(f"--attention-config.backend_per_kind.{kind}") + 1]}
+    assert select_backend("TRITON_ATTN", per_kind, sliding=True) == "FLASH_ATTN"
+    assert select_backend("TRITON_ATTN", per_kind, sliding=False) == "TRITON_ATTN"
+
+
+def test_without_the_map_every_layer_keeps_the_lock_as_released(select_backend):
+    assert select_backend("TRITON_ATTN", {}, sliding=True) == "TRITON_ATTN"
+    assert select_backend("TRITON_ATTN", {}, sliding=False) == "TRITON_ATTN"

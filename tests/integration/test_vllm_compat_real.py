@@ -24,7 +24,7 @@ def _env_names(version: str) -> set[str]:
 
 
 def test_the_recipes_list_the_releases_with_a_series():
-    assert RELEASES == ["0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.33.0"]
+    assert RELEASES == ["0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
 
 
 @pytest.mark.network

@@ -94,7 +94,7 @@ def _soft_cap(cls, vllm_config):
     return cls(vllm_config=vllm_config, prefix="").logits_processor.kwargs.get("soft_cap")
 
 
-@pytest.fixture(scope="module", params=["0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.33.0"])
+@pytest.fixture(scope="module", params=["0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"])
 def version(request):
     return request.param
 

@@ -1,4 +1,4 @@
-"""Patch gemma4-text-only-per-layer-attention-backend (0.21.0 and 0.33.0), stock vs patched.
+"""Patch gemma4-text-only-per-layer-attention-backend (0.21.0), stock vs patched.
 
 The released vLLM 0.21.0 wheel (from PyPI through ``launcher.pypi``) and the
 same files with the whole 0.21.0 series applied by the project's engine go
@@ -11,10 +11,9 @@ Released: every Gemma 4 with head dims 256/512 gets TRITON_ATTN on all
 layers and keeps the multimodal prefix, text-only or not. Patched: where no
 multimodal input can arrive, the backend stays unset (the sliding layers
 select their own) and is_mm_prefix_lm is off, while the 512-dim layers are
-given TRITON_ATTN; everything multimodal is as released. 0.33.0 (whose
-is_mm_prefix_lm is already off for text-only serving) forces TRITON_ATTN only
-without FA4; patched, text-only serving on CUDA without FA4 keeps the backend
-unset, and FA4, XPU, other platforms and multimodal serving are as released.
+given TRITON_ATTN; everything multimodal is as released. 0.33.0 needs no
+patch: the text-only recipe sets vLLM's own ``backend_per_kind`` there
+(tests/integration/test_series_0_33_0.py).
 What a GPU run
 adds (FLASH_ATTN really selected for the sliding layers, the decode speed-up,
 lossless tokens) is tests/gpu/bench_steps.py's ``per_layer_backend`` record.
@@ -32,7 +31,6 @@ from tests.integration.patch_trees import (
     check_applies_alone,
     pristine,
     run_probe,
-    series_applied_tree,
     single_patch_tree,
 )
 from tests.patches.conftest import on_stock
@@ -78,7 +76,7 @@ def _patch(version: str = VERSION):
     return next(p for p in series.patches if p.id == PATCH_ID)
 
 
-@pytest.mark.parametrize("version", (VERSION, "0.33.0"))
+@pytest.mark.parametrize("version", (VERSION,))
 def test_patch_is_in_the_series_with_its_header(version):
     patch = _patch(version)
     assert patch.headers["Upstream-Status"].startswith("Pending")
@@ -88,7 +86,7 @@ def test_patch_is_in_the_series_with_its_header(version):
                                                "vllm/model_executor/models/gemma4.py"}
 
 
-@pytest.mark.parametrize("version", (VERSION, "0.33.0"))
+@pytest.mark.parametrize("version", (VERSION,))
 @pytest.mark.parametrize("layout", ("site-packages", "source"))
 def test_applies_alone_and_compiles(version, layout, tmp_path):
     check_applies_alone(version, _patch(version), layout, tmp_path)
@@ -265,42 +263,3 @@ def test_patched_text_only_gemma4_on_fa2_sliding_layers_select_flash_attn(select
     seen = selected_patched["gemma4_text_only_by_gpu"][gpu]
     assert seen["configured_backend"] is None
     assert (seen["sliding"], seen["full"]) == ("FLASH_ATTN", "TRITON_ATTN")
-
-
-# ------------------------------------------------------------------ 0.33.0
-
-
-@pytest.fixture(scope="module")
-def released_0_33_0() -> dict:
-    return _probe(pristine("0.33.0", "site-packages"), "0.33.0")
-
-
-@pytest.fixture(scope="module")
-def patched_0_33_0(tmp_path_factory) -> dict:
-    if on_stock():
-        return _probe(pristine("0.33.0", "site-packages"), "0.33.0")
-    tree = series_applied_tree("0.33.0", tmp_path_factory.mktemp("patched33"), ["vllm/utils/math_utils.py"])
-    return _probe(tree, "0.33.0")
-
-
-def test_0_33_0_released_locks_text_only_serving_without_fa4(released_0_33_0):
-    assert released_0_33_0["verify"]["text_only"]["backend"] == "TRITON_ATTN"
-    assert released_0_33_0["layers"] == {"attention_call_attn_backend": None, "helper_present": False}
-
-
-def test_0_33_0_patched_text_only_on_cuda_lifts_the_lock(released_0_33_0, patched_0_33_0):
-    assert patched_0_33_0["verify"]["text_only"] == {"backend": None, "flash_attn_version": None}
-    for scenario in ("multimodal", "text_only_not_cuda", "text_only_xpu", "text_only_fa4", "text_only_user_backend"):
-        assert patched_0_33_0["verify"][scenario] == released_0_33_0["verify"][scenario], scenario
-
-
-def test_0_33_0_large_head_layers_get_triton_only_when_nothing_else_decides(patched_0_33_0):
-    layers = patched_0_33_0["layers"]
-    assert layers["attention_call_attn_backend"] == "_large_head_attn_backend(self.head_dim)"
-    chosen = {tuple(row[:5]): row[5] for row in layers["rows"]}
-    assert chosen[(None, False, True, False, 512)] == "TRITON_ATTN"
-    assert chosen[(None, False, True, False, 256)] is None
-    # a set backend, a per-kind map, another platform, or FA4: the selector decides as before
-    for key in (("TRITON_ATTN", False, True, False), (None, True, True, False), (None, False, False, False),
-                (None, False, True, True)):
-        assert chosen[(*key, 512)] is None, key

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 PATCH_ID = "triton-unified-attention-fully-masked-tile"
-VERSIONS = ["0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0"]
+VERSIONS = ["0.21.0", "0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.32.0"]
 
 pytestmark = pytest.mark.network  # the released wheels and triton come from PyPI
 

@@ -67,11 +67,11 @@ def test_inputs_of_a_base_with_a_series():
 
 def test_a_base_without_a_series_or_without_vllm_is_refused():
     with pytest.raises(LauncherError) as err:
-        image.overlay_inputs("nvcr.io/nvidia/vllm:26.11-py3", probed("0.32.0+abc.nv26.11"), repo_digests=[],
+        image.overlay_inputs("nvcr.io/nvidia/vllm:26.11-py3", probed("0.28.0+abc.nv26.11"), repo_digests=[],
                              image_id="x", target="sm121", arch="arm64")
     message = err.value.message
-    assert message.startswith("no patch series for vLLM 0.32.0+abc.nv26.11")
-    assert "nearest supported release is 0.33.0" in message  # 0.31.0 and 0.33.0 tie: the newer
+    assert message.startswith("no patch series for vLLM 0.28.0+abc.nv26.11")
+    assert "nearest supported release is 0.29.0" in message  # 0.27.1 and 0.29.0 tie: the newer
     assert "series exist for: " + ", ".join(available_versions()) in message
     assert err.value.hint == f"use a base with one of those vLLM versions, e.g. vllm/vllm-openai:v{available_versions()[-1]}"
     with pytest.raises(LauncherError) as err:

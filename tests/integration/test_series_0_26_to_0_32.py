@@ -1,4 +1,4 @@
-"""The 0.26.0, 0.27.1, 0.29.0, 0.30.0 and 0.31.0 series, patch by patch, on each released wheel and sdist.
+"""The 0.26.0, 0.27.1, 0.29.0, 0.30.0, 0.31.0 and 0.32.0 series, patch by patch, on each released wheel and sdist.
 
 The releases users run from other bases (SystemPanic's Windows wheels at
 0.26.0 and 0.29.0, NGC 26.08 = 0.27.1, NGC 26.09 = 0.29.0, the vllm-gb10
@@ -38,8 +38,8 @@ from launcher.patching.series import load_series
 from launcher.paths import patches_dir
 from tests.integration.patch_trees import LAYOUTS, check_applies_alone, pristine, series_applied_tree
 
-VERSIONS = ["0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0"]
-V2_BY_DEFAULT = ["0.29.0", "0.30.0", "0.31.0"]
+VERSIONS = ["0.26.0", "0.27.1", "0.29.0", "0.30.0", "0.31.0", "0.32.0"]
+V2_BY_DEFAULT = ["0.29.0", "0.30.0", "0.31.0", "0.32.0"]
 SERIES = {v: load_series(patches_dir() / "vllm" / v) for v in VERSIONS}
 PATCHES = [(v, p) for v in VERSIONS for p in SERIES[v].patches]
 PROBE = Path(__file__).with_name("series_0_33_0_probe.py")
@@ -54,14 +54,14 @@ pytestmark = pytest.mark.network  # first run downloads the releases from PyPI
 
 # In the 0.33.0 series but not here (NOTES.md of each release says why): the
 # Gemma 4 MTP backend refusal does not apply without a port (the earlier
-# "explicit wins" version was dropped, not shipped), and the text-only
-# per-layer backend lift serves only the text recipe, which lists 0.21.0/0.33.0.
-NOT_PORTED = {"gemma4-mtp-explicit-attention-backend", "gemma4-text-only-per-layer-attention-backend"}
+# "explicit wins" version was dropped, not shipped).
+NOT_PORTED = {"gemma4-mtp-explicit-attention-backend"}
 # Not in the 0.33.0 series because 0.33.0 has the fix; this release lacks it.
 MASKED_TILE = "triton-unified-attention-fully-masked-tile"  # every one of these releases lacks it
 BACKPORTED_HERE = {
     "0.26.0": ["dflash-query-buffers-cover-cudagraph-padding", MASKED_TILE],
     "0.27.1": [MASKED_TILE], "0.29.0": [MASKED_TILE], "0.30.0": [MASKED_TILE], "0.31.0": [MASKED_TILE],
+    "0.32.0": [MASKED_TILE],
 }
 
 
@@ -161,7 +161,9 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
 def dflash(release) -> tuple[ast.Module, dict]:
     """The patched module's AST and a namespace holding its three helpers, run as written."""
     module = ast.parse((release[2] / QWEN3_DFLASH).read_text())
-    ns: dict = {"VllmConfig": object, "Qwen3Config": object}
+    import torch
+
+    ns: dict = {"VllmConfig": object, "Qwen3Config": object, "torch": torch}
     for node in module.body:
         if isinstance(node, ast.FunctionDef) and node.name in HELPERS:
             exec(ast.unparse(node), ns)
@@ -170,7 +172,9 @@ def dflash(release) -> tuple[ast.Module, dict]:
 
 def _vllm_config(model_type: str, **text_config):
     text = types.SimpleNamespace(model_type=model_type, **text_config)
-    return types.SimpleNamespace(model_config=types.SimpleNamespace(hf_text_config=text, dtype="bfloat16"))
+    import torch
+
+    return types.SimpleNamespace(model_config=types.SimpleNamespace(hf_text_config=text, dtype=torch.bfloat16))
 
 
 def _draft(**fields):
@@ -198,12 +202,15 @@ def _run_for_class(statement: str, class_name: str, subclass: bool, ns: dict, vl
 
 
 def test_embed_scale_for_the_base_model_only(dflash):
+    import torch
+
     module, ns = dflash
     init = _method(_class(module, "DFlashQwen3Model"), "__init__")
     statement = ast.unparse(_patched_statement(init, "embed_scale = "))
     config = _vllm_config("gemma4_text", final_logit_softcapping=30.0)
     base = _run_for_class(statement, "DFlashQwen3Model", False, ns, config, _draft())
-    assert base["embed_scale"] == pytest.approx(math.sqrt(2816))
+    # sqrt(2816) rounded to bfloat16, as Gemma 4 applies it.
+    assert base["embed_scale"] == float(torch.tensor(math.sqrt(2816), dtype=torch.bfloat16))
     sub = _run_for_class(statement, "DFlashQwen3Model", True, ns, config, _draft())
     assert sub["embed_scale"] is None
     qwen = _run_for_class(statement, "DFlashQwen3Model", False, ns, _vllm_config("qwen3"), _draft())
