@@ -507,6 +507,13 @@ def _target_attention_checks(plan: Plan, rec, extra_args: list[str]) -> None:
     """
     per_kind = rec.intent.attention_per_kind
     text_only = "--language-model-only" in [*rec.serve.extra_args, *extra_args]
+    if per_kind and any(a == "--attention-config" or a.startswith("--attention-config=") for a in extra_args):
+        # vLLM merges --attention-config.KEY arguments into one --attention-config it
+        # appends last; a whole JSON given after `--` would then be dropped, or drop ours.
+        plan.reasons.append(Reason(
+            "recipe", "--attention-config after `--` would replace the recipe's "
+            "--attention-config.backend_per_kind.* (vLLM keeps one --attention-config)",
+            hint="pass each key dotted instead, e.g. -- --attention-config.flash_attn_version 2"))
     for kind, backend in sorted(per_kind.items()):
         if backend == "triton_attn":
             continue

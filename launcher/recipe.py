@@ -547,6 +547,10 @@ def _null_means(dotted: str) -> str:
     return f"give a value, or --set {dotted}=null for vLLM's own default"
 
 
+# Fields that are maps: --set may add a key to them (the schema still checks it).
+_MAPPING_FIELDS = ("env", "attention_per_kind")
+
+
 def _is_mapping_field(parts: list[str]) -> bool:
-    # env.* and profiles.<p>.env.* take new keys
-    return len(parts) >= 2 and parts[-2] == "env"
+    # env.*, profiles.<p>.env.* and intent.attention_per_kind.* take new keys
+    return len(parts) >= 2 and parts[-2] in _MAPPING_FIELDS

@@ -23,7 +23,8 @@ What it changes, and only where the user did not ``--set`` the field:
 
 Not changed: FlashAttention's version. On Hopper FLASH_ATTN runs FA3 by
 default where sm_12x runs FA2; a run that must use what sm_12x uses adds
-``-- --attention-config '{"flash_attn_version": 2}'`` (the hint says so).
+``-- --attention-config.flash_attn_version 2`` (the hint says so; the dotted form
+joins the recipe's own ``--attention-config.*`` keys instead of replacing them).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ BLACKWELL_ONLY_GEMM = frozenset({"cutlass", "flashinfer_cutlass", "flashinfer_tr
 HOPPER_FP4 = "marlin"
 
 FA2_HINT = ("sm_12x runs FLASH_ATTN as FlashAttention 2, Hopper as FA3: add "
-            "-- --attention-config '{\"flash_attn_version\": 2}' to run what sm_12x runs")
+            "-- --attention-config.flash_attn_version 2 to run what sm_12x runs")
 
 
 @dataclass

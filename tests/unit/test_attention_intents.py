@@ -1,0 +1,104 @@
+"""intent.attention_per_kind and the B12X intents: how they render for each vLLM,
+and which Gemma 4 layers the plan lets leave TRITON_ATTN.
+
+The renderings are checked against the released code elsewhere: the text
+recipe's map through 0.33.0's own selector (tests/integration/
+test_series_0_33_0.py), the first releases with each knob in the constants
+below (read off the released wheels).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import vllm_compat
+from launcher.checks import resolve
+from launcher.plan import Request
+from tests.unit.conftest import H100, RTX5090, make_ctx
+
+TEXT = "gemma4-moe-dflash-text"
+
+
+def _args(plan) -> str:
+    return " ".join(plan.argv)
+
+
+def _blocks(plan, needle: str) -> list:
+    return [r for r in plan.reasons if r.blocking and r.area == "recipe" and needle in r.message]
+
+
+def test_text_recipe_renders_vllm_backend_per_kind_on_0_33_0(models):
+    plan = resolve(Request(TEXT, vllm_version="0.33.0"), make_ctx(RTX5090))
+    assert "--attention-config.backend_per_kind.sliding_window FLASH_ATTN" in _args(plan)
+    assert "full_attention" not in _args(plan)  # the 512-dim layers keep the lock's TRITON_ATTN
+    assert "gemma4-text-only-per-layer-attention-backend" not in [p.id for p in plan.patches]
+
+
+def test_text_recipe_on_0_21_0_leaves_it_to_the_patch(models):
+    plan = resolve(Request(TEXT, vllm_version="0.21.0"), make_ctx(RTX5090))
+    assert "backend_per_kind" not in _args(plan)
+    assert "gemma4-text-only-per-layer-attention-backend" in [p.id for p in plan.patches]
+
+
+def test_no_knob_before_the_release_that_has_backend_per_kind():
+    from launcher.recipe import Intent
+
+    intent = Intent(attention_per_kind={"sliding_window": "flash_attn"})
+    before = vllm_compat.render_intent(intent, vllm_compat.parse_version("0.27.1"))
+    assert before.args == [] and "backend_per_kind" in before.notes[0]
+    since = vllm_compat.render_intent(intent, vllm_compat.BACKEND_PER_KIND_SINCE)
+    assert since.args == ["--attention-config.backend_per_kind.sliding_window", "FLASH_ATTN"]
+
+
+@pytest.mark.parametrize("backend", ["flash_attn", "b12x"])
+def test_full_attention_layers_must_stay_on_triton(models, backend):
+    plan = resolve(Request(TEXT, vllm_version="0.33.0", sets=[f"intent.attention_per_kind.full_attention={backend}"]),
+                   make_ctx(RTX5090))
+    (reason,) = _blocks(plan, "full_attention layers have head size 512")
+    assert "must stay on TRITON_ATTN" in reason.message
+
+
+def test_multimodal_serving_keeps_every_layer_on_triton(models):
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0",
+                           sets=["intent.attention_per_kind={sliding_window: flash_attn}"]), make_ctx(RTX5090))
+    (reason,) = _blocks(plan, "needs text-only serving")
+    assert "--language-model-only" in reason.hint
+
+
+def test_b12x_sliding_layers_render_with_their_extra_and_no_block_on_a_5090(models):
+    plan = resolve(Request(TEXT, vllm_version="0.33.0", sets=["intent.attention_per_kind.sliding_window=b12x"]),
+                   make_ctx(RTX5090))
+    assert "--attention-config.backend_per_kind.sliding_window B12X" in _args(plan)
+    assert not _blocks(plan, "b12x")
+    assert any("vllm[b12x]==0.33.0" in w for w in plan.warnings)
+
+
+def test_b12x_attention_is_refused_before_it_exists_and_on_a_stand_in(models):
+    old = resolve(Request(TEXT, vllm_version="0.21.0", sets=["intent.attention_per_kind.sliding_window=b12x"]),
+                  make_ctx(RTX5090))
+    assert _blocks(old, "vLLM 0.21.0 has no B12X attention backend")
+    hopper = resolve(Request(TEXT, vllm_version="0.33.0", test_gpu=True,
+                             sets=["intent.attention_per_kind.sliding_window=b12x"]), make_ctx(H100))
+    assert _blocks(hopper, "B12X runs on sm_120 / sm_121 only")
+
+
+@pytest.mark.parametrize(("backend", "too_old", "new_enough"),
+                         [("b12x", "0.27.1", "0.29.0"), ("flashinfer_b12x", "0.21.0", "0.26.0")])
+def test_b12x_moe_backends_need_the_release_that_has_them(models, backend, too_old, new_enough):
+    sets = [f"intent.moe_fp4_backend={backend}"]
+    old = resolve(Request("gemma4-moe-dflash", vllm_version=too_old, sets=sets), make_ctx(RTX5090))
+    assert _blocks(old, f"--moe-backend has no {backend}")
+    new = resolve(Request("gemma4-moe-dflash", vllm_version=new_enough, sets=sets), make_ctx(RTX5090))
+    assert f"--moe-backend {backend}" in _args(new)
+    assert not _blocks(new, "--moe-backend has no")
+    assert any(f"intent.moe_fp4_backend={backend}" in w for w in new.warnings)
+
+
+def test_a_whole_attention_config_after_the_dashes_is_refused_beside_the_map(models):
+    plan = resolve(Request(TEXT, vllm_version="0.33.0", extra_args=["--attention-config", '{"flash_attn_version": 2}']),
+                   make_ctx(RTX5090))
+    (reason,) = _blocks(plan, "--attention-config after `--`")
+    assert "--attention-config.flash_attn_version 2" in reason.hint
+    dotted = resolve(Request(TEXT, vllm_version="0.33.0", extra_args=["--attention-config.flash_attn_version", "2"]),
+                     make_ctx(RTX5090))
+    assert not _blocks(dotted, "--attention-config after")
