@@ -36,3 +36,18 @@ def test_the_released_kernel_gives_nan_on_the_case(version, stock_tree, triton_p
     got = triton_probe(stock_tree(version))
     assert got["nan_rows"] == list(range(39, 48))
     assert got["max_abs_err_finite_rows"] < 1e-3  # the other rows are right either way
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_reduce_segments_leaves_padding_rows_and_empty_sequences_alone(version, vllm_tree, triton_probe):
+    """0.33.0's two early returns: of 4 launched rows only row 0 is a query token with a
+    sequence (rows 2-3 are CUDA-graph padding, row 1's sequence has length 0)."""
+    got = triton_probe(vllm_tree(version, PATCH_ID), "--reduce-edges")
+    assert got["error"] is None
+    assert got["written_rows"] == [0] and got["row0_finite"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_released_reduce_segments_writes_padding_rows(version, stock_tree, triton_probe):
+    got = triton_probe(stock_tree(version), "--reduce-edges")
+    assert got["error"] is not None or got["written_rows"] == [0, 1, 2, 3]

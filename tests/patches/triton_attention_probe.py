@@ -1,7 +1,8 @@
 """Run a released vLLM tree's Triton attention ops under TRITON_INTERPRET=1 (CPU).
 
-Usage: triton_attention_probe.py TREE, or triton_attention_probe.py TREE --reshape
-KV_CACHE_DTYPE (the cache write, below); prints JSON. The kernel, its helpers and
+Usage: triton_attention_probe.py TREE, triton_attention_probe.py TREE --reshape
+KV_CACHE_DTYPE (the cache write, below), or triton_attention_probe.py TREE
+--reduce-edges (reduce_segments' padding rows and empty sequences); prints JSON. The kernel, its helpers and
 the ``unified_attention`` launcher are the tree's own files; only the modules
 they import for platform facts, logging and env flags (which need vLLM's own
 CUDA build to import) are stand-ins, and ``KVQuantMode`` is the tree's class,
@@ -103,6 +104,35 @@ def main(tree: Path) -> dict:
     }
 
 
+def reduce_edges(tree: Path) -> dict:
+    """The tree's ``reduce_segments`` on a launch grid wider than its query tokens, as a
+    CUDA graph pads it: 2 sequences of one query token each (lengths 40 and 0), 4 rows
+    launched. Scratch rows no program wrote hold NaN; output rows start at 7.0. Returns
+    which rows the kernel wrote, and whether it raised (the zero length divides by zero
+    in the segment count without the early return)."""
+    _stand_ins(tree)
+    _load(tree, "triton_attention_helpers")
+    ua = _load(tree, "triton_unified_attention")
+    rows, heads, segments, head = 4, 1, 4, 32
+    out = torch.full((rows, heads, head), 7.0)
+    segm_out = torch.full((rows, heads, segments, head), float("nan"))
+    segm_max = torch.full((rows, heads, segments), float("nan"))
+    segm_sum = torch.full((rows, heads, segments), float("nan"))
+    segm_out[0], segm_max[0], segm_sum[0] = 1.0, 0.0, 1.0  # the real row: every segment valid
+    try:
+        ua.reduce_segments[(rows, heads)](
+            out, segm_out, segm_max, segm_sum, torch.tensor([40, 0], dtype=torch.int32), 2,
+            num_query_heads=heads, out_scale_inv=1.0, output_stride_0=out.stride(0),
+            output_stride_1=out.stride(1), block_table_stride=0, TILE_SIZE=16, HEAD_SIZE=head,
+            HEAD_SIZE_PADDED=head, query_start_len_ptr=torch.tensor([0, 1, 2], dtype=torch.int32),
+            BLOCK_Q=1, NUM_SEGMENTS_PER_SEQ=segments, USE_FP8=False,
+        )
+    except Exception as exc:  # the interpreter raises what the GPU would leave undefined
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    written = [r for r in range(rows) if not bool((out[r] == 7.0).all())]
+    return {"error": None, "written_rows": written, "row0_finite": bool(torch.isfinite(out[0]).all())}
+
+
 def _torch_utils_stand_in(tree: Path) -> types.ModuleType:
     """vllm.utils.torch_utils with only the tree's own ``is_quantized_kv_cache`` (the
     module imports vLLM's config and CUDA helpers, which cannot load here)."""
@@ -158,5 +188,7 @@ def reshape_and_cache(tree: Path, kv_cache_dtype: str) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[2] == "--reshape":
         print(json.dumps(reshape_and_cache(Path(sys.argv[1]), sys.argv[3])))
+    elif len(sys.argv) == 3 and sys.argv[2] == "--reduce-edges":
+        print(json.dumps(reduce_edges(Path(sys.argv[1]))))
     else:
         print(json.dumps(main(Path(sys.argv[1]))))
