@@ -450,6 +450,9 @@ def _drafter_kernel_risk(plan: Plan, rec) -> None:
     if version >= vllm_compat.parse_version(TRITON_NON_CAUSAL_FROM):
         runner = f"vLLM {plan.vllm_version} runs this drafter on the V2 runner, the workaround suggested there"
         way_out = "run the drafter without FA2: --set drafter.attention_backend=triton_attn"
+        if rec.intent.attention_per_kind.get("sliding_window") == "flash_attn":
+            # The per-kind map would still put the drafter's sliding layers on FA2.
+            way_out += " --set intent.attention_per_kind={}"
     else:
         runner = f"vLLM {plan.vllm_version} runs DFlash on the V1 runner only, the setup of that report"
         way_out = (f"vLLM {plan.vllm_version} has no drafter backend without FA2 for this model; serve with vLLM "
@@ -531,6 +534,38 @@ def _target_attention_checks(plan: Plan, rec, extra_args: list[str]) -> None:
                 hint="add --language-model-only (the gemma4-moe-dflash-text recipe does)"))
         if backend == "b12x":
             _b12x_attention_checks(plan, where)
+    _per_kind_reaches_the_drafter(plan, rec)
+
+
+def _per_kind_reaches_the_drafter(plan: Plan, rec) -> None:
+    """vLLM copies the whole attention config, backend_per_kind included, into the
+    drafter's (0.33.0 ``load_dflash_model``: only ``backend`` is replaced), and a
+    per-kind entry wins over the backend: the drafter's sliding layers take the map's
+    backend, not ``drafter.attention_backend``."""
+    per_kind = rec.intent.attention_per_kind
+    sliding = per_kind.get("sliding_window")
+    if sliding is None or rec.drafter is None:
+        return
+    if vllm_compat.parse_version(plan.vllm_version) < vllm_compat.BACKEND_PER_KIND_SINCE:
+        return
+    if sliding == "b12x":
+        # B12X is causal-only (B12xPagedBackend: "b12x supports causal attention only"),
+        # and a DFlash drafter with a non-causal layer is selected under use_non_causal,
+        # which refuses a backend without non-causal attention for every draft layer.
+        plan.reasons.append(Reason(
+            "recipe", "intent.attention_per_kind.sliding_window=b12x would reach the DFlash drafter's "
+            "sliding layers, and B12X has no non-causal attention, which vLLM requires of every draft layer",
+            hint="serve B12X without the drafter (--set drafter=null), or keep flash_attn"))
+        return
+    drafter_backend = rec.drafter.attention_backend
+    if drafter_backend is None or drafter_backend == sliding:
+        return
+    plan.reasons.append(Reason(
+        "recipe", f"drafter.attention_backend={drafter_backend} would not reach the drafter's sliding layers: "
+        f"vLLM {plan.vllm_version} gives them intent.attention_per_kind.sliding_window={sliding} too "
+        "(the per-kind map is copied into the drafter's attention config and wins over its backend)",
+        hint="--set intent.attention_per_kind={} (the target's sliding layers then stay on TRITON_ATTN), "
+             f"or --set drafter.attention_backend={sliding}"))
 
 
 def _b12x_attention_checks(plan: Plan, where: str) -> None:

@@ -333,34 +333,6 @@ def test_released_gemma4_scales_embeddings_and_soft_caps_logits():
     assert 'soft_cap=getattr(config, "final_logit_softcapping", None)' in text
 
 
-# ------------------------------------------- 0006 gemma4-mtp-explicit-attention-backend
-
-
-def test_gemma4_mtp_explicit_backend_that_cannot_read_the_target_cache_is_refused(released, patched):
-    before = {(s, t): got for s, t, got in released["gemma4_mtp_backends"]}
-    after = {(s, t): got for s, t, got in patched["gemma4_mtp_backends"]}
-    for explicit in ("FLASH_ATTN", "FLEX_ATTENTION"):
-        # The bug: the explicit choice is dropped without a word.
-        assert before[(explicit, "TRITON_ATTN")] == {"backend": "TRITON_ATTN"}
-        error = after[(explicit, "TRITON_ATTN")]["error"]
-        assert f"speculative_config.attention_backend={explicit} cannot be used" in error
-        assert "set it to TRITON_ATTN" in error
-    # Everything that worked before is unchanged.
-    for same in [("TRITON_ATTN", "TRITON_ATTN"), (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None)]:
-        assert after[same] == before[same], same
-    assert after[(None, "TRITON_ATTN")] == {"backend": "TRITON_ATTN"}
-    assert after[("FLASH_ATTN", None)] == {"backend": "FLASH_ATTN"}
-
-
-# ------------------------------------- 0007 gemma4-mtp-unpadded-per-group-block-tables
-
-
-def test_per_group_block_tables_are_cut_to_the_drafting_batch(released, patched):
-    assert released["gemma4_block_tables"]["per_group"] == [{"block_table_rows": 24, "batch": 17}] * 2
-    assert patched["gemma4_block_tables"]["per_group"] == [{"block_table_rows": 17, "batch": 17}] * 2
-    assert patched["gemma4_block_tables"]["layers"] == ["draft.0", "draft.1"]
-
-
 # ------------------------------------------------------------------ helpers
 
 

@@ -2,9 +2,9 @@
 
 The releases users run from other bases (SystemPanic's Windows wheels at
 0.26.0 and 0.29.0, NGC 26.08 = 0.27.1, NGC 26.09 = 0.29.0, the vllm-gb10
-Spark image at 0.30.0, NGC 26.10 = 0.31.0) carry the 0.33.0 series' DFlash
-fixes (not its Gemma 4 MTP patch), ported to each release's text; 0.26.0
-also the 0.21.0 series' DFlash query-buffer fix, upstream from 0.27.1. As for 0.33.0:
+Spark image at 0.30.0, NGC 26.10 = 0.31.0, and 0.32.0) carry the 0.33.0 series'
+DFlash fixes, ported to each release's text, and the backport of 0.33.0's
+Triton fully-masked-tile fix. As for 0.33.0:
 each patch goes through the project's engine on its own onto copies of both
 released trees and must compile; the whole series (apply, re-apply, revert,
 CRLF, local edits) is covered for every series by
@@ -52,14 +52,12 @@ pytestmark = pytest.mark.network  # first run downloads the releases from PyPI
 # ------------------------------------------------------------------ the series
 
 
-# In the 0.33.0 series but not here (NOTES.md of each release says why): the
-# Gemma 4 MTP backend refusal does not apply without a port (the earlier
-# "explicit wins" version was dropped, not shipped).
-NOT_PORTED = {"gemma4-mtp-explicit-attention-backend"}
+# In the 0.33.0 series but not here (NOTES.md of each release says why): none.
+NOT_PORTED: set[str] = set()
 # Not in the 0.33.0 series because 0.33.0 has the fix; this release lacks it.
 MASKED_TILE = "triton-unified-attention-fully-masked-tile"  # every one of these releases lacks it
 BACKPORTED_HERE = {
-    "0.26.0": ["dflash-query-buffers-cover-cudagraph-padding", MASKED_TILE],
+    "0.26.0": [MASKED_TILE],
     "0.27.1": [MASKED_TILE], "0.29.0": [MASKED_TILE], "0.30.0": [MASKED_TILE], "0.31.0": [MASKED_TILE],
     "0.32.0": [MASKED_TILE],
 }

@@ -92,7 +92,8 @@ def patched_tree(tmp_path_factory) -> Path:
 
 def _probe(code_root: Path) -> dict:
     run = subprocess.run(
-        [sys.executable, str(PROBE), str(code_root)],
+        # No Gemma 4 MTP sections: the series has no MTP patch (patches/vllm/README.md).
+        [sys.executable, str(PROBE), str(code_root), "--no-mtp"],
         capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr
@@ -148,29 +149,6 @@ def test_without_mm_prefix_lm_copies_only_when_needed(probes):
 
 def _backends(rows):
     return {(s, t): {k: v for k, v in r.items() if k != "model_config_is_draft"} for s, t, r in rows}
-
-
-@pytest.mark.parametrize("runner", ["v1_gemma4_mtp", "v2_gemma4_mtp"])
-def test_gemma4_mtp_explicit_backend_that_cannot_read_the_target_cache_is_refused(probes, runner):
-    released = _backends(probes["released"][runner])
-    patched = _backends(probes["patched"][runner])
-    for explicit in ("FLASH_ATTN", "FLEX_ATTENTION"):
-        # The bug: an explicit choice loses, silently, to the target's forced backend.
-        assert released[(explicit, "TRITON_ATTN")] == {"backend": "TRITON_ATTN"}
-        error = patched[(explicit, "TRITON_ATTN")]["error"]
-        assert f"speculative_config.attention_backend={explicit} cannot be used" in error
-        assert "set it to TRITON_ATTN" in error
-    # Naming the target's backend, or none, is unchanged: the target's backend.
-    for same in [("TRITON_ATTN", "TRITON_ATTN"), (None, "TRITON_ATTN"), (None, None)]:
-        assert patched[same] == released[same], same
-    assert patched[(None, "TRITON_ATTN")] == {"backend": "TRITON_ATTN"}
-    # No target backend: the explicit one is used by both runners (V1 already did).
-    assert patched[("FLASH_ATTN", None)] == {"backend": "FLASH_ATTN"}
-
-
-def test_v2_gemma4_mtp_still_builds_on_the_drafter_model_config(probes):
-    rows = [r for _, _, r in probes["patched"]["v2_gemma4_mtp"] if "error" not in r]
-    assert rows and all(r["model_config_is_draft"] for r in rows)
 
 
 # ------------------------------------------------ Gemma 4 DFlash drafter details

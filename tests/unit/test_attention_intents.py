@@ -65,12 +65,16 @@ def test_multimodal_serving_keeps_every_layer_on_triton(models):
     assert "--language-model-only" in reason.hint
 
 
-def test_b12x_sliding_layers_render_with_their_extra_and_no_block_on_a_5090(models):
-    plan = resolve(Request(TEXT, vllm_version="0.33.0", sets=["intent.attention_per_kind.sliding_window=b12x"]),
-                   make_ctx(RTX5090))
-    assert "--attention-config.backend_per_kind.sliding_window B12X" in _args(plan)
-    assert not _blocks(plan, "b12x")
-    assert any("vllm[b12x]==0.33.0" in w for w in plan.warnings)
+def test_b12x_sliding_layers_render_with_their_extra_without_a_drafter(models):
+    sets = ["intent.attention_per_kind.sliding_window=b12x"]
+    alone = resolve(Request(TEXT, vllm_version="0.33.0", sets=[*sets, "drafter=null"]), make_ctx(RTX5090))
+    assert "--attention-config.backend_per_kind.sliding_window B12X" in _args(alone)
+    assert not _blocks(alone, "")
+    assert any("vllm[b12x]==0.33.0" in w for w in alone.warnings)
+    # The map reaches the DFlash drafter's sliding layers too, and B12X is causal-only.
+    drafted = resolve(Request(TEXT, vllm_version="0.33.0", sets=sets), make_ctx(RTX5090))
+    (reason,) = _blocks(drafted, "B12X has no non-causal attention")
+    assert "--set drafter=null" in reason.hint
 
 
 def test_b12x_attention_is_refused_before_it_exists_and_on_a_stand_in(models):
@@ -102,3 +106,27 @@ def test_a_whole_attention_config_after_the_dashes_is_refused_beside_the_map(mod
     dotted = resolve(Request(TEXT, vllm_version="0.33.0", extra_args=["--attention-config.flash_attn_version", "2"]),
                      make_ctx(RTX5090))
     assert not _blocks(dotted, "--attention-config after")
+
+
+def test_a_drafter_backend_the_per_kind_map_would_override_is_refused(models):
+    # 0.33.0's load_dflash_model copies the attention config into the drafter's, map included.
+    clash = resolve(Request(TEXT, vllm_version="0.33.0", sets=["drafter.attention_backend=triton_attn"]),
+                    make_ctx(RTX5090))
+    (reason,) = _blocks(clash, "would not reach the drafter's sliding layers")
+    assert "intent.attention_per_kind={}" in reason.hint
+    followed = resolve(Request(TEXT, vllm_version="0.33.0", sets=["drafter.attention_backend=triton_attn",
+                                                                  "intent.attention_per_kind={}"]), make_ctx(RTX5090))
+    assert not _blocks(followed, "would not reach")
+    assert "backend_per_kind" not in _args(followed)
+    # 0.21.0 has no map: its patch leaves the drafter's backend alone.
+    old = resolve(Request(TEXT, vllm_version="0.21.0", sets=["drafter.attention_backend=triton_attn"]),
+                  make_ctx(RTX5090))
+    assert not _blocks(old, "would not reach")
+
+
+def test_the_spark_fallback_for_the_text_recipe_also_drops_the_map(models):
+    from tests.unit.conftest import GB10
+
+    spark = resolve(Request(TEXT, vllm_version="0.33.0"), make_ctx(GB10))
+    (warning,) = [w for w in spark.warnings if "#50707" in w]
+    assert "--set drafter.attention_backend=triton_attn --set intent.attention_per_kind={}" in warning

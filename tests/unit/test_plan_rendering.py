@@ -146,17 +146,15 @@ FLAG_ENV = {
 
 
 @pytest.mark.parametrize(("version", "fp8_marlin"), [("0.26.0", True), ("0.27.1", True), ("0.29.0", False),
-                                                     ("0.30.0", False), ("0.31.0", False)])
+                                                     ("0.30.0", False), ("0.31.0", False), ("0.32.0", False)])
 def test_user_setup_on_the_ngc_and_windows_bases(models, version, fp8_marlin):
     plan = resolve(Request("gemma4-moe-dflash", vllm_version=version, runtime="docker"), make_ctx(RTX5090))
     assert plan.env == {**FLAG_ENV, **({"VLLM_TEST_FORCE_FP8_MARLIN": "0"} if fp8_marlin else {})}
     assert plan.argv == _common_args(models) + [
         "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models) + BF16_KV
-    # 0.26.0 also takes the query-buffer fix that 0.27.1 has upstream.
-    extra = ["dflash-query-buffers-cover-cudagraph-padding"] if version == "0.26.0" else []
     # Every one of these releases lacks the Triton fully-masked-tile fix (0.33.0 has it).
     assert [p.id for p in plan.patches] == ["dflash-drafter-own-mm-prefix-config",
-                                            "gemma4-dflash-embed-scale-logit-softcap", *extra,
+                                            "gemma4-dflash-embed-scale-logit-softcap",
                                             "triton-unified-attention-fully-masked-tile"]
     assert not [r for r in plan.reasons if r.area in ("vllm", "patches") and r.blocking]  # a listed release
 
