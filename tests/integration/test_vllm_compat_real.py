@@ -11,7 +11,7 @@ import pytest
 from launcher import pypi, vllm_compat
 from launcher import recipe as recipes
 from launcher.checks import resolve
-from launcher.plan import Request
+from launcher.plan import B12X_MOE_FROM, Request
 from tests.unit.conftest import RTX5090, make_ctx
 
 LISTED = [(v, name) for name in sorted(recipes.available()) for v in recipes.load(name).vllm_versions]
@@ -45,12 +45,27 @@ def test_every_emitted_variable_and_flag_is_read_by_that_release(version, recipe
     for key in plan.env:
         if key.startswith("VLLM_"):
             assert key in names, f"{key} is not read by vLLM {version}"
-    flags = {a for a in plan.argv if a.startswith("--")}
+    # A dotted flag (--attention-config.backend_per_kind.sliding_window) is its config's flag.
+    flags = {a.split(".", 1)[0] for a in plan.argv if a.startswith("--")}
     assert flags <= _defined_flags(version), f"flags vLLM {version} does not define: {flags - _defined_flags(version)}"
+    for flag in (a for a in plan.argv if a.startswith("--attention-config.backend_per_kind.")):
+        kind, backend = flag.rsplit(".", 1)[1], plan.argv[plan.argv.index(flag) + 1]
+        _check_backend_per_kind(version, kind, backend)
     for flag, literal in (("--moe-backend", "MoEBackend"), ("--linear-backend", "LinearBackend")):
         if flag in plan.argv:
             value = plan.argv[plan.argv.index(flag) + 1]
             assert value in _literal_values(version, literal), f"{flag} {value} is not a {literal} of vLLM {version}"
+
+
+def _check_backend_per_kind(version: str, kind: str, backend: str) -> None:
+    """AttentionConfig has backend_per_kind, ``kind`` is a KVCacheSpecKind value and
+    ``backend`` an AttentionBackendEnum member, as that release's validator parses them."""
+    root = pypi.unpacked("vllm", version, "site-packages") / "vllm"
+    assert re.search(r"^\s+backend_per_kind:", (root / "config" / "attention.py").read_text(), re.M)
+    kinds = re.search(r"class KVCacheSpecKind\(.*?\):(.*?)\n\n", (root / "v1" / "kv_cache_interface.py").read_text(), re.S)
+    assert f'"{kind}"' in kinds.group(1), f"{kind} is not a KVCacheSpecKind of vLLM {version}"
+    registry = (root / "v1" / "attention" / "backends" / "registry.py").read_text()
+    assert re.search(rf"^\s+{backend} = ", registry, re.M), f"{backend} is not an attention backend of vLLM {version}"
 
 
 def _literal_values(version: str, name: str) -> set[str]:
@@ -124,8 +139,9 @@ def test_moe_intent_renders_as_the_flag_0_21_0_reads_first(tmp_path, monkeypatch
     plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
     assert plan.argv[plan.argv.index("--moe-backend") + 1] == "cutlass"
     assert "VLLM_USE_FLASHINFER_MOE_FP4" not in plan.env
-    # Every intent value is a MoEBackend of 0.21.0's KernelConfig (what --moe-backend parses into).
-    intents = set(recipes.MoeBackend.__args__) - {"auto"}
+    # Every intent value is a MoEBackend of 0.21.0's KernelConfig (what --moe-backend parses
+    # into), except those the plan refuses before the release that has them (B12X_MOE_FROM).
+    intents = set(recipes.MoeBackend.__args__) - {"auto"} - set(B12X_MOE_FROM)
     assert intents <= _literal_values_in(root / "config" / "kernel.py", "MoEBackend")
     # The NvFP4 oracle maps cutlass to vLLM's own CUTLASS kernels, and reads the
     # flag before VLLM_USE_FLASHINFER_MOE_FP4 (which only removes FlashInfer).
@@ -190,3 +206,22 @@ def test_every_profile_keeps_full_decode_batches_in_cuda_graphs_on_0_21_0(name, 
         seqs = value("--max-num-seqs")
         size = capture(seqs, spec, value("--max-num-batched-tokens") or 8192, value("--max-cudagraph-capture-size"))
         assert seqs * (1 + spec) <= size, f"{name} on {gpu.name}: {seqs} x {1 + spec} tokens > {size} captured"
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(("backend", "since"), sorted(B12X_MOE_FROM.items()))
+def test_b12x_moe_backends_appear_in_the_release_the_plan_names(backend, since):
+    before = [v for v in RELEASES if vllm_compat.parse_version(v) < vllm_compat.parse_version(since)][-1]
+    assert backend in _literal_values(since, "MoEBackend")
+    assert backend not in _literal_values(before, "MoEBackend")
+
+
+@pytest.mark.network
+def test_b12x_attention_appears_in_the_release_the_plan_names():
+    from launcher.plan import B12X_ATTENTION_FROM
+
+    def has_b12x(version: str) -> bool:
+        registry = pypi.unpacked("vllm", version, "site-packages") / "vllm" / "v1" / "attention" / "backends" / "registry.py"
+        return re.search(r"^\s+B12X = ", registry.read_text(), re.M) is not None
+
+    assert has_b12x(B12X_ATTENTION_FROM) and not has_b12x("0.29.0")
