@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Build the images of the matrix {0.21.0, 0.33.0} x {sm120 amd64, sm121 arm64}.
+# Build the images of the matrix {0.21.0, 0.33.0 from source; every release with a series as an overlay} x {sm120 amd64, sm121 arm64}.
 #
 #   docker/build-image.sh source|overlay VLLM_VERSION TARGET [docker build args...]
 #   docker/build-image.sh classic-dockerfile   # print docker/Dockerfile as the classic builder gets it
 #
-#   VLLM_VERSION  0.21.0 | 0.33.0 | all (overlay with BASE: auto, or the version BASE must have)
+#   VLLM_VERSION  source: 0.21.0 | 0.33.0; overlay: any release with a series (0.32.0 ...) | all
+#                 (overlay with BASE: auto, or the version BASE must have)
 #   TARGET        sm120 (RTX 5090, amd64) | sm121 (DGX Spark, arm64) | all
 #                 (linux-amd64 / linux-arm64, the `launcher build` names, work too)
 #   env IMAGE_REPO  image name without tag (default vllm-sm12x)
@@ -23,7 +24,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 # `RUN --mount=... \` continuation lines and inline --mount flags -> nothing.
 strip_buildkit() {

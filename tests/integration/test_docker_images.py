@@ -436,19 +436,19 @@ def test_overlay_build_fails_when_the_series_does_not_apply(client):
 
 @pytest.mark.docker
 def test_overlay_refuses_a_vllm_without_a_series(client):
-    """A base whose vLLM has no series (0.33.0's files, labelled 0.32.0 as NGC
-    would label its own build; 0.32.0 is a release with no series): `launcher image inputs` refuses before any
+    """A base whose vLLM has no series (0.33.0's files, labelled 0.28.0 as NGC
+    would label its own build; 0.28.0 is a release with no series): `launcher image inputs` refuses before any
     build, and a plain `docker build` (no inputs) fails at `patch apply`; both
     name the versions that have a series."""
     from launcher.errors import LauncherError
     from launcher.patching.series import available_versions
 
-    base = docker_env.vllm_base_image(client, "0.33.0", kind="ngc", vllm_build="0.32.0+g0c0ffee.nv26.11")
+    base = docker_env.vllm_base_image(client, "0.33.0", kind="ngc", vllm_build="0.28.0+g0c0ffee.nv26.11")
     supported = ", ".join(available_versions())
-    assert "0.32.0" not in available_versions()
+    assert "0.28.0" not in available_versions()
     with pytest.raises(LauncherError) as err:
         docker_env.overlay_inputs(client, base)
-    assert err.value.message.startswith("no patch series for vLLM 0.32.0+g0c0ffee.nv26.11")
+    assert err.value.message.startswith("no patch series for vLLM 0.28.0+g0c0ffee.nv26.11")
     assert f"series exist for: {supported}" in err.value.message
     tag = f"vllm-sm12x-test/overlay:noseries-{uuid.uuid4().hex[:8]}"
     image_id, log = docker_env.build_overlay(client, base, tag, {})
