@@ -539,14 +539,20 @@ def drafter_sliding_layers(config: dict[str, Any]) -> tuple[list[int], Any]:
     return layers, dflash.get("swa_window_size", config.get("sliding_window"))
 
 
-def drafter_version_warning(path: Path, vllm_version: str) -> list[Reason]:
+# The 0.21.0 series' backport of 0.26.0's per-layer drafter attention.
+PER_LAYER_DRAFTER_PATCH = "dflash-drafter-per-layer-attention"
+
+
+def drafter_version_warning(path: Path, vllm_version: str, per_layer_patched: bool | None = None) -> list[Reason]:
     """A warning when the drafter has sliding-window layers that ``vllm_version`` cannot build.
 
     The output stays lossless (the target verifies every drafted token), but
     the drafter runs off the distribution it was trained on, so acceptance,
-    and with it the speed-up, drops.
+    and with it the speed-up, drops. ``per_layer_patched``: whether the tree
+    has ``dflash-drafter-per-layer-attention``, which builds them as trained
+    (None: not known here).
     """
-    if parse_version(vllm_version) >= parse_version(SLIDING_DRAFTER_SUPPORT):
+    if parse_version(vllm_version) >= parse_version(SLIDING_DRAFTER_SUPPORT) or per_layer_patched:
         return []
     cfg = Path(path) / CONFIG
     try:
@@ -561,12 +567,13 @@ def drafter_version_warning(path: Path, vllm_version: str) -> list[Reason]:
         Reason(
             "drafter",
             f"{cfg}: drafter layers {layers} are sliding-window layers ({window_text}, causal as trained), "
-            f"but vLLM {vllm_version}'s DFlash drafter has none: they run as full, non-causal attention "
-            "over the whole context. Output stays lossless (the target checks every token); acceptance, "
-            "and so the speed-up, is lower, the more so past the window",
+            f"but vLLM {vllm_version}'s DFlash drafter has none without the series' {PER_LAYER_DRAFTER_PATCH}: "
+            "they run as full, non-causal attention over the whole context. Output stays lossless (the target "
+            "checks every token); acceptance, and so the speed-up, is lower, in every block and more so past "
+            "the window",
             blocking=False,
-            hint=f"run vLLM {SLIDING_DRAFTER_RECOMMENDED} (--vllm-version {SLIDING_DRAFTER_RECOMMENDED}), "
-            "which builds these layers as trained",
+            hint=f"launcher patch apply (its {PER_LAYER_DRAFTER_PATCH} builds these layers as trained), or run "
+            f"vLLM {SLIDING_DRAFTER_RECOMMENDED} (--vllm-version {SLIDING_DRAFTER_RECOMMENDED})",
         )
     ]
 

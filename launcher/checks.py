@@ -234,7 +234,8 @@ def checkpoint(plan: Plan, rec, ctx: Context) -> None:
         plan.reasons.extend(found)
     if plan.drafter is not None and plan.drafter.is_dir():
         plan.reasons.extend(ckpt.inspect_drafter(plan.drafter, target=info))
-        plan.reasons.extend(ckpt.drafter_version_warning(plan.drafter, plan.vllm_version))
+        per_layer = next((p.applied for p in plan.patches if p.id == ckpt.PER_LAYER_DRAFTER_PATCH), None)
+        plan.reasons.extend(ckpt.drafter_version_warning(plan.drafter, plan.vllm_version, per_layer))
     warn = ckpt.quantization_flag_warning(plan.argv, info) if info is not None else None
     if warn:
         plan.reasons.append(warn)

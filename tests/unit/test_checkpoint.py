@@ -533,6 +533,13 @@ def test_sliding_drafter_layers_warn_before_0_25_and_recommend_0_33(tmp_path, ve
     assert "0.33.0" in reason.hint
 
 
+def test_sliding_drafter_layers_are_fine_on_0_21_0_with_the_per_layer_patch(tmp_path):
+    root = make_drafter(tmp_path / "d", **PUBLIC_26B_DRAFTER)
+    assert drafter_version_warning(root, "0.21.0", per_layer_patched=True) == []
+    (reason,) = drafter_version_warning(root, "0.21.0", per_layer_patched=False)
+    assert "dflash-drafter-per-layer-attention" in reason.message and "launcher patch apply" in reason.hint
+
+
 @pytest.mark.parametrize("version", ["0.25.0", "0.33.0"])
 def test_sliding_drafter_layers_are_fine_from_0_25(tmp_path, version):
     assert drafter_version_warning(make_drafter(tmp_path / "d", **PUBLIC_26B_DRAFTER), version) == []
