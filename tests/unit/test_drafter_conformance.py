@@ -277,3 +277,42 @@ def test_the_reference_gives_each_harness_drafter_layer_zlabs_attention():
         for sem in ref.SEMANTICS:
             got = [(a.window, a.causal) for a in ref.layer_attention(g, sem)]
             assert got == _zlab_layer_attention(cfg), (name, sem)
+
+
+# ------------------------------------------------------- checkpoints z-lab loads unchanged
+
+def _written_drafters(tmp_path: Path) -> dict[str, Path]:
+    """One folder per way the harness writes a drafter: random (make_checkpoints.write_drafter, with
+    the default config and with train_target's) and trained (train_drafter.save_drafter)."""
+    mc, tt, td = _load("make_checkpoints"), _load("train_target"), _load("train_drafter")
+    out = {}
+    for shape in (mc.DRAFTERS[0], mc.REALSHAPE_DRAFTER):
+        out[shape.name] = tmp_path / shape.name
+        mc.write_drafter(shape, out[shape.name])
+    out["random for the trained target"] = tmp_path / "random-trained"
+    mc.write_drafter(tt.DRAFTER, out["random for the trained target"], tt.drafter_config())
+    torch.manual_seed(0)
+    trained = ref.Drafter(ref.Geometry.from_config(tt.drafter_config()))
+    trained.init_weights(0.02)
+    out["trained"] = tmp_path / "trained"
+    td.save_drafter(trained, tt.drafter_config(), out["trained"])
+    return out
+
+
+def test_every_drafter_the_harness_writes_loads_in_zlabs_from_pretrained(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    for name, folder in _written_drafters(tmp_path).items():
+        model, info = zlab.DFlashDraftModel.from_pretrained(folder, output_loading_info=True,
+                                                            dtype=torch.bfloat16)
+        assert {k: v for k, v in info.items() if v} == {}, name  # nothing missing, unexpected or resized
+        saved = load_file(str(folder / "model.safetensors"))
+        state = model.state_dict()
+        assert all(torch.equal(state[k], t) for k, t in saved.items()), name
+        cfg = json.loads((folder / "config.json").read_text())
+        assert list(model.target_layer_ids) == cfg["dflash_config"]["target_layer_ids"], name
+        assert model.mask_token_id == cfg["dflash_config"]["mask_token_id"], name
+        g = ref.Geometry.from_config(cfg)
+        assert _zlab_layer_attention(cfg) == [(a.window, a.causal) for a in ref.layer_attention(g, "vllm-0.33.0")]
