@@ -316,3 +316,32 @@ def test_every_drafter_the_harness_writes_loads_in_zlabs_from_pretrained(tmp_pat
         assert model.mask_token_id == cfg["dflash_config"]["mask_token_id"], name
         g = ref.Geometry.from_config(cfg)
         assert _zlab_layer_attention(cfg) == [(a.window, a.causal) for a in ref.layer_attention(g, "vllm-0.33.0")]
+
+
+def test_doctor_drafter_passes_what_the_harness_writes_and_names_each_missing_field(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from launcher.checkpoint import REFERENCE_DRAFTER_FIELDS
+    from launcher.cli import app
+
+    def doctor(folder):
+        res = CliRunner().invoke(app, ["doctor", "--json", "--drafter", str(folder)])
+        return res.exit_code, json.loads(res.stdout)["drafter"]
+
+    folder = _written_drafters(tmp_path)["trained"]
+    code, report = doctor(folder)
+    assert (code, report["reasons"], report["blocking"]) == (0, [], False)
+    good = json.loads((folder / "config.json").read_text())
+    for name in REFERENCE_DRAFTER_FIELDS + ("sliding_window", "use_sliding_window"):
+        cfg = json.loads(json.dumps(good))
+        where = cfg["dflash_config"] if name.startswith("dflash_config.") else cfg
+        del where[name.split(".")[-1]]
+        (folder / "config.json").write_text(json.dumps(cfg))
+        code, report = doctor(folder)
+        assert code == 1, name
+        assert any(f"{name} is missing" in r for r in report["reasons"]), (name, report["reasons"])
+        if name == "num_target_layers":  # the field z-lab's loader fails on
+            with pytest.raises(AttributeError):
+                zlab.DFlashDraftModel.from_pretrained(folder)
