@@ -514,6 +514,38 @@ def inspect_drafter(path: Path, *, target: CheckpointInfo | None) -> list[Reason
     return reasons
 
 
+# What z-lab's reference drafter (dflash 0.1.0, DFlashDraftModel.from_pretrained) needs from
+# config.json. transformers' Qwen3Config fills a missing size with Qwen3's own default, a model
+# the weights do not fit; num_target_layers it reads unconditionally (AttributeError without it).
+REFERENCE_DRAFTER_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "head_dim", "num_target_layers",
+                            "dflash_config.target_layer_ids", "dflash_config.mask_token_id")
+
+
+def reference_drafter_reasons(path: Path) -> list[Reason]:
+    """What stops z-lab's ``DFlashDraftModel.from_pretrained`` from loading the drafter at ``path``
+    as vLLM runs it, one reason per missing field, named as in config.json."""
+    cfg = Path(path) / CONFIG
+    try:
+        config = _read_json(cfg, "drafter")
+    except _Unreadable as exc:
+        return [exc.reason]
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    missing = [name for name in REFERENCE_DRAFTER_FIELDS
+               if (dflash if name.startswith("dflash_config.") else config).get(name.split(".")[-1]) is None]
+    reasons = [Reason("drafter", f"{cfg}: {name} is missing (z-lab's DFlashDraftModel needs it)", True)
+               for name in missing]
+    layers, _window = drafter_sliding_layers(config)
+    if isinstance(config.get("layer_types"), list) and layers:
+        # Qwen3Config keeps sliding_window only with use_sliding_window; without it the reference
+        # runs the sliding layers unwindowed and vLLM (0.25.0+) refuses them.
+        for name in ("sliding_window", "use_sliding_window"):
+            if not config.get(name):
+                reasons.append(Reason("drafter", f"{cfg}: {name} is missing or off but layers {layers} "
+                                                 "are sliding_attention", True))
+    return reasons
+
+
 # vLLM's DFlash drafter builds sliding-window layers from 0.25.0 (qwen3_dflash.py
 # _resolve_layer_attention); drafters mixing sliding and full layers need the V2
 # model runner (default from 0.29.0). Before 0.25.0 every drafter layer is full,

@@ -172,15 +172,17 @@ def doctor(
     recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Check one recipe (default: all).")] = None,
     model: Annotated[Optional[Path], typer.Option(help="Inspect a checkpoint folder (with --recipe: as that recipe's target).")] = None,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="The python whose vLLM to check (as serve finds it by default).")] = None,
+    drafter: Annotated[Optional[Path], typer.Option(help="Check a DFlash drafter folder: what vLLM and z-lab's reference (dflash) need in its config.json.")] = None,
 ) -> None:
     """Report GPU, driver, versions, WSL/Windows, patch status, docker, and which recipes fit.
 
-    Exits 1 when what was asked about has a problem: the --model does not
-    load, the --recipe does not fit, or (neither given) no recipe fits.
+    Exits 1 when what was asked about has a problem: the --model or the
+    --drafter does not load, the --recipe does not fit, or (none given) no
+    recipe fits.
     """
     from launcher import doctor as doc
 
-    report = doc.collect(recipe=recipe, model=model, vllm_python=vllm_python)
+    report = doc.collect(recipe=recipe, model=model, vllm_python=vllm_python, drafter=drafter)
     typer.echo(json.dumps(report, indent=2) if as_json else doc.format_report(report))
     raise typer.Exit(doc.exit_code(report))
 

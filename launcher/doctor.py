@@ -9,7 +9,8 @@ from pathlib import Path
 from launcher import hardware, versions
 
 
-def collect(recipe: str | None = None, model: Path | None = None, vllm_python: str | None = None) -> dict:
+def collect(recipe: str | None = None, model: Path | None = None, vllm_python: str | None = None,
+            drafter: Path | None = None) -> dict:
     """The whole report. ``model`` is the target for ``recipe``'s verdict too (not just inspected beside it)."""
     from launcher import vllm_env
 
@@ -21,7 +22,8 @@ def collect(recipe: str | None = None, model: Path | None = None, vllm_python: s
     except LauncherError as exc:  # a broken --vllm-python is reported with everything else
         env, env_error = None, exc.message + (f" ({exc.hint})" if exc.hint else "")
     report: dict = {
-        "asked": {"recipe": recipe, "model": None if model is None else str(model), "vllm_python": vllm_python},
+        "asked": {"recipe": recipe, "model": None if model is None else str(model), "vllm_python": vllm_python,
+                  "drafter": None if drafter is None else str(drafter)},
         "os": {"system": host.system, "machine": host.machine, "wsl": host.wsl, "windows": host.system == "Windows",
                "python": platform.python_version()},
         "gpu": {
@@ -45,6 +47,8 @@ def collect(recipe: str | None = None, model: Path | None = None, vllm_python: s
     }
     if model is not None:
         report["checkpoint"] = _checkpoint(model, recipe, env)
+    if drafter is not None:
+        report["drafter"] = _drafter(drafter)
     return report
 
 
@@ -55,12 +59,12 @@ def exit_code(report: dict) -> int:
     some recipe must fit. A half-written patch run counts everywhere.
     """
     asked = report.get("asked", {})
-    if report.get("checkpoint", {}).get("blocking"):
+    if report.get("checkpoint", {}).get("blocking") or report.get("drafter", {}).get("blocking"):
         return 1
     if report["patches"].get("interrupted") or (report.get("vllm_env") or {}).get("error"):
         return 1
-    if asked.get("model") and not asked.get("recipe"):
-        return 0  # --model alone: the checkpoint decides (it loads), whatever the recipes say
+    if (asked.get("model") or asked.get("drafter")) and not asked.get("recipe"):
+        return 0  # --model / --drafter alone: the checkpoints decide (they load), whatever the recipes say
     return 0 if any(v["fits"] for v in report["recipes"].values()) else 1
 
 
@@ -143,6 +147,15 @@ def _checkpoint(model: Path, recipe: str | None, env) -> dict:
     return data
 
 
+def _drafter(path: Path) -> dict:
+    """What vLLM's DFlash drafter and z-lab's reference (dflash 0.1.0) need from the drafter folder."""
+    from launcher import checkpoint
+
+    reasons = checkpoint.inspect_drafter(path, target=None)
+    reasons += [r for r in checkpoint.reference_drafter_reasons(path) if r not in reasons]
+    return {"path": str(path), "reasons": [r.line() for r in reasons], "blocking": any(r.blocking for r in reasons)}
+
+
 def format_report(report: dict) -> str:
     lines = []
     osr = report["os"]
@@ -184,6 +197,9 @@ def format_report(report: dict) -> str:
         lines.append(f"checkpoint {ck['path']}: " + (what or "unreadable")
                      + (" (multimodal prefix LM)" if ck.get("mm_prefix") else ""))
         lines += [f"  {r}" for r in ck["reasons"]] or ["  ok"]
+    if "drafter" in report:
+        lines.append(f"drafter   {report['drafter']['path']}")
+        lines += [f"  {r}" for r in report["drafter"]["reasons"]] or ["  ok"]
     lines.append("recipes")
     for name, verdict in report["recipes"].items():
         lines.append(f"  {name}: {'fits' if verdict['fits'] else 'does not fit'} (profile {verdict['profile']})")

@@ -8,6 +8,8 @@ in ``vllm/v1/spec_decode/utils.py``) and 0.33.0 (the same model file and
 ``vllm/v1/worker/gpu/spec_decode/dflash/speculator.py``), the project's
 patches 0004 and 0005 (0.21.0) / 0003 (0.33.0), and z-lab/dflash's
 ``dflash/model.py`` as documentation. No code is taken from them.
+tests/unit/test_drafter_conformance.py checks it against z-lab's ``dflash``
+0.1.0 (its ``DFlashDraftModel``, on the CPU).
 
 How vLLM drafts one block (what this module computes):
 
@@ -23,22 +25,26 @@ How vLLM drafts one block (what this module computes):
 * query block: ``[bonus, mask x K]``: the token the target just sampled (the
   last verified token, at position ``a``) followed by K copies of
   ``mask_token_id``, at positions ``a .. a + K``. Tokens are embedded with
-  the target's table times sqrt(hidden_size) (Gemma 4's scale, 0.21.0 patch
-  0005 / 0.33.0 patch 0003; without the series the drafter gets the bare
-  table).
+  the target's table times the target's own scale (Gemma 4's
+  sqrt(hidden_size): 0.21.0 patch 0005 / 0.33.0 patch 0003; without the
+  series the drafter gets the bare table) times the drafter config's
+  ``dflash_config.input_embedding_scale`` (default 1.0), as z-lab's Gemma 4
+  backend (``model_mlx.py``) scales them.
 * layers: qwen3 pre-norm blocks: ``input_layernorm``, q/k/v from the block's
   hidden states, per-head ``q_norm`` / ``k_norm``, RoPE (neox) at the block
   positions, attention of the block's queries over [context K/V, the block's
   own K/V], ``o_proj``, residual; ``post_attention_layernorm``, SiLU MLP,
   residual; then ``norm``.
 * which keys a query sees (``LayerAttention``): all context positions before
-  the block, and the block itself; vLLM 0.21.0 runs every drafter layer
-  non-causal and full (``causal=False`` in ``DFlashProposer``; it has no
-  drafter sliding windows). vLLM 0.33.0 resolves each layer from the config
-  (``_resolve_layer_attention``): a ``sliding_attention`` layer is causal
-  with the config's ``sliding_window``, a full layer non-causal; z-lab's
-  reference does the same. A window keeps keys with ``q_pos - k_pos <
-  window``.
+  the block, and the block itself. Each layer follows the config
+  (``_resolve_layer_attention`` in 0.26.0 and later, backported to 0.21.0 by
+  the series' ``dflash-drafter-per-layer-attention``): a
+  ``sliding_attention`` layer is causal with the config's ``sliding_window``,
+  a full layer non-causal; z-lab's reference does the same. A window keeps
+  keys with ``q_pos - k_pos < window``. Released 0.21.0 without that patch
+  runs every layer non-causal and full (``causal=False`` in
+  ``DFlashProposer``, no drafter windows): ``vllm-0.21.0-stock``, kept for
+  the drafters trained under it and to measure what the patch changes.
 * logits: the target's LM head (Gemma 4 ties it to the embedding table),
   soft-capped with the target's ``final_logit_softcapping`` (patch 0005/0003;
   monotone, so greedy drafts do not depend on it). Draft k (1..K) is the
@@ -79,6 +85,8 @@ class Geometry:
     mask_token_id: int
     layer_types: tuple[str, ...]
     sliding_window: int | None
+    # z-lab's dflash_config.input_embedding_scale: multiplies the target's own embedding scale.
+    input_embedding_scale: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: dict) -> "Geometry":
@@ -93,7 +101,8 @@ class Geometry:
                    cfg["num_key_value_heads"], cfg["head_dim"], cfg["rms_norm_eps"], float(theta),
                    tuple(dflash["target_layer_ids"]), dflash["mask_token_id"],
                    tuple(cfg.get("layer_types") or ["full_attention"] * layers),
-                   dflash.get("swa_window_size", cfg.get("sliding_window")))
+                   dflash.get("swa_window_size", cfg.get("sliding_window")),
+                   float(dflash.get("input_embedding_scale", 1.0)))
 
 
 @dataclass(frozen=True)
@@ -104,17 +113,20 @@ class LayerAttention:
     causal: bool
 
 
-# What each vLLM release runs for a drafter config (module docstring).
+# What each vLLM release runs for a drafter config with the series (module docstring).
 SEMANTICS = ("vllm-0.21.0", "vllm-0.33.0")
+# Released 0.21.0 without dflash-drafter-per-layer-attention: every layer non-causal, unwindowed.
+STOCK_0_21_0 = "vllm-0.21.0-stock"
+MODELLED = SEMANTICS + (STOCK_0_21_0,)
 
 
 def layer_attention(geom: Geometry, semantics: str) -> list[LayerAttention]:
-    if semantics == "vllm-0.21.0":
+    if semantics == STOCK_0_21_0:
         return [LayerAttention(None, False)] * geom.num_layers
-    if semantics == "vllm-0.33.0":
+    if semantics in SEMANTICS:
         return [LayerAttention(geom.sliding_window, True) if t == "sliding_attention"
                 else LayerAttention(None, False) for t in geom.layer_types]
-    raise ValueError(f"unknown semantics {semantics!r} (one of {SEMANTICS})")
+    raise ValueError(f"unknown semantics {semantics!r} (one of {MODELLED})")
 
 
 # ---------------------------------------------------------------- modules
@@ -297,8 +309,8 @@ def block_tokens(bonus, mask_token_id: int, k: int = K_DEFAULT):
 
 
 def embed(table, ids, scale: float | None):
-    """The target's embedding rows, times Gemma 4's sqrt(hidden_size) rounded to the table's
-    dtype (as Gemma 4 and the series apply it); ``scale`` None: the bare table (stock vLLM)."""
+    """The target's embedding rows times ``scale`` rounded to the table's dtype (as Gemma 4
+    and the series apply it); ``scale`` None: the bare table (stock vLLM)."""
     rows = F.embedding(ids, table)
     if scale is None:
         return rows
@@ -333,7 +345,8 @@ def draft_logits(drafter: Drafter, shared: Shared, features, ctx_pos, bonus, anc
     """Logits [B, A, K, V] of the K drafts of blocks anchored at ``anchors`` [B, A] with bonus
     tokens ``bonus`` [B, A]: mask j (1..K) predicts the token at anchor + j."""
     ids = block_tokens(bonus, drafter.g.mask_token_id, k)
-    hidden = drafter(features, ctx_pos, embed(shared.table, ids, shared.embed_scale), anchors,
+    scale = None if shared.embed_scale is None else shared.embed_scale * drafter.g.input_embedding_scale
+    hidden = drafter(features, ctx_pos, embed(shared.table, ids, scale), anchors,
                      layer_attention(drafter.g, semantics))
     return logits(hidden[:, :, 1:], shared.table, shared.softcap)
 

@@ -24,10 +24,11 @@ What it does, in one command on the GPU host (``remote.sh train-drafter``):
    earlier one was accepted). Labels are the target's argmax, not the corpus:
    acceptance compares drafts with the target's greedy verify, and on the
    target's own continuation the two differ only at numeric near-ties;
-4. attention semantics: each step's loss is the mean over vLLM 0.21.0's
-   (every layer non-causal, no window) and 0.33.0's (sliding layers causal
-   with their window) readings of the same config, so one checkpoint drafts
-   well on both releases;
+4. attention semantics: each step's loss is the mean over ``semantics``
+   (dflash_reference). The default, 0.21.0's and 0.33.0's with the series,
+   read the config alike (sliding layers causal with their window);
+   ``vllm-0.21.0-stock`` is released 0.21.0's reading (every layer
+   non-causal, no window), which drafters meant to run on both had mixed in;
 5. evaluation: the held-out prompts the proof runs (``prompts.json``), each
    continued greedily by the target; every block of the continuation is
    drafted, and vLLM's verify loop is walked as vLLM runs a request alone

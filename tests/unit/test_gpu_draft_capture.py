@@ -97,11 +97,11 @@ def test_a_draft_far_from_the_reference_top_is_unequal_and_reported(dc):
 
 
 def test_semantics_matter_drafts_made_under_one_release_differ_under_the_other(dc):
-    # 0.21.0 runs every drafter layer without a window; 0.33.0 keeps the sliding layer's
+    # Released 0.21.0 runs every drafter layer without a window; 0.33.0 keeps the sliding layer's
     # window of 4: with 12 context rows the drafts must not all agree, or the check is blind.
     drafter, shared = _reference(dc)
     _, new = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.33.0")
-    _, old = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.21.0")
+    _, old = _capture_with_reference_drafts(dc, drafter, shared, "vllm-0.21.0-stock")
     assert not torch.allclose(new, old)
 
 
