@@ -25,8 +25,8 @@ What it does, in one command on the GPU host (``remote.sh train-drafter``):
    acceptance compares drafts with the target's greedy verify, and on the
    target's own continuation the two differ only at numeric near-ties;
 4. attention semantics: each step's loss is the mean over ``semantics``
-   (dflash_reference). The default, 0.21.0's and 0.33.0's with the series,
-   read the config alike (sliding layers causal with their window);
+   (dflash_reference). The default is z-lab's reading alone (sliding layers
+   causal with their window), which 0.21.0 and 0.33.0 with the series share;
    ``vllm-0.21.0-stock`` is released 0.21.0's reading (every layer
    non-causal, no window), which drafters meant to run on both had mixed in;
 5. evaluation: the held-out prompts the proof runs (``prompts.json``), each
@@ -109,7 +109,9 @@ class DrafterTrainConfig:
     weight_decay: float = 0.01
     loss_decay: float = 7.0
     init_std: float = 0.02
-    semantics: tuple = ref.SEMANTICS
+    # One reading: z-lab's, which both series read alike (dflash-drafter-per-layer-attention
+    # on 0.21.0), so a second entry would train the same loss twice.
+    semantics: tuple = ("vllm-0.33.0",)
     # Tokens per teacher-forced pass (rows = this // padded length).
     feature_chunk_tokens: int = 32768
     # The proof's 128 new tokens (evaluate continues K further: the last blocks' drafts are
@@ -509,6 +511,12 @@ def deterministic_torch(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+# Drafters trained before dflash-drafter-per-layer-attention: their records name
+# "vllm-0.21.0" for what is now STOCK_0_21_0 (released 0.21.0's reading), so the
+# recipe that rebuilds them spells it out.
+BOTH_READINGS = {"semantics": [ref.STOCK_0_21_0, "vllm-0.33.0"]}
 
 
 def config_from(steps: int | None, override: dict) -> DrafterTrainConfig:
