@@ -69,6 +69,7 @@ def serve(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 1800.0,
 ) -> None:
     """Serve a recipe. Extra vLLM arguments go after `--`."""
+    from launcher import passthrough
     from launcher import plan as plans
 
     if runtime not in ("native", "docker"):
@@ -84,6 +85,7 @@ def serve(
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
         test_gpu=test_gpu,
     )
+    req = passthrough.lift_address(req, _given(ctx, "host", "port"))
     from launcher import checks
 
     plan = checks.resolve(req, _context(vllm_python if runtime == "native" else None, runtime=runtime))
@@ -108,6 +110,12 @@ def serve(
     from launcher.runtime import native
 
     raise typer.Exit(native.run(plan, wait=wait, timeout=timeout))
+
+
+def _given(ctx: typer.Context, *names: str) -> set[str]:
+    """The options among ``names`` typed on the command line (not left at their default)."""
+    # By name: typer may bring its own copy of click, and with it its own ParameterSource.
+    return {n for n in names if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
 
 
 def _print_plan(plan, as_json: bool, restart: str = "no") -> None:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import passthrough
 from launcher import recipe as recipes
 from launcher import vllm_compat
 from launcher.errors import LauncherError
@@ -385,8 +386,8 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
     argv += vllm_compat.render_intent(rec.intent, version).args
     if rec.drafter and drafter is not None:
         argv += ["--speculative-config", json.dumps(_spec_config(rec.drafter, drafter), separators=(",", ":"))]
-    argv += serve["extra_args"] + list(req.extra_args)
-    return argv
+    # One copy of each flag: the user's after `--` is refused or replaces the plan's (launcher.passthrough).
+    return passthrough.merge(argv + serve["extra_args"], list(req.extra_args), warnings)
 
 
 def _cuda_graph_cover(serve: dict, rec, version, warnings: list[str]) -> None:
