@@ -58,7 +58,7 @@ def serve(
     runtime: Annotated[str, typer.Option(help="native (vllm serve here) or docker.")] = "native",
     vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the recipe's first).")] = None,
     image: Annotated[Optional[str], typer.Option(help="Docker image (docker runtime).")] = None,
-    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", envvar="VLLM_PYTHON", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
     restart: Annotated[str, typer.Option(help="Docker runtime: no (foreground, removed at exit) or a restart policy: unless-stopped (back after a reboot until `launcher stop`), always, on-failure.")] = "no",
     set_: Annotated[list[str], typer.Option("--set", help="KEY=VALUE: an env var (UPPER_CASE) or a recipe field (dotted.path); beats recipe and environment.")] = [],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and preflight; start nothing.")] = False,
@@ -179,7 +179,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
     recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Check one recipe (default: all).")] = None,
     model: Annotated[Optional[Path], typer.Option(help="Inspect a checkpoint folder (with --recipe: as that recipe's target).")] = None,
-    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="The python whose vLLM to check (as serve finds it by default).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", envvar="VLLM_PYTHON", help="The python whose vLLM to check (as serve finds it by default).")] = None,
 ) -> None:
     """Report GPU, driver, versions, WSL/Windows, patch status, docker, and which recipes fit.
 

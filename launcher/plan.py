@@ -72,6 +72,8 @@ class Plan:
     # --test-gpu: the GPU standing in for the profile's card and the --set items it implied
     # (launcher.testgpu); None without --test-gpu or when nothing could stand in.
     test_gpu: StandIn | None = None
+    # --recipe as given (a shipped name or a file): what a hint's command repeats.
+    recipe_arg: str = ""
 
     @property
     def blocking(self) -> list[Reason]:
@@ -84,8 +86,9 @@ class Plan:
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Variables from the shell that the plan carries (into a container too) even
 # when the recipe does not set them: everything vLLM reads, HF auth and offline mode
-# (HF_HOME is the docker runtime's mount, see launcher/runtime/docker.py).
-_INHERITED = re.compile(r"^(VLLM_|HF_TOKEN$|HUGGING_FACE_HUB_TOKEN$|HF_HUB_OFFLINE$)")
+# (HF_HOME is the docker runtime's mount, see launcher/runtime/docker.py). VLLM_PYTHON is the
+# launcher's own (--vllm-python): a host path, and a variable vLLM does not know.
+_INHERITED = re.compile(r"^(VLLM_(?!PYTHON$)|HF_TOKEN$|HUGGING_FACE_HUB_TOKEN$|HF_HUB_OFFLINE$)")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -228,6 +231,7 @@ def assemble(req: Request, ctx: Context) -> Plan:
         reasons=reasons,
         spec=rec,
         test_gpu=standing_in,
+        recipe_arg=req.recipe,
     )
     _safety(plan, rec, ctx, req.extra_args)
     _drafter_kernel_risk(plan, rec)

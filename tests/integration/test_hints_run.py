@@ -1,0 +1,123 @@
+"""Every launcher command a blocked plan prints as a hint runs as printed (issue 57, item 2).
+
+The README's layout: the launcher in one Python without vLLM (this test's
+interpreter), a vLLM in a second venv whose `vllm` script is on PATH. That
+vLLM is the released 0.21.0 (its dist-info and the files the series touches,
+from PyPI) in a real venv; the models come from a local server speaking the
+Hub's API (tests/integration/fake_hub.py). No GPU exists here, so the plan
+still blocks on the hardware; every other hint is taken from the plan and
+run as printed, with --dry-run where the command has one, and then for real
+where that is what the user does next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.fake_hub import FakeHub
+from tests.integration.patch_trees import mini_tree
+from tests.integration.test_models_pull import DRAFTER_REPO, TARGET_REPO, drafter_repo, target_repo, write_recipe
+from tests.integration.test_plan_patch_state import _touched_files
+from tests.unit.fake_vllm_env import make_env
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = Path(sys.executable).with_name("launcher")
+VERSION = "0.21.0"
+
+
+@pytest.fixture
+def layout(tmp_path):
+    """A venv with the released vLLM, its `vllm` script on PATH, and a local Hub for the models."""
+    python = make_env(tmp_path / "vllm-venv", with_vllm=False)
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    mini_tree(VERSION, "site-packages", purelib, _touched_files(VERSION))
+    script = python.parent / "vllm"
+    script.write_text(f"#!{python}\nimport sys\nfrom vllm.entrypoints.cli.main import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    with FakeHub() as hub:
+        hub.repos[TARGET_REPO] = target_repo(tmp_path)
+        hub.repos[DRAFTER_REPO] = drafter_repo(tmp_path)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "VLLM_"))}
+        env.update(PATH=f"{python.parent}{os.pathsep}{env['PATH']}", PYTHONPATH=str(ROOT),
+                   MODELS_DIR=str(tmp_path / "models"), HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=hub.url,
+                   HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1")
+        yield {"python": python, "purelib": purelib, "env": env,
+               "recipe": write_recipe(tmp_path, hub.repos[TARGET_REPO])}
+
+
+def launcher(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LAUNCHER), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def plan(layout) -> dict:
+    res = launcher(["serve", "--recipe", str(layout["recipe"]), "--dry-run", "--json"], layout["env"])
+    return json.loads(res.stdout)
+
+
+_COMMAND = re.compile(r"\blauncher ([a-z][^(),;]*)")
+
+
+def hint_commands(reasons: list[dict]) -> list[list[str]]:
+    """Each `launcher ...` a reason's hint names, as argv (the text up to a bracket, comma or semicolon)."""
+    out = []
+    for reason in reasons:
+        for match in _COMMAND.finditer(reason.get("hint") or ""):
+            words = shlex.split(match.group(1).strip().removeprefix("with: "))
+            if words:
+                out.append(words)
+    return out
+
+
+def has_dry_run(words: list[str], env: dict) -> bool:
+    subcommand = [w for w in words if not w.startswith("-")][:2]
+    return "--dry-run" in launcher([*subcommand, "--help"], env).stdout
+
+
+def test_patch_commands_find_the_vllm_that_serve_finds(layout):
+    """The issue's report: serve saw the vLLM on PATH, `patch apply --dry-run` looked in its own Python."""
+    before = plan(layout)
+    assert before["vllm_version"] == VERSION and before["vllm_python"] == str(layout["python"])
+    for args in (["patch", "apply", "--dry-run"], ["patch", "status"], ["patch", "check"]):
+        res = launcher(args, layout["env"])
+        assert res.returncode == 0, (args, res.stdout, res.stderr)
+        assert f"vLLM {VERSION}" in res.stdout and str(layout["purelib"]) in res.stdout, args
+
+
+def test_every_hint_of_a_blocked_plan_runs_as_printed(layout):
+    env = layout["env"]
+    blocked = plan(layout)
+    commands = hint_commands(blocked["reasons"])
+    names = {" ".join(c[:2]) for c in commands}
+    assert {"patch apply", "models pull"} <= names, blocked["reasons"]
+    assert f"--vllm-python {layout['python']}" in " ".join(map(shlex.join, commands))
+    for words in commands:
+        dry = ["--dry-run"] if has_dry_run(words, env) else []
+        res = launcher([*words, *dry], env)
+        assert res.returncode == 0, (words, res.stdout, res.stderr)
+    # Then for real, as the user goes on: the patches and the models are in place.
+    for words in commands:
+        res = launcher(words, env)
+        assert res.returncode == 0, (words, res.stdout, res.stderr)
+    after = plan(layout)
+    assert all(p["applied"] is True for p in after["patches"]), after["patches"]
+    left = {r["area"] for r in after["reasons"] if r["blocking"]}
+    assert left == {"hardware"}, after["reasons"]  # no GPU here: the one step outside the launcher
+    assert hint_commands([r for r in after["reasons"] if r["blocking"]]) == []
+
+
+def test_vllm_python_from_the_environment_names_the_vllm_and_stays_out_of_vllms_env(layout):
+    env = {**layout["env"], "PATH": os.environ["PATH"], "VLLM_PYTHON": str(layout["python"])}
+    res = launcher(["patch", "status"], env)
+    assert res.returncode == 0 and str(layout["purelib"]) in res.stdout, res.stdout + res.stderr
+    planned = json.loads(launcher(["serve", "--recipe", str(layout["recipe"]), "--dry-run", "--json"], env).stdout)
+    assert planned["vllm_python"] == str(layout["python"])
+    assert "VLLM_PYTHON" not in planned["env"]  # the launcher's own variable, not one for vLLM
