@@ -14,7 +14,7 @@ from typing import Annotated, get_args, get_origin
 import typer
 from typer.core import TyperGroup
 
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_CODES_TABLE, LauncherError
 
 
 class _Group(TyperGroup):
@@ -85,6 +85,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     help="vLLM on consumer Blackwell (RTX 5090 sm_120, DGX Spark sm_121): recipes, patches, builds, images.",
+    # \b keeps click from re-flowing the table into one paragraph.
+    epilog="\b\n" + EXIT_CODES_TABLE,
 )
 
 

@@ -91,7 +91,7 @@ def serve(
     plan = checks.resolve(req, _context(vllm_python if runtime == "native" else None, runtime=runtime))
     if dry_run:
         _print_plan(plan, as_json, restart)
-        raise typer.Exit(1 if plan.blocking else 0)
+        return  # exit 0: the plan was printed; its verdict is in it (errors.EXIT_CODES_TABLE)
     if plan.blocking and not force:
         typer.echo(plans.format_plan(plan))
         first = plan.blocking[0]

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_PROBLEMS, LauncherError
 
 app = typer.Typer(no_args_is_help=True, help="Fetch, list, verify and locate the models recipes serve.")
 
@@ -99,11 +99,13 @@ def verify_cmd(
         state = f"{marker.repo}@{marker.commit[:12]}" if marker else "not pulled by the launcher: checked as found"
         typer.echo(f"{src.role}: {src.dest}  [{state}]" + (f"  missing: {', '.join(missing)}" if missing else ""))
         if missing:
-            raise LauncherError(f"{src.dest} is incomplete", hint=f"launcher models pull --recipe {recipe} --only {src.role}")
+            raise LauncherError(f"{src.dest} is incomplete", hint=f"launcher models pull --recipe {recipe} --only {src.role}",
+                                exit_code=EXIT_PROBLEMS)
         corrupt = folders.hash_mismatches(src.dest, list(files))
         if corrupt:
             raise LauncherError(f"{src.dest}: files differ from what the Hub sent: {', '.join(corrupt)}",
-                                hint=f"delete them and run `launcher models pull --recipe {recipe} --only {src.role}`")
+                                hint=f"delete them and run `launcher models pull --recipe {recipe} --only {src.role}`",
+                                exit_code=EXIT_PROBLEMS)
         outcomes.append(pull.Outcome(src, marker.commit if marker else "", files))
     if not pull.verify(outcomes, rec.vllm_versions, typer.echo):
         raise typer.Exit(1)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import redact
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_TIMEOUT, LauncherError
 from launcher.paths import models_dir
 from launcher.plan import LocalImage, Plan, flag_groups
 
@@ -589,6 +589,7 @@ def _wait_healthy(container, spec: dict[str, Any], logs: "_LogPump", timeout: fl
             raise LauncherError(
                 f"no answer from {spec['health_url']} within {timeout:g} s; last log lines:\n" + logs.tail_text(),
                 hint="a first start compiles kernels and can take long: raise --timeout",
+                exit_code=EXIT_TIMEOUT,
             )
         if now >= next_progress:
             print(f"  ... still starting ({now - started:.0f} s of {timeout:g} s)", file=err, flush=True)
