@@ -102,7 +102,7 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
             where += f": {ctx.vllm.problem}"
         plan.reasons.append(
             Reason("vllm", f"no vLLM found {where}",
-                   hint=f"install one, patched: {launcher_command(ctx, 'vllm install')}; or point --vllm-python at"
+                   hint=f"install one, patched: {launcher_command(ctx, 'install')}; or point --vllm-python at"
                         " the python that has vLLM; or use --runtime docker")
         )
     elif parse_version(ctx.installed_vllm) != version:
@@ -140,7 +140,7 @@ def _transformers(plan: Plan, version, tf: str | None) -> None:
 
 def _unsupported_hint(plan: Plan, near: str, ctx: Context) -> str:
     if plan.runtime == "native" and plan.vllm_version_source == "installed":
-        return f"install vLLM {near} and its patches: {launcher_command(ctx, f'vllm install --version {near}')}"
+        return f"install vLLM {near} and its patches: {launcher_command(ctx, f'install --version {near}')}"
     return f"use --vllm-version {near}"
 
 

@@ -106,11 +106,13 @@ def _register() -> None:
     from launcher.models.cli import register as register_models
     from launcher.patching.cli import app as patch_app
     from launcher.quantize.cli import register as register_quantize
+    from launcher.vllm_install import install_cmd
 
     commands.register(app)
     register_quantize(app)
     register_models(app)
     register_bench(app)
+    app.command("install")(install_cmd)
     app.add_typer(patch_app, name="patch", help="Apply, revert, inspect and check the vLLM patch series.")
     app.add_typer(build_app, name="build", help="Plan, preflight and build wheels for sm_120 / sm_121.")
     app.add_typer(image_app, name="image", help="An image's pinned inputs: manifest, labels, the entrypoint's preflight.")

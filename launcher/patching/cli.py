@@ -45,7 +45,7 @@ def _target(target: Path | None, vllm_python: str | None) -> Path:
         raise LauncherError(
             f"no vLLM found: not in this Python ({sys.executable}) nor behind a `vllm` on PATH",
             hint="pass --vllm-python with the python that has vLLM, or --target DIR "
-                 "(install one: launcher vllm install)")
+                 "(install one, patched: launcher install)")
     if not env.has_vllm:
         raise LauncherError(f"no vLLM in {env.python} ({env.source})" + (f": {env.problem}" if env.problem else ""),
                             hint="pass --vllm-python with the python that has vLLM, or --target DIR")

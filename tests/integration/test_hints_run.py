@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import recipe as recipes
 from tests.integration.fake_hub import FakeHub
 from tests.integration.patch_trees import mini_tree
 from tests.integration.test_models_pull import DRAFTER_REPO, TARGET_REPO, drafter_repo, target_repo, write_recipe
@@ -121,3 +122,18 @@ def test_vllm_python_from_the_environment_names_the_vllm_and_stays_out_of_vllms_
     planned = json.loads(launcher(["serve", "--recipe", str(layout["recipe"]), "--dry-run", "--json"], env).stdout)
     assert planned["vllm_python"] == str(layout["python"])
     assert "VLLM_PYTHON" not in planned["env"]  # the launcher's own variable, not one for vLLM
+
+
+def test_an_unsupported_release_names_the_install_that_fixes_it(layout, tmp_path):
+    """0.21.0 under a recipe that does not list it: the hint is `launcher install --version`."""
+    data = recipes.load_file(layout["recipe"]).model_dump(mode="json")
+    data["vllm_versions"] = ["0.33.0"]
+    data["patches"] = {"0.33.0": data["patches"]["0.33.0"]}
+    other = tmp_path / "other.yaml"
+    other.write_text(json.dumps(data))
+    res = launcher(["serve", "--recipe", str(other), "--dry-run", "--json"], layout["env"])
+    reasons = [r for r in json.loads(res.stdout)["reasons"] if r["area"] == "vllm"]
+    commands = hint_commands(reasons)
+    assert commands == [["install", "--version", "0.33.0", "--vllm-python", str(layout["python"])]]
+    res = launcher([*commands[0], "--recipe", str(other), "--dry-run"], layout["env"])
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -101,7 +101,7 @@ def test_installed_release_between_supported_ones_names_the_nearest(models, inst
     plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=installed, transformers="5.17.0"))
     reason = next(r for r in plan.reasons if r.area == "vllm" and r.blocking)
     assert reason.message.endswith(f"not {installed}; the nearest supported release is {nearest}")
-    assert reason.hint == f"install vLLM {nearest} and its patches: launcher vllm install --version {nearest}"
+    assert reason.hint == f"install vLLM {nearest} and its patches: launcher install --version {nearest}"
 
 
 def test_unsupported_version_asked_for_on_docker_points_at_the_flag(models):
