@@ -22,6 +22,7 @@ def resolve(req: Request, ctx: Context) -> Plan:
     """The plan for ``req`` with every preflight reason: what serve, doctor and --dry-run show."""
     plan = assemble(req, ctx)
     run_all(plan, plan.spec, ctx)
+    plan.warnings = list(dict.fromkeys(plan.warnings))  # two checks may find the same thing
     return plan
 
 

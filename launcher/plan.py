@@ -476,7 +476,21 @@ def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:
                    hint="pass --api-key or bind --host 127.0.0.1")
         )
     if rec.serve.trust_remote_code:
-        plan.warnings.append("this recipe turns on --trust-remote-code: the model folder may run its own Python code")
+        code = _remote_code(plan.model)
+        if code is None:
+            plan.warnings.append(f"--trust-remote-code (the recipe's): {plan.model} is fetched from the Hub, "
+                                 "and vLLM will run whatever Python code that repo brings")
+        elif code:
+            plan.warnings.append(f"--trust-remote-code (the recipe's): vLLM will run the Python code in "
+                                 f"{plan.model}: {', '.join(code)}")
+
+
+def _remote_code(model: Path) -> list[str] | None:
+    """The Python files a model folder brings (what --trust-remote-code runs): none for a folder
+    not made yet (the checkpoint check blocks); None for a Hub id, whose code the plan cannot see."""
+    if model.is_dir():
+        return sorted(p.name for p in model.glob("*.py"))
+    return [] if model.is_absolute() else None
 
 
 # --- printing ----------------------------------------------------------------
@@ -533,8 +547,12 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {key}={value}    # {plan.env_sources.get(key, '')}")
     for key in plan.env_unset:
         lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
-    lines.append("command")
-    lines.append("  " + " \\\n    ".join(flag_groups(redact.argv(plan.argv))))
+    if plan.runtime == "docker":
+        # What runs is the container's command (vLLM binds 0.0.0.0:8000 inside): printed once, below.
+        lines.append("command       the container's, below")
+    else:
+        lines.append("command")
+        lines.append("  " + " \\\n    ".join(flag_groups(redact.argv(plan.argv))))
     if plan.patches:
         lines.append("patches")
         for p in plan.patches:

@@ -287,11 +287,17 @@ def format_container_spec(spec: dict[str, Any]) -> str:
     env_items += [f"{k}={redact.MASK}" for k in spec["secret_env"]]
     for i, item in enumerate(env_items):
         lines.append(("  env         " if i == 0 else "              ") + item)
-    lines.append("  command     " + " \\\n                ".join(flag_groups(redact.argv(spec["command"]))))
     lines.append("  health      " + spec["health_url"])
+    # The one place the command is shown: as `docker run` would start it.
     lines.append("  as docker run:")
     lines.append("    " + " \\\n      ".join(_docker_run_groups(spec)))
     return "\n".join(lines)
+
+
+def starting_line(spec: dict[str, Any]) -> str:
+    """The container about to start, as one `docker run` line (what the native runtime's
+    ``starting:`` line is for a local vLLM)."""
+    return " ".join(_docker_run_groups(spec))
 
 
 def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
@@ -378,6 +384,7 @@ def run(
     _require_image(client, spec["image"], plan)
     _require_mount_sources(spec)
     _clear_stale(client, spec["name"])
+    print("starting: " + starting_line(spec), file=err, flush=True)
     secrets = [v for v in (plan.api_key, *(plan.env.get(k) for k in spec["secret_env"])) if v]
     container = None
     logs = None
