@@ -103,7 +103,7 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
             where += f": {ctx.vllm.problem}"
         plan.reasons.append(
             Reason("vllm", f"no vLLM found {where}",
-                   hint=f"install one, patched: {launcher_command(ctx, 'install')}; or point --vllm-python at"
+                   hint=f"install one, patched: {launcher_command(ctx.vllm, 'install')}; or point --vllm-python at"
                         " the python that has vLLM; or use --runtime docker")
         )
     elif parse_version(ctx.installed_vllm) != version:
@@ -141,7 +141,7 @@ def _transformers(plan: Plan, version, tf: str | None) -> None:
 
 def _unsupported_hint(plan: Plan, near: str, ctx: Context) -> str:
     if plan.runtime == "native" and plan.vllm_version_source == "installed":
-        return f"install vLLM {near} and its patches: {launcher_command(ctx, f'install --version {near}')}"
+        return f"install vLLM {near} and its patches: {launcher_command(ctx.vllm, f'install --version {near}')}"
     return f"use --vllm-version {near}"
 
 
@@ -176,13 +176,12 @@ def patches(plan: Plan, rec, ctx: Context) -> None:
         plan.reasons.append(
             Reason("patches", f"{len(missing)} of {len(required)} required patches are not applied in the "
                               f"installed vLLM: {', '.join(missing)}",
-                   hint=launcher_command(ctx, "patch apply"))
+                   hint=launcher_command(ctx.vllm, "patch apply"))
         )
 
 
-def launcher_command(ctx: Context, sub: str) -> str:
-    """``launcher SUB`` for the vLLM the plan read: with ``--vllm-python`` unless it is the launcher's own."""
-    env = ctx.vllm
+def launcher_command(env, sub: str) -> str:
+    """``launcher SUB`` for the vLLM ``env`` (a VllmEnv): with ``--vllm-python`` unless it is the launcher's own."""
     if env is None or env.python == sys.executable:
         return f"launcher {sub}"
     return f"launcher {sub} --vllm-python {shell_quote(env.python)}"
@@ -208,8 +207,8 @@ def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
         return {}
     if status.interrupted:
         plan.reasons.append(Reason("patches", "an interrupted `launcher patch apply` left the installed vLLM half-written",
-                                   hint=f"{launcher_command(ctx, 'patch status')} (rolls it back), "
-                                        f"then {launcher_command(ctx, 'patch apply')}"))
+                                   hint=f"{launcher_command(ctx.vllm, 'patch status')} (rolls it back), "
+                                        f"then {launcher_command(ctx.vllm, 'patch apply')}"))
     return {p.id: p.state for p in status.patches}
 
 

@@ -137,3 +137,17 @@ def test_an_unsupported_release_names_the_install_that_fixes_it(layout, tmp_path
     assert commands == [["install", "--version", "0.33.0", "--vllm-python", str(layout["python"])]]
     res = launcher([*commands[0], "--recipe", str(other), "--dry-run"], layout["env"])
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_doctors_patch_line_is_short_and_its_command_runs(layout):
+    """It listed every patch as id=state, about 700 characters (issue 57, item 7)."""
+    env = layout["env"]
+    report = launcher(["doctor"], env).stdout
+    line = next(ln for ln in report.splitlines() if ln.startswith("patches"))
+    total = len(json.loads(launcher(["patch", "status", "--json"], env).stdout)["patches"])
+    assert line.startswith(f"patches   vLLM {VERSION}: 0 of {total} applied, {total} not applied (launcher patch apply")
+    assert len(line) < 200, line
+    (command,) = hint_commands([{"hint": line.split("(", 1)[1]}])
+    assert launcher(command, env).returncode == 0
+    after = next(ln for ln in launcher(["doctor"], env).stdout.splitlines() if ln.startswith("patches"))
+    assert after == f"patches   vLLM {VERSION}: {total} of {total} applied"
