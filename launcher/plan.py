@@ -249,8 +249,9 @@ def _test_gpu(req: Request, rec, profile: str, host: HostInfo, field_sets: dict[
         warnings.append(f"--test-gpu: {gpu.name} ({gpu.sm}) is the card profile {profile} is for; nothing to stand in")
         return None
     if not can_stand_in(gpu):
-        what = f"{gpu.name} ({gpu.sm})" if gpu else "no GPU was detected"
-        warnings.append(f"--test-gpu: {what} cannot stand in for {PROFILES[profile].sm}; only Hopper (sm_90) does")
+        what = f"{gpu.name} ({gpu.sm}) cannot" if gpu else "no GPU was detected, and none but a Hopper (sm_90) can"
+        warnings.append(f"--test-gpu: {what} stand in for {PROFILES[profile].sm}"
+                        + ("; only Hopper (sm_90) does" if gpu else ""))
         return None
     return stand_in(rec, profile, gpu, field_sets)
 

@@ -28,7 +28,8 @@ def targets_cmd() -> None:
     data = load()
     for name, t in data.targets.items():
         typer.echo(f"{name:<14} {t.description}  [TORCH_CUDA_ARCH_LIST={t.torch_cuda_arch_list}]")
-    typer.echo(f"default vLLM version: {data.default_vllm_version} (also: {', '.join(data.vllm_versions)})")
+    others = [v for v in data.vllm_versions if v != data.default_vllm_version]
+    typer.echo(f"vLLM versions: {data.default_vllm_version} (the default)" + "".join(f", {v}" for v in others))
 
 
 @app.command("plan")

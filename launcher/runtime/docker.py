@@ -323,7 +323,8 @@ def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
 
 def image_hint(plan: Plan) -> str:
     """How to get the image a Plan names: build it (source: hours; overlay on the
-    upstream release image: minutes, tagged ``-overlay``) or pull it."""
+    upstream release image: minutes, tagged ``-overlay``). No vllm-sm12x image is
+    published, so there is nothing to pull."""
     from launcher.profiles import PROFILES
 
     profile = PROFILES.get(plan.profile)
@@ -334,8 +335,7 @@ def image_hint(plan: Plan) -> str:
     return (
         f"build it from source: make image {make_args} (hours); or patch the upstream vLLM image: "
         f"make image-overlay {make_args} (minutes; without --image the plan takes the newest image built for "
-        f"this card, or pass --image {overlay}); "
-        f"or pull it if it is published: docker pull {plan.image}"
+        f"this card, or pass --image {overlay})"
     )
 
 
