@@ -230,16 +230,8 @@ def gemma4_config_dict(shape: TargetShape, vocab: int = VOCAB, ids: dict | None 
 
 
 def drafter_config_dict(shape: DrafterShape, vocab: int = VOCAB, mask_token_id: int = MASK_TOKEN_ID,
-                        max_positions: int = 4096, num_target_layers: int | None = None) -> dict:
-    """The drafter's config.json content (qwen3-style DFlash), a checkpoint z-lab's
-    ``DFlashDraftModel.from_pretrained`` loads as well. ``num_target_layers``: the target's
-    layer count, looked up by ``shape.target`` among this module's targets when not given."""
-    if num_target_layers is None:
-        known = {t.name: t.num_layers for t in TARGETS + DIAGNOSTIC_TARGETS + [REALSHAPE_TARGET]}
-        if shape.target not in known:
-            raise ValueError(f"{shape.name}: target {shape.target} is not one of {sorted(known)}; "
-                             "pass num_target_layers")
-        num_target_layers = known[shape.target]
+                        max_positions: int = 4096) -> dict:
+    """The drafter's config.json content (qwen3-style DFlash)."""
     cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -257,8 +249,6 @@ def drafter_config_dict(shape: DrafterShape, vocab: int = VOCAB, mask_token_id: 
         "attention_bias": False,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
-        # z-lab's DFlashDraftModel reads it before dflash_config.target_layer_ids (its default taps).
-        "num_target_layers": num_target_layers,
         "dflash_config": {
             "mask_token_id": mask_token_id,
             "target_layer_ids": list(shape.target_layer_ids),
@@ -280,7 +270,7 @@ def _drafter_tensors(shape: DrafterShape, generator) -> dict:
     def ones(dim):
         return torch.ones(dim, dtype=torch.bfloat16)
 
-    cfg = drafter_config_dict(shape, num_target_layers=0)  # the tensors' shapes do not depend on it
+    cfg = drafter_config_dict(shape)
     h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     q_out = cfg["num_attention_heads"] * hd
     kv_out = cfg["num_key_value_heads"] * hd

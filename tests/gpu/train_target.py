@@ -163,7 +163,7 @@ def target_config() -> dict:
 def drafter_config() -> dict:
     return mc.drafter_config_dict(DRAFTER, vocab=lm_files.VOCAB_SIZE,
                                   mask_token_id=lm_files.CONFIG_IDS["mask_token_id"],
-                                  max_positions=MAX_POSITIONS, num_target_layers=TARGET.num_layers)
+                                  max_positions=MAX_POSITIONS)
 
 
 def _permute_rows(rows, order, inverse):
