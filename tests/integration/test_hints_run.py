@@ -151,3 +151,19 @@ def test_doctors_patch_line_is_short_and_its_command_runs(layout):
     assert launcher(command, env).returncode == 0
     after = next(ln for ln in launcher(["doctor"], env).stdout.splitlines() if ln.startswith("patches"))
     assert after == f"patches   vLLM {VERSION}: {total} of {total} applied"
+
+
+def test_the_quantize_hint_for_a_bf16_target_runs_as_printed(tmp_path):
+    """A bf16 checkpoint where the recipe wants NVFP4: the hint names `launcher quantize`, tried with --dry-run."""
+    from tests.unit.test_checkpoint import gemma4_config, gemma4_tensors, make_target
+
+    model = make_target(tmp_path / "my models" / "gemma-bf16", gemma4_config(), gemma4_tensors())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MODELS_DIR": str(tmp_path / "models")}
+    res = launcher(["serve", "--recipe", "gemma4-moe-dflash", "--model", str(model), "--dry-run", "--json"], env)
+    reasons = [r for r in json.loads(res.stdout)["reasons"] if r["area"] == "checkpoint"]
+    commands = [c for c in hint_commands(reasons) if c[0] == "quantize"]
+    assert commands == [["quantize", "--model", str(model), "--out", f"{model}-nvfp4"]], reasons
+    assert has_dry_run(commands[0], env)
+    res = launcher([*commands[0], "--dry-run"], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"would quantize {model}" in res.stdout and not (tmp_path / "my models" / "gemma-bf16-nvfp4").exists()
