@@ -11,7 +11,7 @@
 
   Upstream vLLM does not build on Windows: pass a checkout of
   SystemPanic/vllm-windows with --source. Faster route without a build:
-  install a vllm-windows wheel, then `launcher patch apply`.
+  `launcher install --wheel <a vllm-windows wheel>` (installs it, applies the series).
 
 .EXAMPLE
   build\build.ps1 --source C:\src\vllm-windows --output-dir C:\b\dist
