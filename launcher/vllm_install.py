@@ -239,9 +239,10 @@ def _patch_and_verify(package: Path, plan: InstallPlan, echo) -> int:
     return 0
 
 
-def next_steps(plan: InstallPlan, own_python: PurePath) -> list[str]:
-    """What to run next, with --vllm-python when the vLLM is not in the launcher's own Python."""
-    recipe = plan.recipe
+def next_steps(plan: InstallPlan, own_python: PurePath, recipe_arg: str | None = None) -> list[str]:
+    """What to run next, with --vllm-python when the vLLM is not in the launcher's own Python;
+    ``recipe_arg``: --recipe as given (a file too), repeated as is."""
+    recipe = shell_join([recipe_arg or plan.recipe], windows=plan.windows)
     flag = "" if plan.python == own_python else \
         " --vllm-python " + shell_join([str(plan.python)], windows=plan.windows)
     return [f"next: launcher models pull --recipe {recipe}",
@@ -287,6 +288,6 @@ def install_cmd(
         return
     code = run(plan, typer.echo)
     if code == 0:
-        for line in next_steps(plan, own):
+        for line in next_steps(plan, own, recipe):
             typer.echo(line)
     raise typer.Exit(code)

@@ -89,3 +89,11 @@ def test_newest_supported_release_by_version_order_not_text():
     rec = recipes.load("gemma4-moe-dflash")
     assert choose_version(rec, None) == "0.33.0"
     assert choose_version(rec, None, ["0.21.0+cu132", "0.9.0"]) == "0.21.0"
+
+
+def test_next_steps_repeat_a_recipe_file_as_given():
+    plan = windows_plan({DOWNLOADS, WHEEL_29}, wheel=WHEEL_29, windows=False, venv=PurePosixPath("/opt/v"),
+                        own_python=PurePosixPath("/src/.venv/bin/python"))
+    steps = next_steps(plan, PurePosixPath("/src/.venv/bin/python"), "/home/ann/my recipes/r.yaml")
+    assert steps == ["next: launcher models pull --recipe '/home/ann/my recipes/r.yaml'",
+                     "      launcher serve --recipe '/home/ann/my recipes/r.yaml' --vllm-python /opt/v/bin/python"]
