@@ -30,7 +30,7 @@ def invoke(*args):
 def plan_json(*args, recipe="gemma4-moe-dflash", runtime="native") -> dict:
     res = invoke("serve", "--recipe", recipe, "--dry-run", "--json", "--vllm-version", "0.33.0",
                  "--runtime", runtime, *args)
-    assert res.exit_code in (0, 1), res.output
+    assert res.exit_code == 0, res.output  # a dry run that printed its plan
     return json.loads(res.stdout)
 
 
