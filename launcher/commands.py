@@ -135,6 +135,23 @@ def _print_plan(plan, as_json: bool, restart: str = "no") -> None:
 
             typer.echo("container")
             typer.echo(docker_runtime.format_container_spec(spec))
+    bench = _bench_line(plan)
+    if bench:
+        typer.echo(bench)
+
+
+def _bench_line(plan) -> str | None:
+    """`launcher bench` for a server that is not where bench looks by default (-- --port 9000, --host)."""
+    import inspect
+
+    from launcher.bench.cli import bench
+    from launcher.checks import shell_quote
+    from launcher.runtime.native import base_url
+
+    url = base_url(plan)
+    if url == inspect.signature(bench).parameters["url"].default:
+        return None
+    return f"bench         launcher bench --recipe {shell_quote(plan.recipe_arg or plan.recipe)} --url {url}"
 
 
 def _container_spec(plan, restart: str = "no"):

@@ -162,3 +162,12 @@ def docker_lift(port: str) -> Request:
 
     return passthrough.lift_address(Request("gemma4-moe-dflash", vllm_version="0.33.0", runtime="docker",
                                             extra_args=["--port", port]), set())
+
+
+def test_the_plan_names_the_bench_command_for_a_moved_port(models):
+    """bench looks at 127.0.0.1:8000 unless told: a plan served elsewhere says how to point it there."""
+    moved = invoke("serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--", "--port", "9000").stdout
+    line = next(ln for ln in moved.splitlines() if ln.startswith("bench "))
+    assert line == "bench         launcher bench --recipe gemma4-moe-dflash --url http://127.0.0.1:9000"
+    default = invoke("serve", "--recipe", "gemma4-moe-dflash", "--dry-run").stdout
+    assert not any(ln.startswith("bench ") for ln in default.splitlines())  # bench's default already
