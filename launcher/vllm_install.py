@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePath, PureWindowsPath
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -102,7 +102,6 @@ class InstallPlan:
     pip: list[str]
     source: str  # where the wheel comes from, in words
     windows: bool
-    notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"recipe        {self.recipe}",
@@ -115,7 +114,6 @@ class InstallPlan:
         out.append("step 2        " + shell_join(self.pip, windows=self.windows))
         out.append(f"step 3        launcher patch apply --vllm-python {shell_join([str(self.python)], windows=self.windows)}")
         out.append("step 4        launcher patch status (every patch applied)")
-        out.extend(f"note          {n}" for n in self.notes)
         return out
 
 
@@ -220,7 +218,7 @@ def _revert_stamped(package: Path, echo) -> None:
 
     if engine.status(package).stamp is None:
         return
-    echo(f"reverting the patches of the vLLM there before pip replaces it")
+    echo("reverting the patches of the vLLM there before pip replaces it")
     engine.revert(package)
 
 

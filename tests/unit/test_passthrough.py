@@ -51,7 +51,6 @@ def test_port_after_dashdash_moves_the_endpoint_and_leaves_one_copy(tail, models
 
 
 def test_port_after_dashdash_is_where_wait_and_health_look(models):
-    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.33.0"), make_ctx(RTX5090))
     from launcher import passthrough
 
     lifted = passthrough.lift_address(Request("gemma4-moe-dflash", vllm_version="0.33.0",
@@ -146,7 +145,7 @@ def test_wait_polls_the_port_given_after_dashdash(tmp_path, models, monkeypatch)
     res = invoke("serve", "--recipe", "gemma4-e4b", "--vllm-python", str(python), "--force", "--wait",
                  "--timeout", "60", "--", "--port", str(port))
     assert res.exit_code == 3, res.output  # the stand-in exits 3 after its one chat
-    assert f"ready in" in res.output and f"http://127.0.0.1:{port}/v1" in res.output
+    assert "ready in" in res.output and f"http://127.0.0.1:{port}/v1" in res.output
     argv = json.loads(record.read_text())["argv"]
     assert _count(argv, "--port") == 1 and _value(argv, "--port") == str(port)
 
