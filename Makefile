@@ -1,5 +1,8 @@
 # Two commands matter on a fresh clone: `make serve` (the main job) and
 # `make test` (the tests; .ci/run calls it). Each sets up what it needs.
+# Exit codes: 0 done (a dry run that printed its plan too), 1 a check found
+# problems, 2 bad input or a refusal (a serve the preflight blocks), 124 a
+# wait that ran out (README.md, "Exit codes"). `make help` lists the targets.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +16,13 @@ VLLM_PYTHON ?=
 SERVE_VLLM := $(if $(VLLM_PYTHON),--vllm-python $(VLLM_PYTHON))
 PYTEST_ARGS ?=
 
-.PHONY: venv test-venv test serve dry-run patch-check lint bench clean gpu-stage gpu-proof bench-gpu
+.PHONY: help venv test-venv test serve dry-run patch-check bench clean gpu-stage gpu-proof bench-gpu
+# A bare `make` explains itself rather than building a venv.
+.DEFAULT_GOAL := help
+
+## make help: this list (every target, from the `## make` lines of this Makefile)
+help:
+	@sed -n -e 's/^## \(make \)/\1/p' -e 's/^## /    /p' $(MAKEFILE_LIST)
 
 # The launcher alone: what `make serve` needs.
 $(STAMP): pyproject.toml
@@ -30,8 +39,10 @@ $(TEST_STAMP): $(STAMP) Makefile
 	$(BIN)/python -m pip install -q --no-deps dflash==0.1.0
 	touch $(TEST_STAMP)
 
+## make venv: .venv/ with the launcher alone (python -m venv + pip install -e .)
 venv: $(STAMP)
 
+## make test-venv: .venv/ with the test extras too (torch CPU, transformers, modelopt)
 test-venv: $(TEST_STAMP)
 
 ## make test: unit + integration tests (starts dockerd when run as root and none answers)
@@ -39,12 +50,14 @@ test: test-venv
 	bash tests/engines.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## make serve: serve the gemma4-moe-dflash recipe; without a compatible GPU it prints
-## the preflight verdict and the plan, and exits non-zero with the reason.
-## vLLM: VLLM_PYTHON=/path/to/python, else the `vllm` first on PATH.
+## make serve: serve the gemma4-moe-dflash recipe (RECIPE=...); where the preflight blocks
+## (no compatible GPU, vLLM, patches or model) it prints the plan and exits 2 with the reason;
+## ARGS="--dry-run" prints the plan and exits 0. vLLM: VLLM_PYTHON=/path/to/python, else the
+## launcher's own .venv when it has one (launcher install), else the `vllm` first on PATH.
 serve: venv
 	$(BIN)/launcher serve --recipe $(RECIPE) $(SERVE_VLLM) $(ARGS)
 
+## make dry-run: make serve ARGS=--dry-run (the plan and preflight; starts nothing; exits 0)
 dry-run: venv
 	$(BIN)/launcher serve --recipe $(RECIPE) $(SERVE_VLLM) --dry-run $(ARGS)
 
@@ -59,6 +72,7 @@ patch-check: venv
 drift-watch: venv
 	$(BIN)/launcher patch drift $(if $(NGC_TAGS),--ngc-tags $(NGC_TAGS))
 
+## make bench: the benchmark tests (tests/bench), printing their numbers
 bench: test-venv
 	$(BIN)/python -m pytest -q -s tests/bench
 
@@ -100,6 +114,8 @@ gpu-proof: gpu-stage
 ## (picks the norm scale), `launcher quantize` of the NVFP4 target, every run of realshape.py
 ## (RUNS=a,b narrows; tests/gpu/README.md, "Real-shape proof"); results in tests/gpu/results/realshape.*
 .PHONY: gpu-realshape-stage gpu-realshape
+## make gpu-realshape-stage: make gpu-stage, plus the FA2 and modelopt extras the real-shape runs install
+## make gpu-realshape-stage: make gpu-stage, plus the FA2 and modelopt extras the real-shape runs install
 gpu-realshape-stage: gpu-stage
 	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2
 	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-quant --no-fa2 --quant-wheels
@@ -148,5 +164,6 @@ bench-gpu: gpu-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh bench
 
+## make clean: remove .venv/, dist/ and pytest's cache
 clean:
 	rm -rf $(VENV) dist .pytest_cache

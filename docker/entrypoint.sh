@@ -34,7 +34,7 @@ is_launcher_command() {
         return
     fi
     case "$1" in
-        serve | doctor | version | recipes | patch | build | quantize | image | ps | stop | models | bench) return 0 ;;
+        serve | doctor | version | install | recipes | patch | build | quantize | image | ps | stop | models | bench) return 0 ;;
         *) return 1 ;;
     esac
 }

@@ -17,6 +17,7 @@ quantize`` to validate what it wrote.
 from __future__ import annotations
 
 import json
+import shlex
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,7 +422,7 @@ def _format_mismatch(path: Path, config: dict[str, Any], info: CheckpointInfo, e
         seen = f"{path / CONFIG}: format not recognised"
     hint = None
     if expected == "modelopt-nvfp4" and info.format == "bf16":
-        hint = f"make one with: launcher quantize --model {path} --out {path}-nvfp4"
+        hint = f"make one with: launcher quantize --model {shlex.quote(str(path))} --out {shlex.quote(f'{path}-nvfp4')}"
     return Reason("checkpoint", f"the recipe expects a {expected} checkpoint but {seen}", True, hint)
 
 

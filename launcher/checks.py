@@ -4,6 +4,11 @@ always prints the whole plan with every reason at once."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
+
 from launcher.plan import Context, PatchState, Plan, Request, assemble
 from launcher.preflight import Reason
 from launcher.profiles import PROFILES
@@ -17,6 +22,7 @@ def resolve(req: Request, ctx: Context) -> Plan:
     """The plan for ``req`` with every preflight reason: what serve, doctor and --dry-run show."""
     plan = assemble(req, ctx)
     run_all(plan, plan.spec, ctx)
+    plan.warnings = list(dict.fromkeys(plan.warnings))  # two checks may find the same thing
     return plan
 
 
@@ -87,7 +93,7 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
         plan.reasons.append(
             Reason("vllm", f"recipe {rec.name} supports vLLM {', '.join(rec.vllm_versions)}, not {version}; "
                            f"the nearest supported release is {near}",
-                   hint=_unsupported_hint(plan, near))
+                   hint=_unsupported_hint(plan, near, ctx))
         )
     if plan.runtime != "native":
         return  # the image carries its own vLLM and transformers
@@ -97,8 +103,8 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
             where += f": {ctx.vllm.problem}"
         plan.reasons.append(
             Reason("vllm", f"no vLLM found {where}",
-                   hint="install a vLLM wheel built for sm_12x (launcher build wheels), point --vllm-python at the"
-                        " python that has vLLM (make serve VLLM_PYTHON=...), or use --runtime docker")
+                   hint=f"install one, patched: {launcher_command(ctx.vllm, 'install')}; or point --vllm-python at"
+                        " the python that has vLLM; or use --runtime docker")
         )
     elif parse_version(ctx.installed_vllm) != version:
         plan.reasons.append(
@@ -133,9 +139,9 @@ def _transformers(plan: Plan, version, tf: str | None) -> None:
         )
 
 
-def _unsupported_hint(plan: Plan, near: str) -> str:
+def _unsupported_hint(plan: Plan, near: str, ctx: Context) -> str:
     if plan.runtime == "native" and plan.vllm_version_source == "installed":
-        return f"install vLLM {near} (pip install vllm=={near}), then launcher patch apply"
+        return f"install vLLM {near} and its patches: {launcher_command(ctx.vllm, f'install --version {near}')}"
     return f"use --vllm-version {near}"
 
 
@@ -151,6 +157,7 @@ def patches(plan: Plan, rec, ctx: Context) -> None:
         plan.reasons.append(Reason("patches", f"no patch series for vLLM {plan.vllm_version}: {exc}"))
         return
     states = _installed_states(plan, ctx)
+    missing: list[str] = []
     for pid in required:
         if pid not in known:
             plan.patches.append(PatchState(pid, False, f"missing from the {ser.version} series"))
@@ -163,10 +170,26 @@ def patches(plan: Plan, rec, ctx: Context) -> None:
         applied = None if state is None else state == "applied"
         plan.patches.append(PatchState(pid, applied, "" if state else "vLLM not installed here"))
         if applied is False:
-            plan.reasons.append(
-                Reason("patches", f"required patch {pid} is {state} in the installed vLLM",
-                       hint="launcher patch apply")
-            )
+            missing.append(pid if state == "not-applied" else f"{pid} ({state})")
+    if missing:
+        # One line for all of them: the plan's patch list above has one per patch.
+        plan.reasons.append(
+            Reason("patches", f"{len(missing)} of {len(required)} required patches are not applied in the "
+                              f"installed vLLM: {', '.join(missing)}",
+                   hint=launcher_command(ctx.vllm, "patch apply"))
+        )
+
+
+def launcher_command(env, sub: str) -> str:
+    """``launcher SUB`` for the vLLM ``env`` (a VllmEnv): with ``--vllm-python`` unless it is the launcher's own."""
+    if env is None or env.python == sys.executable:
+        return f"launcher {sub}"
+    return f"launcher {sub} --vllm-python {shell_quote(env.python)}"
+
+
+def shell_quote(word: str) -> str:
+    """A word as the user's shell reads it back (cmd.exe / PowerShell on Windows)."""
+    return subprocess.list2cmdline([word]) if os.name == "nt" else shlex.quote(word)
 
 
 def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
@@ -184,16 +207,17 @@ def _installed_states(plan: Plan, ctx: Context) -> dict[str, str]:
         return {}
     if status.interrupted:
         plan.reasons.append(Reason("patches", "an interrupted `launcher patch apply` left the installed vLLM half-written",
-                                   hint="launcher patch status (rolls it back), then launcher patch apply"))
+                                   hint=f"{launcher_command(ctx.vllm, 'patch status')} (rolls it back), "
+                                        f"then {launcher_command(ctx.vllm, 'patch apply')}"))
     return {p.id: p.state for p in status.patches}
 
 
-def _fetch_hint(rec, ref, path, fallback: str) -> str:
+def _fetch_hint(plan: Plan, rec, ref, path, fallback: str) -> str:
     """The one command that fetches a missing model, when the recipe can."""
     from launcher.paths import models_dir
 
     if ref.hub is not None and path == models_dir() / ref.name:
-        return f"fetch it with: launcher models pull --recipe {rec.name}"
+        return f"fetch it with: launcher models pull --recipe {shell_quote(plan.recipe_arg or rec.name)}"
     return fallback
 
 
@@ -207,7 +231,7 @@ def _unfinished_pulls(plan: Plan, rec) -> None:
         if left:
             plan.reasons.append(
                 Reason(area, f"{path}: a download into it was interrupted ({left})",
-                       hint=_fetch_hint(rec, ref, path, "run the same download again to resume it"))
+                       hint=_fetch_hint(plan, rec, ref, path, "run the same download again to resume it"))
             )
 
 
@@ -215,13 +239,13 @@ def checkpoint(plan: Plan, rec, ctx: Context) -> None:
     if not plan.model.is_dir():
         plan.reasons.append(
             Reason("checkpoint", f"model directory {plan.model} does not exist",
-                   hint=_fetch_hint(rec, rec.target, plan.model,
+                   hint=_fetch_hint(plan, rec, rec.target, plan.model,
                                     f"put {rec.target.name} there (from {rec.target.source}), set MODELS_DIR, or pass --model"))
         )
     if plan.drafter is not None and not plan.drafter.is_dir():
         plan.reasons.append(
             Reason("drafter", f"drafter directory {plan.drafter} does not exist",
-                   hint=_fetch_hint(rec, rec.drafter, plan.drafter, f"download {rec.drafter.source} there, or pass --drafter"))
+                   hint=_fetch_hint(plan, rec, rec.drafter, plan.drafter, f"download {rec.drafter.source} there, or pass --drafter"))
         )
     try:
         from launcher import checkpoint as ckpt

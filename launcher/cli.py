@@ -14,7 +14,7 @@ from typing import Annotated, get_args, get_origin
 import typer
 from typer.core import TyperGroup
 
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_CODES_TABLE, LauncherError
 
 
 class _Group(TyperGroup):
@@ -85,6 +85,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     help="vLLM on consumer Blackwell (RTX 5090 sm_120, DGX Spark sm_121): recipes, patches, builds, images.",
+    # \b keeps click from re-flowing the table into one paragraph.
+    epilog="\b\n" + EXIT_CODES_TABLE,
 )
 
 
@@ -104,11 +106,13 @@ def _register() -> None:
     from launcher.models.cli import register as register_models
     from launcher.patching.cli import app as patch_app
     from launcher.quantize.cli import register as register_quantize
+    from launcher.vllm_install import install_cmd
 
     commands.register(app)
     register_quantize(app)
     register_models(app)
     register_bench(app)
+    app.command("install")(install_cmd)
     app.add_typer(patch_app, name="patch", help="Apply, revert, inspect and check the vLLM patch series.")
     app.add_typer(build_app, name="build", help="Plan, preflight and build wheels for sm_120 / sm_121.")
     app.add_typer(image_app, name="image", help="An image's pinned inputs: manifest, labels, the entrypoint's preflight.")

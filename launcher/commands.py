@@ -58,7 +58,7 @@ def serve(
     runtime: Annotated[str, typer.Option(help="native (vllm serve here) or docker.")] = "native",
     vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the recipe's first).")] = None,
     image: Annotated[Optional[str], typer.Option(help="Docker image (docker runtime).")] = None,
-    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", envvar="VLLM_PYTHON", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
     restart: Annotated[str, typer.Option(help="Docker runtime: no (foreground, removed at exit) or a restart policy: unless-stopped (back after a reboot until `launcher stop`), always, on-failure.")] = "no",
     set_: Annotated[list[str], typer.Option("--set", help="KEY=VALUE: an env var (UPPER_CASE) or a recipe field (dotted.path); beats recipe and environment.")] = [],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and preflight; start nothing.")] = False,
@@ -69,6 +69,7 @@ def serve(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 1800.0,
 ) -> None:
     """Serve a recipe. Extra vLLM arguments go after `--`."""
+    from launcher import passthrough
     from launcher import plan as plans
 
     if runtime not in ("native", "docker"):
@@ -84,12 +85,13 @@ def serve(
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
         test_gpu=test_gpu,
     )
+    req = passthrough.lift_address(req, _given(ctx, "host", "port"))
     from launcher import checks
 
     plan = checks.resolve(req, _context(vllm_python if runtime == "native" else None, runtime=runtime))
     if dry_run:
         _print_plan(plan, as_json, restart)
-        raise typer.Exit(1 if plan.blocking else 0)
+        return  # exit 0: the plan was printed; its verdict is in it (errors.EXIT_CODES_TABLE)
     if plan.blocking and not force:
         typer.echo(plans.format_plan(plan))
         first = plan.blocking[0]
@@ -110,6 +112,12 @@ def serve(
     raise typer.Exit(native.run(plan, wait=wait, timeout=timeout))
 
 
+def _given(ctx: typer.Context, *names: str) -> set[str]:
+    """The options among ``names`` typed on the command line (not left at their default)."""
+    # By name: typer may bring its own copy of click, and with it its own ParameterSource.
+    return {n for n in names if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
+
+
 def _print_plan(plan, as_json: bool, restart: str = "no") -> None:
     from launcher import plan as plans
 
@@ -127,6 +135,23 @@ def _print_plan(plan, as_json: bool, restart: str = "no") -> None:
 
             typer.echo("container")
             typer.echo(docker_runtime.format_container_spec(spec))
+    bench = _bench_line(plan)
+    if bench:
+        typer.echo(bench)
+
+
+def _bench_line(plan) -> str | None:
+    """`launcher bench` for a server that is not where bench looks by default (-- --port 9000, --host)."""
+    import inspect
+
+    from launcher.bench.cli import bench
+    from launcher.checks import shell_quote
+    from launcher.runtime.native import base_url
+
+    url = base_url(plan)
+    if url == inspect.signature(bench).parameters["url"].default:
+        return None
+    return f"bench         launcher bench --recipe {shell_quote(plan.recipe_arg or plan.recipe)} --url {url}"
 
 
 def _container_spec(plan, restart: str = "no"):
@@ -171,7 +196,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
     recipe: Annotated[Optional[str], typer.Option("--recipe", "-r", help="Check one recipe (default: all).")] = None,
     model: Annotated[Optional[Path], typer.Option(help="Inspect a checkpoint folder (with --recipe: as that recipe's target).")] = None,
-    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="The python whose vLLM to check (as serve finds it by default).")] = None,
+    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", envvar="VLLM_PYTHON", help="The python whose vLLM to check (as serve finds it by default).")] = None,
     drafter: Annotated[Optional[Path], typer.Option(help="Check a DFlash drafter folder: what vLLM and z-lab's reference (dflash) need in its config.json.")] = None,
 ) -> None:
     """Report GPU, driver, versions, WSL/Windows, patch status, docker, and which recipes fit.

@@ -77,13 +77,31 @@ def _patch_status(env) -> dict:
         status = engine.status(env.package_dir)
     except Exception as exc:  # doctor reports; it never stops at one failing probe
         return {"state": f"unreadable: {exc}"}
+    from launcher.checks import launcher_command
+
     return {
         "state": "interrupted" if status.interrupted else "ok",
         "vllm": status.version,
         "patches": {p.id: p.state for p in status.patches},
         "interrupted": status.interrupted,
         "notes": status.notes,
+        "apply": launcher_command(env, "patch apply"),
+        "status": launcher_command(env, "patch status"),
     }
+
+
+def _patch_line(pt: dict) -> str:
+    """The patch states in one short line: counts, the ids only where something is wrong."""
+    states = pt["patches"]
+    applied = sum(1 for s in states.values() if s == "applied")
+    text = f"patches   vLLM {pt['vllm']}: {applied} of {len(states)} applied"
+    missing = sum(1 for s in states.values() if s == "not-applied")
+    if missing:
+        text += f", {missing} not applied ({pt['apply']})"
+    broken = {k: s for k, s in states.items() if s not in ("applied", "not-applied")}
+    if broken:
+        text += "; " + ", ".join(f"{k} {s}" for k, s in broken.items()) + f" ({pt['status']} says more)"
+    return text
 
 
 def _image_manifest() -> dict | None:
@@ -180,7 +198,7 @@ def format_report(report: dict) -> str:
     lines.append(f"torch CUDA {report['torch_cuda'] or '-'}")
     pt = report["patches"]
     if pt.get("patches") is not None:
-        lines.append(f"patches   vLLM {pt['vllm']}: " + ", ".join(f"{k}={v}" for k, v in pt["patches"].items()))
+        lines.append(_patch_line(pt))
         lines += [f"          note: {n}" for n in pt.get("notes", [])]
     else:
         lines.append(f"patches   {pt['state']}")

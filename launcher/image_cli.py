@@ -113,6 +113,9 @@ def manifest_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
 
 @app.command("preflight", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def preflight_cmd(ctx: typer.Context) -> None:
-    """What the entrypoint prints before vllm serve: image, series, GPU, the command."""
+    """What the entrypoint prints before vllm serve: image, series, GPU, the command (inside an image)."""
+    if image.read_manifest() is None:
+        raise LauncherError(f"no image manifest at {image.manifest_path()}: not inside a vllm-sm12x image",
+                            hint="on this machine: launcher serve --dry-run (the plan) or launcher doctor")
     for line in image.preflight_lines(list(ctx.args)):
         typer.echo(line, err=True)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import passthrough
 from launcher import recipe as recipes
 from launcher import vllm_compat
 from launcher.errors import LauncherError
@@ -71,6 +72,8 @@ class Plan:
     # --test-gpu: the GPU standing in for the profile's card and the --set items it implied
     # (launcher.testgpu); None without --test-gpu or when nothing could stand in.
     test_gpu: StandIn | None = None
+    # --recipe as given (a shipped name or a file): what a hint's command repeats.
+    recipe_arg: str = ""
 
     @property
     def blocking(self) -> list[Reason]:
@@ -83,8 +86,9 @@ class Plan:
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Variables from the shell that the plan carries (into a container too) even
 # when the recipe does not set them: everything vLLM reads, HF auth and offline mode
-# (HF_HOME is the docker runtime's mount, see launcher/runtime/docker.py).
-_INHERITED = re.compile(r"^(VLLM_|HF_TOKEN$|HUGGING_FACE_HUB_TOKEN$|HF_HUB_OFFLINE$)")
+# (HF_HOME is the docker runtime's mount, see launcher/runtime/docker.py). VLLM_PYTHON is the
+# launcher's own (--vllm-python): a host path, and a variable vLLM does not know.
+_INHERITED = re.compile(r"^(VLLM_(?!PYTHON$)|HF_TOKEN$|HUGGING_FACE_HUB_TOKEN$|HF_HUB_OFFLINE$)")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -227,6 +231,7 @@ def assemble(req: Request, ctx: Context) -> Plan:
         reasons=reasons,
         spec=rec,
         test_gpu=standing_in,
+        recipe_arg=req.recipe,
     )
     _safety(plan, rec, ctx, req.extra_args)
     _drafter_kernel_risk(plan, rec)
@@ -246,8 +251,9 @@ def _test_gpu(req: Request, rec, profile: str, host: HostInfo, field_sets: dict[
         warnings.append(f"--test-gpu: {gpu.name} ({gpu.sm}) is the card profile {profile} is for; nothing to stand in")
         return None
     if not can_stand_in(gpu):
-        what = f"{gpu.name} ({gpu.sm})" if gpu else "no GPU was detected"
-        warnings.append(f"--test-gpu: {what} cannot stand in for {PROFILES[profile].sm}; only Hopper (sm_90) does")
+        what = f"{gpu.name} ({gpu.sm}) cannot" if gpu else "no GPU was detected, and none but a Hopper (sm_90) can"
+        warnings.append(f"--test-gpu: {what} stand in for {PROFILES[profile].sm}"
+                        + ("; only Hopper (sm_90) does" if gpu else ""))
         return None
     return stand_in(rec, profile, gpu, field_sets)
 
@@ -387,8 +393,8 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
     argv += vllm_compat.render_intent(rec.intent, version).args
     if rec.drafter and drafter is not None:
         argv += ["--speculative-config", json.dumps(_spec_config(rec.drafter, drafter), separators=(",", ":"))]
-    argv += serve["extra_args"] + list(req.extra_args)
-    return argv
+    # One copy of each flag: the user's after `--` is refused or replaces the plan's (launcher.passthrough).
+    return passthrough.merge(argv + serve["extra_args"], list(req.extra_args), warnings)
 
 
 def _cuda_graph_cover(serve: dict, rec, version, warnings: list[str]) -> None:
@@ -616,7 +622,21 @@ def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:
                    hint="pass --api-key or bind --host 127.0.0.1")
         )
     if rec.serve.trust_remote_code:
-        plan.warnings.append("this recipe turns on --trust-remote-code: the model folder may run its own Python code")
+        code = _remote_code(plan.model)
+        if code is None:
+            plan.warnings.append(f"--trust-remote-code (the recipe's): {plan.model} is fetched from the Hub, "
+                                 "and vLLM will run whatever Python code that repo brings")
+        elif code:
+            plan.warnings.append(f"--trust-remote-code (the recipe's): vLLM will run the Python code in "
+                                 f"{plan.model}: {', '.join(code)}")
+
+
+def _remote_code(model: Path) -> list[str] | None:
+    """The Python files a model folder brings (what --trust-remote-code runs): none for a folder
+    not made yet (the checkpoint check blocks); None for a Hub id, whose code the plan cannot see."""
+    if model.is_dir():
+        return sorted(p.name for p in model.glob("*.py"))
+    return [] if model.is_absolute() else None
 
 
 # --- printing ----------------------------------------------------------------
@@ -673,8 +693,12 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {key}={value}    # {plan.env_sources.get(key, '')}")
     for key in plan.env_unset:
         lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
-    lines.append("command")
-    lines.append("  " + " \\\n    ".join(flag_groups(redact.argv(plan.argv))))
+    if plan.runtime == "docker":
+        # What runs is the container's command (vLLM binds 0.0.0.0:8000 inside): printed once, below.
+        lines.append("command       the container's, below")
+    else:
+        lines.append("command")
+        lines.append("  " + " \\\n    ".join(flag_groups(redact.argv(plan.argv))))
     if plan.patches:
         lines.append("patches")
         for p in plan.patches:

@@ -10,7 +10,7 @@ the native runtime starts exactly that interpreter
 (``python -m vllm.entrypoints.cli.main serve ...``, which is what the
 ``vllm`` console script runs).
 
-Order: ``--vllm-python`` (``make serve VLLM_PYTHON=...``), then the
+Order: ``--vllm-python`` (or ``$VLLM_PYTHON``; ``make serve VLLM_PYTHON=...``), then the
 launcher's own interpreter when it has vLLM, then the interpreter behind the
 first ``vllm`` on ``PATH`` (its ``#!`` line on POSIX, the venv's
 ``python.exe`` beside ``Scripts\\vllm.exe`` on Windows).

@@ -7,6 +7,7 @@ stages, so every choice is an option with a safe default.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +29,8 @@ def targets_cmd() -> None:
     data = load()
     for name, t in data.targets.items():
         typer.echo(f"{name:<14} {t.description}  [TORCH_CUDA_ARCH_LIST={t.torch_cuda_arch_list}]")
-    typer.echo(f"default vLLM version: {data.default_vllm_version} (also: {', '.join(data.vllm_versions)})")
+    others = [v for v in data.vllm_versions if v != data.default_vllm_version]
+    typer.echo(f"vLLM versions: {data.default_vllm_version} (the default)" + "".join(f", {v}" for v in others))
 
 
 @app.command("plan")
@@ -64,6 +66,7 @@ def preflight_cmd(
     from launcher.builder.targets import load
 
     data = load()
+    _windows_toolchain(data.target(target))
     result = preflight.run(data.target(target), data)
     if as_json:
         typer.echo(json.dumps({
@@ -78,6 +81,14 @@ def preflight_cmd(
         typer.echo("\n".join(result.lines()))
     if not result.ok:
         raise typer.Exit(1)
+
+
+def _windows_toolchain(target) -> None:
+    """On Windows, an MSVC target loads vcvars64's environment here (build.ps1 only starts the launcher)."""
+    if target.host_compiler == "msvc" and os.name == "nt":
+        from launcher.builder import msvc
+
+        msvc.prepare(os.environ, typer.echo)
 
 
 @app.command("wheels")
@@ -103,6 +114,7 @@ def wheels_cmd(
     p = plan(target, vllm_version, source=source, work_dir=work_dir, output_dir=output_dir, jobs=jobs, data=data)
     p.steps = select_steps(p.steps, only)
     typer.echo("\n".join(p.lines()))
+    _windows_toolchain(p.target)
     pre = None
     if not skip_preflight:
         pre = preflight.run(p.target, data)

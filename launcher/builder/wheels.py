@@ -70,8 +70,8 @@ def _source_tree(plan: BuildPlan, echo: Echo) -> Path:
     if plan.source == "checkout":
         raise LauncherError(
             f"the {plan.target.name} target builds from a checkout, not the PyPI sdist",
-            hint=f"pass --source PATH: {plan.target.source_hint}; or skip the build: install a "
-            "vllm-windows wheel and run `launcher patch apply`",
+            hint=f"pass --source PATH: {plan.target.source_hint}; or skip the build: "
+            "launcher install --wheel <a vllm-windows wheel> (installs it and applies the series)",
         )
     if plan.source != "pypi-sdist":
         tree = Path(plan.source)

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_PROBLEMS, LauncherError
 
 app = typer.Typer(no_args_is_help=True, help="Fetch, list, verify and locate the models recipes serve.")
 
@@ -99,11 +99,13 @@ def verify_cmd(
         state = f"{marker.repo}@{marker.commit[:12]}" if marker else "not pulled by the launcher: checked as found"
         typer.echo(f"{src.role}: {src.dest}  [{state}]" + (f"  missing: {', '.join(missing)}" if missing else ""))
         if missing:
-            raise LauncherError(f"{src.dest} is incomplete", hint=f"launcher models pull --recipe {recipe} --only {src.role}")
+            raise LauncherError(f"{src.dest} is incomplete", hint=f"launcher models pull --recipe {recipe} --only {src.role}",
+                                exit_code=EXIT_PROBLEMS)
         corrupt = folders.hash_mismatches(src.dest, list(files))
         if corrupt:
             raise LauncherError(f"{src.dest}: files differ from what the Hub sent: {', '.join(corrupt)}",
-                                hint=f"delete them and run `launcher models pull --recipe {recipe} --only {src.role}`")
+                                hint=f"delete them and run `launcher models pull --recipe {recipe} --only {src.role}`",
+                                exit_code=EXIT_PROBLEMS)
         outcomes.append(pull.Outcome(src, marker.commit if marker else "", files))
     if not pull.verify(outcomes, rec.vllm_versions, typer.echo):
         raise typer.Exit(1)
@@ -130,7 +132,8 @@ def list_cmd() -> None:
             seen.setdefault(dest, []).append(name)
             if dest not in rows:
                 src = sources_for(rec, root, only=role)[0] if ref.hub else None
-                origin = f"{src.repo}@{src.revision[:12]}" if src else f"(no hub source: {ref.source or 'make it yourself'})"
+                origin = f"{src.repo}@{src.revision[:12]}" if src else \
+                    f"(models pull does not fetch it; from {ref.source or 'elsewhere: make it yourself'})"
                 size = human_bytes(ref.hub.approx_size_bytes) if ref.hub and ref.hub.approx_size_bytes else "?"
                 rows[dest] = (ref.name, origin, size, folder_state(dest, src.repo if src else None, src.revision if src else None))
     for dest, (name, origin, size, state) in rows.items():
@@ -143,17 +146,21 @@ def list_cmd() -> None:
 @app.command("path")
 def path_cmd(
     recipe: Annotated[str, _RECIPE],
-    drafter: Annotated[bool, typer.Option("--drafter", help="Print the drafter's folder instead of the target's.")] = False,
+    drafter: Annotated[bool, typer.Option("--drafter", help="Print the drafter's folder alone.")] = False,
+    target: Annotated[bool, typer.Option("--target", help="Print the target's folder alone.")] = False,
 ) -> None:
-    """Print the folder `serve` uses for the recipe's target (or drafter)."""
+    """Print the folders `serve` uses: the target's, then the drafter's (one a line)."""
     from launcher import recipe as recipes
     from launcher.paths import models_dir
 
     rec = recipes.load(recipe)
-    ref = rec.drafter if drafter else rec.target
-    if ref is None:
+    if drafter and target:
+        raise LauncherError("give --target or --drafter, not both", hint="without either, both are printed")
+    if drafter and rec.drafter is None:
         raise LauncherError(f"recipe {rec.name} has no drafter")
-    typer.echo(str(models_dir() / ref.name))
+    refs = [rec.drafter] if drafter else [rec.target] if target else [r for r in (rec.target, rec.drafter) if r]
+    for ref in refs:
+        typer.echo(str(models_dir() / ref.name))
 
 
 def register(root: typer.Typer) -> None:

@@ -1,7 +1,11 @@
 """``launcher patch apply|revert|status|check``: the patch engine from the command line.
 
 Every command works on ``--target DIR`` (site-packages, a vLLM source tree,
-or the vllm folder) or, without it, on the vLLM installed in this Python.
+or the vllm folder) or, without it, on the vLLM that ``serve`` runs and
+``doctor`` checks (:mod:`launcher.vllm_env`: ``--vllm-python`` or
+``$VLLM_PYTHON``, else this Python if it has vLLM, else the one behind the
+first ``vllm`` on PATH), so the hint ``launcher patch apply`` of a blocked
+plan patches the vLLM that plan read.
 ``--json`` prints the same result for scripts. Errors are LauncherErrors:
 one line, non-zero exit, nothing changed.
 """
@@ -9,10 +13,12 @@ one line, non-zero exit, nothing changed.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
 
+from launcher.errors import LauncherError
 from launcher.patching import engine
 
 app = typer.Typer(no_args_is_help=True)
@@ -21,6 +27,29 @@ TargetOpt = typer.Option(
     None, "--target", help="site-packages, a vLLM source tree, or the vllm folder (default: the installed vLLM)"
 )
 JsonOpt = typer.Option(False, "--json", help="print the result as JSON")
+VllmPythonOpt = typer.Option(
+    None, "--vllm-python", envvar="VLLM_PYTHON",
+    help="without --target: the python whose vLLM to use (default: as serve finds it: this Python if it "
+         "has vLLM, else the one behind `vllm` on PATH)",
+)
+
+
+def _target(target: Path | None, vllm_python: str | None) -> Path:
+    """``--target``, else the package folder of the vLLM ``serve`` would run."""
+    from launcher import vllm_env
+
+    if target is not None:  # the folder named wins over an interpreter ($VLLM_PYTHON may be set for good)
+        return target
+    env = vllm_env.resolve(vllm_python)
+    if env is None:
+        raise LauncherError(
+            f"no vLLM found: not in this Python ({sys.executable}) nor behind a `vllm` on PATH",
+            hint="pass --vllm-python with the python that has vLLM, or --target DIR "
+                 "(install one, patched: launcher install)")
+    if not env.has_vllm:
+        raise LauncherError(f"no vLLM in {env.python} ({env.source})" + (f": {env.problem}" if env.problem else ""),
+                            hint="pass --vllm-python with the python that has vLLM, or --target DIR")
+    return Path(env.package_dir)
 
 
 def _echo_json(data) -> None:
@@ -50,27 +79,30 @@ def apply_cmd(
     target: Path | None = TargetOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="check every hunk and say what would change; write nothing"),
     as_json: bool = JsonOpt,
+    vllm_python: str | None = VllmPythonOpt,
 ) -> None:
     """Apply the series for the tree's vLLM version (all patches or none)."""
-    report = engine.apply(target, dry_run=dry_run)
+    report = engine.apply(_target(target, vllm_python), dry_run=dry_run)
     _echo_json(report.to_dict()) if as_json else _print_report(report)
 
 
 @app.command("revert")
-def revert_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt) -> None:
+def revert_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt,
+               vllm_python: str | None = VllmPythonOpt) -> None:
     """Undo the patches the launcher applied (from the stamp) and remove the stamp."""
-    report = engine.revert(target)
+    report = engine.revert(_target(target, vllm_python))
     _echo_json(report.to_dict()) if as_json else _print_report(report)
 
 
 @app.command("status")
-def status_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt) -> None:
+def status_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt,
+               vllm_python: str | None = VllmPythonOpt) -> None:
     """Show, per patch, whether it is applied, not applied, in conflict or modified since.
 
     Rolls back first what an interrupted apply or revert left. Exits 1 when
     a patch conflicts or an applied file was modified since.
     """
-    st = engine.status(target, recover_interrupted=True)
+    st = engine.status(_target(target, vllm_python), recover_interrupted=True)
     broken = [p for p in st.patches if p.state in ("conflict", "modified")]
     if as_json:
         _echo_json(st.to_dict())
@@ -101,6 +133,7 @@ def check_cmd(
         None, "--series", help="with --against: check this release's series instead (for a release that has none)"
     ),
     as_json: bool = JsonOpt,
+    vllm_python: str | None = VllmPythonOpt,
 ) -> None:
     """Read-only drift check: per patch and layout, applies / already upstream / conflicts.
 
@@ -110,12 +143,14 @@ def check_cmd(
         raise typer.BadParameter("give --target or --against, not both")
     if series and not against:
         raise typer.BadParameter("--series needs --against")
-    rows = engine.check_against(against, series_version=series) if against else engine.check_tree(target)
+    tree = None if against else _target(target, vllm_python)
+    rows = engine.check_against(against, series_version=series) if against else engine.check_tree(tree)
     if as_json:
         _echo_json([r.to_dict() for r in rows])
     else:
         version = rows[0].version if rows else (against or "")
         typer.echo(f"patch check: vLLM {version}" + (f" ({against}, wheel and sdist from PyPI)" if against else "")
+                   + (f" at {tree}" if tree else "")
                    + (f", series {series}" if series else ""))
         layout_name = {"site-packages": "wheel", "source": "sdist"} if against else {}
         _table(

@@ -27,6 +27,7 @@ def quantize(
     algorithm: Annotated[str, typer.Option("--algorithm", help=f"{' | '.join(ALGORITHMS)}.")] = "nvfp4",
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty --out (only once the new one is complete).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed for random calibration ids.")] = 0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check --model and --out and say what would run; load nothing.")] = False,
 ) -> None:
     """Quantize a checkpoint to ModelOpt NVFP4 (calibrate, export, copy tokenizer files, validate).
 
@@ -42,6 +43,13 @@ def quantize(
         model=model, out=out, algorithm=algorithm, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
         calib_file=calib_file, device=device, force=force, seed=seed,
     )
+    if dry_run:
+        # The checks run() makes before it imports torch: a hint that names this command can be tried.
+        cfg.validate()
+        info = pipeline._check_source(cfg.model)
+        typer.echo(f"would quantize {cfg.model} ({info.summary()}) to {cfg.out} ({cfg.algorithm}, "
+                   f"device {cfg.device}, {cfg.calib_samples} x {cfg.calib_seq_len} calibration tokens)")
+        return
     pipeline.run(cfg, echo=typer.echo)
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import redact
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_TIMEOUT, LauncherError
 from launcher.paths import models_dir
 from launcher.plan import LocalImage, Plan, flag_groups
 
@@ -287,11 +287,17 @@ def format_container_spec(spec: dict[str, Any]) -> str:
     env_items += [f"{k}={redact.MASK}" for k in spec["secret_env"]]
     for i, item in enumerate(env_items):
         lines.append(("  env         " if i == 0 else "              ") + item)
-    lines.append("  command     " + " \\\n                ".join(flag_groups(redact.argv(spec["command"]))))
     lines.append("  health      " + spec["health_url"])
+    # The one place the command is shown: as `docker run` would start it.
     lines.append("  as docker run:")
     lines.append("    " + " \\\n      ".join(_docker_run_groups(spec)))
     return "\n".join(lines)
+
+
+def starting_line(spec: dict[str, Any]) -> str:
+    """The container about to start, as one `docker run` line (what the native runtime's
+    ``starting:`` line is for a local vLLM)."""
+    return " ".join(_docker_run_groups(spec))
 
 
 def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
@@ -317,7 +323,8 @@ def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
 
 def image_hint(plan: Plan) -> str:
     """How to get the image a Plan names: build it (source: hours; overlay on the
-    upstream release image: minutes, tagged ``-overlay``) or pull it."""
+    upstream release image: minutes, tagged ``-overlay``). No vllm-sm12x image is
+    published, so there is nothing to pull."""
     from launcher.profiles import PROFILES
 
     profile = PROFILES.get(plan.profile)
@@ -328,8 +335,7 @@ def image_hint(plan: Plan) -> str:
     return (
         f"build it from source: make image {make_args} (hours); or patch the upstream vLLM image: "
         f"make image-overlay {make_args} (minutes; without --image the plan takes the newest image built for "
-        f"this card, or pass --image {overlay}); "
-        f"or pull it if it is published: docker pull {plan.image}"
+        f"this card, or pass --image {overlay})"
     )
 
 
@@ -378,6 +384,7 @@ def run(
     _require_image(client, spec["image"], plan)
     _require_mount_sources(spec)
     _clear_stale(client, spec["name"])
+    print("starting: " + starting_line(spec), file=err, flush=True)
     secrets = [v for v in (plan.api_key, *(plan.env.get(k) for k in spec["secret_env"])) if v]
     container = None
     logs = None
@@ -589,6 +596,7 @@ def _wait_healthy(container, spec: dict[str, Any], logs: "_LogPump", timeout: fl
             raise LauncherError(
                 f"no answer from {spec['health_url']} within {timeout:g} s; last log lines:\n" + logs.tail_text(),
                 hint="a first start compiles kernels and can take long: raise --timeout",
+                exit_code=EXIT_TIMEOUT,
             )
         if now >= next_progress:
             print(f"  ... still starting ({now - started:.0f} s of {timeout:g} s)", file=err, flush=True)

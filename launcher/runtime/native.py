@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 
 from launcher import progress, redact
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_TIMEOUT, LauncherError
 from launcher.plan import Plan
 
 
@@ -42,7 +42,7 @@ def command(plan: Plan) -> list[str]:
 
 
 # Exit codes of our own, distinct from a child's: 124 like timeout(1).
-EXIT_NOT_READY = 124
+EXIT_NOT_READY = EXIT_TIMEOUT
 
 
 def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:

@@ -147,4 +147,4 @@ def test_windows_build_needs_a_checkout():
                                    "--stop-before-compile"])
     assert res.exit_code == 2
     assert "builds from a checkout, not the PyPI sdist" in res.output
-    assert "launcher patch apply" in res.output
+    assert "launcher install --wheel" in res.output

@@ -393,9 +393,9 @@ def test_serve_dry_run_inside_the_image(client, overlay, case):
     """`docker run IMAGE serve --recipe ...` as the README shows it: the launcher
     inside finds the models at /models, listens on every interface of the
     container, and sees the series applied to the image's vLLM. No GPU here,
-    so the preflight blocks (exit 1), which is what a dry run reports."""
+    so the preflight blocks; a dry run that printed its plan exits 0 all the same."""
     tag, _, _ = overlay
-    out = run_in(client, tag, ["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], expect_code=1)
+    out = run_in(client, tag, ["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], expect_code=0)
     assert f"vLLM          {case['version']}  [installed]" in out  # the public version plans the recipe
     assert "vllm serve /models/gemma-4-26B-A4B-it-NVFP4" in out
     assert "--host 0.0.0.0" in out

@@ -177,7 +177,7 @@ def test_image_missing_says_how_to_get_it(client, models):
         rt.run(plan, wait_timeout=5, client=client, gpus=None)
     assert "image vllm-sm12x-test/absent:0.0.0 is not on this machine" == err.value.message
     assert "make image-overlay VLLM_VERSION=0.21.0 TARGET=sm120" in err.value.hint
-    assert "docker pull vllm-sm12x-test/absent:0.0.0" in err.value.hint
+    assert "docker pull" not in err.value.hint  # no vllm-sm12x image is published
 
 
 def test_daemon_not_reachable(tmp_path, monkeypatch):

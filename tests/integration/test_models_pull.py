@@ -307,7 +307,7 @@ def test_dry_run_of_the_shipped_recipe_prints_repos_revisions_sizes_and_folders(
 
 def test_serve_on_missing_models_names_the_pull_command(tmp_path):
     proc = launcher(["serve", "--recipe", "gemma4-moe-dflash", "--dry-run"], tmp=tmp_path, hub_url="http://127.0.0.1:9")
-    assert proc.returncode == 1
+    assert proc.returncode == 0  # a dry run that printed its (blocked) plan
     assert proc.stdout.count("fetch it with: launcher models pull --recipe gemma4-moe-dflash") == 2
 
 

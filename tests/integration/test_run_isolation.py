@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -179,13 +180,20 @@ def test_the_dockerd_engines_sh_starts_does_not_keep_its_lock(tmp_path):
     on the machine waited forever (seen here). Run start_dockerd with a stand-in daemon
     (a fake `dockerd` that stays up, a fake `docker` that answers once it is up: no second
     real daemon can run beside the one the suite uses), then check the lock is free while
-    the stand-in still runs."""
+    the stand-in still runs.
+
+    The stand-in is found by the PID it writes into this test's own folder, never by a
+    pattern (another run's stand-in would match it), and it stays up until this test
+    tells it to stop, or this test's process is gone: no lifetime to outlast on a slow
+    machine."""
     script = (REPO / "tests" / "engines.sh").read_text(encoding="utf-8")
     functions = script.rsplit('\nmain "$@"', 1)[0]
     fake = tmp_path / "bin"
     fake.mkdir()
-    up = tmp_path / "up"
-    (fake / "dockerd").write_text(f"#!/bin/sh\ntouch {up}\nexec sleep 61.37\n")
+    up, pidfile, stop = tmp_path / "up", tmp_path / "dockerd.pid", tmp_path / "stop"
+    (fake / "dockerd").write_text(
+        f"#!/bin/sh\necho $$ > {pidfile}\ntouch {up}\n"
+        f"while [ ! -f {stop} ] && kill -0 {os.getpid()} 2>/dev/null; do sleep 0.2; done\n")
     (fake / "docker").write_text(f"#!/bin/sh\n[ -f {up} ]\n")
     for f in fake.iterdir():
         f.chmod(0o755)
@@ -194,11 +202,30 @@ def test_the_dockerd_engines_sh_starts_does_not_keep_its_lock(tmp_path):
     env = dict(os.environ, ENGINES_LOCK=str(lock), DOCKERD_LOG=str(tmp_path / "dockerd.log"),
                PATH=f"{fake}:{os.environ['PATH']}")
     res = subprocess.run(["bash", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    pid = int(pidfile.read_text()) if pidfile.is_file() else None
     try:
         assert res.returncode == 0 and "started" in res.stdout, res.stderr
-        holders = subprocess.run(["pgrep", "-f", "sleep 61.37"], capture_output=True, text=True).stdout.split()
-        assert holders, "the stand-in daemon should still be running"
+        assert pid is not None and _alive(pid), "the stand-in daemon should still be running"
         free = subprocess.run(["flock", "-n", str(lock), "true"], timeout=10)
         assert free.returncode == 0, "the daemon kept the lock"
     finally:
-        subprocess.run(["pkill", "-f", "sleep 61.37"], check=False)
+        stop.touch()
+        if pid is not None:
+            _end(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _end(pid: int) -> None:
+    """Wait for the stand-in to see its stop file; SIGTERM it (by its PID) if it does not."""
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGTERM)

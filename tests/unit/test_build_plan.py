@@ -181,4 +181,4 @@ def test_cli_targets_lists_all_four():
     assert res.exit_code == 0, res.output
     for name in EXPECTED:
         assert name in res.output
-    assert "default vLLM version: 0.21.0" in res.output
+    assert "vLLM versions: 0.21.0 (the default)" in res.output

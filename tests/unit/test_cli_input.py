@@ -18,7 +18,7 @@ def invoke(*args):
 
 def plan_json(*args) -> dict:
     res = invoke("serve", "--recipe", "gemma4-e4b", "--dry-run", "--json", "--vllm-version", "0.21.0", *args)
-    assert res.exit_code in (0, 1), res.output
+    assert res.exit_code == 0, res.output  # a dry run that printed its plan
     return json.loads(res.stdout)
 
 
@@ -58,7 +58,7 @@ def test_set_drafter_empty_names_drafter_null_and_null_serves_without_drafter(mo
     assert "--set drafter=null serves without the drafter" in res.output
     res = invoke("serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--json", "--vllm-version", "0.21.0",
                  "--set", "drafter=null")
-    assert res.exit_code in (0, 1), res.output
+    assert res.exit_code == 0, res.output  # a dry run that printed its plan
     assert "--speculative-config" not in json.loads(res.stdout)["argv"]
 
 

@@ -350,3 +350,21 @@ def test_local_images_reads_tags_and_the_build_labels():
         ("vllm-sm12x:0.33.0-sm120-amd64-overlay", "0.33.0", "sm120", "amd64"),
         ("mine:latest", "0.33.0", "sm120", "amd64"),
         ("busybox:1", None, None, None)]
+
+
+def test_dry_run_prints_the_container_command_once_and_no_host_side_bind(models, tmp_path):
+    """The plan's native command (--host 127.0.0.1) is not what runs in a container (issue 57, item 7)."""
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/nobody.sock", MODELS_DIR=str(models))
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "serve", "--recipe", "gemma4-moe-dflash", "--runtime", "docker",
+         "--dry-run"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("vllm serve ") == 1
+    assert "--host 127.0.0.1" not in proc.stdout and "--host 0.0.0.0" in proc.stdout
+
+
+def test_the_start_is_announced_as_one_docker_run_line(models):
+    spec = rt.container_spec(plan_for(models / "target"))
+    line = rt.starting_line(spec)
+    assert "\n" not in line and line.startswith("docker run --rm --name vllm-sm12x-gemma4-moe-dflash ")
+    assert line.endswith("--host 0.0.0.0 --port 8000")

@@ -41,3 +41,19 @@ def test_no_text_sends_users_to_a_pypi_package_that_does_not_exist():
 
 def test_the_quantize_extra_hint_installs_from_this_checkout():
     assert install_hint() == f"pip install -e '{REPO}[quantize]'"
+
+
+def test_the_quickstart_installs_a_patched_vllm_before_serving():
+    """Issue 57, item 1: venv -> launcher install -> models pull -> serve; each command runs as written."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    commands = [c for c in _first_block(readme, "## From nothing to a served model") if c.startswith("launcher ")]
+    order = [c.split()[1] for c in commands]
+    assert order.index("install") < order.index("models") < order.index("serve"), commands
+    for command in commands[:order.index("serve") + 1]:
+        args = command.split()[1:]
+        res = CliRunner().invoke(app, [*args, "--dry-run"])
+        assert res.exit_code == 0, (command, res.output)

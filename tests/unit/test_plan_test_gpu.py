@@ -151,7 +151,8 @@ def test_a_missing_patch_still_refuses_with_the_switch(models, monkeypatch):
     ctx.vllm = VllmEnv("/opt/py/bin/python", "--vllm-python", "0.21.0", "5.13.1", "/opt/site/vllm")
     plan = resolve(Request("gemma4-moe-dflash", test_gpu=True), ctx)
     assert plan.test_gpu is not None
-    assert _blocking(plan, "patches") == [f"required patch {required[1]} is not applied in the installed vLLM"]
+    assert _blocking(plan, "patches") == [f"1 of {len(required)} required patches are not applied in the installed "
+                                          f"vLLM: {required[1]} (not applied)"]
     assert _blocking(plan, "hardware") == [] and _blocking(plan, "vllm") == []
 
 

@@ -92,8 +92,28 @@ def test_default_bind_is_loopback(models):
 
 
 def test_trust_remote_code_warning(models):
-    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0"), make_ctx(RTX5090))
-    assert any("trust-remote-code" in w for w in plan.warnings)
+    """Only where the model brings Python code, or may (a Hub id): every plan said it before (issue 57, item 7)."""
+    def warned(**kw) -> list[str]:
+        plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0", **kw), make_ctx(RTX5090))
+        return [w for w in plan.warnings if "trust-remote-code" in w]
+
+    assert warned() == []  # the folder is not there yet: nothing to run, and the checkpoint check blocks
+    folder = models / "with-code"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert warned(model=str(folder)) == []
+    (folder / "modeling_gemma4x.py").write_text("")
+    assert warned(model=str(folder)) == [
+        f"--trust-remote-code (the recipe's): vLLM will run the Python code in {folder}: modeling_gemma4x.py"]
+    assert "fetched from the Hub" in warned(model="google/gemma-4-26B-A4B-it")[0]
+
+
+def test_a_warning_two_checks_find_is_printed_once(models, monkeypatch):
+    from launcher import checks
+
+    monkeypatch.setattr(checks, "image", lambda plan, rec, ctx: plan.warnings.append(plan.warnings[0]))
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.21.0", profile="dgx-spark"), make_ctx(RTX5090))
+    assert plan.warnings and len(plan.warnings) == len(set(plan.warnings))
 
 
 @pytest.mark.parametrize(("installed", "nearest"), [("0.28.0", "0.29.0"), ("0.25.1", "0.26.0"), ("0.35.0", "0.33.0")])
@@ -101,7 +121,7 @@ def test_installed_release_between_supported_ones_names_the_nearest(models, inst
     plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm=installed, transformers="5.17.0"))
     reason = next(r for r in plan.reasons if r.area == "vllm" and r.blocking)
     assert reason.message.endswith(f"not {installed}; the nearest supported release is {nearest}")
-    assert reason.hint == f"install vLLM {nearest} (pip install vllm=={nearest}), then launcher patch apply"
+    assert reason.hint == f"install vLLM {nearest} and its patches: launcher install --version {nearest}"
 
 
 def test_unsupported_version_asked_for_on_docker_points_at_the_flag(models):

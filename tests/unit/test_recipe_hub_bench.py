@@ -215,7 +215,7 @@ def test_models_list_gives_the_shared_folder_its_hub_whichever_recipe_comes_firs
     res = CliRunner().invoke(app, ["models", "list"])
     assert res.exit_code == 0, res.output
     row = next(line for line in res.output.splitlines() if line.startswith("gemma-4-26B-A4B-it-NVFP4 "))
-    assert "nvidia/Gemma-4-26B-A4B-NVFP4@a19cfe00be84" in row and "no hub source" not in row
+    assert "nvidia/Gemma-4-26B-A4B-NVFP4@a19cfe00be84" in row and "does not fetch it" not in row
     assert "gemma4-moe-dflash-text" in row
 
 

@@ -1,0 +1,99 @@
+"""`launcher install`'s plan for a Windows host, checked on Linux.
+
+A Windows machine cannot exist here: its paths are PureWindowsPath values, and
+which files exist is a set of those paths given to the plan. Everything the
+plan decides (the venv's Scripts\\python.exe, the wheel's version, pip's
+command line, cmd.exe quoting) is computed as on Windows.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath, PureWindowsPath
+
+import pytest
+
+from launcher import recipe as recipes
+from launcher.errors import LauncherError
+from launcher.vllm_install import choose_version, next_steps, plan_install, venv_python, wheel_version
+
+W = PureWindowsPath
+VENV = W(r"C:\Users\Ann Lee\vllm-venv")
+DOWNLOADS = W(r"C:\Users\Ann Lee\Downloads")
+WHEEL_29 = DOWNLOADS / "vllm-0.29.0+cu132-cp312-cp312-win_amd64.whl"
+WHEEL_26 = DOWNLOADS / "vllm-0.26.0+cu128-cp312-cp312-win_amd64.whl"
+
+
+def windows_plan(existing: set, **kw):
+    names = {str(p) for p in existing}
+
+    def listdir(folder: str) -> list[str]:
+        return [W(n).name for n in names if str(W(n).parent) == folder]
+
+    args = dict(recipe=recipes.load("gemma4-moe-dflash"), version=None, venv=VENV, vllm_python=None, wheel=None,
+                offline=False, pip_args=[], windows=True, own_python=W(r"C:\src\vllm-sm12x\.venv\Scripts\python.exe"),
+                own_is_venv=True, exists=lambda p: p in names, listdir=listdir)
+    args.update(kw)
+    return plan_install(**args)
+
+
+def test_a_windows_venv_runs_scripts_python_exe():
+    assert venv_python(VENV) == W(r"C:\Users\Ann Lee\vllm-venv\Scripts\python.exe")
+    assert venv_python(PurePosixPath("/opt/vllm")) == PurePosixPath("/opt/vllm/bin/python")
+
+
+def test_the_version_comes_from_a_windows_wheel_name():
+    assert wheel_version(WHEEL_29) == "0.29.0+cu132"
+    with pytest.raises(LauncherError, match="not a wheel file name"):
+        wheel_version(W(r"C:\dl\vllm.zip"))
+    with pytest.raises(LauncherError, match="a wheel of torch, not of vllm"):
+        wheel_version(W(r"C:\dl\torch-2.11.0-cp312-cp312-win_amd64.whl"))
+
+
+def test_windows_without_a_wheel_is_refused_with_where_to_get_one():
+    with pytest.raises(LauncherError, match="PyPI has no vLLM wheel for Windows") as err:
+        windows_plan(set())
+    assert "SystemPanic/vllm-windows" in err.value.hint
+
+
+def test_a_windows_wheel_into_a_new_venv():
+    plan = windows_plan({DOWNLOADS, WHEEL_29}, wheel=WHEEL_29)
+    assert plan.version == "0.29.0" and plan.create_venv == VENV
+    assert plan.python == W(r"C:\Users\Ann Lee\vllm-venv\Scripts\python.exe")
+    assert plan.pip == [r"C:\Users\Ann Lee\vllm-venv\Scripts\python.exe", "-m", "pip", "install", str(WHEEL_29)]
+    # cmd.exe / PowerShell quoting, not POSIX quotes.
+    assert (r'step 2        "C:\Users\Ann Lee\vllm-venv\Scripts\python.exe" -m pip install '
+            r'"C:\Users\Ann Lee\Downloads\vllm-0.29.0+cu132-cp312-cp312-win_amd64.whl"') in plan.lines()
+    assert next_steps(plan, W(r"C:\src\.venv\Scripts\python.exe"))[1] == \
+        r'      launcher serve --recipe gemma4-moe-dflash --vllm-python "C:\Users\Ann Lee\vllm-venv\Scripts\python.exe"'
+
+
+def test_a_folder_of_wheels_takes_the_newest_supported_one_offline():
+    plan = windows_plan({DOWNLOADS, WHEEL_26, WHEEL_29, VENV, venv_python(VENV)}, wheel=DOWNLOADS, offline=True)
+    assert plan.version == "0.29.0" and plan.create_venv is None  # the venv is there
+    assert plan.pip[3:] == ["install", "--no-index", "--find-links", str(DOWNLOADS), "vllm==0.29.0"]
+    older = windows_plan({DOWNLOADS, WHEEL_26, WHEEL_29}, wheel=DOWNLOADS, version="0.26.0")
+    assert older.pip[-1] == "vllm==0.26.0"
+
+
+def test_a_folder_that_is_not_a_venv_is_refused():
+    with pytest.raises(LauncherError, match="holds no venv"):
+        windows_plan({DOWNLOADS, WHEEL_29, VENV, VENV / "notes.txt"}, wheel=WHEEL_29)
+
+
+def test_the_launchers_own_python_outside_a_venv_is_refused():
+    with pytest.raises(LauncherError, match="is not a venv"):
+        windows_plan({WHEEL_29}, wheel=WHEEL_29, venv=None, own_is_venv=False)
+
+
+def test_newest_supported_release_by_version_order_not_text():
+    rec = recipes.load("gemma4-moe-dflash")
+    assert choose_version(rec, None) == "0.33.0"
+    assert choose_version(rec, None, ["0.21.0+cu132", "0.9.0"]) == "0.21.0"
+
+
+def test_next_steps_repeat_a_recipe_file_as_given():
+    plan = windows_plan({DOWNLOADS, WHEEL_29}, wheel=WHEEL_29, windows=False, venv=PurePosixPath("/opt/v"),
+                        own_python=PurePosixPath("/src/.venv/bin/python"))
+    steps = next_steps(plan, PurePosixPath("/src/.venv/bin/python"), "/home/ann/my recipes/r.yaml")
+    assert steps == ["next: launcher models pull --recipe '/home/ann/my recipes/r.yaml'",
+                     "      launcher serve --recipe '/home/ann/my recipes/r.yaml' --vllm-python /opt/v/bin/python"]

@@ -1,0 +1,61 @@
+"""Messages that said something other than what they meant (issue 57, item 8)."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from launcher import recipe as recipes
+from launcher.checks import resolve
+from launcher.cli import app
+from launcher.plan import Request
+from launcher.runtime import docker as docker_runtime
+from tests.unit.conftest import make_ctx
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_test_gpu_without_a_gpu_reads_as_a_sentence(models):
+    plan = resolve(Request("gemma4-moe-dflash", test_gpu=True), make_ctx(None))
+    said = [w for w in plan.warnings if w.startswith("--test-gpu")]
+    assert said == ["--test-gpu: no GPU was detected, and none but a Hopper (sm_90) can stand in for sm_120"]
+
+
+def test_models_list_says_a_model_without_a_pinned_hub_repo_is_not_fetched_and_where_it_comes_from(models):
+    res = invoke("models", "list")
+    rec = recipes.load("gemma4-31b-dflash")
+    row = next(line for line in res.output.splitlines() if line.startswith(rec.drafter.name + " "))
+    assert f"(models pull does not fetch it; from {rec.drafter.source})" in row
+    assert "no hub source" not in res.output
+
+
+def test_models_path_prints_the_drafter_too(models):
+    rec = recipes.load("gemma4-moe-dflash")
+    both = invoke("models", "path", "--recipe", rec.name).output.splitlines()
+    assert both == [str(models / rec.target.name), str(models / rec.drafter.name)]
+    assert invoke("models", "path", "--recipe", rec.name, "--target").output.splitlines() == both[:1]
+    assert invoke("models", "path", "--recipe", rec.name, "--drafter").output.splitlines() == both[1:]
+    assert invoke("models", "path", "--recipe", "gemma4-moe").output.splitlines() == both[:1]  # no drafter
+
+
+def test_build_targets_names_each_version_once():
+    from launcher.builder.targets import load
+
+    data = load()
+    last = invoke("build", "targets").output.splitlines()[-1]
+    assert last.startswith(f"vLLM versions: {data.default_vllm_version} (the default)")
+    for version in data.vllm_versions:
+        assert last.count(version) == 1, last
+
+
+def test_the_missing_image_hint_builds_and_never_pulls_an_unpublished_image(models):
+    plan = resolve(Request("gemma4-moe-dflash", runtime="docker"), make_ctx(None))
+    hint = docker_runtime.image_hint(plan)
+    assert "make image-overlay" in hint and "docker pull" not in hint
+
+
+def test_image_preflight_outside_an_image_is_refused():
+    res = invoke("image", "preflight", "--", "--model", "/models/x")
+    assert res.exit_code == 2
+    assert "not inside a vllm-sm12x image" in res.output and "vllm-sm12x: starting" not in res.output
