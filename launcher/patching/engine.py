@@ -391,7 +391,7 @@ def _apply(tree: Tree, dry_run: bool, patches_root: PathArg) -> Report:
         )
         for v in verdicts
     ]
-    created = [d for d in (stamp or {}).get("created_dirs", [])]
+    created = stamps.created_dirs(stamp, tree)
     modes = {fp.path: fp.new_mode for v in new for fp in v.item.files if fp.kind == "add"}
     stamp_path = tree.path(stamps.STAMP_REL)
     with _writing(tree) as tx:
@@ -543,7 +543,7 @@ def stray_temps(tree: Tree) -> list[str]:
     folders = {tree.path(JOURNAL_REL).parent}
     stamp = stamps.read_stamp(tree)
     for entry in stamps.stamp_entries(stamp):
-        folders.update(tree.path(p).parent for p in entry.files)
+        folders.update(tree.inside(p, f"the patch stamp {tree.path(stamps.STAMP_REL)}").parent for p in entry.files)
     found = []
     for folder in folders:
         if folder.is_dir():
@@ -605,6 +605,7 @@ def _revert(tree: Tree) -> Report:
         )
     results.reverse()
     changes = {p: work[p] for p in sorted(work) if work[p] != original[p]}
+    created = stamps.created_dirs(stamp, tree)
     report = Report("revert", tree, version, stamp.get("series_version"), stamp.get("series_hash"), results)
     with _writing(tree) as tx:
         tx.prepare([tree.path(p) for p in changes] + [tree.path(stamps.STAMP_REL)])
@@ -617,7 +618,7 @@ def _revert(tree: Tree) -> Report:
                              if fp.path == path and fp.kind == "delete"), None)
                 tx.write(tree.path(path), data, mode)
         tx.remove(tree.path(stamps.STAMP_REL))
-    remove_empty_dirs([tree.path(d) for d in stamp.get("created_dirs", [])])
+    remove_empty_dirs([tree.path(d) for d in created])
     report.written = [p for p, d in changes.items() if d is not None]
     report.removed = [p for p, d in changes.items() if d is None] + [stamps.STAMP_REL]
     reverted = sum(1 for r in results if r.outcome == "reverted")

@@ -84,6 +84,18 @@ def stamp_entries(stamp: dict | None) -> list[StampEntry]:
     return entries
 
 
+def created_dirs(stamp: dict | None, tree: Tree) -> list[str]:
+    """The folders the stamp says the launcher created, each checked to lie inside the tree.
+
+    ``revert`` removes them once empty: a forged stamp must not name one elsewhere.
+    """
+    listed = (stamp or {}).get("created_dirs", [])
+    if not isinstance(listed, list):
+        raise LauncherError(f"the patch stamp {tree.path(STAMP_REL)} is not one this launcher wrote")
+    source = f"the patch stamp {tree.path(STAMP_REL)}"
+    return [tree.inside(d, source).relative_to(tree.root).as_posix() for d in listed]
+
+
 def build_stamp(
     *,
     vllm_version: str,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.patching.tree import inside
 
 TMP_SUFFIX = ".sm12x-tmp"
 JOURNAL_FORMAT = 1
@@ -254,16 +255,7 @@ def recover(root: Path, journal: Path) -> list[str]:
     _sweep_temps(journal.parent, journal.name)
     if not journal.exists():
         return []
-    try:
-        data = json.loads(journal.read_text(encoding="utf-8"))
-        files = [(root / f["path"], f["mode"], None if f["data"] is None else base64.b64decode(f["data"]))
-                 for f in data["files"]]
-        planned = [root / d for d in data.get("created_dirs", [])]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LauncherError(
-            f"the journal of an interrupted patch run, {journal}, is unreadable: {exc}",
-            hint="reinstall vLLM (pip install --force-reinstall --no-deps vllm==VERSION), then delete the journal",
-        ) from exc
+    files, planned = _read_journal(root, journal)
     restored = []
     for path, mode, original in files:
         item = _Undo(path, original, mode)
@@ -280,6 +272,34 @@ def recover(root: Path, journal: Path) -> list[str]:
     os.unlink(journal)
     _fsync_dir(journal.parent)
     return restored
+
+
+def _read_journal(root: Path, journal: Path) -> tuple[list[tuple[Path, int | None, bytes | None]], list[Path]]:
+    """The journal's files (path, mode, original bytes) and folders, every path checked to stay in ``root``.
+
+    All of it is checked before the first write: a forged or damaged journal
+    changes nothing.
+    """
+    try:
+        data = json.loads(journal.read_text(encoding="utf-8"))
+        files = [_journal_file(root, journal, f) for f in data["files"]]
+        planned = [inside(root, d, f"the journal {journal}") for d in data.get("created_dirs", [])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise LauncherError(
+            f"the journal of an interrupted patch run, {journal}, is unreadable: {exc}",
+            hint="reinstall vLLM (pip install --force-reinstall --no-deps vllm==VERSION), then delete the journal",
+        ) from exc
+    return files, planned
+
+
+def _journal_file(root: Path, journal: Path, entry: dict) -> tuple[Path, int | None, bytes | None]:
+    path = inside(root, entry["path"], f"the journal {journal}")
+    mode, data = entry["mode"], entry["data"]
+    if not (mode is None or (type(mode) is int and 0 <= mode <= 0o7777)):
+        raise ValueError(f"mode {mode!r} of {entry['path']} is not a file mode")
+    if not (data is None or isinstance(data, str)):
+        raise TypeError(f"the data of {entry['path']} is not base64 text")
+    return path, mode, None if data is None else base64.b64decode(data, validate=True)
 
 
 def _sweep_temps(folder: Path, name: str) -> None:
