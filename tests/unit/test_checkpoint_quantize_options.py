@@ -235,3 +235,32 @@ def test_out_containing_model_refused_before_anything_loads(tmp_path, monkeypatc
     with pytest.raises(LauncherError, match="contains --model"):
         QuantizeConfig(model=model, out=tmp_path / "link", force=True).validate()
     assert (model / "config.json").is_file() and (sibling / "config.json").is_file()
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+def test_force_refused_when_the_model_links_into_out(link, tmp_path):
+    """Issue 55.11: publishing replaces --out, which held the model's real weights (a Hub snapshot's layout)."""
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    weights = out / "sub" / "model.safetensors"
+    weights.write_bytes(b"bf16 weights")
+    model = model_dir(tmp_path)
+    if link == "file":
+        (model / "model.safetensors").symlink_to(weights)
+    else:
+        (model / "shards").symlink_to(out / "sub", target_is_directory=True)
+    with pytest.raises(LauncherError, match="links into --out") as exc:
+        cfg(tmp_path, model=model, force=True).validate()
+    assert ("model.safetensors" if link == "file" else "shards") in exc.value.message
+    assert weights.read_bytes() == b"bf16 weights"
+
+
+def test_force_allowed_when_the_model_links_elsewhere(tmp_path):
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "w").write_bytes(b"x")
+    model = model_dir(tmp_path)
+    (model / "model.safetensors").symlink_to(blobs / "w")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("old")
+    cfg(tmp_path, model=model, force=True).validate()
