@@ -89,6 +89,8 @@ class _Steps:
 
 def run(cfg: QuantizeConfig, echo: Echo) -> checkpoint.CheckpointInfo:
     cfg.validate()
+    for line in remove_leftovers(cfg.out):
+        echo(line)
     source_info = _check_source(cfg.model)
     steps = _Steps(echo)
     steps.begin("setup", "importing torch, transformers and nvidia-modelopt")
@@ -305,6 +307,41 @@ def uncovered_exclusions(tensors: dict[str, checkpoint.TensorMeta], exclude_modu
     return problems
 
 
+def remove_leftovers(out: Path) -> list[str]:
+    """Remove what killed runs (SIGKILL, power loss) left beside ``out``; say what went.
+
+    A ``.<out>.partial-<pid>`` is as large as the checkpoint and no later run
+    would reuse it. An ``.<out>.old-<pid>`` is an old checkpoint caught between
+    publishing's two renames: removed only once ``out`` exists again (else it
+    is the only copy, and is put back as ``out``). Folders of a live process
+    are another run's, and are left alone.
+    """
+    said = []
+    prefix = f".{out.name}."
+    for stray in sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix)):
+        kind, _, pid = stray.name[len(prefix):].rpartition("-")
+        if (kind not in ("partial", "old") or not pid.isdigit() or stray.is_symlink() or not stray.is_dir()
+                or _alive(int(pid))):
+            continue
+        if kind == "old" and not out.exists():
+            stray.rename(out)
+            said.append(f"put back {out} from {stray.name}, left by a run killed while publishing (pid {pid})")
+            continue
+        shutil.rmtree(stray, ignore_errors=True)
+        said.append(f"removed {stray.name}, left by a killed quantize run (pid {pid})")
+    return said
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or a pid too large to ask about): not ours to judge
+    return True
+
+
 def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished checkpoint onto --out; an old --out is removed only after."""
     if not out.exists():
@@ -320,19 +357,24 @@ def _publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+#: Signals that end a run by default: each unwinds like Ctrl-C, so the temporary folder goes.
+_UNWIND = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
-    """SIGTERM (a closed terminal, a container stop) unwinds like Ctrl-C, so the
-    temporary directory is removed; outside the main thread it is left alone."""
+    """SIGTERM (a container stop), SIGHUP (a closed terminal) and SIGQUIT unwind like
+    Ctrl-C, so the temporary directory is removed; outside the main thread they are left alone."""
     def interrupt(signum, frame):  # noqa: ARG001
         raise KeyboardInterrupt
 
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = {sig: signal.signal(sig, interrupt) for sig in _UNWIND}
     except ValueError:
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
