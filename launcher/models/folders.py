@@ -60,12 +60,22 @@ def write_marker(folder: Path, marker: Marker) -> None:
 def missing_files(folder: Path, files: dict[str, int | None]) -> list[str]:
     """Files absent from ``folder`` or of another size than the Hub listed."""
     out = []
-    for name, size in sorted(files.items()):
+    for name in incomplete(folder, files):
         path = folder / name
         if not path.is_file():
             out.append(f"{name} (absent)")
-        elif size is not None and path.stat().st_size != size:
-            out.append(f"{name} ({path.stat().st_size} of {size} bytes)")
+        else:
+            out.append(f"{name} ({path.stat().st_size} of {files[name]} bytes)")
+    return out
+
+
+def incomplete(folder: Path, files: dict[str, int | None]) -> list[str]:
+    """The names of :func:`missing_files`, sorted."""
+    out = []
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file() or (size is not None and path.stat().st_size != size):
+            out.append(name)
     return out
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.models import folders
 from launcher.models.sources import Source
 
 
@@ -86,7 +87,10 @@ def resolve(src: Source) -> Remote:
             hint="check the recipe's hub.allow_patterns",
         )
     files = {i.filename: i.file_size for i in infos}
-    todo = {i.filename: i.file_size for i in infos if i.will_download}
+    # will_download is False for a file already in the Hub cache ($HF_HOME/hub)
+    # even when the folder lacks it: the folder itself decides.
+    absent = set(folders.incomplete(src.dest, files))
+    todo = {i.filename: i.file_size for i in infos if i.will_download or i.filename in absent}
     return Remote(commit=infos[0].commit_hash, files=files, to_download=todo)
 
 

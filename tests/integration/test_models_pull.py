@@ -379,3 +379,21 @@ def test_verify_catches_weights_cut_off_or_changed_after_the_pull(hub, tmp_path)
     proc = launcher(["models", "verify", "--recipe", str(recipe)], tmp=tmp_path, hub_url=hub.url)
     assert proc.returncode == 1
     assert "cut off" in proc.stdout and "model.safetensors" in proc.stdout
+
+
+@pytest.mark.parametrize("role", ["target", "drafter"], ids=["pinned-commit", "branch"])
+def test_online_pull_with_a_warm_hub_cache_fills_the_folder(role, hub, tmp_path):
+    """Issue 55.4: after `hf download` (or a `vllm serve`) of the repo, the dry run reported
+    will_download=False for every cached file, the pull skipped them, then called the folder incomplete.
+    The recipe pins the target to a commit and follows a branch for the drafter."""
+    repo_id, folder = {"target": (TARGET_REPO, "gemma-4-26B-A4B-it-NVFP4"),
+                       "drafter": (DRAFTER_REPO, "gemma-4-26B-A4B-it-DFlash")}[role]
+    repo = hub.repos[repo_id]
+    recipe = write_recipe(tmp_path, hub.repos[TARGET_REPO])
+    _fill_hub_cache(tmp_path, hub.url, repo_id, repo.commit)
+    proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", role], tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dest = tmp_path / "models" / folder
+    for name in ("config.json", "model.safetensors"):
+        assert (dest / name).read_bytes() == repo.files[name]
+    assert json.loads((dest / ".launcher-source.json").read_text())["commit"] == repo.commit
