@@ -23,7 +23,6 @@ is only for the message: without a private folder the lock still holds.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -36,6 +35,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from launcher import dirlock
+from launcher.dirlock import DirLock
 from launcher.errors import LauncherError
 from launcher.paths import cache_dir
 
@@ -48,27 +49,15 @@ _POLL_S = 0.1
 
 
 class _TreeLock:
-    """``flock`` on ``root/vllm`` (POSIX), else a lock file in the cache (Windows)."""
+    """A :class:`DirLock` on ``root/vllm`` (POSIX), else a lock file in the cache (Windows)."""
 
     def __init__(self, root: Path):
         self.root = root
-        self._fd: int | None = None
+        self._dir = DirLock(root / "vllm")
         self._file = None
 
     def try_acquire(self) -> bool:
-        if os.name == "nt":
-            return self._try_file_lock()
-        import fcntl
-
-        if self._fd is None:
-            self._fd = os.open(self.root / "vllm", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return False
-            raise
-        return True
+        return self._dir.try_acquire() if dirlock.supported else self._try_file_lock()
 
     def _try_file_lock(self) -> bool:
         import filelock
@@ -87,9 +76,7 @@ class _TreeLock:
     def release(self) -> None:
         if self._file is not None:
             self._file.release()
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor drops the flock
-            self._fd = None
+        self._dir.release()
 
 
 def held_elsewhere(root: Path) -> bool:

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import LauncherError
-from launcher.patching.tree import inside
+from launcher.paths import inside
 
 TMP_SUFFIX = ".sm12x-tmp"
+_FORGED = ("the journal was not written by the launcher: reinstall vLLM "
+           "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it")
 JOURNAL_FORMAT = 1
 
 
@@ -283,7 +285,7 @@ def _read_journal(root: Path, journal: Path) -> tuple[list[tuple[Path, int | Non
     try:
         data = json.loads(journal.read_text(encoding="utf-8"))
         files = [_journal_file(root, journal, f) for f in data["files"]]
-        planned = [inside(root, d, f"the journal {journal}") for d in data.get("created_dirs", [])]
+        planned = [inside(root, d, f"the journal {journal}", _FORGED) for d in data.get("created_dirs", [])]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise LauncherError(
             f"the journal of an interrupted patch run, {journal}, is unreadable: {exc}",
@@ -293,7 +295,7 @@ def _read_journal(root: Path, journal: Path) -> tuple[list[tuple[Path, int | Non
 
 
 def _journal_file(root: Path, journal: Path, entry: dict) -> tuple[Path, int | None, bytes | None]:
-    path = inside(root, entry["path"], f"the journal {journal}")
+    path = inside(root, entry["path"], f"the journal {journal}", _FORGED)
     mode, data = entry["mode"], entry["data"]
     if not (mode is None or (type(mode) is int and 0 <= mode <= 0o7777)):
         raise ValueError(f"mode {mode!r} of {entry['path']} is not a file mode")

@@ -14,11 +14,14 @@ import re
 import sys
 from dataclasses import dataclass
 from email.parser import HeaderParser
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.paths import inside
 
 SITE_PACKAGES, SOURCE = "site-packages", "source"
+_FORGED_HINT = ("the file was not written by the launcher: reinstall vLLM "
+                "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it")
 
 
 @dataclass(frozen=True)
@@ -36,40 +39,8 @@ class Tree:
         return self.root.joinpath(*rel.split("/"))
 
     def inside(self, rel: object, source: str) -> Path:
-        """``rel``, read from a file in the tree, as a path confined to the tree (see :func:`inside`)."""
-        return inside(self.root, rel, source)
-
-
-def inside(root: Path, rel: object, source: str) -> Path:
-    """``rel`` as a path under ``root``; LauncherError for anything that could leave it.
-
-    The journal and the stamp live in the tree, so whoever can write the tree
-    can forge them: every path they hold is checked before anything is
-    written or deleted. A relative POSIX path without ``..`` (nor ``\\`` or
-    ``:``, which mean other things on Windows), whose existing folders,
-    symlinks resolved, stay under ``root``.
-    """
-    text = rel if isinstance(rel, str) else None
-    pure = PurePosixPath(text) if text else None
-    if (pure is None or pure.is_absolute() or ".." in pure.parts or pure.parts in ((), (".",))
-            or any(c in text for c in "\\:\0")):
-        raise _outside(root, rel, source)
-    path = root.joinpath(*pure.parts)
-    try:
-        escapes = not path.parent.resolve().is_relative_to(root.resolve())
-    except (OSError, RuntimeError):  # a symlink loop
-        escapes = True
-    if escapes:
-        raise _outside(root, rel, source)
-    return path
-
-
-def _outside(root: Path, rel: object, source: str) -> LauncherError:
-    return LauncherError(
-        f"{source} names {repr(rel)[:160]}, which is not a path inside {root}; nothing was written",
-        hint="the file was not written by the launcher: reinstall vLLM "
-             "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it",
-    )
+        """``rel``, read from a file in the tree (journal, stamp), as a path confined to the tree."""
+        return inside(self.root, rel, source, hint=_FORGED_HINT)
 
 
 def find_tree(target: Path | str | None = None) -> Tree:
