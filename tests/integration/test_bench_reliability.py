@@ -212,3 +212,28 @@ def test_out_in_proc_is_refused_before_any_request(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--out /proc/x.json cannot be written" in proc.stderr and "Traceback" not in proc.stderr
     assert server.completions == 0
+
+
+@pytest.mark.parametrize("behaviour, said", [
+    (Behaviour(cut_after=1, misbehave_from=2), "the stream was cut off before data: [DONE] (1 of"),
+    (Behaviour(short_by=3, misbehave_from=2), "tokens (with ignore_eos)"),
+], ids=["cut-after-one-chunk", "short-with-ignore-eos"])
+def test_a_stream_that_does_not_finish_is_a_failed_request(behaviour, said, tmp_path):
+    """Issue 55.7: one SSE chunk, then a closed socket, counted as a finished request (rc 0, 4 of 1,024 tokens).
+
+    The server answers the bench's first request whole, then every stream misbehaves."""
+    with StubServer(behaviour) as server:
+        proc = _bench(tmp_path, server, "--out", "r.json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "every request failed" in proc.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["runs"][0]["completed"] == 0 and doc["runs"][0]["total_output_tokens"] == 0
+    assert any(said in e for e in doc["runs"][0]["errors"]), doc["runs"][0]["errors"]
+
+
+def test_a_first_request_cut_off_is_refused_before_the_runs(tmp_path):
+    with StubServer(Behaviour(cut_after=1)) as server:
+        proc = _bench(tmp_path, server, "--out", "r.json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "failed: the stream was cut off before data: [DONE] (1 of 8 tokens)" in proc.stderr
+    assert server.completions == 1 and not (tmp_path / "r.json").exists()
