@@ -98,6 +98,8 @@ def _read_json(path: Path, area: str) -> dict[str, Any]:
         raise _Unreadable(Reason(area, f"{path} is missing", True)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _Unreadable(Reason(area, f"{path} is not readable JSON: {exc}", True)) from None
+    except RecursionError:
+        raise _Unreadable(Reason(area, f"{path} is not readable JSON: nested too deep", True)) from None
     if not isinstance(data, dict):
         raise _Unreadable(Reason(area, f"{path} is not a JSON object", True))
     return data

@@ -144,7 +144,7 @@ def _local_model(rec) -> str | None:
 def _read_baseline(result: Path) -> dict:
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise LauncherError(f"--baseline-result {result}: not a readable result JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise LauncherError(f"--baseline-result {result}: no runs in it (is it a `launcher bench` result?)")

@@ -53,8 +53,8 @@ def read_marker(folder: Path) -> Marker | None:
                       pulled_at=data.get("pulled_at", ""), repaired=data.get("repaired"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LauncherError(f"{path} is unreadable ({exc})", hint=f"delete it and pull again") from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise LauncherError(f"{path} is unreadable ({exc})", hint="delete it and pull again") from None
 
 
 def write_marker(folder: Path, marker: Marker) -> None:

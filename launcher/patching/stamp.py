@@ -52,7 +52,7 @@ def read_stamp(tree: Tree) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise LauncherError(
             f"the patch stamp {path} is unreadable: {exc}",
             hint="restore vLLM (pip install --force-reinstall) and delete the stamp, then apply again",

@@ -651,3 +651,15 @@ def test_a_header_nested_deep_is_one_error(tmp_path):
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
     with pytest.raises(ValueError, match="nested too deep"):
         read_tensor_index(folder)
+
+
+def test_a_config_nested_deep_is_one_error_in_verify(tmp_path):
+    """Issue 55.8: config.json nested 100k deep raised RecursionError through `models verify --model`."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    res = subprocess.run([sys.executable, "-m", "launcher", "models", "verify", "--model", str(folder)],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=120)
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.returncode != 0 and "nested too deep" in res.stdout + res.stderr

@@ -302,3 +302,15 @@ def test_leftovers_of_killed_runs_are_removed_or_put_back(tmp_path):
     assert (out / "config.json").read_text() == "{}"
     assert f"removed .out.partial-{dead}, left by a killed quantize run" in res.stdout
     assert f"put back {out} from .out.old-{dead}" in res.stdout
+
+
+def test_a_config_nested_deep_is_one_error_not_a_traceback(tmp_path):
+    """Issue 55.8: RecursionError from any JSON read without its own check ends as one line (the CLI's net)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    res = subprocess.run([sys.executable, "-m", "launcher", "quantize", "--model", str(model),
+                          "--out", str(tmp_path / "out")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "nested too deep" in res.stderr
