@@ -17,6 +17,7 @@ the stamp (:mod:`launcher.patching.stamp`) records what was done.
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 from collections.abc import Callable
@@ -459,6 +460,10 @@ def _same_patch(entry: stamps.StampEntry, patch: Patch | None) -> bool:
     return patch is not None and (entry.sha256 == patch.sha256 or entry.diff == patch.diff_text)
 
 
+#: Signals that unwind a write (and roll it back) instead of ending the process between two replaces.
+_UNWIND = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
 class _Interrupted(BaseException):
     """SIGTERM turned into an exception, so it unwinds (and rolls back) like Ctrl-C."""
 
@@ -482,7 +487,8 @@ class _writing:
 
     def __enter__(self) -> Transaction:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+            # SIGHUP too: a closed terminal or a dropped SSH session must not stop a run between two replaces.
+            self._previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _UNWIND}
         return self.tx
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -493,8 +499,8 @@ class _writing:
             with _signals_held():
                 self.tx.rollback()
         finally:
-            if self._previous is not None:
-                signal.signal(signal.SIGTERM, self._previous)
+            for sig, handler in (self._previous or {}).items():
+                signal.signal(sig, handler)
         if self.tx.unrestored:
             raise LauncherError(
                 f"writing {self.tree.root} failed ({exc or exc_type.__name__}) and these files could not be "
@@ -504,13 +510,22 @@ class _writing:
         if exc_type in (KeyboardInterrupt, _Interrupted):
             name = "SIGINT" if exc_type is KeyboardInterrupt else str(exc)
             raise LauncherError(f"interrupted ({name}) while writing {self.tree.root}; every file was restored as it was",
-                                exit_code=130 if exc_type is KeyboardInterrupt else 143) from None
+                                exit_code=130 if exc_type is KeyboardInterrupt else 128 + signal.Signals[name].value) from None
         if isinstance(exc, OSError):
             raise LauncherError(
                 f"writing {self.tree.root} failed ({exc}); every file was restored as it was",
-                hint="check permissions (site-packages may need the same user that installed vLLM)",
+                hint=_write_failure_hint(exc),
             ) from exc
         return False
+
+
+def _write_failure_hint(exc: OSError) -> str:
+    """What to do about a failed write, by what the system said (a full disk is not a permission problem)."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "free some space on that disk (or raise the quota), then run this again"
+    if exc.errno == errno.EROFS:
+        return "the file system is mounted read-only: patch a copy you can write (a venv, or --target DIR)"
+    return "check permissions (site-packages may need the same user that installed vLLM)"
 
 
 class _signals_held:
@@ -518,7 +533,7 @@ class _signals_held:
 
     def __enter__(self):
         if hasattr(signal, "pthread_sigmask"):
-            self._old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            self._old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *_UNWIND})
         return self
 
     def __exit__(self, *exc):
@@ -538,9 +553,19 @@ def recover(tree: Tree) -> list[str]:
         ) from exc
 
 
-def stray_temps(tree: Tree) -> list[str]:
-    """Temp files a patch run killed outright left in the tree (its journal's own, or a file's)."""
+def stray_temps(tree: Tree, series_files: list[str] = ()) -> list[str]:
+    """Temp files a patch run killed outright left in the tree (its journal's own, or a file's).
+
+    Looked for beside the journal, the stamp's files and ``series_files``: a
+    run killed before its first write (while probing write access) leaves its
+    probe in a folder of the series in a tree with no stamp yet.
+    """
     folders = {tree.path(JOURNAL_REL).parent}
+    for rel in series_files:
+        folder = tree.path(rel).parent
+        while folder != tree.root and not folder.is_dir():
+            folder = folder.parent
+        folders.add(folder)
     stamp = stamps.read_stamp(tree)
     for entry in stamps.stamp_entries(stamp):
         folders.update(tree.inside(p, f"the patch stamp {tree.path(stamps.STAMP_REL)}").parent for p in entry.files)
@@ -651,7 +676,8 @@ def _status(tree: Tree, patches_root: PathArg, recover_interrupted: bool) -> Ser
     series = series_for(version, patches_root)
     pending = interrupted(tree)
     live = pending and not recover_interrupted and held_elsewhere(tree.root)
-    strays = [] if pending else stray_temps(tree)
+    patches = series.for_layout(tree.layout)
+    strays = [] if pending else stray_temps(tree, [fp.path for p in patches for fp in p.files])
     if strays and recover_interrupted:
         for rel in strays:
             tree.path(rel).unlink(missing_ok=True)
@@ -659,7 +685,6 @@ def _status(tree: Tree, patches_root: PathArg, recover_interrupted: bool) -> Ser
     pending = pending and not recover_interrupted and not live
     stamp = stamps.read_stamp(tree)
     ours = _ours(stamp, tree)
-    patches = series.for_layout(tree.layout)
     items = [_Item.of(p) for p in patches]
     verdicts, _ = _analyse(_load(tree, items), items, stamped=set(ours))
     out = []

@@ -25,6 +25,7 @@ from launcher.errors import LauncherError
 from launcher.paths import inside
 
 TMP_SUFFIX = ".sm12x-tmp"
+PROBE_PREFIX = ".sm12x-probe-"
 _FORGED = ("the journal was not written by the launcher: reinstall vLLM "
            "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it")
 JOURNAL_FORMAT = 1
@@ -68,6 +69,8 @@ class Transaction:
 
         Raises LauncherError, with nothing written, when a folder refuses writes.
         """
+        for path in paths:
+            _through(path, self.root)  # a symlink out of the tree is refused before anything is written
         _check_writable([*paths, *([self.journal] if self.journal else [])])
         self._originals = {p: _snapshot(p) for p in paths}
         planned = _missing_dirs(paths)
@@ -81,7 +84,7 @@ class Transaction:
         """Replace (or create) ``path``; an existing file keeps its mode unless ``mode`` is given."""
         old = self._originals.get(path) or _snapshot(path)
         self._mkdirs(path.parent)
-        _atomic_write(path, data, mode if mode is not None else old.mode)
+        _atomic_write(_through(path, self.root), data, mode if mode is not None else old.mode)
         # Recorded once the file changed: a write that failed left it as it was.
         self.undo.append(old)
 
@@ -116,7 +119,7 @@ class Transaction:
         for item in items:
             try:
                 if _differs(item):
-                    _restore(item)
+                    _restore(item, self.root)
             except OSError as exc:
                 self.unrestored.append(f"{item.path}: {exc}")
         for d in reversed(self.created_dirs):
@@ -141,12 +144,29 @@ def _differs(item: _Undo) -> bool:
         item.mode is not None and item.path.stat().st_mode & 0o7777 != item.mode)
 
 
-def _restore(item: _Undo) -> None:
+def _restore(item: _Undo, root: Path | None) -> None:
     if item.data is None:
         if item.path.exists():
             os.unlink(item.path)
     else:
-        _atomic_write(item.path, item.data, item.mode)
+        _atomic_write(_through(item.path, root), item.data, item.mode)
+
+
+def _through(path: Path, root: Path | None) -> Path:
+    """Where a write of ``path`` lands: a symlink's target, so the link stays a link.
+
+    A tree may link a file to another inside it; replacing the link with a
+    regular file would leave the tree unlike the release after a revert. A
+    link that leads out of the tree is refused: the write would change a file
+    elsewhere. Without a root (an in-memory transaction) the path itself is replaced.
+    """
+    if root is None or not path.is_symlink():
+        return path
+    target = path.resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise LauncherError(f"{path} is a symlink to {target}, outside {root}; nothing was written",
+                            hint="patch the tree that holds the real file, or replace the link with a copy")
+    return target
 
 
 def _snapshot(path: Path) -> _Undo:
@@ -182,12 +202,15 @@ def _check_writable(paths: list[Path]) -> None:
     """
     refused: dict[Path, str] = {}
     for folder in {d for d in map(_nearest_dir, paths) if d is not None}:
+        probe = None
         try:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".sm12x-probe-", suffix=TMP_SUFFIX)
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=PROBE_PREFIX, suffix=TMP_SUFFIX)
             os.close(fd)
-            os.unlink(probe)
         except OSError as exc:
             refused[folder] = exc.strerror or str(exc)
+        finally:  # an interrupt between the two calls must not leave the probe behind
+            if probe is not None and os.path.exists(probe):
+                os.unlink(probe)
     if os.name == "nt":  # Windows will not replace a read-only file
         for path in paths:
             if path.is_file() and not os.access(path, os.W_OK):
@@ -262,7 +285,7 @@ def recover(root: Path, journal: Path) -> list[str]:
     for path, mode, original in files:
         item = _Undo(path, original, mode)
         if _differs(item):
-            _restore(item)
+            _restore(item, root)
             restored.append(path.relative_to(root).as_posix())
         if path.parent.is_dir():
             _sweep_temps(path.parent, path.name)
