@@ -7,6 +7,7 @@ first chat request. One code path for POSIX and Windows.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -111,10 +112,21 @@ def ensure_port_free(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as exc:
-            raise LauncherError(
-                f"{host}:{port} is already in use ({exc.strerror}); vLLM could not listen there",
-                hint=f"stop the server on port {port} (is an earlier vLLM still running?) or pass another --port",
-            ) from None
+            raise _bind_error(host, port, exc) from None
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> LauncherError:
+    """Why vLLM could not listen at host:port, as the system said it (not every refusal is a port in use)."""
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return LauncherError(f"--host {host} is not an address of this machine ({exc.strerror}); vLLM could not listen there",
+                             hint="use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return LauncherError(f"{host}:{port}: not allowed to listen there ({exc.strerror})",
+                             hint="ports below 1024 need privileges: pass a --port of 1024 or more")
+    return LauncherError(
+        f"{host}:{port} is already in use ({exc.strerror}); vLLM could not listen there",
+        hint=f"stop the server on port {port} (is an earlier vLLM still running?) or pass another --port",
+    )
 
 
 def _stop(proc: subprocess.Popen) -> int:

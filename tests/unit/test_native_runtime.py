@@ -316,3 +316,29 @@ def test_exit_status_follows_the_shell_convention():
     assert native.exit_status(-15) == 143 and native.exit_status(-9) == 137
     assert native.exit_status(3) == 3 and native.exit_status(0) == 0
     assert native.exit_status(0, 1) == 129  # the launcher got SIGHUP, vLLM then shut down cleanly
+
+
+def test_an_address_not_of_this_machine_is_not_called_in_use():
+    """Issue 55.13: `--host 10.255.255.1` read as "already in use" (the bind fails EADDRNOTAVAIL)."""
+    with pytest.raises(LauncherError) as err:
+        native.ensure_port_free("10.255.255.1", _free_port())
+    assert "--host 10.255.255.1 is not an address of this machine" in err.value.message
+    assert "in use" not in err.value.message
+
+
+def test_a_port_really_in_use_is_still_called_in_use():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(LauncherError, match="is already in use"):
+            native.ensure_port_free("127.0.0.1", taken.getsockname()[1])
+
+
+@pytest.mark.parametrize("host, shown", [("::", "http://[::]:8000/v1"), ("::1", "http://[::1]:8000/v1"),
+                                         ("127.0.0.1", "http://127.0.0.1:8000/v1")])
+def test_the_plan_prints_an_ipv6_endpoint_in_brackets(host, shown, models):
+    """Issue 55.13: the endpoint printed as http://:::8000/v1."""
+    from launcher.plan import format_plan
+
+    plan = resolve(Request("gemma4-e4b", port=8000, host=host), _ctx(None, environ={}))
+    assert f"endpoint      {shown}" in format_plan(plan)
