@@ -487,7 +487,7 @@ class _writing:
 
     def __enter__(self) -> Transaction:
         if threading.current_thread() is threading.main_thread():
-            # SIGHUP too: a closed terminal or a dropped SSH session must not stop a run between two replaces.
+            # SIGHUP too: a closed terminal or a dropped SSH connection must not stop a run between two replaces.
             self._previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _UNWIND}
         return self.tx
 

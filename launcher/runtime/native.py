@@ -60,7 +60,7 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
         received.append(signum)
         proc.terminate()
 
-    # SIGTERM (docker stop, systemd) and SIGHUP (a closed terminal, an SSH session gone) sent to
+    # SIGTERM (docker stop, systemd) and SIGHUP (a closed terminal, a dropped SSH connection) sent to
     # the launcher alone would otherwise end it and leave vLLM holding the GPU and the port.
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
