@@ -103,7 +103,6 @@ def tree_lock(root: Path, say: Callable[[str], None] | None = None, wait_s: floa
             deadline = time.monotonic() + wait_s
             while not lock.try_acquire():
                 if time.monotonic() >= deadline:
-                    lock.release()
                     raise LauncherError(
                         f"another patch run on {root} still holds its lock after {wait_s:.0f} s: {holder(root)}",
                         hint="let it finish (or stop it with Ctrl-C), then run this again",
