@@ -118,6 +118,11 @@ def _run_in(
         raise LauncherError(
             f"interrupted during {steps.current}; {cfg.out} was left untouched", exit_code=130
         ) from None
+    except _Signalled as sig:
+        raise LauncherError(
+            f"interrupted during {steps.current} ({sig.name}); {cfg.out} was left untouched",
+            exit_code=128 + sig.signum,
+        ) from None
     except LauncherError:
         raise
     except Exception as exc:  # the heavy stack fails in many shapes; report, don't trace
@@ -361,12 +366,21 @@ def _publish(tmp: Path, out: Path) -> None:
 _UNWIND = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 
+class _Signalled(BaseException):
+    """A signal turned into an exception: it unwinds like Ctrl-C, and the exit status says which (128+N)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+        self.name = signal.Signals(signum).name
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """SIGTERM (a container stop), SIGHUP (a closed terminal) and SIGQUIT unwind like
     Ctrl-C, so the temporary directory is removed; outside the main thread they are left alone."""
     def interrupt(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
+        raise _Signalled(signum)
 
     try:
         previous = {sig: signal.signal(sig, interrupt) for sig in _UNWIND}
