@@ -232,7 +232,13 @@ def unfinished_download(folder: Path) -> str | None:
     """
     state = folder / HUB_STATE / "download"
     partial = len(list(state.rglob("*.incomplete"))) if state.is_dir() else 0
-    return f"{partial} partial file(s)" if partial else None
+    if partial:
+        return f"{partial} partial file(s)"
+    # An offline fill from the Hub cache keeps its partial copies in the folder itself.
+    if (folder / PULLING).is_file() and not (folder / MARKER).is_file():
+        copies = sum(1 for p in folder.rglob("*.part-*") if p.is_file())
+        return f"{copies} partial file(s)" if copies else "no marker yet"
+    return None
 
 
 def remove_if_untouched(folder: Path) -> None:

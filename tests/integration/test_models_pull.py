@@ -473,6 +473,9 @@ def test_a_killed_offline_pull_resumes_from_its_own_partial_copy(hub, tmp_path, 
     assert len(parts) == 1, sorted(p.name for p in tdir.iterdir())
     weights = target.files["model.safetensors"]
     parts[0].write_bytes(weights[: len(weights) // 2])
+    # serve's preflight names the interrupted pull, as it does an interrupted online one
+    preflight = launcher(["serve", "--recipe", str(recipe), "--dry-run"], tmp=tmp_path, hub_url=hub.url)
+    assert f"checkpoint: {tdir}: a download into it was interrupted (1 partial file(s))" in preflight.stdout
 
     again = launcher(args, tmp=tmp_path, hub_url=hub.url)
     assert again.returncode == 0, again.stdout + again.stderr
