@@ -160,9 +160,9 @@ def _link_or_copy(blob: Path, dest: Path) -> None:
             os.link(blob, tmp)
         except OSError:
             pass
-    with blob.open("rb") as src, tmp.open("ab") as out:
-        have = out.tell()  # a hard link, or a resumed copy, already holds these bytes
-        if have < size:
+    have = tmp.stat().st_size if tmp.exists() else 0  # a hard link, or a resumed copy, holds these already
+    if have < size:  # never opened for writing when complete: a hard link shares the cache's (read-only) blob
+        with blob.open("rb") as src, tmp.open("ab") as out:
             src.seek(have)
             shutil.copyfileobj(src, out, 1 << 24)
             out.flush()

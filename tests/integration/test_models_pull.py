@@ -537,3 +537,4 @@ def test_a_hub_file_name_leaving_the_folder_is_one_error(hub, tmp_path):
     assert "Traceback" not in proc.stderr
     assert "sub/../../escape.json" in proc.stderr
     assert not (tmp_path / "models" / "escape.json").exists() and not (tmp_path / "escape.json").exists()
+
