@@ -46,19 +46,22 @@ def models_dir() -> Path:
     return Path(os.environ.get("MODELS_DIR") or Path.home() / "models").expanduser()
 
 
+_UNSAFE_CHARS = "\0\\:" if os.name == "nt" else "\0"
+
+
 def inside(root: Path, rel: object, source: str, hint: str | None = None) -> Path:
     """``rel`` as a path under ``root``; LauncherError for anything that could leave it.
 
     For names read from files others can write (a patch journal or stamp in
     the vLLM tree, a Hub listing): each is checked before anything is written
-    or deleted. A relative POSIX path without ``..`` (nor ``\\`` or
-    ``:``, which mean other things on Windows), whose existing folders,
+    or deleted. A relative POSIX path without ``..`` (on Windows, nor ``\\``
+    or ``:``, which mean a folder or a drive there), whose existing folders,
     symlinks resolved, stay under ``root``.
     """
     text = rel if isinstance(rel, str) else None
     pure = PurePosixPath(text) if text else None
     if (pure is None or pure.is_absolute() or ".." in pure.parts or pure.parts in ((), (".",))
-            or any(c in text for c in "\\:\0")):
+            or any(c in text for c in _UNSAFE_CHARS)):
         raise _outside(root, rel, source, hint)
     path = root.joinpath(*pure.parts)
     try:
