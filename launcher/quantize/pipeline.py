@@ -11,12 +11,10 @@ checkpoint under ``--force``).
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +22,7 @@ from typing import Any, Callable
 
 from launcher import checkpoint
 from launcher.errors import LauncherError
+from launcher.interrupts import Signalled, unwinding
 from launcher.quantize import calibration
 from launcher.quantize.config import QuantizeConfig, install_hint
 from launcher.quantize.exclusions import KEEP_UNQUANTIZED, build_quant_config
@@ -96,7 +95,8 @@ def run(cfg: QuantizeConfig, echo: Echo) -> checkpoint.CheckpointInfo:
     steps.begin("setup", "importing torch, transformers and nvidia-modelopt")
     stack = import_stack()
     tmp = cfg.out.with_name(f".{cfg.out.name}.partial-{os.getpid()}")
-    with _sigterm_as_interrupt():
+    # SIGTERM, SIGHUP and SIGQUIT unwind like Ctrl-C, so the temporary folder is removed.
+    with unwinding():
         info = _run_in(cfg, source_info, stack, tmp, steps)
     info.path = cfg.out
     steps.begin("done", f"{cfg.out}: {info.summary()}")
@@ -118,10 +118,10 @@ def _run_in(
         raise LauncherError(
             f"interrupted during {steps.current}; {cfg.out} was left untouched", exit_code=130
         ) from None
-    except _Signalled as sig:
+    except Signalled as sig:
         raise LauncherError(
             f"interrupted during {steps.current} ({sig.name}); {cfg.out} was left untouched",
-            exit_code=128 + sig.signum,
+            exit_code=sig.exit_status,
         ) from None
     except LauncherError:
         raise
@@ -360,35 +360,3 @@ def _publish(tmp: Path, out: Path) -> None:
         old.rename(out)  # put the old one back rather than leave no --out at all
         raise
     shutil.rmtree(old, ignore_errors=True)
-
-
-#: Signals that end a run by default: each unwinds like Ctrl-C, so the temporary folder goes.
-_UNWIND = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
-
-
-class _Signalled(BaseException):
-    """A signal turned into an exception: it unwinds like Ctrl-C, and the exit status says which (128+N)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = int(signum)
-        self.name = signal.Signals(signum).name
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (a container stop), SIGHUP (a closed terminal) and SIGQUIT unwind like
-    Ctrl-C, so the temporary directory is removed; outside the main thread they are left alone."""
-    def interrupt(signum, frame):  # noqa: ARG001
-        raise _Signalled(signum)
-
-    try:
-        previous = {sig: signal.signal(sig, interrupt) for sig in _UNWIND}
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
