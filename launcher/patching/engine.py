@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import errno
 import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import interrupts
 from launcher.errors import LauncherError
 from launcher.patching import stamp as stamps
 from launcher.patching.diff import FilePatch, HunkMismatch, apply_file, parse
@@ -460,35 +460,26 @@ def _same_patch(entry: stamps.StampEntry, patch: Patch | None) -> bool:
     return patch is not None and (entry.sha256 == patch.sha256 or entry.diff == patch.diff_text)
 
 
-#: Signals that unwind a write (and roll it back) instead of ending the process between two replaces.
+#: Signals that unwind a write (and roll it back) instead of ending the process between two replaces:
+#: SIGTERM (docker stop, timeout) and SIGHUP (a closed terminal, a dropped SSH connection).
 _UNWIND = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
-class _Interrupted(BaseException):
-    """SIGTERM turned into an exception, so it unwinds (and rolls back) like Ctrl-C."""
-
-
-def _raise_interrupted(signum, frame):
-    raise _Interrupted(signal.Signals(signum).name)
-
-
 class _writing:
-    """A journaled Transaction; SIGINT/SIGTERM roll it back; every failure is one LauncherError.
+    """A journaled Transaction; SIGINT, SIGTERM and SIGHUP roll it back; every failure is one LauncherError.
 
-    ``docker stop`` and ``timeout`` send SIGTERM, whose default would end the
-    process between two replaces; here it unwinds like Ctrl-C. SIGKILL cannot
-    be caught: the journal written by ``prepare`` covers it.
+    The default action of SIGTERM or SIGHUP would end the process between two
+    replaces; here each unwinds like Ctrl-C. SIGKILL cannot be caught: the
+    journal written by ``prepare`` covers it.
     """
 
     def __init__(self, tree: Tree):
         self.tree = tree
         self.tx = Transaction(root=tree.root, journal=tree.path(JOURNAL_REL))
-        self._previous = None
+        self._restore = lambda: None
 
     def __enter__(self) -> Transaction:
-        if threading.current_thread() is threading.main_thread():
-            # SIGHUP too: a closed terminal or a dropped SSH connection must not stop a run between two replaces.
-            self._previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _UNWIND}
+        self._restore = interrupts.install(_UNWIND)
         return self.tx
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -499,18 +490,17 @@ class _writing:
             with _signals_held():
                 self.tx.rollback()
         finally:
-            for sig, handler in (self._previous or {}).items():
-                signal.signal(sig, handler)
+            self._restore()
         if self.tx.unrestored:
             raise LauncherError(
                 f"writing {self.tree.root} failed ({exc or exc_type.__name__}) and these files could not be "
                 "restored: " + "; ".join(self.tx.unrestored),
                 hint="the journal was kept: run `launcher patch status` to try again, or reinstall vLLM",
             ) from exc
-        if exc_type in (KeyboardInterrupt, _Interrupted):
-            name = "SIGINT" if exc_type is KeyboardInterrupt else str(exc)
+        if exc_type is KeyboardInterrupt or isinstance(exc, interrupts.Signalled):
+            name, code = ("SIGINT", 130) if exc_type is KeyboardInterrupt else (exc.name, exc.exit_status)
             raise LauncherError(f"interrupted ({name}) while writing {self.tree.root}; every file was restored as it was",
-                                exit_code=130 if exc_type is KeyboardInterrupt else 128 + signal.Signals[name].value) from None
+                                exit_code=code) from None
         if isinstance(exc, OSError):
             raise LauncherError(
                 f"writing {self.tree.root} failed ({exc}); every file was restored as it was",
