@@ -146,6 +146,9 @@ def state(folder: Path, repo: str | None = None, revision: str | None = None) ->
         return "absent"
     marker = read_marker(folder) if folder.is_dir() else None
     if marker is None:
+        pulling = _pulling_repo(folder) if folder.is_dir() else None
+        if pulling is not None:
+            return f"an interrupted pull of {pulling}: `launcher models pull` resumes it"
         return "present, not pulled here"
     missing = missing_files(folder, marker.files)
     text = f"{len(missing)} file(s) missing" if missing else "complete"

@@ -476,6 +476,9 @@ def test_a_killed_offline_pull_resumes_from_its_own_partial_copy(hub, tmp_path, 
     # serve's preflight names the interrupted pull, as it does an interrupted online one
     preflight = launcher(["serve", "--recipe", str(recipe), "--dry-run"], tmp=tmp_path, hub_url=hub.url)
     assert f"checkpoint: {tdir}: a download into it was interrupted (1 partial file(s))" in preflight.stdout
+    listed = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target", "--dry-run"],
+                      tmp=tmp_path, hub_url=hub.url)
+    assert f"[an interrupted pull of {TARGET_REPO}: `launcher models pull` resumes it]" in listed.stdout
 
     again = launcher(args, tmp=tmp_path, hub_url=hub.url)
     assert again.returncode == 0, again.stdout + again.stderr
