@@ -17,6 +17,7 @@ quantize`` to validate what it wrote.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import struct
 from dataclasses import dataclass, field
@@ -98,13 +99,23 @@ def _read_json(path: Path, area: str) -> dict[str, Any]:
         raise _Unreadable(Reason(area, f"{path} is missing", True)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _Unreadable(Reason(area, f"{path} is not readable JSON: {exc}", True)) from None
+    except RecursionError:
+        raise _Unreadable(Reason(area, f"{path} is not readable JSON: nested too deep", True)) from None
     if not isinstance(data, dict):
         raise _Unreadable(Reason(area, f"{path} is not a JSON object", True))
     return data
 
 
+#: Bits per element of every dtype the safetensors format defines (as the library spells them).
+_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64,
+    "I64": 64, "U64": 64, "F64": 64,
+}
+
+
 def _safetensors_header(path: Path) -> dict[str, Any]:
-    # Format: 8-byte little-endian header length, then that many bytes of JSON.
+    # Format: 8-byte little-endian header length, then that many bytes of JSON, then the data.
     with path.open("rb") as fh:
         raw = fh.read(8)
         if len(raw) != 8:
@@ -112,24 +123,68 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         (length,) = struct.unpack("<Q", raw)
         if length > 100 * 1024 * 1024:
             raise ValueError(f"header claims {length} bytes")
-        header = json.loads(fh.read(length))
+        try:
+            header = json.loads(fh.read(length))
+        except RecursionError:
+            raise ValueError("header JSON is nested too deep") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
-    _check_data_size(path, header, 8 + length)
+    _check_layout(path, header, 8 + length)
     return header
 
 
-def _check_data_size(path: Path, header: dict[str, Any], data_start: int) -> None:
-    """A file cut off in its data region (an interrupted copy) has an intact header:
-    its size must still reach the end of the last tensor the header places."""
-    ends = [meta.get("data_offsets", [0, 0])[1] for name, meta in header.items()
-            if name != "__metadata__" and isinstance(meta, dict)]
-    if not all(isinstance(e, int) for e in ends):
-        raise ValueError("header has tensors without integer data_offsets")
-    needed = data_start + max(ends, default=0)
+def _check_layout(path: Path, header: dict[str, Any], data_start: int) -> None:
+    """The rules the ``safetensors`` library applies when it opens a file.
+
+    Every tensor names a known dtype, a shape of non-negative ints and two
+    non-negative data offsets; sorted by offset the tensors tile the data
+    region from byte 0 with no gap or overlap, each exactly shape x dtype
+    bytes long, and the file ends where the last one does. A header that
+    lies about any of it would load as garbage, or not at all.
+    """
+    entries = sorted(_tensor_entries(header), key=lambda e: (e[1], e[2]))
+    expected = 0
+    for name, begin, end, nbytes in entries:
+        if begin != expected:
+            what = "overlaps the tensor before it" if begin < expected else f"leaves a gap at byte {expected}"
+            raise ValueError(f"tensor {name!r}: data_offsets [{begin}, {end}] {what}")
+        if end - begin != nbytes:
+            raise ValueError(f"tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, "
+                             f"but its shape and dtype need {nbytes}")
+        expected = end
+    needed = data_start + expected
     size = path.stat().st_size
     if size < needed:
+        # An interrupted copy: the header is intact, the data region is not.
         raise ValueError(f"cut off: {size} bytes, but its header places tensor data up to byte {needed}")
+    if size > needed:
+        raise ValueError(f"{size - needed} trailing bytes after the last tensor (its header ends the data at byte {needed})")
+
+
+def _tensor_entries(header: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    """(name, begin, end, bytes that shape x dtype need) per tensor; ValueError naming a malformed entry."""
+    out = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+                raise ValueError("__metadata__ is not an object of strings")
+            continue
+        if not isinstance(meta, dict):
+            raise ValueError(f"tensor {name!r}: its entry is not an object")
+        dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in _DTYPE_BITS:
+            raise ValueError(f"tensor {name!r}: unknown dtype {str(dtype)[:40]!r}")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"tensor {name!r}: shape {str(shape)[:60]} is not a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)):
+            raise ValueError(f"tensor {name!r}: data_offsets {str(offsets)[:60]} are not two non-negative integers")
+        if offsets[1] < offsets[0]:
+            raise ValueError(f"tensor {name!r}: data_offsets {offsets} end before they begin")
+        bits = _DTYPE_BITS[dtype] * math.prod(shape)
+        if bits % 8:
+            raise ValueError(f"tensor {name!r}: {math.prod(shape)} elements of {dtype} are not a whole number of bytes")
+        out.append((name, offsets[0], offsets[1], bits // 8))
+    return out
 
 
 def read_tensor_index(directory: Path) -> dict[str, TensorMeta]:
@@ -140,8 +195,11 @@ def read_tensor_index(directory: Path) -> dict[str, TensorMeta]:
     files: list[Path]
     index = directory / SAFETENSORS_INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        files = sorted({directory / name for name in weight_map.values()})
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+            files = sorted({directory / name for name in weight_map.values()})
+        except (RecursionError, AttributeError, TypeError) as exc:
+            raise ValueError(f"{index}: not a safetensors index ({type(exc).__name__})") from None
     else:
         files = sorted(directory.glob("*.safetensors"))
     tensors: dict[str, TensorMeta] = {}

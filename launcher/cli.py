@@ -33,6 +33,10 @@ class _Group(TyperGroup):
             if exc.hint:
                 typer.echo(f"hint: {exc.hint}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except RecursionError:
+            # JSON or YAML nested thousands deep, read somewhere without its own check: still one line.
+            typer.echo("error: an input (a JSON or YAML file, or a --set value) is nested too deep to read", err=True)
+            raise typer.Exit(2) from None
 
 
 def _plain_help(command) -> None:

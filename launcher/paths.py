@@ -8,7 +8,9 @@ pyproject.toml); an editable install or a plain checkout reads the originals.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+from launcher.errors import LauncherError
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -42,3 +44,37 @@ def cache_dir() -> Path:
 def models_dir() -> Path:
     """The documented models folder: $MODELS_DIR, else ~/models."""
     return Path(os.environ.get("MODELS_DIR") or Path.home() / "models").expanduser()
+
+
+_UNSAFE_CHARS = "\0\\:" if os.name == "nt" else "\0"
+
+
+def inside(root: Path, rel: object, source: str, hint: str | None = None) -> Path:
+    """``rel`` as a path under ``root``; LauncherError for anything that could leave it.
+
+    For names read from files others can write (a patch journal or stamp in
+    the vLLM tree, a Hub listing): each is checked before anything is written
+    or deleted. A relative POSIX path without ``..`` (on Windows, nor ``\\``
+    or ``:``, which mean a folder or a drive there), whose existing folders,
+    symlinks resolved, stay under ``root``.
+    """
+    text = rel if isinstance(rel, str) else None
+    pure = PurePosixPath(text) if text else None
+    if (pure is None or pure.is_absolute() or ".." in pure.parts or pure.parts in ((), (".",))
+            or any(c in text for c in _UNSAFE_CHARS)):
+        raise _outside(root, rel, source, hint)
+    path = root.joinpath(*pure.parts)
+    try:
+        escapes = not path.parent.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        escapes = True
+    if escapes:
+        raise _outside(root, rel, source, hint)
+    return path
+
+
+def _outside(root: Path, rel: object, source: str, hint: str | None) -> LauncherError:
+    return LauncherError(
+        f"{source} names {repr(rel)[:160]}, which is not a path inside {root}; nothing was written",
+        hint=hint,
+    )

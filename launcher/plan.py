@@ -157,6 +157,11 @@ def split_sets(sets: list[str]) -> tuple[dict[str, str], dict[str, str]]:
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL spells it: an IPv6 address in brackets (``http://[::]:8000``, not ``http://:::8000``)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def validate_address(host: str, port: int) -> None:
     """An address vLLM can bind: a port in 1..65535, an IP address or a host name (RFC 1123)."""
     if not 1 <= port <= 65535:
@@ -685,7 +690,7 @@ def format_plan(plan: Plan) -> str:
     if plan.test_gpu:
         lines.append(f"test GPU      {plan.test_gpu.line()}")
         lines.extend(f"              note: {note}" for note in plan.test_gpu.notes)
-    lines.append(f"endpoint      http://{plan.host}:{plan.port}/v1" + ("  (API key set)" if plan.api_key else ""))
+    lines.append(f"endpoint      http://{url_host(plan.host)}:{plan.port}/v1" + ("  (API key set)" if plan.api_key else ""))
     lines.append("environment")
     shown = redact.env(plan.env)
     for key in sorted(shown):

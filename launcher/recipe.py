@@ -402,28 +402,69 @@ def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None, seen
     return out
 
 
+def _refuse_duplicate_keys(node: yaml.Node | None, source: str) -> None:
+    """A key given twice in one mapping: YAML keeps the last silently, so a setting is lost unseen.
+
+    Walks each node once (aliases included, as :func:`_line_index` does) and
+    iteratively, so a deeply nested document costs no recursion here.
+    """
+    stack, seen = [node] if node is not None else [], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key, value in current.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if key.value in first:
+                        raise LauncherError(f"{source}:{line}: duplicate key {key.value!r} "
+                                            f"(first given at line {first[key.value]})",
+                                            hint="YAML would keep only the last one: remove one of them")
+                    first[key.value] = line
+                stack.append(value)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(current.value)
+
+
 def _line_for(lines: dict[tuple, int], loc: tuple) -> int:
     while loc and loc not in lines:
         loc = loc[:-1]
     return lines.get(loc, 1)
 
 
+#: A recipe is a few kilobytes; far larger is a mistake (or an attack) that YAML would take minutes to read.
+MAX_RECIPE_BYTES = 1 << 20
+
+
 def parse_recipe(text: str, source: str) -> Recipe:
     """Validate a recipe's YAML text; ``source`` names the file in errors."""
+    if len(text) > MAX_RECIPE_BYTES:
+        raise LauncherError(f"{source}: {len(text):,} characters; a recipe is at most {MAX_RECIPE_BYTES:,}",
+                            hint="a recipe is a few kilobytes of YAML: is this the right file?")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _refuse_duplicate_keys(node, source)
         data = yaml.safe_load(text)
+        lines = _line_index(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise LauncherError(f"{where}: YAML error: {problem}") from None
+    except RecursionError:
+        raise LauncherError(f"{source}: YAML error: nested too deep for a recipe") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise LauncherError(f"{source}: YAML error: {str(exc).split(';')[0]}") from None
     if not isinstance(data, dict):
         raise LauncherError(f"{source}:1: a recipe must be a YAML mapping")
-    lines = _line_index(node)
     _share_model_entries(data)
     try:
         return Recipe.model_validate(data)
+    except RecursionError:
+        raise LauncherError(f"{source}: a value is nested too deep for a recipe") from None
     except ValidationError as exc:
         # Every problem at once, each with its line: fixing one per run is slow.
         problems = []
@@ -442,7 +483,7 @@ def patch_id_problems(recipe: Recipe, text: str, source: str, known: Callable[[s
     not depend on the patch engine); a LauncherError from it (no series) is
     a problem too.
     """
-    lines = _line_index(yaml.compose(text, Loader=yaml.SafeLoader))
+    lines = _line_index(yaml.compose(text, Loader=yaml.SafeLoader)) if recipe.patches else {}
     problems = []
     for version, ids in recipe.patches.items():
         try:
@@ -526,7 +567,7 @@ def set_field(recipe: Recipe, dotted: str, raw: str) -> Recipe:
         raise LauncherError(f"--set {dotted}: no recipe field {dotted!r}")
     try:
         parsed = yaml.safe_load(raw)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):  # not YAML, or not one Python can hold: the literal text
         parsed = raw
     errors = []
     for value in ([parsed] if parsed == raw else [parsed, raw]):

@@ -64,11 +64,11 @@ def bench(
     kwargs = dict(levels=levels, model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
                   tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok))
     # Each finished run is written at once, so an error or Ctrl-C later loses none of it.
-    doc = runner.bench(rec, base_url=url, on_run=lambda partial: _write(path, partial), **kwargs)
+    doc = runner.bench(rec, base_url=url, on_run=lambda partial: _save_progress(path, partial), **kwargs)
     if compare_without_drafter:
         if earlier is None:
             typer.echo("baseline (without the drafter):")
-            earlier = runner.bench(rec, base_url=baseline_url, on_run=lambda partial: _write(
+            earlier = runner.bench(rec, base_url=baseline_url, on_run=lambda partial: _save_progress(
                 path, {**doc, "without_drafter": partial}), **kwargs)
         baseline = earlier
         _check_pair(doc, baseline)
@@ -76,7 +76,13 @@ def bench(
         doc["comparison"] = runner.compare(doc, baseline)
         for line in runner.format_comparison(doc["comparison"]):
             typer.echo(line)
-    _write(path, doc)
+    try:
+        _write(path, doc)
+    except OSError as exc:
+        # The measurement took minutes: print it rather than lose it.
+        typer.echo(json.dumps(doc, indent=2))
+        raise LauncherError(f"writing --out {path} failed ({exc.strerror or exc}); the result is printed above as JSON",
+                            hint="free some space (or pick another --out) and save the JSON above") from None
     typer.echo(f"wrote {path}")
 
 
@@ -91,13 +97,39 @@ def _check_out(path: Path) -> None:
         raise LauncherError(f"--out {path}: {folder} is a file, not a folder")
     if not os.access(folder, os.W_OK):
         raise LauncherError(f"--out {path}: {folder} is not writable")
+    if path.parent.is_dir():
+        # A real write, not os.access: /proc, read-only mounts and root all answer truthfully.
+        probe = _partial(path)
+        try:
+            probe.open("w").close()
+            probe.unlink()
+        except OSError as exc:
+            raise LauncherError(f"--out {path} cannot be written: {exc.strerror or exc}") from None
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(f".{path.name}.partial")
 
 
 def _write(path: Path, doc: dict) -> None:
+    """Write ``doc`` whole or not at all: a failed write leaves no partial file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = _partial(path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _save_progress(path: Path, doc: dict) -> None:
+    """Runs so far, saved as each one ends; a failed save (a full disk) does not stop the measurement."""
+    try:
+        _write(path, doc)
+    except OSError as exc:
+        typer.echo(f"warning: could not save the runs so far to {path}: {exc.strerror or exc}; "
+                   "the run goes on", err=True)
 
 
 def _local_model(rec) -> str | None:
@@ -112,7 +144,7 @@ def _local_model(rec) -> str | None:
 def _read_baseline(result: Path) -> dict:
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise LauncherError(f"--baseline-result {result}: not a readable result JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise LauncherError(f"--baseline-result {result}: no runs in it (is it a `launcher bench` result?)")

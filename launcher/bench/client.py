@@ -78,6 +78,8 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
             return result
         last = start
         chunks = 0
+        done = False
+        finish: str | None = None
         for raw in resp:
             left = deadline - time.perf_counter()
             if left <= 0:
@@ -89,8 +91,10 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                done = True
                 break
             event = _event(data)
+            finish = next((c["finish_reason"] for c in _choices(event) if c.get("finish_reason")), finish)
             usage = event.get("usage")
             if isinstance(usage, dict):
                 result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -105,15 +109,34 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
                 chunks += 1
         result.latency = time.perf_counter() - start
         result.output_tokens = result.output_tokens or chunks
-        result.ok = result.ttft is not None
-        if not result.ok:
-            result.error = "the stream ended without any text"
+        result.error = _incomplete(result, done, finish, max_tokens, ignore_eos)
+        result.ok = result.error is None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         if conn is not None:
             conn.close()
     return result
+
+
+def _incomplete(result: RequestResult, done: bool, finish: str | None, max_tokens: int, ignore_eos: bool) -> str | None:
+    """Why a stream does not count as a finished request, or None.
+
+    A proxy or a dying server can cut a stream after a chunk or two; counted
+    as finished, it would make the server look fast. A finished stream ends
+    with ``data: [DONE]`` and carries the tokens asked for, or fewer only
+    when the model stopped by itself (finish_reason "stop", never with
+    ignore_eos).
+    """
+    if result.ttft is None:
+        return "the stream ended without any text"
+    got = f"{result.output_tokens} of {max_tokens} tokens"
+    if not done:
+        return f"the stream was cut off before data: [DONE] ({got})"
+    if result.output_tokens < max_tokens and (ignore_eos or finish != "stop"):
+        why = "with ignore_eos" if ignore_eos else f"finish_reason {finish!r}"
+        return f"the server sent {got} ({why})"
+    return None
 
 
 def _event(data: str) -> dict:

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import checkpoint
+from launcher import checkpoint, dirlock
+from launcher.dirlock import DirLock
 from launcher.errors import LauncherError
 
 MARKER = ".launcher-source.json"
+#: Written before an offline pull fills the folder, removed with the marker's write: a killed
+#: fill leaves a folder the next pull knows as its own (and resumes), not a stranger's.
+PULLING = ".launcher-pulling.json"
 # huggingface_hub keeps its resume state and tree listing here inside a local_dir.
 HUB_STATE = Path(".cache") / "huggingface"
 
@@ -46,8 +53,8 @@ def read_marker(folder: Path) -> Marker | None:
                       pulled_at=data.get("pulled_at", ""), repaired=data.get("repaired"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LauncherError(f"{path} is unreadable ({exc})", hint=f"delete it and pull again") from None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise LauncherError(f"{path} is unreadable ({exc})", hint="delete it and pull again") from None
 
 
 def write_marker(folder: Path, marker: Marker) -> None:
@@ -60,12 +67,22 @@ def write_marker(folder: Path, marker: Marker) -> None:
 def missing_files(folder: Path, files: dict[str, int | None]) -> list[str]:
     """Files absent from ``folder`` or of another size than the Hub listed."""
     out = []
-    for name, size in sorted(files.items()):
+    for name in incomplete(folder, files):
         path = folder / name
         if not path.is_file():
             out.append(f"{name} (absent)")
-        elif size is not None and path.stat().st_size != size:
-            out.append(f"{name} ({path.stat().st_size} of {size} bytes)")
+        else:
+            out.append(f"{name} ({path.stat().st_size} of {files[name]} bytes)")
+    return out
+
+
+def incomplete(folder: Path, files: dict[str, int | None]) -> list[str]:
+    """The names of :func:`missing_files`, sorted."""
+    out = []
+    for name, size in sorted(files.items()):
+        path = folder / name
+        if not path.is_file() or (size is not None and path.stat().st_size != size):
+            out.append(name)
     return out
 
 
@@ -129,6 +146,9 @@ def state(folder: Path, repo: str | None = None, revision: str | None = None) ->
         return "absent"
     marker = read_marker(folder) if folder.is_dir() else None
     if marker is None:
+        pulling = _pulling_repo(folder) if folder.is_dir() else None
+        if pulling is not None:
+            return f"an interrupted pull of {pulling}: `launcher models pull` resumes it"
         return "present, not pulled here"
     missing = missing_files(folder, marker.files)
     text = f"{len(missing)} file(s) missing" if missing else "complete"
@@ -149,10 +169,11 @@ def guard_destination(folder: Path, repo: str) -> None:
     if not folder.is_dir():
         raise LauncherError(f"{folder} exists and is not a folder")
     marker = read_marker(folder)
-    if marker is not None:
-        if marker.repo != repo:
+    owner = marker.repo if marker is not None else _pulling_repo(folder)
+    if owner is not None:
+        if owner != repo:
             raise LauncherError(
-                f"{folder} holds {marker.repo}, not {repo}",
+                f"{folder} holds {owner}, not {repo}",
                 hint="move that folder away, or set MODELS_DIR to another place",
             )
         return
@@ -162,6 +183,46 @@ def guard_destination(folder: Path, repo: str) -> None:
         f"{folder} already holds files that `launcher models pull` did not put there",
         hint=f"move it away to pull {repo} there, or serve that folder as it is with --model/--drafter",
     )
+
+
+def mark_pulling(folder: Path, repo: str) -> None:
+    """Say, before the first file lands, that a pull of ``repo`` is filling ``folder``."""
+    tmp = folder / f"{PULLING}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"repo": repo}) + "\n", encoding="utf-8")
+    tmp.replace(folder / PULLING)
+
+
+def done_pulling(folder: Path) -> None:
+    (folder / PULLING).unlink(missing_ok=True)
+
+
+def _pulling_repo(folder: Path) -> str | None:
+    try:
+        repo = json.loads((folder / PULLING).read_text(encoding="utf-8")).get("repo")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return repo if isinstance(repo, str) else None
+
+
+@contextmanager
+def locked(folders: list[Path], say: Callable[[str], None]) -> Iterator[None]:
+    """One pull per folder at a time: a flock on each (made if absent), waited for as long as it takes.
+
+    Pulls run for minutes to hours, so there is no time limit: Ctrl-C stops the wait.
+    """
+    held: list[DirLock] = []
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not dirlock.supported:
+                continue
+            lock = DirLock(folder)
+            held.append(lock)
+            lock.acquire(float("inf"), lambda f=folder: say(f"waiting for another pull into {f} to finish"))
+        yield
+    finally:
+        for lock in held:
+            lock.release()
 
 
 def unfinished_download(folder: Path) -> str | None:
@@ -174,7 +235,13 @@ def unfinished_download(folder: Path) -> str | None:
     """
     state = folder / HUB_STATE / "download"
     partial = len(list(state.rglob("*.incomplete"))) if state.is_dir() else 0
-    return f"{partial} partial file(s)" if partial else None
+    if partial:
+        return f"{partial} partial file(s)"
+    # An offline fill from the Hub cache keeps its partial copies in the folder itself.
+    if (folder / PULLING).is_file() and not (folder / MARKER).is_file():
+        copies = sum(1 for p in folder.rglob("*.part-*") if p.is_file())
+        return f"{copies} partial file(s)" if copies else "no marker yet"
+    return None
 
 
 def remove_if_untouched(folder: Path) -> None:

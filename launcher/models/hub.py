@@ -16,12 +16,15 @@ the token.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.models import folders
 from launcher.models.sources import Source
+from launcher.paths import inside
 
 
 def offline_requested(flag: bool) -> bool:
@@ -86,7 +89,12 @@ def resolve(src: Source) -> Remote:
             hint="check the recipe's hub.allow_patterns",
         )
     files = {i.filename: i.file_size for i in infos}
-    todo = {i.filename: i.file_size for i in infos if i.will_download}
+    for name in files:
+        _inside(src, name)
+    # will_download is False for a file already in the Hub cache ($HF_HOME/hub)
+    # even when the folder lacks it: the folder itself decides.
+    absent = set(folders.incomplete(src.dest, files))
+    todo = {i.filename: i.file_size for i in infos if i.will_download or i.filename in absent}
     return Remote(commit=infos[0].commit_hash, files=files, to_download=todo)
 
 
@@ -115,27 +123,67 @@ def from_cache(src: Source) -> tuple[str, dict[str, int]] | None:
                                               allow_patterns=src.allow_patterns))
     except (errors.CachedRepoTreeNotFoundError, errors.LocalEntryNotFoundError):
         return None
+    except ValueError as exc:  # e.g. a cached file name with a '..' segment
+        raise LauncherError(f"{src.repo}@{src.revision} cannot be pulled from the Hub cache: {exc}") from None
     wanted = set(utils.filter_repo_objects([f.path for f in tree], allow_patterns=src.allow_patterns))
     files = {f.path: f.size for f in tree if f.path in wanted}
+    targets = {name: _inside(src, name) for name in files}
     if any(not (snapshot / name).is_file() for name in files):
         return None
     src.dest.mkdir(parents=True, exist_ok=True)
-    for name in files:
-        _link_or_copy((snapshot / name).resolve(), src.dest / name)
+    folders.mark_pulling(src.dest, src.repo)
+    for name, dest in targets.items():
+        _link_or_copy((snapshot / name).resolve(), dest)
     return snapshot.name, files
 
 
+def _inside(src: Source, name: object) -> Path:
+    """A file name from the Hub (or its cache), as a path inside the folder: never ``../`` or absolute."""
+    return inside(src.dest, name, f"{src.repo} lists a file that", hint="that repo cannot be pulled into a folder")
+
+
 def _link_or_copy(blob: Path, dest: Path) -> None:
+    """Hard-link ``blob`` to ``dest``, else copy it, through a temporary name of this run's own.
+
+    The temporary name carries the blob's hash: what a killed copy left (its
+    pid is gone; the folder's lock keeps any other pull out) is resumed when
+    it is part of the same blob, and removed otherwise.
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists() and dest.stat().st_size == blob.stat().st_size:
+    size = blob.stat().st_size
+    if dest.is_file() and not dest.is_symlink() and dest.stat().st_size == size:
         return
-    tmp = dest.with_name(dest.name + ".part")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(blob, tmp)
-    except OSError:
-        shutil.copy2(blob, tmp)
+    tmp = dest.with_name(f"{dest.name}.{blob.name[:16]}.part-{os.getpid()}")
+    _claim_leftover(dest, blob, tmp)
+    if not tmp.exists():
+        try:
+            os.link(blob, tmp)
+        except OSError:
+            pass
+    have = tmp.stat().st_size if tmp.exists() else 0  # a hard link, or a resumed copy, holds these already
+    if have < size:  # never opened for writing when complete: a hard link shares the cache's (read-only) blob
+        with blob.open("rb") as src, tmp.open("ab") as out:
+            src.seek(have)
+            shutil.copyfileobj(src, out, 1 << 24)
+            out.flush()
+            os.fsync(out.fileno())
     tmp.replace(dest)
+
+
+def _claim_leftover(dest: Path, blob: Path, tmp: Path) -> None:
+    """Take over the largest partial copy of ``blob`` that a killed pull left; remove the others."""
+    pattern = re.compile(re.escape(dest.name) + r"\.(?:([0-9a-f]{1,16})\.)?part(?:-\d+)?")
+    same, other = [], []
+    for path in dest.parent.iterdir():
+        m = pattern.fullmatch(path.name)
+        if m and path != tmp and path.is_file() and not path.is_symlink():
+            fits = m.group(1) == blob.name[:16] and path.stat().st_size <= blob.stat().st_size
+            (same if fits else other).append(path)
+    same.sort(key=lambda p: p.stat().st_size)
+    if same:
+        same.pop().replace(tmp)
+    for path in same + other:
+        path.unlink(missing_ok=True)
 
 
 class _hub_errors:
@@ -168,6 +216,9 @@ class _hub_errors:
         if isinstance(exc, (errors.LocalEntryNotFoundError, ConnectionError)) or type(exc).__module__.startswith("httpx"):
             raise LauncherError(f"cannot reach the Hub at {endpoint()} for {where} ({type(exc).__name__})",
                                 hint="check the network (or HF_ENDPOINT), or pull offline from a filled cache with --offline") from None
+        if isinstance(exc, ValueError):  # e.g. a listed file name with a '..' segment
+            raise LauncherError(f"{where} cannot be pulled: {exc}",
+                                hint="the repo's file list is unusable; ask its owner, or pull another revision") from None
         if isinstance(exc, OSError):
             raise LauncherError(f"writing {where} into {self.src.dest} failed: {exc.strerror or exc}",
                                 hint="check free space and permissions there; the same command resumes") from None

@@ -51,15 +51,47 @@ def pull(sources: list[Source], *, offline: bool, echo: Echo) -> list[Outcome]:
     """Fetch (or, offline, find) every source, then record and repair what arrived."""
     for src in sources:
         folders.guard_destination(src.dest, src.repo)
-    outcomes = [_pull_offline(src, echo) for src in sources] if offline else _pull_online(sources, echo)
-    for out in outcomes:
-        _finish(out, echo)
+    created = [src.dest for src in sources if not src.dest.exists()]
+    try:
+        with _writing(sources), folders.locked([src.dest for src in sources], echo):
+            for src in sources:  # again, now that no other pull writes them
+                folders.guard_destination(src.dest, src.repo)
+            outcomes = [_pull_offline(src, echo) for src in sources] if offline else _pull_online(sources, echo, created)
+            for out in outcomes:
+                _finish(out, echo)
+    except BaseException:
+        for folder in created:
+            _remove_if_empty(folder)
+        raise
     return outcomes
 
 
-def _pull_online(sources: list[Source], echo: Echo) -> list[Outcome]:
+class _writing:
+    """A write into the folders that fails (a read-only or full disk) is one error naming the folder."""
+
+    def __init__(self, sources: list[Source]):
+        self.where = ", ".join(str(src.dest) for src in sources)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if isinstance(exc, OSError):
+            raise LauncherError(f"writing {self.where} failed: {exc.strerror or exc}"
+                                + (f" ({exc.filename})" if exc.filename else ""),
+                                hint="check that MODELS_DIR is writable and has room; the same pull resumes") from None
+        return False
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _pull_online(sources: list[Source], echo: Echo, created: list[Path]) -> list[Outcome]:
     echo(f"hub: {hub.endpoint()}  auth: {hub.auth_state()}")
-    created = [src.dest for src in sources if not src.dest.exists()]
     try:
         remotes = {src.role: _resolve(src, echo) for src in sources}
         _check_disk(sources, remotes)
@@ -171,6 +203,7 @@ def _finish(out: Outcome, echo: Echo) -> None:
             echo(f"target: repaired {out.repaired}")
     folders.write_marker(out.src.dest, folders.Marker(
         repo=out.src.repo, revision=out.src.revision, commit=out.commit, files=out.files, repaired=out.repaired))
+    folders.done_pulling(out.src.dest)
 
 
 def verify(outcomes: list[Outcome], vllm_versions: list[str], echo: Echo) -> bool:

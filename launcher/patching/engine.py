@@ -17,12 +17,13 @@ the stamp (:mod:`launcher.patching.stamp`) records what was done.
 
 from __future__ import annotations
 
+import errno
 import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import interrupts
 from launcher.errors import LauncherError
 from launcher.patching import stamp as stamps
 from launcher.patching.diff import FilePatch, HunkMismatch, apply_file, parse
@@ -391,7 +392,7 @@ def _apply(tree: Tree, dry_run: bool, patches_root: PathArg) -> Report:
         )
         for v in verdicts
     ]
-    created = [d for d in (stamp or {}).get("created_dirs", [])]
+    created = stamps.created_dirs(stamp, tree)
     modes = {fp.path: fp.new_mode for v in new for fp in v.item.files if fp.kind == "add"}
     stamp_path = tree.path(stamps.STAMP_REL)
     with _writing(tree) as tx:
@@ -459,30 +460,26 @@ def _same_patch(entry: stamps.StampEntry, patch: Patch | None) -> bool:
     return patch is not None and (entry.sha256 == patch.sha256 or entry.diff == patch.diff_text)
 
 
-class _Interrupted(BaseException):
-    """SIGTERM turned into an exception, so it unwinds (and rolls back) like Ctrl-C."""
-
-
-def _raise_interrupted(signum, frame):
-    raise _Interrupted(signal.Signals(signum).name)
+#: Signals that unwind a write (and roll it back) instead of ending the process between two replaces:
+#: SIGTERM (docker stop, timeout) and SIGHUP (a closed terminal, a dropped SSH connection).
+_UNWIND = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 class _writing:
-    """A journaled Transaction; SIGINT/SIGTERM roll it back; every failure is one LauncherError.
+    """A journaled Transaction; SIGINT, SIGTERM and SIGHUP roll it back; every failure is one LauncherError.
 
-    ``docker stop`` and ``timeout`` send SIGTERM, whose default would end the
-    process between two replaces; here it unwinds like Ctrl-C. SIGKILL cannot
-    be caught: the journal written by ``prepare`` covers it.
+    The default action of SIGTERM or SIGHUP would end the process between two
+    replaces; here each unwinds like Ctrl-C. SIGKILL cannot be caught: the
+    journal written by ``prepare`` covers it.
     """
 
     def __init__(self, tree: Tree):
         self.tree = tree
         self.tx = Transaction(root=tree.root, journal=tree.path(JOURNAL_REL))
-        self._previous = None
+        self._restore = lambda: None
 
     def __enter__(self) -> Transaction:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        self._restore = interrupts.install(_UNWIND)
         return self.tx
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -493,24 +490,32 @@ class _writing:
             with _signals_held():
                 self.tx.rollback()
         finally:
-            if self._previous is not None:
-                signal.signal(signal.SIGTERM, self._previous)
+            self._restore()
         if self.tx.unrestored:
             raise LauncherError(
                 f"writing {self.tree.root} failed ({exc or exc_type.__name__}) and these files could not be "
                 "restored: " + "; ".join(self.tx.unrestored),
                 hint="the journal was kept: run `launcher patch status` to try again, or reinstall vLLM",
             ) from exc
-        if exc_type in (KeyboardInterrupt, _Interrupted):
-            name = "SIGINT" if exc_type is KeyboardInterrupt else str(exc)
+        if exc_type is KeyboardInterrupt or isinstance(exc, interrupts.Signalled):
+            name, code = ("SIGINT", 130) if exc_type is KeyboardInterrupt else (exc.name, exc.exit_status)
             raise LauncherError(f"interrupted ({name}) while writing {self.tree.root}; every file was restored as it was",
-                                exit_code=130 if exc_type is KeyboardInterrupt else 143) from None
+                                exit_code=code) from None
         if isinstance(exc, OSError):
             raise LauncherError(
                 f"writing {self.tree.root} failed ({exc}); every file was restored as it was",
-                hint="check permissions (site-packages may need the same user that installed vLLM)",
+                hint=_write_failure_hint(exc),
             ) from exc
         return False
+
+
+def _write_failure_hint(exc: OSError) -> str:
+    """What to do about a failed write, by what the system said (a full disk is not a permission problem)."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return "free some space on that disk (or raise the quota), then run this again"
+    if exc.errno == errno.EROFS:
+        return "the file system is mounted read-only: patch a copy you can write (a venv, or --target DIR)"
+    return "check permissions (site-packages may need the same user that installed vLLM)"
 
 
 class _signals_held:
@@ -518,7 +523,7 @@ class _signals_held:
 
     def __enter__(self):
         if hasattr(signal, "pthread_sigmask"):
-            self._old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            self._old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *_UNWIND})
         return self
 
     def __exit__(self, *exc):
@@ -538,12 +543,22 @@ def recover(tree: Tree) -> list[str]:
         ) from exc
 
 
-def stray_temps(tree: Tree) -> list[str]:
-    """Temp files a patch run killed outright left in the tree (its journal's own, or a file's)."""
+def stray_temps(tree: Tree, series_files: list[str] = ()) -> list[str]:
+    """Temp files a patch run killed outright left in the tree (its journal's own, or a file's).
+
+    Looked for beside the journal, the stamp's files and ``series_files``: a
+    run killed before its first write (while probing write access) leaves its
+    probe in a folder of the series in a tree with no stamp yet.
+    """
     folders = {tree.path(JOURNAL_REL).parent}
+    for rel in series_files:
+        folder = tree.path(rel).parent
+        while folder != tree.root and not folder.is_dir():
+            folder = folder.parent
+        folders.add(folder)
     stamp = stamps.read_stamp(tree)
     for entry in stamps.stamp_entries(stamp):
-        folders.update(tree.path(p).parent for p in entry.files)
+        folders.update(tree.inside(p, f"the patch stamp {tree.path(stamps.STAMP_REL)}").parent for p in entry.files)
     found = []
     for folder in folders:
         if folder.is_dir():
@@ -605,6 +620,7 @@ def _revert(tree: Tree) -> Report:
         )
     results.reverse()
     changes = {p: work[p] for p in sorted(work) if work[p] != original[p]}
+    created = stamps.created_dirs(stamp, tree)
     report = Report("revert", tree, version, stamp.get("series_version"), stamp.get("series_hash"), results)
     with _writing(tree) as tx:
         tx.prepare([tree.path(p) for p in changes] + [tree.path(stamps.STAMP_REL)])
@@ -617,7 +633,7 @@ def _revert(tree: Tree) -> Report:
                              if fp.path == path and fp.kind == "delete"), None)
                 tx.write(tree.path(path), data, mode)
         tx.remove(tree.path(stamps.STAMP_REL))
-    remove_empty_dirs([tree.path(d) for d in stamp.get("created_dirs", [])])
+    remove_empty_dirs([tree.path(d) for d in created])
     report.written = [p for p, d in changes.items() if d is not None]
     report.removed = [p for p, d in changes.items() if d is None] + [stamps.STAMP_REL]
     reverted = sum(1 for r in results if r.outcome == "reverted")
@@ -650,7 +666,8 @@ def _status(tree: Tree, patches_root: PathArg, recover_interrupted: bool) -> Ser
     series = series_for(version, patches_root)
     pending = interrupted(tree)
     live = pending and not recover_interrupted and held_elsewhere(tree.root)
-    strays = [] if pending else stray_temps(tree)
+    patches = series.for_layout(tree.layout)
+    strays = [] if pending else stray_temps(tree, [fp.path for p in patches for fp in p.files])
     if strays and recover_interrupted:
         for rel in strays:
             tree.path(rel).unlink(missing_ok=True)
@@ -658,7 +675,6 @@ def _status(tree: Tree, patches_root: PathArg, recover_interrupted: bool) -> Ser
     pending = pending and not recover_interrupted and not live
     stamp = stamps.read_stamp(tree)
     ours = _ours(stamp, tree)
-    patches = series.for_layout(tree.layout)
     items = [_Item.of(p) for p in patches]
     verdicts, _ = _analyse(_load(tree, items), items, stamped=set(ours))
     out = []

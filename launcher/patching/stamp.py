@@ -52,7 +52,7 @@ def read_stamp(tree: Tree) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise LauncherError(
             f"the patch stamp {path} is unreadable: {exc}",
             hint="restore vLLM (pip install --force-reinstall) and delete the stamp, then apply again",
@@ -82,6 +82,18 @@ def stamp_entries(stamp: dict | None) -> list[StampEntry]:
         except (KeyError, TypeError) as exc:
             raise LauncherError(f"the patch stamp lists a malformed entry: {raw!r}") from exc
     return entries
+
+
+def created_dirs(stamp: dict | None, tree: Tree) -> list[str]:
+    """The folders the stamp says the launcher created, each checked to lie inside the tree.
+
+    ``revert`` removes them once empty: a forged stamp must not name one elsewhere.
+    """
+    listed = (stamp or {}).get("created_dirs", [])
+    if not isinstance(listed, list):
+        raise LauncherError(f"the patch stamp {tree.path(STAMP_REL)} is not one this launcher wrote")
+    source = f"the patch stamp {tree.path(STAMP_REL)}"
+    return [tree.inside(d, source).relative_to(tree.root).as_posix() for d in listed]
 
 
 def build_stamp(

@@ -22,8 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.paths import inside
 
 TMP_SUFFIX = ".sm12x-tmp"
+PROBE_PREFIX = ".sm12x-probe-"
+_FORGED = ("the journal was not written by the launcher: reinstall vLLM "
+           "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it")
 JOURNAL_FORMAT = 1
 
 
@@ -65,6 +69,8 @@ class Transaction:
 
         Raises LauncherError, with nothing written, when a folder refuses writes.
         """
+        for path in paths:
+            _through(path, self.root)  # a symlink out of the tree is refused before anything is written
         _check_writable([*paths, *([self.journal] if self.journal else [])])
         self._originals = {p: _snapshot(p) for p in paths}
         planned = _missing_dirs(paths)
@@ -78,7 +84,7 @@ class Transaction:
         """Replace (or create) ``path``; an existing file keeps its mode unless ``mode`` is given."""
         old = self._originals.get(path) or _snapshot(path)
         self._mkdirs(path.parent)
-        _atomic_write(path, data, mode if mode is not None else old.mode)
+        _atomic_write(_through(path, self.root), data, mode if mode is not None else old.mode)
         # Recorded once the file changed: a write that failed left it as it was.
         self.undo.append(old)
 
@@ -113,7 +119,7 @@ class Transaction:
         for item in items:
             try:
                 if _differs(item):
-                    _restore(item)
+                    _restore(item, self.root)
             except OSError as exc:
                 self.unrestored.append(f"{item.path}: {exc}")
         for d in reversed(self.created_dirs):
@@ -138,12 +144,29 @@ def _differs(item: _Undo) -> bool:
         item.mode is not None and item.path.stat().st_mode & 0o7777 != item.mode)
 
 
-def _restore(item: _Undo) -> None:
+def _restore(item: _Undo, root: Path | None) -> None:
     if item.data is None:
         if item.path.exists():
             os.unlink(item.path)
     else:
-        _atomic_write(item.path, item.data, item.mode)
+        _atomic_write(_through(item.path, root), item.data, item.mode)
+
+
+def _through(path: Path, root: Path | None) -> Path:
+    """Where a write of ``path`` lands: a symlink's target, so the link stays a link.
+
+    A tree may link a file to another inside it; replacing the link with a
+    regular file would leave the tree unlike the release after a revert. A
+    link that leads out of the tree is refused: the write would change a file
+    elsewhere. Without a root (an in-memory transaction) the path itself is replaced.
+    """
+    if root is None or not path.is_symlink():
+        return path
+    target = path.resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise LauncherError(f"{path} is a symlink to {target}, outside {root}; nothing was written",
+                            hint="patch the tree that holds the real file, or replace the link with a copy")
+    return target
 
 
 def _snapshot(path: Path) -> _Undo:
@@ -179,12 +202,15 @@ def _check_writable(paths: list[Path]) -> None:
     """
     refused: dict[Path, str] = {}
     for folder in {d for d in map(_nearest_dir, paths) if d is not None}:
+        probe = None
         try:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".sm12x-probe-", suffix=TMP_SUFFIX)
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=PROBE_PREFIX, suffix=TMP_SUFFIX)
             os.close(fd)
-            os.unlink(probe)
         except OSError as exc:
             refused[folder] = exc.strerror or str(exc)
+        finally:  # an interrupt between the two calls must not leave the probe behind
+            if probe is not None and os.path.exists(probe):
+                os.unlink(probe)
     if os.name == "nt":  # Windows will not replace a read-only file
         for path in paths:
             if path.is_file() and not os.access(path, os.W_OK):
@@ -254,21 +280,12 @@ def recover(root: Path, journal: Path) -> list[str]:
     _sweep_temps(journal.parent, journal.name)
     if not journal.exists():
         return []
-    try:
-        data = json.loads(journal.read_text(encoding="utf-8"))
-        files = [(root / f["path"], f["mode"], None if f["data"] is None else base64.b64decode(f["data"]))
-                 for f in data["files"]]
-        planned = [root / d for d in data.get("created_dirs", [])]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LauncherError(
-            f"the journal of an interrupted patch run, {journal}, is unreadable: {exc}",
-            hint="reinstall vLLM (pip install --force-reinstall --no-deps vllm==VERSION), then delete the journal",
-        ) from exc
+    files, planned = _read_journal(root, journal)
     restored = []
     for path, mode, original in files:
         item = _Undo(path, original, mode)
         if _differs(item):
-            _restore(item)
+            _restore(item, root)
             restored.append(path.relative_to(root).as_posix())
         if path.parent.is_dir():
             _sweep_temps(path.parent, path.name)
@@ -280,6 +297,34 @@ def recover(root: Path, journal: Path) -> list[str]:
     os.unlink(journal)
     _fsync_dir(journal.parent)
     return restored
+
+
+def _read_journal(root: Path, journal: Path) -> tuple[list[tuple[Path, int | None, bytes | None]], list[Path]]:
+    """The journal's files (path, mode, original bytes) and folders, every path checked to stay in ``root``.
+
+    All of it is checked before the first write: a forged or damaged journal
+    changes nothing.
+    """
+    try:
+        data = json.loads(journal.read_text(encoding="utf-8"))
+        files = [_journal_file(root, journal, f) for f in data["files"]]
+        planned = [inside(root, d, f"the journal {journal}", _FORGED) for d in data.get("created_dirs", [])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise LauncherError(
+            f"the journal of an interrupted patch run, {journal}, is unreadable: {exc}",
+            hint="reinstall vLLM (pip install --force-reinstall --no-deps vllm==VERSION), then delete the journal",
+        ) from exc
+    return files, planned
+
+
+def _journal_file(root: Path, journal: Path, entry: dict) -> tuple[Path, int | None, bytes | None]:
+    path = inside(root, entry["path"], f"the journal {journal}", _FORGED)
+    mode, data = entry["mode"], entry["data"]
+    if not (mode is None or (type(mode) is int and 0 <= mode <= 0o7777)):
+        raise ValueError(f"mode {mode!r} of {entry['path']} is not a file mode")
+    if not (data is None or isinstance(data, str)):
+        raise TypeError(f"the data of {entry['path']} is not base64 text")
+    return path, mode, None if data is None else base64.b64decode(data, validate=True)
 
 
 def _sweep_temps(folder: Path, name: str) -> None:

@@ -17,8 +17,11 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from launcher.errors import LauncherError
+from launcher.paths import inside
 
 SITE_PACKAGES, SOURCE = "site-packages", "source"
+_FORGED_HINT = ("the file was not written by the launcher: reinstall vLLM "
+                "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class Tree:
 
     def path(self, rel: str) -> Path:
         return self.root.joinpath(*rel.split("/"))
+
+    def inside(self, rel: object, source: str) -> Path:
+        """``rel``, read from a file in the tree (journal, stamp), as a path confined to the tree."""
+        return inside(self.root, rel, source, hint=_FORGED_HINT)
 
 
 def find_tree(target: Path | str | None = None) -> Tree:

@@ -85,6 +85,15 @@ class QuantizeConfig:
                                 hint="write the NVFP4 checkpoint to a folder of its own, next to the model")
         if out.exists() and not out.is_dir():
             raise LauncherError(f"--out {out} exists and is not a directory")
+        linked = _links_into(model, out) if out.is_dir() else []
+        if linked:
+            # Publishing replaces --out: the files these links point at would be
+            # deleted, and the links would then name the NVFP4 output.
+            raise LauncherError(
+                f"--model {model} links into --out {out} ({', '.join(linked[:3])}); replacing --out would "
+                "replace the model's own files",
+                hint="write the NVFP4 checkpoint to a folder the model does not link into",
+            )
         if out.is_dir() and any(out.iterdir()) and not self.force:
             raise LauncherError(
                 f"--out {out} is not empty",
@@ -129,3 +138,15 @@ class QuantizeConfig:
                 f"--algorithm {self.algorithm} is refused for {model_type}: {why}",
                 hint="use --algorithm nvfp4 (the default)",
             )
+
+
+def _links_into(model: Path, out: Path) -> list[str]:
+    """Files of ``model`` (a Hub snapshot is made of symlinks) whose real path lies under ``out``."""
+    real_out = out.resolve()
+    found = []
+    for folder, subdirs, files in os.walk(model):
+        for name in [*files, *subdirs]:
+            path = Path(folder, name)
+            if path.is_symlink() and path.resolve().is_relative_to(real_out):
+                found.append(path.relative_to(model).as_posix())
+    return sorted(found)

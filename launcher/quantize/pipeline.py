@@ -11,12 +11,10 @@ checkpoint under ``--force``).
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +22,7 @@ from typing import Any, Callable
 
 from launcher import checkpoint
 from launcher.errors import LauncherError
+from launcher.interrupts import Signalled, unwinding
 from launcher.quantize import calibration
 from launcher.quantize.config import QuantizeConfig, install_hint
 from launcher.quantize.exclusions import KEEP_UNQUANTIZED, build_quant_config
@@ -89,12 +88,15 @@ class _Steps:
 
 def run(cfg: QuantizeConfig, echo: Echo) -> checkpoint.CheckpointInfo:
     cfg.validate()
+    for line in remove_leftovers(cfg.out):
+        echo(line)
     source_info = _check_source(cfg.model)
     steps = _Steps(echo)
     steps.begin("setup", "importing torch, transformers and nvidia-modelopt")
     stack = import_stack()
     tmp = cfg.out.with_name(f".{cfg.out.name}.partial-{os.getpid()}")
-    with _sigterm_as_interrupt():
+    # SIGTERM, SIGHUP and SIGQUIT unwind like Ctrl-C, so the temporary folder is removed.
+    with unwinding():
         info = _run_in(cfg, source_info, stack, tmp, steps)
     info.path = cfg.out
     steps.begin("done", f"{cfg.out}: {info.summary()}")
@@ -115,6 +117,11 @@ def _run_in(
     except KeyboardInterrupt:
         raise LauncherError(
             f"interrupted during {steps.current}; {cfg.out} was left untouched", exit_code=130
+        ) from None
+    except Signalled as sig:
+        raise LauncherError(
+            f"interrupted during {steps.current} ({sig.name}); {cfg.out} was left untouched",
+            exit_code=sig.exit_status,
         ) from None
     except LauncherError:
         raise
@@ -305,6 +312,41 @@ def uncovered_exclusions(tensors: dict[str, checkpoint.TensorMeta], exclude_modu
     return problems
 
 
+def remove_leftovers(out: Path) -> list[str]:
+    """Remove what killed runs (SIGKILL, power loss) left beside ``out``; say what went.
+
+    A ``.<out>.partial-<pid>`` is as large as the checkpoint and no later run
+    would reuse it. An ``.<out>.old-<pid>`` is an old checkpoint caught between
+    publishing's two renames: removed only once ``out`` exists again (else it
+    is the only copy, and is put back as ``out``). Folders of a live process
+    are another run's, and are left alone.
+    """
+    said = []
+    prefix = f".{out.name}."
+    for stray in sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix)):
+        kind, _, pid = stray.name[len(prefix):].rpartition("-")
+        if (kind not in ("partial", "old") or not pid.isdigit() or stray.is_symlink() or not stray.is_dir()
+                or _alive(int(pid))):
+            continue
+        if kind == "old" and not out.exists():
+            stray.rename(out)
+            said.append(f"put back {out} from {stray.name}, left by a run killed while publishing (pid {pid})")
+            continue
+        shutil.rmtree(stray, ignore_errors=True)
+        said.append(f"removed {stray.name}, left by a killed quantize run (pid {pid})")
+    return said
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or a pid too large to ask about): not ours to judge
+    return True
+
+
 def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished checkpoint onto --out; an old --out is removed only after."""
     if not out.exists():
@@ -318,21 +360,3 @@ def _publish(tmp: Path, out: Path) -> None:
         old.rename(out)  # put the old one back rather than leave no --out at all
         raise
     shutil.rmtree(old, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (a closed terminal, a container stop) unwinds like Ctrl-C, so the
-    temporary directory is removed; outside the main thread it is left alone."""
-    def interrupt(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

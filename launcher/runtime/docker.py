@@ -26,7 +26,6 @@ import ipaddress
 import json
 import os
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from launcher import redact
+from launcher import interrupts, redact
 from launcher.errors import EXIT_TIMEOUT, LauncherError
 from launcher.paths import models_dir
 from launcher.plan import LocalImage, Plan, flag_groups
@@ -372,8 +371,8 @@ def run(
     """Run the Plan in a container; return the container's exit code.
 
     Raises LauncherError for every failure before the server is healthy, after
-    removing the container. Ctrl-C (or SIGTERM) stops and removes it and
-    returns 130. With a ``restart`` policy other than "no" the container is
+    removing the container. Ctrl-C stops and removes it and returns 130;
+    SIGTERM, SIGHUP and SIGQUIT do the same and return 128+N. With a ``restart`` policy other than "no" the container is
     left running once healthy (the daemon restarts it, after a reboot too) and
     this returns 0; ``launcher stop`` ends it.
     """
@@ -389,7 +388,8 @@ def run(
     container = None
     logs = None
     detached = False
-    restore = _sigterm_as_interrupt()
+    # SIGTERM, SIGHUP and SIGQUIT take the Ctrl-C path, so a killed launcher still removes its container.
+    restore = interrupts.install()
     try:
         container = create(client, spec, environment(plan, spec))
         logs = _LogPump(container, out, secrets)
@@ -417,11 +417,11 @@ def run(
         logs.join(5)
         print(f"container {spec['name']} exited with code {code}", file=err, flush=True)
         return code
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, interrupts.Signalled) as exc:
         print(f"\nstopping container {spec['name']} ...", file=err, flush=True)
         if container is not None:
             _stop(container)
-        return 130
+        return exc.exit_status if isinstance(exc, interrupts.Signalled) else 130
     finally:
         restore()
         if detached:
@@ -642,18 +642,6 @@ def _remove_created(client, name: str) -> None:
         return
     if leftover.labels.get(f"{LABEL}.managed-by") == "launcher" and leftover.status == "created":
         _remove(leftover)
-
-
-def _sigterm_as_interrupt():
-    """SIGTERM takes the Ctrl-C path, so a killed launcher still removes its container."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 # --- what the launcher started: launcher ps / launcher stop --------------------

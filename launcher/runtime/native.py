@@ -7,6 +7,7 @@ first chat request. One code path for POSIX and Windows.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -53,22 +54,48 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
         proc = subprocess.Popen(cmd, env=child_env(plan))
     except OSError as exc:
         raise LauncherError(f"cannot start vLLM ({cmd[0]}): {exc.strerror}", hint="is vLLM installed here?") from None
-    previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    received: list[int] = []
+
+    def forward(signum, frame):  # noqa: ARG001
+        received.append(signum)
+        proc.terminate()
+
+    # SIGTERM (docker stop, systemd) and SIGHUP (a closed terminal, a dropped SSH connection) sent to
+    # the launcher alone would otherwise end it and leave vLLM holding the GPU and the port.
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
         if wait and not wait_ready(plan, proc, timeout):
             code = proc.poll()
             if code is None:
                 _stop(proc)
             # Not ready is a failure even when vLLM then shuts down cleanly (exit 0).
-            return code if code else EXIT_NOT_READY
-        return proc.wait()
+            code = code if code else EXIT_NOT_READY
+        else:
+            code = proc.wait()
     except KeyboardInterrupt:
-        return _stop(proc)
+        code = _stop(proc) if not received else proc.wait()
+        received = received or [signal.SIGINT]
     except BaseException:
         _stop(proc)  # whatever failed here, the vLLM started here must not outlive the launcher
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return exit_status(code, received[0] if received else None)
+
+
+#: Signals the launcher passes on to vLLM (as SIGTERM) instead of dying of them.
+_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def exit_status(code: int, signum: int | None = None) -> int:
+    """The shell's convention: 128+N when the launcher was stopped by signal N, or when vLLM died of one.
+
+    Popen reports a child killed by signal N as -N; passed on as is, sys.exit(-15) exits 241.
+    """
+    if signum is not None:
+        return 128 + int(signum)
+    return 128 - code if code < 0 else code
 
 
 def ensure_port_free(host: str, port: int) -> None:
@@ -85,10 +112,21 @@ def ensure_port_free(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as exc:
-            raise LauncherError(
-                f"{host}:{port} is already in use ({exc.strerror}); vLLM could not listen there",
-                hint=f"stop the server on port {port} (is an earlier vLLM still running?) or pass another --port",
-            ) from None
+            raise _bind_error(host, port, exc) from None
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> LauncherError:
+    """Why vLLM could not listen at host:port, as the system said it (not every refusal is a port in use)."""
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return LauncherError(f"--host {host} is not an address of this machine ({exc.strerror}); vLLM could not listen there",
+                             hint="use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return LauncherError(f"{host}:{port}: not allowed to listen there ({exc.strerror})",
+                             hint="ports below 1024 need privileges: pass a --port of 1024 or more")
+    return LauncherError(
+        f"{host}:{port} is already in use ({exc.strerror}); vLLM could not listen there",
+        hint=f"stop the server on port {port} (is an earlier vLLM still running?) or pass another --port",
+    )
 
 
 def _stop(proc: subprocess.Popen) -> int:

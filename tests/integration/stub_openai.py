@@ -43,6 +43,9 @@ class Behaviour:
     models_body: object = None  # answer /v1/models with this JSON instead of the model list
     event_form: str = "object"  # "list": events are JSON lists; "string-choices": choices hold strings
     fail_after: int | None = None  # completions after this many answer HTTP 500
+    cut_after: int | None = None  # text chunks sent before the connection closes (no usage, no [DONE])
+    short_by: int = 0  # tokens fewer than max_tokens, in a stream that ends properly
+    misbehave_from: int = 1  # cut_after and short_by apply from this completion on (2: the first one is served whole)
 
 
 class StubServer(LocalHTTP):
@@ -147,7 +150,9 @@ class StubServer(LocalHTTP):
                 self.close_connection = True
                 prompt = body["prompt"]
                 prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
-                left = int(body["max_tokens"])
+                misbehave = stub.completions >= stub.b.misbehave_from
+                left = int(body["max_tokens"]) - (stub.b.short_by if misbehave else 0)
+                sent = left
                 for _ in range(stub.b.keepalives):
                     self.wfile.write(b": keep-alive\n\n")
                     self.wfile.flush()
@@ -162,9 +167,12 @@ class StubServer(LocalHTTP):
                             stub._count_step(engine)
                     first = False
                     left -= n
-                    self._event({"object": "text_completion", "choices": [{"index": 0, "text": " tok" * n}]})
+                    chunk = {"index": 0, "text": " tok" * n, "finish_reason": None if left else "length"}
+                    self._event({"object": "text_completion", "choices": [chunk]})
+                    if misbehave and stub.b.cut_after is not None and sent - left >= stub.b.cut_after:
+                        return  # the handler closes the connection: a cut stream
                 self._event({"object": "text_completion", "choices": [],
-                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": int(body["max_tokens"])}})
+                             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": sent}})
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 

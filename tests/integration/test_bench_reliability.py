@@ -7,7 +7,9 @@ which needs a GPU), set to misbehave the ways real servers and proxies do.
 
 from __future__ import annotations
 
+import errno
 import json
+import subprocess
 
 import pytest
 
@@ -166,3 +168,72 @@ def test_result_uses_vllm_bench_keys_and_progress_is_shown(tmp_path):
     # Not a terminal here: the progress comes as plain lines on stderr, one per run.
     assert "run 1/2 short c=1: 2 requests" in proc.stderr and "run 2/2 short c=3: 6 requests" in proc.stderr
     assert "TTFT mean " in proc.stdout and " / p99 " in proc.stdout
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real 64 KiB tmpfs, filled up (mounting needs CAP_SYS_ADMIN); unmounted afterwards."""
+    where = tmp_path / "full"
+    where.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        with open(where / "filler", "wb") as fh:
+            try:
+                fh.write(b"x" * (1 << 20))
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_at_the_end_keeps_the_result_and_leaves_no_partial_file(tmp_path, full_disk):
+    """Issue 55.9: the run finished, then the write failed: a traceback, no JSON, a 0-byte .partial."""
+    out = full_disk / "r.json"
+    with StubServer(Behaviour()) as server:
+        proc = _bench(tmp_path, server, "--out", str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"writing --out {out} failed (No space left on device)" in proc.stderr
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no partial file, no half JSON
+    printed = json.loads(proc.stdout[proc.stdout.index("\n{") + 1:proc.stdout.rindex("}") + 1])
+    # both levels of the small recipe, each measured (what a lost result would have held)
+    assert [r["concurrency"] for r in printed["runs"]] == [1, 3]
+    assert all(r["completed"] > 0 and r["mean_ttft_ms"] is not None for r in printed["runs"])
+    assert server.completions > 0
+
+
+def test_out_in_proc_is_refused_before_any_request(tmp_path):
+    with StubServer(Behaviour()) as server:
+        proc = _bench(tmp_path, server, "--out", "/proc/x.json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--out /proc/x.json cannot be written" in proc.stderr and "Traceback" not in proc.stderr
+    assert server.completions == 0
+
+
+@pytest.mark.parametrize("behaviour, said", [
+    (Behaviour(cut_after=1, misbehave_from=2), "the stream was cut off before data: [DONE] (1 of"),
+    (Behaviour(short_by=3, misbehave_from=2), "tokens (with ignore_eos)"),
+], ids=["cut-after-one-chunk", "short-with-ignore-eos"])
+def test_a_stream_that_does_not_finish_is_a_failed_request(behaviour, said, tmp_path):
+    """Issue 55.7: one SSE chunk, then a closed socket, counted as a finished request (rc 0, 4 of 1,024 tokens).
+
+    The server answers the bench's first request whole, then every stream misbehaves."""
+    with StubServer(behaviour) as server:
+        proc = _bench(tmp_path, server, "--out", "r.json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "every request failed" in proc.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["runs"][0]["completed"] == 0 and doc["runs"][0]["total_output_tokens"] == 0
+    assert any(said in e for e in doc["runs"][0]["errors"]), doc["runs"][0]["errors"]
+
+
+def test_a_first_request_cut_off_is_refused_before_the_runs(tmp_path):
+    with StubServer(Behaviour(cut_after=1)) as server:
+        proc = _bench(tmp_path, server, "--out", "r.json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "failed: the stream was cut off before data: [DONE] (1 of 8 tokens)" in proc.stderr
+    assert server.completions == 1 and not (tmp_path / "r.json").exists()

@@ -379,3 +379,165 @@ def test_verify_catches_weights_cut_off_or_changed_after_the_pull(hub, tmp_path)
     proc = launcher(["models", "verify", "--recipe", str(recipe)], tmp=tmp_path, hub_url=hub.url)
     assert proc.returncode == 1
     assert "cut off" in proc.stdout and "model.safetensors" in proc.stdout
+
+
+@pytest.mark.parametrize("role", ["target", "drafter"], ids=["pinned-commit", "branch"])
+def test_online_pull_with_a_warm_hub_cache_fills_the_folder(role, hub, tmp_path):
+    """Issue 55.4: after `hf download` (or a `vllm serve`) of the repo, the dry run reported
+    will_download=False for every cached file, the pull skipped them, then called the folder incomplete.
+    The recipe pins the target to a commit and follows a branch for the drafter."""
+    repo_id, folder = {"target": (TARGET_REPO, "gemma-4-26B-A4B-it-NVFP4"),
+                       "drafter": (DRAFTER_REPO, "gemma-4-26B-A4B-it-DFlash")}[role]
+    repo = hub.repos[repo_id]
+    recipe = write_recipe(tmp_path, hub.repos[TARGET_REPO])
+    _fill_hub_cache(tmp_path, hub.url, repo_id, repo.commit)
+    proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", role], tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dest = tmp_path / "models" / folder
+    for name in ("config.json", "model.safetensors"):
+        assert (dest / name).read_bytes() == repo.files[name]
+    assert json.loads((dest / ".launcher-source.json").read_text())["commit"] == repo.commit
+
+
+# ----------------------------------------------------------------------------- interrupted and concurrent offline pulls
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a real tmpfs (needs CAP_SYS_ADMIN): MODELS_DIR on another filesystem than the Hub
+    cache, so the pull copies instead of hard-linking. Unmounted afterwards."""
+    mounted = []
+
+    def mount(where: Path, *options: str) -> Path:
+        where.mkdir(parents=True, exist_ok=True)
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(["size=256m", *options]), "tmpfs", str(where)],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in reversed(mounted):
+        subprocess.run(["umount", str(where)], check=True)
+
+
+# Runs the real CLI; the first file move onto model.safetensors waits there, to be killed.
+PAUSED_PULL = """
+import os, sys, time, pathlib
+real = pathlib.Path.replace
+def replace(self, target):
+    if pathlib.Path(target).name == "model.safetensors":
+        pathlib.Path(os.environ["PAUSED"]).write_text("paused")
+        time.sleep(120)
+    return real(self, target)
+pathlib.Path.replace = replace
+from launcher.cli import main
+sys.argv = ["launcher"] + sys.argv[1:]
+main()
+"""
+
+
+def _env(tmp: Path, hub_url: str, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(PYTHONPATH=str(ROOT), MODELS_DIR=str(tmp / "models"), HF_HOME=str(tmp / "hf"),
+               HF_ENDPOINT=hub_url, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1", **extra)
+    return env
+
+
+def test_a_killed_offline_pull_resumes_from_its_own_partial_copy(hub, tmp_path, tmpfs):
+    """Issue 55.5: SIGKILL mid-copy left config.json and model.safetensors.part without a marker,
+    and the next pull refused the folder as a stranger's."""
+    import signal
+    import time
+
+    target = hub.repos[TARGET_REPO]
+    recipe = write_recipe(tmp_path, target)
+    _fill_hub_cache(tmp_path, hub.url, TARGET_REPO, target.commit)
+    hub.seen.clear()
+    tmpfs(tmp_path / "models")
+    paused = tmp_path / "paused"
+    args = ["models", "pull", "--recipe", str(recipe), "--only", "target", "--offline", "--no-verify"]
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED_PULL, *args], env=_env(tmp_path, hub.url, PAUSED=str(paused)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not paused.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    tdir = tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4"
+    assert not (tdir / "model.safetensors").exists() and not (tdir / ".launcher-source.json").exists()
+    # What a kill mid-copy leaves: the first half of the weights under a temporary name.
+    parts = [p for p in tdir.iterdir() if p.name.startswith("model.safetensors.") and ".part" in p.name]
+    assert len(parts) == 1, sorted(p.name for p in tdir.iterdir())
+    weights = target.files["model.safetensors"]
+    parts[0].write_bytes(weights[: len(weights) // 2])
+    # serve's preflight names the interrupted pull, as it does an interrupted online one
+    preflight = launcher(["serve", "--recipe", str(recipe), "--dry-run"], tmp=tmp_path, hub_url=hub.url)
+    assert f"checkpoint: {tdir}: a download into it was interrupted (1 partial file(s))" in preflight.stdout
+    listed = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target", "--dry-run"],
+                      tmp=tmp_path, hub_url=hub.url)
+    assert f"[an interrupted pull of {TARGET_REPO}: `launcher models pull` resumes it]" in listed.stdout
+
+    again = launcher(args, tmp=tmp_path, hub_url=hub.url)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (tdir / "model.safetensors").read_bytes() == weights
+    assert json.loads((tdir / ".launcher-source.json").read_text())["commit"] == target.commit
+    assert sorted(p.name for p in tdir.iterdir() if ".part" in p.name or "pulling" in p.name) == []
+    assert hub.seen == []  # offline throughout
+
+
+def test_concurrent_offline_pulls_into_one_folder_all_succeed(hub, tmp_path, tmpfs):
+    """Issue 55.5: 6-8 offline pulls at once into one folder raced on a fixed .part name
+    (tracebacks, a truncated model.safetensors, then a wedged folder)."""
+    target = hub.repos[TARGET_REPO]
+    big = dict(target.files)
+    big["model.safetensors"] = target.files["model.safetensors"] + b" " * (24 << 20)  # long enough to overlap
+    hub.repos[TARGET_REPO] = target = type(target)(files=big)
+    recipe = write_recipe(tmp_path, target)
+    _fill_hub_cache(tmp_path, hub.url, TARGET_REPO, target.commit)
+    tmpfs(tmp_path / "models")
+    args = ["models", "pull", "--recipe", str(recipe), "--only", "target", "--offline", "--no-verify"]
+    tdir = tmp_path / "models" / "gemma-4-26B-A4B-it-NVFP4"
+    for _round in range(2):
+        procs = [subprocess.Popen([sys.executable, "-m", "launcher", *args], env=_env(tmp_path, hub.url),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+        results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+        assert [rc for rc, _, _ in results] == [0] * 6, [err for _, _, err in results]
+        assert (tdir / "model.safetensors").read_bytes() == big["model.safetensors"]
+        assert [p.name for p in tdir.iterdir() if ".part" in p.name] == []
+        for p in list(tdir.iterdir()):  # empty it for the next round
+            p.unlink() if p.is_file() else None
+
+
+def test_an_offline_pull_into_a_read_only_models_dir_is_one_error(hub, tmp_path, tmpfs):
+    target = hub.repos[TARGET_REPO]
+    recipe = write_recipe(tmp_path, target)
+    _fill_hub_cache(tmp_path, hub.url, TARGET_REPO, target.commit)
+    tmpfs(tmp_path / "models", "ro")
+    proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target", "--offline"],
+                    tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Read-only file system" in proc.stderr and str(tmp_path / "models") in proc.stderr
+
+
+def test_a_hub_file_name_leaving_the_folder_is_one_error(hub, tmp_path):
+    """Issue 55.8: a listed name with ../ gave a traceback; nothing may land outside the folder.
+
+    Online only: huggingface_hub refuses to put such a name in its cache, so an offline pull never sees one."""
+    target = hub.repos[TARGET_REPO]
+    evil = dict(target.files)
+    evil["sub/../../escape.json"] = b"{}"
+    hub.repos[TARGET_REPO] = target = type(target)(files=evil)
+    recipe = write_recipe(tmp_path, target)
+    data = yaml.safe_load(recipe.read_text())
+    data["target"]["hub"]["allow_patterns"] = ["*.json", "*.safetensors", "**/*.json"]
+    recipe.write_text(yaml.safe_dump(data))
+    proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target"], tmp=tmp_path, hub_url=hub.url)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "sub/../../escape.json" in proc.stderr
+    assert not (tmp_path / "models" / "escape.json").exists() and not (tmp_path / "escape.json").exists()
+

@@ -82,7 +82,8 @@ def _kill_mid_apply(root: Path, tmp_path: Path, sig: int) -> subprocess.Complete
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "ctrl-c"])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)],
+                         ids=["sigterm", "ctrl-c", "sighup"])
 def test_sigterm_mid_apply_rolls_back_like_ctrl_c(sig, code, tree, tmp_path):
     before, before_dirs = snapshot(tree), dirs(tree)
     res = _kill_mid_apply(tree, tmp_path, sig)
@@ -187,3 +188,69 @@ def test_apply_without_write_access_writes_nothing_and_says_why():
             if path.is_dir():
                 path.chmod(0o755)
         shutil.rmtree(base)
+
+
+# --- issue 55.12, 55.13: probes, symlinked files, a full disk ----------------------------
+
+
+def test_status_removes_a_write_probe_a_killed_run_left_in_a_tree_without_stamp(tree):
+    """A run killed while probing write access (before its journal) left .sm12x-probe-*.sm12x-tmp in a
+    folder of the series; status looked only beside the journal and the stamp's files."""
+    folder = (tree / SERIES_FILES[-1]).parent
+    probe = folder / ".sm12x-probe-k2j4h1.sm12x-tmp"
+    probe.write_bytes(b"")
+    res = _launcher("patch", "status", "--target", str(tree))
+    assert not probe.exists()
+    assert f"removed 1 temp file(s) of a killed patch run ({probe.relative_to(tree).as_posix()})" in res.stdout
+
+
+def test_a_symlinked_file_stays_a_symlink_through_apply_and_revert(tree):
+    rel = SERIES_FILES[0]
+    link = tree / rel
+    real = tree / "vllm" / "_real" / link.name
+    real.parent.mkdir()
+    link.replace(real)
+    link.symlink_to(real)
+    original = real.read_bytes()
+    _launcher("patch", "apply", "--target", str(tree))
+    assert link.is_symlink() and link.resolve() == real  # patched through the link
+    assert real.read_bytes() != original
+    _launcher("patch", "revert", "--target", str(tree))
+    assert link.is_symlink() and real.read_bytes() == original
+
+
+def test_a_symlink_out_of_the_tree_is_refused_before_any_write(tree, tmp_path):
+    link = tree / SERIES_FILES[0]
+    outside = tmp_path / "elsewhere.py"
+    link.replace(outside)
+    link.symlink_to(outside)
+    original = outside.read_bytes()
+    before = snapshot(tree)
+    res = _launcher("patch", "apply", "--target", str(tree), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"{link} is a symlink to {outside}, outside {tree}; nothing was written" in res.stderr
+    assert outside.read_bytes() == original and snapshot(tree) == before and link.is_symlink()
+
+
+def test_a_full_disk_during_apply_says_so_not_permissions(tmp_path):
+    where = tmp_path / "small"
+    where.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        root = mini_tree("0.21.0", "site-packages", where / "tree", SERIES_FILES)
+        filler = where / "filler"
+        with open(filler, "wb") as fh:
+            try:
+                fh.write(b"x" * (8 << 20))
+            except OSError:
+                pass
+        before = snapshot(root)
+        res = _launcher("patch", "apply", "--target", str(root), check=False)
+        assert res.returncode == 2 and "No space left on device" in res.stderr, res.stderr
+        assert "hint: free some space on that disk" in res.stderr and "permissions" not in res.stderr
+        filler.unlink()
+        assert snapshot(root) == before
+    finally:
+        subprocess.run(["umount", str(where)], check=True)

@@ -13,14 +13,16 @@ paused; the first is let go once the second either waits or has finished.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from launcher.patching import engine
+from launcher.patching import engine, lock
 from launcher.patching.series import series_for
 from launcher.patching.stamp import STAMP_REL
 from tests.integration.patch_trees import mini_tree, snapshot
@@ -145,3 +147,91 @@ def test_status_names_and_removes_a_journal_temp_file_left_by_sigkill(tmp_path):
     assert res.returncode == 0, res.stderr
     assert f"removed 1 temp file(s) of a killed patch run (vllm/{stray.name})" in res.stdout
     assert not stray.exists()
+
+
+@pytest.fixture
+def bind_mount():
+    """Mount a folder at another path (needs CAP_SYS_ADMIN); unmounted afterwards."""
+    mounted = []
+
+    def mount(src: Path, dest: Path) -> None:
+        dest.mkdir()
+        res = subprocess.run(["mount", "--bind", str(src), str(dest)], capture_output=True, text=True)
+        if res.returncode != 0:
+            pytest.skip(f"cannot bind-mount here: {res.stderr.strip()}")
+        mounted.append(dest)
+
+    yield mount
+    for dest in mounted:
+        subprocess.run(["umount", str(dest)], check=True)
+
+
+@pytest.mark.parametrize("via", ["symlink", "bind-mount"])
+def test_a_run_with_another_cache_folder_still_waits(via, tmp_path, patched_once, bind_mount):
+    """Issue 55.3: the lock belongs to the tree, not to VLLM_SM12X_CACHE (each run here has its own),
+    nor to the path the tree is reached by."""
+    tree = mini_tree("0.21.0", "site-packages", tmp_path / "tree", SERIES_FILES)
+    alias = tmp_path / "alias"
+    if via == "symlink":
+        alias.symlink_to(tree, target_is_directory=True)
+    else:
+        bind_mount(tree, alias)
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", CHILD, str(tree)], cwd=REPO, text=True,
+                             env=_env(tmp_path, PAUSED=str(paused), GO=str(go), VLLM_SM12X_CACHE=str(tmp_path / "A")),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(paused, first)
+    other = subprocess.Popen([sys.executable, "-m", "launcher", "patch", "status", "--target", str(alias)], cwd=REPO,
+                             env=_env(tmp_path, VLLM_SM12X_CACHE=str(tmp_path / "B")),
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    waited, said = _second_waits_or_ends(other)
+    go.write_text("go")
+    _, first_err = first.communicate(timeout=120)
+    other_out, other_err = other.communicate(timeout=120)
+    assert first.returncode == 0, first_err
+    assert other.returncode == 0, other_err
+    assert waited, f"the run with another cache did not wait: {said}{other_out}{other_err}"
+    assert {k: v for k, v in snapshot(tree).items() if k != STAMP_REL} == patched_once
+    assert engine.status(tree).fully_applied
+
+
+def test_the_owner_record_never_writes_through_a_planted_symlink(tmp_path, monkeypatch):
+    """Issue 55.2: with the cache unusable the record goes to $TMPDIR/vllm-sm12x-locks-<uid>.
+
+    That folder is planted first, world-writable, with symlinks to a victim
+    at the record's name and at its temp name for this pid.
+    """
+    tree = mini_tree("0.21.0", "site-packages", tmp_path / "tree", SERIES_FILES)
+    monkeypatch.setenv("VLLM_SM12X_CACHE", "/dev/null/cache")  # under a file: never a folder
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    folder = tmp_path / "tmp" / f"vllm-sm12x-locks-{os.getuid()}"
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    record = lock._owner_path(tree)
+    assert record is not None and record.parent == folder
+    for planted in (record, record.with_suffix(f".{os.getpid()}.tmp")):
+        planted.symlink_to(victim)
+    with lock.tree_lock(tree):
+        assert victim.read_text() == "precious"
+        assert f"pid {os.getpid()}" in lock.holder(tree)
+    assert victim.read_text() == "precious"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_a_fallback_folder_of_another_user_is_not_used(tmp_path, monkeypatch):
+    """Issue 55.2: a folder someone else made (here: owned by uid 65534) holds no record of ours."""
+    if os.getuid() != 0:
+        pytest.skip("making a folder owned by another user needs root")
+    tree = mini_tree("0.21.0", "site-packages", tmp_path / "tree", SERIES_FILES)
+    monkeypatch.setenv("VLLM_SM12X_CACHE", "/dev/null/cache")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    folder = tmp_path / "tmp" / f"vllm-sm12x-locks-{os.getuid()}"
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    os.chown(folder, 65534, 65534)
+    with lock.tree_lock(tree):
+        assert list(folder.iterdir()) == []
+        assert lock.held_elsewhere(tree)  # the lock itself holds without a record
+    assert not lock.held_elsewhere(tree)

@@ -354,21 +354,23 @@ def test_interrupted_export_keeps_the_old_out(tiny_no_tokenizer, tmp_path):
     assert json.loads((out / "config.json").read_text()) == {"old": True}
 
 
-def test_sigterm_during_export_leaves_no_out(tiny_no_tokenizer, tmp_path):
-    # A real SIGTERM, sent by the process to itself half-way through writing.
+@pytest.mark.parametrize("signame, code", [("SIGTERM", 143), ("SIGHUP", 129), ("SIGQUIT", 131)])
+def test_a_signal_during_export_leaves_no_out(signame, code, tiny_no_tokenizer, tmp_path):
+    # A real signal, sent by the process to itself half-way through writing. Issue 55.9: SIGHUP and
+    # SIGQUIT left a checkpoint-sized .<out>.partial-<pid>; 55.10: the exit status is 128+N.
     out = tmp_path / "nvfp4"
     result = run_with_export_replaced(
         ["quantize", "--model", str(tiny_no_tokenizer), "--out", str(out), "--device", "cpu",
          "--calib-samples", "1", "--calib-seq-len", "16"],
-        """
+        f"""
         import os, signal, time
         Path(export_dir, "model-00001-of-00002.safetensors").write_bytes(b"partial")
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.{signame})
         time.sleep(60)
         """,
     )
-    assert result.returncode == 130, result.stderr
-    assert "interrupted during export" in result.stderr
+    assert result.returncode == code, result.stderr
+    assert f"interrupted during export ({signame})" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 

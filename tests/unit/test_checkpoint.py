@@ -8,7 +8,10 @@ headers, so no torch is needed and each broken case is one edited field.
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from launcher.checkpoint import (
     read_tensor_index,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1}
 
 HIDDEN = 128
@@ -568,3 +572,101 @@ def test_unreadable_drafter_config_is_left_to_inspect_drafter(tmp_path):
     (root / "config.json").write_text("{not json")
     assert drafter_version_warning(root, "0.21.0") == []
     assert inspect_drafter(root, target=TARGET)[0].blocking
+
+
+# ------------------------------------------------------ headers that lie (issue 55.6, 55.8)
+
+
+def _raw_safetensors(path: Path, header: dict, data: bytes) -> Path:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+LYING = {
+    "huge-shape-tiny-offsets": ({"w": {"dtype": "BF16", "shape": [100000, 100000], "data_offsets": [0, 8]}}, 8),
+    "offsets-reversed": ({"w": {"dtype": "U8", "shape": [8], "data_offsets": [8, 0]}}, 8),
+    "offset-negative": ({"w": {"dtype": "U8", "shape": [8], "data_offsets": [-4, 4]}}, 8),
+    "overlapping": ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                     "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, 4),
+    "trailing-bytes": ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 8 + 1000),
+    "gap": ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+             "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, 12),
+}
+
+
+def _library_verdict(path: Path) -> bool:
+    """What the real ``safetensors`` library says: True when it opens the file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            for key in fh.keys():
+                fh.get_slice(key)
+    except Exception:  # the library raises its own error types for each rule
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", sorted(LYING))
+def test_a_lying_header_is_refused_as_the_safetensors_library_refuses_it(case, tmp_path):
+    header, data_len = LYING[case]
+    folder = tmp_path / "m"
+    folder.mkdir()
+    path = _raw_safetensors(folder / "model.safetensors", header, b"\0" * data_len)
+    assert _library_verdict(path) is False  # the reference: these files do not load
+    with pytest.raises(ValueError, match="model.safetensors"):
+        read_tensor_index(folder)
+
+
+def test_headers_the_library_accepts_are_accepted(tmp_path):
+    """The rules are not stricter than the library: a shuffled header order and __metadata__ pass both."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    header = {"__metadata__": {"format": "pt"},
+              "b": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [4, 16]},
+              "a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
+              "empty": {"dtype": "U8", "shape": [0], "data_offsets": [16, 16]}}
+    path = _raw_safetensors(folder / "model.safetensors", header, b"\0" * 16)
+    assert _library_verdict(path) is True
+    assert set(read_tensor_index(folder)) == {"a", "b", "empty"}
+
+
+@pytest.mark.parametrize("entry", [
+    {"dtype": "U8", "shape": [4], "data_offsets": 4},
+    {"dtype": "U8", "shape": [4], "data_offsets": []},
+    "not an object",
+    {"dtype": "U8", "shape": 4, "data_offsets": [0, 4]},
+    {"dtype": ["U8"], "shape": [4], "data_offsets": [0, 4]},
+], ids=["offsets-int", "offsets-empty", "entry-string", "shape-int", "dtype-list"])
+def test_a_header_with_wrong_types_is_one_error_in_verify(entry, tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(gemma4_config()))
+    _raw_safetensors(folder / "model.safetensors", {"w": entry}, b"\0" * 4)
+    res = subprocess.run([sys.executable, "-m", "launcher", "models", "verify", "--model", str(folder)],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=120)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode != 0 and "tensor 'w'" in res.stdout + res.stderr
+
+
+def test_a_header_nested_deep_is_one_error(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    raw = b"[" * 100_000 + b"]" * 100_000
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    with pytest.raises(ValueError, match="nested too deep"):
+        read_tensor_index(folder)
+
+
+def test_a_config_nested_deep_is_one_error_in_verify(tmp_path):
+    """Issue 55.8: config.json nested 100k deep raised RecursionError through `models verify --model`."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    res = subprocess.run([sys.executable, "-m", "launcher", "models", "verify", "--model", str(folder)],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=120)
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.returncode != 0 and "nested too deep" in res.stdout + res.stderr

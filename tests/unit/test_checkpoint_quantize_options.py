@@ -7,6 +7,9 @@ tests/integration/test_quantize.py.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,8 @@ from launcher.errors import LauncherError
 from launcher.quantize import calibration
 from launcher.quantize.config import QuantizeConfig
 from launcher.quantize.exclusions import KEEP_UNQUANTIZED, build_quant_config, disabled_patterns
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def model_dir(tmp_path: Path, model_type: str = "gemma4") -> Path:
@@ -235,3 +240,77 @@ def test_out_containing_model_refused_before_anything_loads(tmp_path, monkeypatc
     with pytest.raises(LauncherError, match="contains --model"):
         QuantizeConfig(model=model, out=tmp_path / "link", force=True).validate()
     assert (model / "config.json").is_file() and (sibling / "config.json").is_file()
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+def test_force_refused_when_the_model_links_into_out(link, tmp_path):
+    """Issue 55.11: publishing replaces --out, which held the model's real weights (a Hub snapshot's layout)."""
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    weights = out / "sub" / "model.safetensors"
+    weights.write_bytes(b"bf16 weights")
+    model = model_dir(tmp_path)
+    if link == "file":
+        (model / "model.safetensors").symlink_to(weights)
+    else:
+        (model / "shards").symlink_to(out / "sub", target_is_directory=True)
+    with pytest.raises(LauncherError, match="links into --out") as exc:
+        cfg(tmp_path, model=model, force=True).validate()
+    assert ("model.safetensors" if link == "file" else "shards") in exc.value.message
+    assert weights.read_bytes() == b"bf16 weights"
+
+
+def test_force_allowed_when_the_model_links_elsewhere(tmp_path):
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "w").write_bytes(b"x")
+    model = model_dir(tmp_path)
+    (model / "model.safetensors").symlink_to(blobs / "w")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("old")
+    cfg(tmp_path, model=model, force=True).validate()
+
+
+def _dead_pid() -> int:
+    """The pid of a real process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_killed_runs_are_removed_or_put_back(tmp_path):
+    """Issue 55.9: SIGKILL during export left a checkpoint-sized .<out>.partial-<pid> no later run removed.
+
+    The run here stops at the source check (config only, no weights), after the clean-up.
+    """
+    model = model_dir(tmp_path)
+    out = tmp_path / "out"
+    dead, live = _dead_pid(), os.getpid()
+    partial = tmp_path / f".out.partial-{dead}"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"x" * 4096)
+    busy = tmp_path / f".out.partial-{live}"  # a run still going: not ours to remove
+    busy.mkdir()
+    old = tmp_path / f".out.old-{dead}"  # killed between publishing's two renames: the only copy
+    old.mkdir()
+    (old / "config.json").write_text("{}")
+    res = subprocess.run([sys.executable, "-m", "launcher", "quantize", "--model", str(model), "--out", str(out)],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "would not load" in res.stderr, res.stdout + res.stderr
+    assert not partial.exists() and busy.is_dir() and not old.exists()
+    assert (out / "config.json").read_text() == "{}"
+    assert f"removed .out.partial-{dead}, left by a killed quantize run" in res.stdout
+    assert f"put back {out} from .out.old-{dead}" in res.stdout
+
+
+def test_a_config_nested_deep_is_one_error_not_a_traceback(tmp_path):
+    """Issue 55.8: RecursionError from any JSON read without its own check ends as one line (the CLI's net)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    res = subprocess.run([sys.executable, "-m", "launcher", "quantize", "--model", str(model),
+                          "--out", str(tmp_path / "out")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "nested too deep" in res.stderr

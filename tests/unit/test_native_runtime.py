@@ -272,3 +272,73 @@ def test_a_vllm_site_on_pythonpath_is_inspected_and_run_on_loopback(tmp_path, re
     assert rec["argv"][rec["argv"].index("--host") + 1] == "127.0.0.1"
     assert rec["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(site)
     assert "ready in" in proc.stdout and f"http://127.0.0.1:{port}/v1" in proc.stdout
+
+
+@pytest.mark.skipif(os.name == "nt", reason="SIGHUP and the 128+N convention are POSIX")
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGTERM"])
+def test_a_signal_to_the_launcher_alone_stops_vllm_and_exits_128_plus_n(signame, tmp_path, record):
+    """Issue 55.10: `kill -HUP <launcher>` left vLLM running; SIGTERM exited 241 (sys.exit(-15)).
+
+    Real processes and real signals: `launcher serve` starts the stand-in vLLM (which never
+    gets ready), and the signal goes to the launcher's pid only, as `kill PID` sends it.
+    """
+    import signal as signals
+    from pathlib import Path
+
+    import psutil
+
+    from tests.unit.fake_vllm_env import make_site
+
+    site = make_site(tmp_path / "site", "0.21.0")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]), "MODELS_DIR": str(tmp_path / "m"),
+           "FAKE_RECORD": str(record), "FAKE_NEVER_READY": "1"}
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--recipe", "gemma4-e4b", "--force",
+                                 "--port", str(_free_port())], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not record.exists() or not record.read_text():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.05)
+    child = psutil.Process(json.loads(record.read_text())["pid"])
+    signum = getattr(signals, signame)
+    launcher.send_signal(signum)
+    try:
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 128 + signum, err
+        child.wait(timeout=30)  # raises TimeoutExpired while vLLM still runs
+    finally:
+        if child.is_running():
+            child.kill()
+
+
+def test_exit_status_follows_the_shell_convention():
+    assert native.exit_status(-15) == 143 and native.exit_status(-9) == 137
+    assert native.exit_status(3) == 3 and native.exit_status(0) == 0
+    assert native.exit_status(0, 1) == 129  # the launcher got SIGHUP, vLLM then shut down cleanly
+
+
+def test_an_address_not_of_this_machine_is_not_called_in_use():
+    """Issue 55.13: `--host 10.255.255.1` read as "already in use" (the bind fails EADDRNOTAVAIL)."""
+    with pytest.raises(LauncherError) as err:
+        native.ensure_port_free("10.255.255.1", _free_port())
+    assert "--host 10.255.255.1 is not an address of this machine" in err.value.message
+    assert "in use" not in err.value.message
+
+
+def test_a_port_really_in_use_is_still_called_in_use():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(LauncherError, match="is already in use"):
+            native.ensure_port_free("127.0.0.1", taken.getsockname()[1])
+
+
+@pytest.mark.parametrize("host, shown", [("::", "http://[::]:8000/v1"), ("::1", "http://[::1]:8000/v1"),
+                                         ("127.0.0.1", "http://127.0.0.1:8000/v1")])
+def test_the_plan_prints_an_ipv6_endpoint_in_brackets(host, shown, models):
+    """Issue 55.13: the endpoint printed as http://:::8000/v1."""
+    from launcher.plan import format_plan
+
+    plan = resolve(Request("gemma4-e4b", port=8000, host=host), _ctx(None, environ={}))
+    assert f"endpoint      {shown}" in format_plan(plan)

@@ -148,3 +148,61 @@ def test_a_recipe_that_is_not_utf8_is_named_with_its_line(tmp_path):
     assert res.exit_code == 2 and "not UTF-8 text" in res.output
     res = CliRunner().invoke(app, ["serve", "--recipe", str(path), "--dry-run"])
     assert "not UTF-8 text" in res.output and not isinstance(res.exception, UnicodeDecodeError)
+
+
+# ------------------------------------------------ hostile recipes (issue 55.8, 55.13)
+
+
+def test_a_duplicate_key_is_refused_with_both_lines():
+    text = GOOD + "serve:\n  max_model_len: 4096\n  max_model_len: 8192\n"
+    with pytest.raises(LauncherError) as err:
+        recipes.parse_recipe(text, "dup.yaml")
+    assert err.value.message == "dup.yaml:10: duplicate key 'max_model_len' (first given at line 9)"
+
+
+def test_a_merge_key_overridden_explicitly_is_not_a_duplicate():
+    text = GOOD + "base: &b {max_model_len: 4096}\nserve:\n  <<: *b\n  max_model_len: 8192\n"
+    with pytest.raises(LauncherError, match="field base"):  # an unknown field, but no duplicate
+        recipes.parse_recipe(text, "m.yaml")
+
+
+HOSTILE = {
+    "nested-deep": GOOD + "serve:\n  extra_args: " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "5000-digit-integer": GOOD + "min_gpu_memory_gib_x: " + "9" * 5000 + "\n",
+    "5000-digit-string-field": GOOD.replace("description: d", "description: " + "9" * 5000),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_recipes_validate_reports_a_hostile_file_and_goes_on_to_the_next(case, tmp_path):
+    """Issue 55.8: RecursionError / ValueError tracebacks, and the files after it were never checked."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    bad, good = tmp_path / "bad.yaml", tmp_path / "x.yaml"
+    bad.write_text(HOSTILE[case])
+    good.write_text(GOOD)
+    res = CliRunner().invoke(app, ["recipes", "validate", str(bad), str(good)])
+    assert res.exit_code == 2, (res.output, res.exception)  # an escaped exception would exit 1
+    assert f"error: {bad}: YAML error:" in res.output
+    assert f"{good}: ok (x)" in res.output and "1 of 2 recipe file(s) invalid" in res.output
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "[" * 100_000 + "]" * 100_000], ids=["5000-digits", "nested-deep"])
+def test_a_hostile_set_value_is_one_error(value):
+    rec = recipes.parse_recipe(GOOD, "x.yaml")
+    with pytest.raises(LauncherError, match="--set serve.max_model_len="):
+        recipes.set_field(rec, "serve.max_model_len", value)
+
+
+def test_a_50_mb_recipe_is_refused_in_well_under_5_seconds(tmp_path):
+    """Issue 55.13: 77 s to validate. A recipe is a few kilobytes: one far larger is refused by its size."""
+    import time
+
+    path = tmp_path / "big.yaml"
+    path.write_text(GOOD + "description_x: |\n" + ("  " + "x" * 98 + "\n") * (50 * 1024 * 1024 // 101))
+    start = time.monotonic()
+    with pytest.raises(LauncherError, match="a recipe is at most"):
+        recipes.load(str(path))
+    assert time.monotonic() - start < 5
