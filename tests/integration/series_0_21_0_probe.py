@@ -649,40 +649,6 @@ def dflash_drafter_config(code_root: Path) -> dict:
     return out
 
 
-# The names the MTP rows use, as members of an enum like vLLM's (the patched code reads ``.name``).
-AttentionBackendEnum = enum.Enum("AttentionBackendEnum", "TRITON_ATTN FLASH_ATTN FLEX_ATTENTION")
-MTP_CASES = (
-    ("FLASH_ATTN", "TRITON_ATTN"), ("FLEX_ATTENTION", "TRITON_ATTN"), ("TRITON_ATTN", "TRITON_ATTN"),
-    (None, "TRITON_ATTN"), ("FLASH_ATTN", None), (None, None),
-)
-
-
-def _backend(name):
-    return AttentionBackendEnum[name] if name is not None else None
-
-
-def gemma4_mtp_backends(code_root: Path) -> list:
-    """[explicit, target, outcome]: outcome is the draft layers' backend name, or the error raised."""
-    cls = proposer_class(
-        code_root, "vllm/v1/spec_decode/gemma4.py", "Gemma4Proposer", ("gemma4_mtp_attention_backend",)
-    )
-    rows = []
-    for explicit, target_backend in MTP_CASES:
-        proposer = object.__new__(cls)
-        proposer.speculative_config = _speculative_config(_backend(explicit))
-        proposer.vllm_config = VllmConfig("target", AttentionConfig(backend=_backend(target_backend)))
-        try:
-            got = proposer._create_draft_vllm_config().attention_config.backend
-            outcome = {"backend": got.name if got is not None else None}
-        except ValueError as exc:
-            outcome = {"error": str(exc)}
-        rows.append([explicit, target_backend, outcome])
-    return rows
-
-
-# ---------------------------------------------------------------- runner / proposer methods
-
-
 def aux_layers(code_root: Path) -> dict:
     runner = _class(_module(code_root / "vllm" / "v1" / "worker" / "gpu_model_runner.py"), "GPUModelRunner")
     ns: dict[str, Any] = {}
@@ -738,38 +704,6 @@ def spec_hash(code_root: Path) -> dict:
     }
 
 
-def gemma4_block_tables(code_root: Path) -> dict:
-    proposer = _class(_module(code_root / "vllm" / "v1" / "spec_decode" / "gemma4.py"), "Gemma4Proposer")
-    ns: dict[str, Any] = {"copy": copy.copy, "CommonAttentionMetadata": object}
-    _exec(_class_source("Proposer", "", [_method(proposer, "build_per_group_and_layer_attn_metadata")]), ns)
-
-    @dataclasses.dataclass
-    class Metadata:
-        seq_lens: list
-        block_table_tensor: list
-
-        def batch_size(self) -> int:
-            return len(self.seq_lens)
-
-    class Builder:
-        def build_for_drafting(self, common_attn_metadata, draft_index):
-            return {"block_table_rows": len(common_attn_metadata.block_table_tensor),
-                    "batch": common_attn_metadata.batch_size()}
-
-    groups = [
-        types.SimpleNamespace(kv_cache_group_id=gid, layer_names=[f"draft.{gid}"],
-                              get_metadata_builder=lambda: Builder())
-        for gid in (0, 1)
-    ]
-    obj = object.__new__(ns["Proposer"])
-    obj.draft_attn_groups = groups
-    padded_rows = 24  # a CUDA graph size; 17 requests are running
-    obj._per_group_block_tables = {gid: [[gid]] * padded_rows for gid in (0, 1)}
-    cm = Metadata(seq_lens=[5] * 17, block_table_tensor=[[0]] * 17)
-    per_group, per_layer = obj.build_per_group_and_layer_attn_metadata(cm)
-    return {"per_group": per_group, "layers": sorted(per_layer), "caller_table_rows": len(cm.block_table_tensor)}
-
-
 def _kv_bytes_cases(code: Path) -> dict:
     return {
         "flash_drafter_shared": kv_bytes(code, "FLASH_ATTN"),
@@ -786,10 +720,8 @@ SECTIONS = {
     "kv_grouping": kv_grouping,
     "kv_layouts": kv_layouts,
     "dflash_drafter_config": dflash_drafter_config,
-    "gemma4_mtp_backends": gemma4_mtp_backends,
     "aux_layers": aux_layers,
     "spec_hash": spec_hash,
-    "gemma4_block_tables": gemma4_block_tables,
     "kv_grouping_real": kv_grouping_real,
     "kv_bytes": _kv_bytes_cases,
     "kv_layout_guards": kv_layout_guards,

@@ -46,7 +46,7 @@ def test_installed_vllm_sets_the_version(models):
 
 def test_unsupported_vllm_version_blocks(models):
     plan = resolve(Request("gemma4-moe-dflash"), make_ctx(RTX5090, vllm="0.19.1", transformers="5.13.1"))
-    assert any("supports vLLM 0.21.0, 0.26.0, 0.27.1, 0.29.0, 0.30.0, 0.31.0, 0.33.0, not 0.19.1; the nearest supported release is 0.21.0" in m
+    assert any("supports vLLM 0.21.0, 0.26.0, 0.27.1, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0, not 0.19.1; the nearest supported release is 0.21.0" in m
                for m in _blocking(plan, "vllm"))
 
 
