@@ -545,7 +545,21 @@ def _target_attention_checks(plan: Plan, rec, extra_args: list[str]) -> None:
                 hint="add --language-model-only (the gemma4-moe-dflash-text recipe does)"))
         if backend == "b12x":
             _b12x_attention_checks(plan, where)
+        if backend == "flash_attn":
+            _fa3_stand_in_check(plan, where, extra_args)
     _per_kind_reaches_the_drafter(plan, rec)
+
+
+def _fa3_stand_in_check(plan: Plan, where: str, extra_args: list[str]) -> None:
+    """On a Hopper GPU standing in (--test-gpu) FLASH_ATTN runs FA3, not the FA2 of sm_12x,
+    and Gemma 4's sliding layers on FA3 gave NaN logits in decode on an H100 (the reason the
+    0.21.0 series' text-only patch keeps the lock wherever FA3 would serve them)."""
+    if plan.test_gpu is None or any(a.startswith("--attention-config.flash_attn_version") for a in extra_args):
+        return
+    plan.reasons.append(Reason(
+        "recipe", f"{where}: on {plan.test_gpu.gpu.name} FLASH_ATTN is FlashAttention 3, not the FA2 that "
+        "sm_12x runs, and Gemma 4's sliding layers on FA3 gave NaN logits in decode on an H100",
+        hint="add -- --attention-config.flash_attn_version 2"))
 
 
 def _per_kind_reaches_the_drafter(plan: Plan, rec) -> None:

@@ -130,3 +130,13 @@ def test_the_spark_fallback_for_the_text_recipe_also_drops_the_map(models):
     spark = resolve(Request(TEXT, vllm_version="0.33.0"), make_ctx(GB10))
     (warning,) = [w for w in spark.warnings if "#50707" in w]
     assert "--set drafter.attention_backend=triton_attn --set intent.attention_per_kind={}" in warning
+
+
+def test_a_hopper_stand_in_must_run_the_mapped_sliding_layers_on_fa2(models):
+    plan = resolve(Request(TEXT, vllm_version="0.33.0", test_gpu=True), make_ctx(H100))
+    (reason,) = _blocks(plan, "FLASH_ATTN is FlashAttention 3")
+    assert reason.hint == "add -- --attention-config.flash_attn_version 2"
+    fa2 = resolve(Request(TEXT, vllm_version="0.33.0", test_gpu=True,
+                          extra_args=["--attention-config.flash_attn_version", "2"]), make_ctx(H100))
+    assert not _blocks(fa2, "FlashAttention 3")
+    assert not _blocks(resolve(Request(TEXT, vllm_version="0.33.0"), make_ctx(RTX5090)), "FlashAttention 3")
