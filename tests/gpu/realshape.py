@@ -49,6 +49,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the launcher's s
 from launcher.patching.stamp import read_stamp  # noqa: E402
 from launcher.patching.tree import Tree  # noqa: E402
 import carried  # noqa: E402
+import bars  # noqa: E402
 import compare  # noqa: E402
 import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
@@ -1354,6 +1355,14 @@ def generated(raw: dict) -> list[dict]:
     return [o for outs in (raw.get("groups") or {}).values() for o in outs]
 
 
+def generated_prompts(raw: dict) -> list[int]:
+    """Which prompt each of ``generated(raw)`` answered: a group of c serves the first c prompts
+    (gate.as_groups), so a grouped run of 1/8/22 holds 31 outputs of 22 distinct prompts."""
+    if raw.get("passes"):
+        return list(range(len(raw["passes"][0])))
+    return [i for outs in (raw.get("groups") or {}).values() for i in range(len(outs))]
+
+
 def prefix_cache_hits(raw: dict) -> int | None:
     """Prompt tokens served from the prefix cache over the run.
 
@@ -1374,8 +1383,10 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
     reproducing reference of the same target."""
     counters = raw.get("counters") or {}
     # A run that failed made no output: an empty block (0 sequences) that fails the gate, not a missing one.
-    block = gate.nondegenerate(generated(raw) if raw.get("ok") else [])
+    block = gate.nondegenerate(generated(raw), generated_prompts(raw)) if raw.get("ok") else gate.nondegenerate([])
     fields = {"target_name": raw.get("target_name"), "target_sha256": raw.get("target_sha256"),
+              # the criteria this record was judged by (bars.yaml's blob hash)
+              "bars": bars.blob_hash(),
               "nondegenerate": block, "preemptions": counters.get("preemptions"),
               "prefix_cache_hits": prefix_cache_hits(raw), "counters": counters,
               "reference": spec.reference,
