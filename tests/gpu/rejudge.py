@@ -1,0 +1,271 @@
+"""Re-judge the committed real-shape records under the current gate (issue 51, item 2).
+
+``python tests/gpu/rejudge.py [--results tests/gpu/results] [--out-dir tests/gpu/results]``
+
+Reads every record of ``results/realshape.json`` and the raw records in the log tarballs of
+``results/realshape-logs/`` (the committed records keep only the old gate's counts, not the
+tokens), applies gate.py as it stands (loops, 32 distinct prompts of 128 tokens, at most 10 %
+looping) and writes ``rejudge.json`` and ``rejudge.md``: per record the loops, distinct prompts,
+the gate's verdict with its reasons, the recorded proof beside the proof under the new gate, and
+whether the record ran on the current series (series_now.py).
+
+A raw record is taken for a committed record only when it is the same run: same name, target
+and drafter, and the old gate's counts recomputed from its tokens (sequences, constant
+sequences, median distinct fraction, near-ties, NaN positions) equal those the record stored.
+Where no raw record matches, the record is judged on what it stored, which the new gate fails
+("loops not counted"). A proof that fails the new gate is shown as "not proof", with the reason;
+the recorded verdict stays beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bars  # noqa: E402
+import gate  # noqa: E402
+import series_now  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+# The old gate's fields: a raw record is the committed record's run only if these agree.
+OLD_FIELDS = ("sequences", "constant_sequences", "median_distinct_fraction", "near_ties", "nan_positions")
+# The issue's own count beside the gate's: a tail where every token equals the one a period
+# p <= 32 before it, over at least 32 tokens ("ends in an exact repeat of 32 or more tokens").
+REPEAT_TOKENS = 32
+
+
+def repeat_length(tokens: list, max_period: int = gate.LOOP_MAX_PERIOD) -> int:
+    """The longest run of tokens at the end that each equal the token ``p`` before, over
+    periods p <= max_period: how much of the tail repeats an earlier part exactly."""
+    best = 0
+    for p in range(1, max_period + 1):
+        n, i = 0, len(tokens) - 1 - p
+        while i >= 0 and tokens[i] == tokens[i + p]:
+            n, i = n + 1, i - 1
+        best = max(best, n)
+    return best
+
+
+def _outputs(raw: dict) -> tuple[list[dict], list[int]]:
+    """A raw record's outputs and which prompt each answered (realshape.generated/_prompts)."""
+    if raw.get("passes"):
+        outs = raw["passes"][0]
+        return outs, list(range(len(outs)))
+    outs, keys = [], []
+    for group in (raw.get("groups") or {}).values():
+        outs += group
+        keys += range(len(group))
+    return outs, keys
+
+
+def _members(tf: tarfile.TarFile, source: str):
+    """(source, member name, bytes) of every JSON file in a tarball, nested tarballs included."""
+    for m in sorted(tf.getmembers(), key=lambda m: m.name):
+        if not m.isfile():
+            continue
+        if m.name.endswith((".tar.gz", ".tgz", ".tar.xz", ".tar")):
+            with tarfile.open(fileobj=io.BytesIO(tf.extractfile(m).read())) as inner:
+                yield from _members(inner, f"{source}!{m.name}")
+        elif m.name.endswith(".json"):
+            yield source, m.name, tf.extractfile(m).read()
+
+
+def raw_index(logs: Path) -> list[dict]:
+    """Every raw run record in the tarballs under ``logs``: its identity, outputs and the old
+    gate's counts. Duplicates (a run copied into several tarballs) stay: matching picks one."""
+    found = []
+    for path in sorted(logs.glob("*.tar.*")):
+        with tarfile.open(path) as tf:
+            for source, member, data in _members(tf, path.name):
+                try:
+                    raw = json.loads(data)
+                except ValueError:
+                    continue
+                if not isinstance(raw, dict) or not raw.get("name") or not raw.get("ok") \
+                        or not (raw.get("passes") or raw.get("groups")):
+                    continue
+                outs, keys = _outputs(raw)
+                block = gate.nondegenerate(outs, keys)
+                found.append({
+                    "name": raw["name"], "source": f"{source}!{member}",
+                    "series": raw.get("series_hash"), "target_sha256": raw.get("target_sha256"),
+                    "drafter_sha256": raw.get("drafter_sha256"),
+                    "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys, "block": block,
+                })
+    return found
+
+
+def _same_run(stored: dict | None, raw: dict, name: str, rec: dict) -> bool:
+    if raw["name"] != name:
+        return False
+    for key in ("target_sha256", "drafter_sha256"):
+        if rec.get(key) and raw.get(key) and rec[key] != raw[key]:
+            return False
+    if stored is None:
+        # No stored counts to compare (records before the gate): the same tree's run only.
+        return bool(rec.get("series")) and raw.get("series") == rec.get("series")
+    return all(stored.get(k) == raw["block"].get(k) for k in OLD_FIELDS if k in stored)
+
+
+def match(index: list[dict], name: str | None, stored: dict | None, rec: dict) -> tuple[dict | None, str]:
+    """The raw record of run ``name`` whose counts equal ``stored``; prefer the record's own
+    series hash, then the first tarball by name. Returns (raw, note)."""
+    if not name:
+        return None, "no run named"
+    # A record kept beside a newer run of its configuration was renamed with the superseded
+    # target's tag (``-h8``, ``-h16``); its raw record keeps the run's own name.
+    names = [name] + ([name.rsplit("-", 1)[0]] if rec.get("superseded_by") else [])
+    hits = [r for n in names for r in index if _same_run(stored, r, n, rec)]
+    if not hits:
+        return None, "no raw record matches"
+    hits.sort(key=lambda r: (r.get("series") != rec.get("series"), r["source"]))
+    distinct = {json.dumps(r["tokens"]) for r in hits}
+    return hits[0], "" if len(distinct) == 1 else f"{len(distinct)} raw records match with different tokens"
+
+
+def _judge_side(raw: dict | None, stored: dict | None) -> dict:
+    if raw is not None:
+        block = gate.nondegenerate([{"token_ids": t} for t in raw["tokens"]], raw["keys"])
+        # near-ties and NaN positions need the logits: the stored counts (equal by the match)
+        block["near_ties"] = raw["block"]["near_ties"]
+        block["nan_positions"] = raw["block"]["nan_positions"]
+        seen, repeats = set(), 0
+        for key, tokens in zip(raw["keys"], raw["tokens"]):
+            if key not in seen:
+                seen.add(key)
+                repeats += repeat_length(tokens) >= REPEAT_TOKENS
+        block["prompts_ending_in_repeat_32"] = repeats
+        return {"raw": raw["source"], "block": block, "failures": gate.failures(block)}
+    if stored is None:
+        return {"raw": None, "block": None, "failures": ["no gate block recorded and no raw tokens identified"]}
+    return {"raw": None, "block": stored, "failures": gate.failures(stored)}
+
+
+def judge_record(i: int, rec: dict, index: list[dict]) -> dict:
+    stored = rec.get("nondegenerate")
+    raw, note = match(index, rec.get("name"), stored, rec) if rec.get("ok") else (None, "run failed")
+    own = _judge_side(raw, stored)
+    out = {
+        "index": i, "name": rec.get("name"), "vllm": rec.get("vllm"), "mode": rec.get("mode"),
+        "series": rec.get("series"), "series_now": series_now.expected_hash(rec),
+        "staleness": series_now.staleness(rec),
+        "target_sha256": (rec.get("target_sha256") or "")[:8] or None,
+        "drafter_sha256": (rec.get("drafter_sha256") or "")[:8] or None,
+        "concurrency": rec.get("concurrency"),
+        "gate": own, "match_note": note or None,
+        "recorded_proof": rec.get("proof"),
+    }
+    needs_ref = rec.get("mode") in ("dflash", "oracle") and rec.get("reference")
+    passes = not own["failures"]
+    if needs_ref:
+        ref_stored = rec.get("reference_nondegenerate")
+        ref_raw, ref_note = match(index, rec["reference"], ref_stored, rec)
+        out["reference"] = {"name": rec["reference"], **_judge_side(ref_raw, ref_stored),
+                            "match_note": ref_note or None}
+        passes = passes and not out["reference"]["failures"]
+    out["gate_passes"] = passes
+    why = [f"gate: {w}" for w in own["failures"]]
+    if needs_ref:
+        why += [f"reference gate: {w}" for w in out["reference"]["failures"]]
+    if rec.get("proof") is not True:
+        why.insert(0, "recorded: not proof" if rec.get("proof") is False else "recorded: no proof verdict")
+    out["proof"] = rec.get("proof") is True and passes
+    out["verdict"] = "proof" if out["proof"] else "not proof"
+    out["why"] = why
+    return out
+
+
+def rejudge(results: Path = RESULTS) -> dict:
+    records = json.loads((results / "realshape.json").read_text(encoding="utf-8"))
+    index = raw_index(results / "realshape-logs")
+    rows = [judge_record(i, r, index) for i, r in enumerate(records)]
+    gated = [r for r in rows if r["gate"]["raw"] is not None]
+    return {
+        "bars": bars.blob_hash(),
+        "series_now": series_now.current_hashes(),
+        "command": "python tests/gpu/rejudge.py",
+        "summary": {
+            "records": len(rows),
+            "judged_from_raw_tokens": len(gated),
+            "gate_passes": sum(r["gate_passes"] for r in rows),
+            "recorded_proof": sum(r["recorded_proof"] is True for r in rows),
+            "proof": sum(r["proof"] for r in rows),
+            "stale": sum(r["staleness"] == "stale" for r in rows),
+            "current": sum(r["staleness"] == "current" for r in rows),
+            "stock": sum(r["staleness"] == "stock" for r in rows),
+        },
+        "records": rows,
+    }
+
+
+def _cell(v) -> str:
+    return "–" if v is None else str(v)
+
+
+def markdown(report: dict) -> str:
+    s = report["summary"]
+    lines = [
+        "# Re-judged real-shape records (issue 51)",
+        "",
+        f"`{report['command']}` over `realshape.json` and the raw records in `realshape-logs/`, "
+        f"under `bars.yaml` {report['bars'][:8]}. Generated; do not edit.",
+        "",
+        f"**{s['proof']} of {s['records']} records are proof under the new gate** "
+        f"({s['recorded_proof']} were recorded as proof); {s['gate_passes']} pass the gate, "
+        f"{s['judged_from_raw_tokens']} were judged from their raw tokens. "
+        f"**{s['stale']} records are stale** (ran on a series other than the current one), "
+        f"{s['current']} current, {s['stock']} stock.",
+        "",
+        "Current series: " + ", ".join(f"{v} {h[:8]}" for v, h in report["series_now"].items()) + ".",
+        "",
+        "Columns: loops = sequences whose last 64 tokens repeat with a period of 32 or less; "
+        "repeat32 = prompts whose output ends in an exact repeat of 32+ tokens (period <= 32); "
+        "prompts = distinct prompts with 128+ generated tokens / distinct prompts; ref = the same "
+        "for the reference run the record is judged against.",
+        "",
+        "| # | record | vLLM | series | stale | loops | repeat32 | prompts | ref loops | ref repeat32 "
+        "| ref prompts | recorded proof | verdict | why |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["records"]:
+        b = r["gate"]["block"] or {}
+        ref = (r.get("reference") or {}).get("block") or {}
+        series = "stock" if r["series"] == "stock" else (r["series"] or "")[:8] or "–"
+        loops = "–" if b.get("looping_sequences") is None else f"{b['looping_sequences']}/{b.get('sequences')}"
+        rloops = "–" if ref.get("looping_sequences") is None else f"{ref['looping_sequences']}/{ref.get('sequences')}"
+        prompts = "–" if b.get("prompts") is None else f"{b['prompts_full_length']}/{b['prompts']}"
+        rprompts = "–" if ref.get("prompts") is None else f"{ref['prompts_full_length']}/{ref['prompts']}"
+        stale = {"stale": "**stale**", "current": "current"}.get(r["staleness"], r["staleness"])
+        lines.append(
+            f"| {r['index']} | {r['name']} | {r['vllm']} | {series} | {stale} | {loops} "
+            f"| {_cell(b.get('prompts_ending_in_repeat_32'))} | {prompts} | {rloops} "
+            f"| {_cell(ref.get('prompts_ending_in_repeat_32'))} | {rprompts} | {_cell(r['recorded_proof'])} "
+            f"| {'proof' if r['proof'] else '**not proof**'} | {'; '.join(r['why'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "rejudge.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (out_dir / "rejudge.md").write_text(markdown(report), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    report = rejudge(args.results)
+    write(report, args.out_dir)
+    print(json.dumps(report["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
