@@ -255,7 +255,8 @@ def dflash_row(phase: dict, reference: dict | None) -> dict:
     verdicts = {c: judge(ref_first, outs) for c, outs in levels.items()} if ref_first else {}
     ref_gate = gate.nondegenerate([o for o in ref_first if not o.get("error")]) if ref_first else None
     own = [o for outs in levels.values() for o in outs if not o.get("error")]
-    own_gate = gate.nondegenerate(own) if own else None
+    # every level serves the same requests: the size bar counts distinct requests, not outputs
+    own_gate = gate.nondegenerate(own, [o.get("id", i) for i, o in enumerate(own)]) if own else None
     if not ref_first:
         lossless, why = None, "no reference phase"
     elif not (reproducible or {}).get("reproducible"):
