@@ -30,3 +30,57 @@ def blob_hash(path: Path = BARS_FILE) -> str:
     not always its .git): sha1 of "blob <size>\\0" and the bytes."""
     data = Path(path).read_bytes()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+# ---------------------------------------------------------------- provenance: bars before record
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def committed_versions(repo: Path, path: str = "tests/gpu/bars.yaml") -> dict[str, str]:
+    """Blob hash -> the first commit (oldest) whose ``path`` had that content."""
+    versions: dict[str, str] = {}
+    for commit in _git(repo, "log", "--format=%H", "--", path).split():  # newest first
+        try:
+            blob = _git(repo, "rev-parse", f"{commit}:{path}").strip()
+        except Exception:  # the commit that deleted the file
+            continue
+        versions[blob] = commit  # later iterations are older: the oldest wins
+    return versions
+
+
+def first_commit_naming(repo: Path, text: str, path: str) -> str | None:
+    """The oldest commit that added ``text`` to ``path`` (git log -S), or None."""
+    found = _git(repo, "log", "--format=%H", "--reverse", "-S", text, "--", path).split()
+    return found[0] if found else None
+
+
+def provenance(repo: Path, record: dict, path: str, bars_path: str = "tests/gpu/bars.yaml",
+               versions: dict[str, str] | None = None) -> str:
+    """Whether the record at ``path`` was judged under a bars file committed before it:
+    "bars committed before the record", "predates the bars file" (the record names none),
+    "bars version never committed", or "bars not committed before the record" (the same commit
+    or a later one, or not an ancestor of the record's commit)."""
+    blob = record.get("bars")
+    if not blob:
+        return "predates the bars file"
+    versions = committed_versions(repo, bars_path) if versions is None else versions
+    bars_commit = versions.get(blob)
+    if bars_commit is None:
+        return "bars version never committed"
+    record_commit = first_commit_naming(repo, blob, path)
+    if record_commit is None:
+        # not committed yet: the bars it names are in the history, so they came first
+        return "bars committed before the record"
+    if record_commit == bars_commit:
+        return "bars not committed before the record"
+    try:
+        _git(repo, "merge-base", "--is-ancestor", bars_commit, record_commit)
+    except Exception:
+        return "bars not committed before the record"
+    return "bars committed before the record"

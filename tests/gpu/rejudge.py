@@ -32,6 +32,7 @@ import gate  # noqa: E402
 import series_now  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 RESULTS = HERE / "results"
 # The old gate's fields: a raw record is the committed record's run only if these agree.
 OLD_FIELDS = ("sequences", "constant_sequences", "median_distinct_fraction", "near_ties", "nan_positions")
@@ -160,6 +161,8 @@ def judge_record(i: int, rec: dict, index: list[dict]) -> dict:
         "concurrency": rec.get("concurrency"),
         "gate": own, "match_note": note or None,
         "recorded_proof": rec.get("proof"),
+        # whether the record names a bars.yaml committed before it (bars.provenance)
+        "bars": bars.provenance(REPO, rec, "tests/gpu/results/realshape.json"),
     }
     needs_ref = rec.get("mode") in ("dflash", "oracle") and rec.get("reference")
     passes = not own["failures"]
@@ -199,6 +202,7 @@ def rejudge(results: Path = RESULTS) -> dict:
             "stale": sum(r["staleness"] == "stale" for r in rows),
             "current": sum(r["staleness"] == "current" for r in rows),
             "stock": sum(r["staleness"] == "stock" for r in rows),
+            "predate_the_bars_file": sum(r["bars"] == "predates the bars file" for r in rows),
         },
         "records": rows,
     }
@@ -220,7 +224,8 @@ def markdown(report: dict) -> str:
         f"({s['recorded_proof']} were recorded as proof); {s['gate_passes']} pass the gate, "
         f"{s['judged_from_raw_tokens']} were judged from their raw tokens. "
         f"**{s['stale']} records are stale** (ran on a series other than the current one), "
-        f"{s['current']} current, {s['stock']} stock.",
+        f"{s['current']} current, {s['stock']} stock. {s['predate_the_bars_file']} records predate "
+        f"the bars file (they name no bars.yaml version).",
         "",
         "Current series: " + ", ".join(f"{v} {h[:8]}" for v, h in report["series_now"].items()) + ".",
         "",

@@ -23,13 +23,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parents[1]))  # the launcher (bench metrics)
 import compare  # noqa: E402
+import bars  # noqa: E402
 import gate  # noqa: E402
 import run_modes  # noqa: E402
 import served_requests as sr  # noqa: E402
 
 from launcher.bench import metrics  # noqa: E402
 
-ACCEPTANCE_BAR = 1.5  # issue 26: mean acceptance length with the trained drafter
+ACCEPTANCE_BAR = bars.get("acceptance", "served_min_mean_acceptance_length")  # issue 26, from bars.yaml
 TOKEN_PREFIX = "token_id:"
 
 
@@ -208,6 +209,8 @@ def _common(phase: dict) -> dict:
     plan = phase.get("plan") or {}
     return {
         "server": phase["server"], "vllm": phase.get("vllm"), "series": phase.get("series"),
+        # bars.yaml's blob hash where the phase recorded it (records from before it have none)
+        **({"bars": phase["bars"]} if phase.get("bars") else {}),
         # exact (batch-invariant, no inductor) or default; read off the server's environment and
         # argv in records from before the phase kept it
         "numerics": phase.get("numerics") or _numerics(plan, phase.get("argv")),
