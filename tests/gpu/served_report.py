@@ -25,6 +25,7 @@ sys.path.insert(1, str(HERE.parents[1]))  # the launcher (bench metrics)
 import compare  # noqa: E402
 import bars  # noqa: E402
 import gate  # noqa: E402
+import series_now  # noqa: E402
 import run_modes  # noqa: E402
 import served_requests as sr  # noqa: E402
 
@@ -412,6 +413,15 @@ def _cell(v) -> str:
     return str(v)
 
 
+def gate_failures(nd: dict | None) -> list[str]:
+    """The gate (gate.py) over a row's block as it stands now, not the verdict stored with it: a
+    reference row's block, or a DFlash row's pair (its reference's and its own)."""
+    if isinstance(nd, dict) and "dflash" in nd:
+        return ([f"reference: {w}" for w in gate.failures(nd.get("reference"))]
+                + [f"dflash: {w}" for w in gate.failures(nd.get("dflash"))])
+    return gate.failures(nd)
+
+
 def markdown(doc: dict) -> str:
     meta = doc.get("meta") or {}
     lines = [
@@ -424,16 +434,24 @@ def markdown(doc: dict) -> str:
         f"{sr.TOP_LOGPROBS} raw logits; lossless = identical to the one-at-a-time reference or the first "
         "divergence on a reference tie (compare.py).",
         "",
-        "| server | vLLM | recipe | series | drafter | numerics | profile | ok | requests | concurrency "
+        "| server | vLLM | recipe | series | series now | drafter | numerics | profile | ok | requests | concurrency "
         "| images change output | lossless | nondegenerate | acceptance length | bench | stock error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in doc.get("servers") or []:
+    rows = doc.get("servers") or []
+    stale = sum(series_now.staleness(r) == "stale" for r in rows)
+    failing = sum(bool(gate_failures(r.get("nondegenerate"))) for r in rows if r.get("nondegenerate"))
+    lines[2:2] = [f"**{stale} of {len(rows)} rows are stale** (ran on a series other than the current one); "
+                  f"**{failing} of {sum(bool(r.get('nondegenerate')) for r in rows)} rows with output fail the "
+                  "gate and are not proof** (gate.py, bars.yaml).", ""]
+    for r in rows:
         nd = r.get("nondegenerate")
-        nd_cell = nd.get("passes") if isinstance(nd, dict) and "passes" in nd else \
-            (gate.passes(nd) if isinstance(nd, dict) else None)
+        why = gate_failures(nd) if isinstance(nd, dict) else None
+        nd_cell = None if why is None else "passes" if not why else "**not proof**: " + "; ".join(why)
+        state = series_now.staleness(r)
         lines.append(
             f"| {r['server']} | {_cell(r.get('vllm'))} | {_cell(r.get('recipe'))} | {str(r.get('series') or '-')[:12]} "
+            f"| {'**stale**' if state == 'stale' else state} "
             f"| {str(r.get('drafter_sha256') or '-')[:8]} | {_cell(r.get('numerics'))} | {_cell(r.get('profile'))} "
             f"| {_cell(r.get('started'))} | {_cell(r.get('requests'))} | {_cell(r.get('concurrency'))} "
             f"| {_cell(r.get('images_change_output'))} | {_cell(r.get('lossless'))} | {_cell(nd_cell)} "
