@@ -58,6 +58,7 @@ import lm_files  # noqa: E402
 import oracle  # noqa: E402
 import run_modes  # noqa: E402
 import sched_events  # noqa: E402
+import series_now  # noqa: E402
 
 TARGET = "gemma4-a4b-r30"
 DRAFTER = "dflash-r5-for-a4b-r30"
@@ -1486,6 +1487,34 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
             and not (not r.get("ok") and (r.get("name"), r.get("vllm")) in rerun)] + new
 
 
+def _gate_now(r: dict) -> list[str]:
+    """The gate as it stands over the blocks a record stored: its own and, for a record judged
+    against a reference, the reference's."""
+    why = gate.failures(r.get("nondegenerate"))
+    if r.get("mode") in ("dflash", "oracle") and r.get("reference"):
+        why += [f"reference: {w}" for w in gate.failures(r.get("reference_nondegenerate"))]
+    return why
+
+
+def _gate_now_cell(r: dict) -> str:
+    why = _gate_now(r)
+    return "passes" if not why else "**not proof**: " + "; ".join(why)
+
+
+def _series_now_cell(r: dict) -> str:
+    state = series_now.staleness(r)
+    return "**stale**" if state == "stale" else state
+
+
+def _stale_headline(records: list[dict]) -> list[str]:
+    stale = sum(series_now.staleness(r) == "stale" for r in records)
+    failing = sum(bool(_gate_now(r)) for r in records)
+    now = ", ".join(f"{v} {series_now.current_hash(v)[:8]}" for v in sorted({r["vllm"] for r in records if r.get("vllm")})
+                    if series_now.current_hash(v))
+    return [f"**{stale} of {len(records)} records are stale** (ran on a series other than the current one: {now}); "
+            f"**{failing} of {len(records)} fail the gate as it stands and are not proof.**", ""]
+
+
 def markdown(records: list[dict], meta: dict) -> str:
     trained = [r for r in records if r.get("target_kind") == "trained" and r.get("mode") != "oracle"]
     oracles = [r for r in records if r.get("mode") == "oracle"]
@@ -1501,13 +1530,19 @@ def markdown(records: list[dict], meta: dict) -> str:
         "## Trained target (train_target.py: hidden 256, 32 experts, CPython-stdlib BPE 8k)",
         "",
         "A record is a proof only when its outputs pass the non-degeneracy gate (no constant "
-        f"sequence, median distinct-token fraction >= {gate.MIN_MEDIAN_DISTINCT_FRACTION}, no NaN logits) and, "
-        "for DFlash, it is lossless against a reproducing reference of the same target_sha256.",
+        f"sequence, median distinct-token fraction >= {gate.MIN_MEDIAN_DISTINCT_FRACTION}, no NaN logits, at most "
+        f"{gate.MAX_LOOPING_FRACTION:.0%} of sequences whose last {gate.LOOP_WINDOW} tokens repeat with a period of "
+        f"{gate.LOOP_MAX_PERIOD} or less, at least {gate.MIN_PROMPTS} distinct prompts of {gate.MIN_GENERATED_TOKENS}+ "
+        "tokens; bars.yaml) and, "
+        "for DFlash, it is lossless against a reproducing reference of the same target_sha256. \"proof\" is the "
+        "verdict recorded with the run; \"gate now\" applies the gate as it stands to the blocks the record "
+        "stored (rejudge.md applies it to the raw tokens).",
         "",
-        "| run | series | target sha256 | inputs | quant | drafter (asked → got) | target backend | FA "
+        *_stale_headline(trained),
+        "| run | series | series now | target sha256 | inputs | quant | drafter (asked → got) | target backend | FA "
         "| KV blocks | sequences / constant / median distinct / near-ties / NaN positions | preemptions | prefix hits "
-        "| accepted / drafted | ok | lossless | proof | detail |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| accepted / drafted | ok | lossless | proof | gate now | detail |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in trained:
         nd = r.get("nondegenerate") or {}
@@ -1517,12 +1552,12 @@ def markdown(records: list[dict], meta: dict) -> str:
         c = r.get("counters") or {}
         acc = f"{c.get('spec_accepted_tokens')} / {c.get('spec_draft_tokens')}" if r.get("mode") == "dflash" else "-"
         lines.append(
-            f"| {r['name']} | {_series_cell(r)} | {str(r.get('target_sha256') or '-')[:12]} | {_inputs(r)} | "
+            f"| {r['name']} | {_series_cell(r)} | {_series_now_cell(r)} | {str(r.get('target_sha256') or '-')[:12]} | {_inputs(r)} | "
             f"{r.get('quantization')} | {r.get('drafter_backend') or '-'} → {r.get('drafter_backend_observed') or '-'} | "
             f"{r.get('target_backend_observed') or '-'} | {r.get('flash_attn_version') or 'default'} | "
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | {gate_cell} | "
             f"{r.get('preemptions')} | {r.get('prefix_cache_hits')} | {acc} | {'yes' if r.get('ok') else 'no'} | "
-            f"{r.get('lossless')} | {r.get('proof')} | {_detail(r)} |")
+            f"{r.get('lossless')} | {r.get('proof')} | {_gate_now_cell(r)} | {_detail(r)} |")
     lines += _drafter_section([r for r in trained if r.get("drafter_kind") == "trained"])
     lines += _oracle_section(oracles)
     lines += [

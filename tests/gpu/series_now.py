@@ -56,11 +56,11 @@ def expected_hash(record: dict) -> str | None:
 
 def staleness(record: dict) -> str:
     """"current", "stale" (ran on another series than the current one), "stock" (no series:
-    the unpatched release) or "unrecorded" (the record names no series)."""
+    the unpatched release) or "unrecorded" (the record names no series or no release)."""
     series = record.get("series")
     if series == "stock":
         return "stock"
-    if not series:
+    if not series or not record.get("vllm"):
         return "unrecorded"
     expected = expected_hash(record)
     return "current" if expected is not None and series == expected else "stale"

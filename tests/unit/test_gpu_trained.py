@@ -386,3 +386,26 @@ def test_unlikelihood_penalises_only_tokens_already_in_the_window():
     seen[0, 3, 21] = 5.0
     unseen[0, 3, 25] = 5.0
     assert tt.unlikelihood_loss(seen, batch) > tt.unlikelihood_loss(logits, batch) > tt.unlikelihood_loss(unseen, batch)
+
+
+def test_the_realshape_table_marks_stale_records_and_applies_the_gate_as_it_stands():
+    """Issue 51: a record on the current series reads "current", one on an earlier series
+    "stale", in its row and the headline; a stored block from before the loop check is not proof
+    under the gate now, whatever proof the record carries."""
+    from launcher.patching.series import series_for
+
+    spec = rs.RUNS["trained-dflash-fa2-cg-bf16"]
+    diverse = _diverse()
+    raw = {"ok": True, "target_sha256": "aaa", "counters": {"preemptions": 0, "prefix_cache_hits": 64},
+           "groups": {"32": [_out(t) for t in diverse]}}
+    current = rs.record(spec, raw, _ref(diverse), {"series_hash": series_for("0.21.0").hash, "vllm": "0.21.0"})
+    old = rs.record(spec, raw, _ref(diverse), {"series_hash": "f" * 64, "vllm": "0.21.0"})
+    assert current["proof"] is True
+    md = rs.markdown([current], {})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| trained-dflash-fa2-cg-bf16 |"))
+    assert "| current |" in row and "| passes |" in row and "**0 of 1 records are stale**" in md
+    del old["nondegenerate"]["looping_sequences"]
+    md = rs.markdown([old], {})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| trained-dflash-fa2-cg-bf16 |"))
+    assert "| **stale** |" in row and "**not proof**: loops not counted" in row
+    assert "**1 of 1 records are stale**" in md
