@@ -165,6 +165,9 @@ def _row(rec: dict, capture: dict | None, ablation: list[dict], paired: dict | N
         # Default numerics are not batch invariant: realshape's calibrated verdict says whether
         # the divergences are the target's own batching noise (None where no noise run exists).
         "within_batch_noise": noise.get("within"),
+        # the same with the bound at bars.yaml's percentile of the twin's moves (None where the
+        # record predates it): the criterion done_when applies
+        "within_batch_noise_p99": noise.get("within_p99"),
         # The noise run that verdict read (None where it had none), so undecided is told from unmeasured.
         "batch_noise_run": None if noise.get("reason") else noise.get("run"),
         **_acceptance_bar(rec),
@@ -275,8 +278,10 @@ def done_when(rows: list[dict]) -> list[dict]:
             # "Output stays lossless": identical output is provable only where the target's numerics
             # are batch invariant, so each target needs such a row and every one identical; under
             # default numerics no divergence may lie beyond the target's own batching noise.
+            # Every row: identical (with ties) or, under default numerics, within the noise bound
+            # at its 99th percentile (bars.yaml); not decided is not a pass (issue 51).
             "lossless": all(v and all(x is True for x in v) for v in exact.values())
-            and not any(r["within_batch_noise"] is False for r in group),
+            and all(r["lossless"] is True or r["within_batch_noise_p99"] is True for r in group),
             # Every capture row holds the bar as asked (equal, allowing for ties); the noise-bound
             # figures stand beside it and do not replace it (issue 51: every row, not any).
             "draft_equivalence": bool(equivalence) and all(e["holds"] for e in equivalence),
@@ -481,7 +486,9 @@ def _lossless_cell(row: dict) -> str:
     strict = f"strict {v['identical']}/{v['prompt_runs']}; " if v.get("prompt_runs") is not None else ""
     noise = row.get("within_batch_noise")
     if row["lossless"] is False and (noise is not None or row.get("batch_noise_run")):
-        return f"{strict}with ties False; within batching noise: {'not decided' if noise is None else noise}"
+        p99 = row.get("within_batch_noise_p99")
+        return (f"{strict}with ties False; within batching noise (p99): {'not decided' if p99 is None else p99}; "
+                f"at the widest move: {'not decided' if noise is None else noise}")
     return f"{strict}with ties {_cell(row['lossless'])}" if strict else _cell(row["lossless"])
 
 

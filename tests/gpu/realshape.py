@@ -1276,19 +1276,33 @@ def _logit(top: list, token: int) -> float | None:
     return next((entry[1] for entry in top if entry[0] == token), None)
 
 
-def margin_shift(reference: dict, run: dict) -> float:
-    """The widest change of the top-1/top-2 logit margin between a run and its reference at
+def margin_moves(reference: dict, run: dict) -> list[float]:
+    """Every change of the top-1/top-2 logit margin between a run and its reference at
     positions where both still agree on the tokens so far (so on the top-1 token) and on the
-    runner-up: how far the run's numerics move a margin without any change of input."""
-    widest = 0.0
+    runner-up: how far the run's numerics move margins without any change of input."""
+    moves = []
     for ref, out in _paired_outputs(reference, run):
         for t, (a, b) in enumerate(zip(ref["token_ids"], out["token_ids"])):
             if a != b:
                 break
             rt, ot = _top(ref, t), _top(out, t)
             if len(rt) > 1 and len(ot) > 1 and rt[1][0] == ot[1][0]:
-                widest = max(widest, abs((rt[0][1] - rt[1][1]) - (ot[0][1] - ot[1][1])))
-    return widest
+                moves.append(abs((rt[0][1] - rt[1][1]) - (ot[0][1] - ot[1][1])))
+    return moves
+
+
+def margin_shift(reference: dict, run: dict) -> float:
+    """The widest of margin_moves (0 where none)."""
+    return max(margin_moves(reference, run), default=0.0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-th percentile: the smallest value with at least q % of the values at
+    or below it (0 for no values)."""
+    if not values:
+        return 0.0
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(q / 100 * len(ranked)) - 1)]
 
 
 def divergence_swings(reference: dict, run: dict) -> list[dict]:
@@ -1338,15 +1352,26 @@ def within_batch_noise(reference: dict | None, run: dict, noise: dict | None, no
     # A carried raw record of another target (or NVFP4 copy) must not set the bound.
     if checkpoint_differs(reference, noise) or checkpoint_differs(reference, run):
         return {"run": noise_name, "within": None, "reason": "runs of different targets"}
-    bound, own = margin_shift(reference, noise), margin_shift(reference, run)
+    noise_moves, own_moves = margin_moves(reference, noise), margin_moves(reference, run)
+    bound, own = max(noise_moves, default=0.0), max(own_moves, default=0.0)
     swings = divergence_swings(reference, run)
     unexplained = sum(1 for x in swings if x["swing"] > bound)
     unmeasured = sum(1 for x in swings if x["swing"] <= bound and not x["exact"])
     within = False if unexplained or own > bound else (None if unmeasured else True)
+    # bars.yaml's procedure beside it: the bound is the percentile of the twin's moves over all
+    # positions, never its widest move; the run's own moves are taken at the same percentile.
+    q = bars.get("noise", "margin_move_percentile")
+    bound_q, own_q = percentile(noise_moves, q), percentile(own_moves, q)
+    unexplained_q = sum(1 for x in swings if x["swing"] > bound_q)
+    unmeasured_q = sum(1 for x in swings if x["swing"] <= bound_q and not x["exact"])
+    within_q = False if unexplained_q or own_q > bound_q else (None if unmeasured_q else True)
     return {"run": noise_name, "margin_bound": bound, "own_margin_shift": own, "divergences": len(swings),
             "explained": len(swings) - unexplained - unmeasured, "unmeasured": unmeasured,
             "unexplained": unexplained, "widest_swing": max((x["swing"] for x in swings), default=0.0),
-            "within": within}
+            "within": within,
+            "percentile": q, "margin_moves": len(noise_moves), "margin_bound_p99": bound_q,
+            "own_margin_shift_p99": own_q, "unexplained_p99": unexplained_q, "unmeasured_p99": unmeasured_q,
+            "within_p99": within_q}
 
 
 def generated(raw: dict) -> list[dict]:

@@ -22,7 +22,7 @@ def _rec(name, acc, ref=4.0, **kw):
     return {"name": name, "mode": "dflash", "drafter_kind": "trained", "vllm": "0.21.0", "quantization": "bf16",
             "series": SERIES, "acceptance": {"mean_acceptance_length": acc, "per_position": [0.5]},
             "acceptance_reference": {"mean_acceptance_length": ref, "per_position": [0.4]},
-            "reference": "ref", "nondegenerate": _GOOD, "reference_nondegenerate": _GOOD, **kw}
+            "reference": "ref", "nondegenerate": _GOOD, "reference_nondegenerate": _GOOD, "lossless": True, **kw}
 
 
 # Exact-numerics rows, identical to the reference, of both targets (the lossless item).
@@ -81,9 +81,9 @@ def test_a_default_numerics_row_shows_its_batch_noise_verdict():
     assert rows["noisy"]["within_batch_noise"] is True and rows["exact"]["within_batch_noise"] is None
     assert rows["open"]["batch_noise_run"] == "refgroups" and rows["alone"]["batch_noise_run"] is None
     md = ar.markdown(list(rows.values()))
-    assert "| with ties False; within batching noise: True |" in md
-    assert "| with ties False; within batching noise: False |" in md
-    assert md.count("| with ties False; within batching noise: not decided |") == 1
+    assert "| with ties False; within batching noise (p99): not decided; at the widest move: True |" in md
+    assert "| with ties False; within batching noise (p99): not decided; at the widest move: False |" in md
+    assert md.count("| with ties False; within batching noise (p99): not decided; at the widest move: not decided |") == 1
     assert md.count("| False |") == 1
     assert "| True |" in md
 
@@ -95,13 +95,13 @@ def test_equivalence_and_lossless_show_the_strict_count_first():
           "noise": {"vllm_unequal_beyond_p99": 3, "equal_or_within_noise_fraction": 0.999}}
     (row,) = ar.build([_rec("capture", 3.5, capture_drafts=True, draft_equivalence=eq, lossless=False,
                             verdict={"prompt_runs": 31, "identical": 2},
-                            batch_noise={"run": "refgroups", "within": True})])
+                            batch_noise={"run": "refgroups", "within": True, "within_p99": False})])
     e = row["draft_equivalence"]
     assert e["holds_strict"] is False and e["holds"] is True  # 800 < 990 <= 995
     assert e["equal_or_within_noise_p99_fraction"] == 0.997  # (1000 - 3) / 1000
     md = ar.markdown([row])
     assert "strict 800/1000, with ties 995/1000, within noise (p99) 0.997" in md
-    assert "| strict 2/31; with ties False; within batching noise: True |" in md
+    assert "| strict 2/31; with ties False; within batching noise (p99): False; at the widest move: True |" in md
     # one capture row short of the bar with ties: not met, though another holds it
     low = dict(eq, equal=900)
     rows = ar.build([_rec("capture", 3.5, capture_drafts=True, draft_equivalence=eq),
@@ -485,21 +485,25 @@ def test_a_joined_capture_run_keeps_its_own_acceptance_and_is_judged_with_the_ro
     ([("drop", "nvfp4-exact")], False),
     # an exact row that diverged
     ([("lossless", False)], False),
-    # a default-numerics row whose divergences lie beyond the batching noise
+    # a default-numerics row whose divergences lie beyond the batching noise (its 99th percentile)
     ([("noise", False)], False),
-    # undecided (a swapped token outside the kept logprobs) is not a failure
-    ([("noise", None)], True),
+    # undecided (a swapped token outside the kept logprobs) is not a pass (issue 51)
+    ([("noise", None)], False),
+    # within the twin's widest move but not within its 99th percentile: the percentile decides
+    ([("widest", True), ("noise", False)], False),
 ])
 def test_done_when_asks_for_identical_exact_numerics_rows_of_both_targets(extra, met):
     records = [dict(r) for r in EXACT] + [_rec("plain", 3.4, ref=3.5, lossless=False,
-                                               batch_noise={"run": "refgroups", "within": True})]
+                                               batch_noise={"run": "refgroups", "within": True, "within_p99": True})]
     for what, value in extra:
         if what == "drop":
             records = [r for r in records if r["name"] != value]
         elif what == "lossless":
             records[0]["lossless"] = value
-        else:
+        elif what == "widest":
             records[-1]["batch_noise"]["within"] = value
+        else:
+            records[-1]["batch_noise"]["within_p99"] = value
     (done,) = ar.done_when(ar.build(records))
     assert done["met"]["lossless"] is met
 
