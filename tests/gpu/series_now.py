@@ -43,7 +43,7 @@ def current_hashes() -> dict[str, str]:
 
 
 def expected_hash(record: dict) -> str | None:
-    """The hash a record of this configuration would carry if it ran now."""
+    """The hash a record of this configuration would name if it ran now."""
     version = record.get("vllm")
     if not version:
         return None

@@ -391,7 +391,7 @@ def test_unlikelihood_penalises_only_tokens_already_in_the_window():
 def test_the_realshape_table_marks_stale_records_and_applies_the_gate_as_it_stands():
     """Issue 51: a record on the current series reads "current", one on an earlier series
     "stale", in its row and the headline; a stored block from before the loop check is not proof
-    under the gate now, whatever proof the record carries."""
+    under the gate now, whatever proof the record holds."""
     from launcher.patching.series import series_for
 
     spec = rs.RUNS["trained-dflash-fa2-cg-bf16"]
