@@ -233,6 +233,24 @@ def judge_record(i: int, rec: dict, index: list[dict], records: list[dict] | Non
     return out
 
 
+# What each gate failure is about, for the summary: gate.failures' messages by their wording.
+REASONS = (("looping", "more than 10 % looping"), ("prompts of", "fewer than 32 prompts of 128+ tokens"),
+           ("median distinct", "median distinct fraction under 0.2"), ("constant", "constant sequences"),
+           ("NaN", "NaN logits"), ("loops not counted", "loops not counted (no raw tokens)"),
+           ("no gate block", "no gate block and no raw tokens"), ("no output", "no output"))
+
+
+def reason_counts(rows: list[dict]) -> dict[str, int]:
+    """How many records fail the gate (own output or reference) for each kind of reason."""
+    counts = {label: 0 for _, label in REASONS}
+    for r in rows:
+        why = " ".join(w for w in r["why"] if not w.startswith("recorded"))
+        for needle, label in REASONS:
+            if needle in why:
+                counts[label] += 1
+    return counts
+
+
 def rejudge(results: Path = RESULTS) -> dict:
     records = json.loads((results / "realshape.json").read_text(encoding="utf-8"))
     index = raw_index(results / "realshape-logs")
@@ -252,6 +270,7 @@ def rejudge(results: Path = RESULTS) -> dict:
             "current": sum(r["staleness"] == "current" for r in rows),
             "stock": sum(r["staleness"] == "stock" for r in rows),
             "predate_the_bars_file": sum(r["bars"] == "predates the bars file" for r in rows),
+            "gate_failures_by_reason": reason_counts(rows),
             "batch_noise_rows": sum(bool(r.get("batch_noise")) for r in rows),
             "batch_noise_within_widest": sum((r.get("batch_noise") or {}).get("within") is True for r in rows),
             "batch_noise_within_p99": sum((r.get("batch_noise") or {}).get("within_p99") is True for r in rows),
@@ -280,6 +299,9 @@ def markdown(report: dict) -> str:
         f"**{s['stale']} records are stale** (ran on a series other than the current one), "
         f"{s['current']} current, {s['stock']} stock. {s['predate_the_bars_file']} records predate "
         f"the bars file (they name no bars.yaml version).",
+        "",
+        "Records failing the gate, by reason (a record may have several): "
+        + "; ".join(f"{label} {n}" for label, n in s["gate_failures_by_reason"].items() if n) + ".",
         "",
         "Current series: " + ", ".join(f"{v} {h[:8]}" for v, h in report["series_now"].items()) + ".",
         "",

@@ -134,3 +134,13 @@ def test_the_committed_rejudge_holds_the_audits_counts():
     assert dflash and all(r["gate"]["block"]["prompts"] == 22 and r["gate"]["block"]["sequences"] == 31
                           for r in dflash)
     assert all(r["verdict"] == "not proof" for r in ref + dflash)
+
+
+def test_reasons_are_counted_per_record():
+    rows = [{"why": ["recorded: not proof", "gate: 11 of 36 sequences looping (at most 10%)",
+                     "reference gate: 11 of 36 sequences looping (at most 10%)"]},
+            {"why": ["gate: 22 prompts of 128+ tokens (at least 32)"]},
+            {"why": []}]
+    counts = rj.reason_counts(rows)
+    assert counts["more than 10 % looping"] == 1 and counts["fewer than 32 prompts of 128+ tokens"] == 1
+    assert sum(counts.values()) == 2
