@@ -1,4 +1,4 @@
-"""Re-judge the committed real-shape records under the current gate (issue 51, item 2).
+"""Re-judge the committed real-shape and served records under the current gate (issue 51, item 2).
 
 ``python tests/gpu/rejudge.py [--results tests/gpu/results] [--out-dir tests/gpu/results]``
 
@@ -7,7 +7,8 @@ Reads every record of ``results/realshape.json`` and the raw records in the log 
 tokens), applies gate.py as it stands (loops, 32 distinct prompts of 128 tokens, at most 10 %
 looping) and writes ``rejudge.json`` and ``rejudge.md``: per record the loops, distinct prompts,
 the gate's verdict with its reasons, the recorded proof beside the proof under the new gate, and
-whether the record ran on the current series (series_now.py).
+whether the record ran on the current series (series_now.py). The rows of ``results/served.json``
+are judged the same way from the served phases in ``results/served/``.
 
 A raw record is taken for a committed record only when it is the same run: same name, target
 and drafter, and the old gate's counts recomputed from its tokens (sequences, constant
@@ -233,6 +234,74 @@ def judge_record(i: int, rec: dict, index: list[dict], records: list[dict] | Non
     return out
 
 
+# ---------------------------------------------------------------- served rows (served.json)
+
+
+def _served_outputs(phase: dict) -> tuple[list[dict], list] | None:
+    """A served phase's outputs as served_report judged them (errors left out) and the request
+    each answered: a reference phase's first pass, or every concurrency level of a DFlash phase."""
+    if phase.get("passes"):
+        outs = [o for o in phase["passes"][0] if not o.get("error")]
+    elif phase.get("levels"):
+        outs = [o for level in phase["levels"].values() for o in level if not o.get("error")]
+    else:
+        return None
+    return outs, [o.get("id", i) for i, o in enumerate(outs)]
+
+
+def served_index(served: Path) -> list[dict]:
+    """Every served phase in the tarballs under ``served``: its server, release, outputs and the
+    old gate's counts (for matching a served.json row to its phase)."""
+    found = []
+    for path in sorted(served.glob("*.tar.*")):
+        with tarfile.open(path) as tf:
+            for source, member, data in _members(tf, path.name):
+                try:
+                    phase = json.loads(data)
+                except ValueError:
+                    continue
+                got = _served_outputs(phase) if isinstance(phase, dict) else None
+                if not got or not got[0]:
+                    continue
+                outs, keys = got
+                found.append({"server": phase.get("server"), "vllm": phase.get("vllm"), "series": phase.get("series"),
+                              "source": f"{source}!{member}", "kind": "reference" if phase.get("passes") else "dflash",
+                              "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys,
+                              "block": gate.nondegenerate(outs)})
+    return found
+
+
+def _served_match(index: list[dict], stored: dict | None, kind: str, row: dict) -> dict | None:
+    if not stored:
+        return None
+    hits = [p for p in index if p["kind"] == kind and p["vllm"] == row.get("vllm")
+            and p["series"] == row.get("series")
+            and all(stored.get(k) == p["block"].get(k) for k in OLD_FIELDS if k in stored)]
+    return sorted(hits, key=lambda p: p["source"])[0] if hits else None
+
+
+def judge_served(i: int, row: dict, index: list[dict]) -> dict:
+    nd = row.get("nondegenerate")
+    pair = isinstance(nd, dict) and "dflash" in nd
+    sides = {"dflash": (nd or {}).get("dflash"), "reference": (nd or {}).get("reference")} if pair \
+        else {"own": nd}
+    out = {"index": i, "server": row.get("server"), "vllm": row.get("vllm"), "recipe": row.get("recipe"),
+           "series": row.get("series"), "series_now": series_now.expected_hash(row),
+           "staleness": series_now.staleness(row), "lossless": row.get("lossless")}
+    why = []
+    for side, stored in sides.items():
+        kind = "reference" if side in ("own", "reference") and (side == "reference" or row.get("server") == "reference") \
+            else "dflash"
+        phase = _served_match(index, stored, kind, row)
+        judged = _judge_side(phase, stored) if stored else {"raw": None, "block": None, "failures": ["no output"]}
+        out[side] = judged
+        why += [f"{side} gate: {w}" for w in judged["failures"]]
+    out["gate_passes"] = bool(nd) and not why
+    out["verdict"] = "gate passes" if out["gate_passes"] else "not proof"
+    out["why"] = why if nd else ["no output recorded"]
+    return out
+
+
 # What each gate failure is about, for the summary: gate.failures' messages by their wording.
 REASONS = (("looping", "more than 10 % looping"), ("prompts of", "fewer than 32 prompts of 128+ tokens"),
            ("median distinct", "median distinct fraction under 0.2"), ("constant", "constant sequences"),
@@ -256,6 +325,10 @@ def rejudge(results: Path = RESULTS) -> dict:
     index = raw_index(results / "realshape-logs")
     rows = [judge_record(i, r, index, records, results / "realshape-logs") for i, r in enumerate(records)]
     gated = [r for r in rows if r["gate"]["raw"] is not None]
+    served_doc = json.loads((results / "served.json").read_text(encoding="utf-8")) \
+        if (results / "served.json").is_file() else {}
+    sindex = served_index(results / "served")
+    served_rows = [judge_served(i, r, sindex) for i, r in enumerate(served_doc.get("servers") or [])]
     return {
         "bars": bars.blob_hash(),
         "series_now": series_now.current_hashes(),
@@ -278,6 +351,14 @@ def rejudge(results: Path = RESULTS) -> dict:
             "batch_noise_recomputed": sum((r.get("batch_noise") or {}).get("recomputed") is True for r in rows),
         },
         "records": rows,
+        "served_summary": {
+            "rows": len(served_rows),
+            "judged_from_raw_tokens": sum(any((r.get(k) or {}).get("raw") for k in ("own", "dflash", "reference"))
+                                          for r in served_rows),
+            "gate_passes": sum(r["gate_passes"] for r in served_rows),
+            "stale": sum(r["staleness"] == "stale" for r in served_rows),
+        },
+        "served": served_rows,
     }
 
 
@@ -328,6 +409,31 @@ def markdown(report: dict) -> str:
             f"| {_cell(b.get('prompts_ending_in_repeat_32'))} | {prompts} | {rloops} "
             f"| {_cell(ref.get('prompts_ending_in_repeat_32'))} | {rprompts} | {_cell(r['recorded_proof'])} "
             f"| {'proof' if r['proof'] else '**not proof**'} | {'; '.join(r['why'])} |")
+    ss = report.get("served_summary") or {}
+    if report.get("served"):
+        lines += [
+            "", "## Served rows (served.json)", "",
+            f"**{ss['gate_passes']} of {ss['rows']} served rows pass the gate**; {ss['judged_from_raw_tokens']} "
+            f"judged from the raw phases in `served/`; **{ss['stale']} stale**.", "",
+            "| # | server | vLLM | recipe | series | stale | loops | prompts | ref loops | ref prompts | lossless "
+            "| verdict | why |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in report["served"]:
+            own = (r.get("own") or r.get("dflash") or {}).get("block") or {}
+            ref = (r.get("reference") or {}).get("block") or {}
+
+            def frac(b, key, total):
+                return "–" if b.get(key) is None else f"{b[key]}/{b.get(total)}"
+
+            stale = {"stale": "**stale**", "current": "current"}.get(r["staleness"], r["staleness"])
+            series = "stock" if r["series"] == "stock" else (r["series"] or "")[:8] or "–"
+            lines.append(
+                f"| {r['index']} | {r['server']} | {r['vllm']} | {_cell(r['recipe'])} | {series} | {stale} "
+                f"| {frac(own, 'looping_sequences', 'sequences')} | {frac(own, 'prompts_full_length', 'prompts')} "
+                f"| {frac(ref, 'looping_sequences', 'sequences')} | {frac(ref, 'prompts_full_length', 'prompts')} "
+                f"| {_cell(r['lossless'])} | {'gate passes' if r['gate_passes'] else '**not proof**'} "
+                f"| {'; '.join(r['why'])} |")
     noisy = [r for r in report["records"] if r.get("batch_noise")]
     if noisy:
         lines += [

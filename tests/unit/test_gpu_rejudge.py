@@ -144,3 +144,34 @@ def test_reasons_are_counted_per_record():
     counts = rj.reason_counts(rows)
     assert counts["more than 10 % looping"] == 1 and counts["fewer than 32 prompts of 128+ tokens"] == 1
     assert sum(counts.values()) == 2
+
+
+def _served_folder(tmp_path: Path, n: int) -> Path:
+    results = _folder(tmp_path, _diverse(36), [_diverse(36)[:32]])
+    (results / "served").mkdir()
+    outs = [{"id": f"r{i}", "token_ids": t} for i, t in enumerate(_diverse(n, seed=7))]
+    ref_phase = {"server": "reference", "vllm": "0.21.0", "series": "a" * 64, "passes": [outs, outs]}
+    dfl_phase = {"server": "dflash", "vllm": "0.21.0", "series": "a" * 64,
+                 "levels": {"1": outs[:1], str(n): outs}}
+    _tar(results / "served" / "served.tar.xz", {"s/reference.json": ref_phase, "s/dflash.json": dfl_phase})
+    ref_block = _stored(outs)
+    dfl_block = _stored(outs[:1] + outs)
+    (results / "served.json").write_text(json.dumps({"servers": [
+        {"server": "reference", "vllm": "0.21.0", "series": "a" * 64, "nondegenerate": ref_block},
+        {"server": "dflash", "vllm": "0.21.0", "series": "a" * 64, "lossless": True,
+         "nondegenerate": {"reference": ref_block, "dflash": dfl_block, "passes": True}},
+    ]}))
+    return results
+
+
+def test_served_rows_are_judged_from_their_phases(tmp_path):
+    report = rj.rejudge(_served_folder(tmp_path / "32", 32))
+    ref, dfl = report["served"]
+    assert ref["own"]["raw"].endswith("s/reference.json") and dfl["dflash"]["raw"].endswith("s/dflash.json")
+    # the DFlash phase answered 33 requests of 32 distinct prompts: it passes
+    assert dfl["dflash"]["block"]["sequences"] == 33 and dfl["dflash"]["block"]["prompts"] == 32
+    assert ref["gate_passes"] and dfl["gate_passes"] and report["served_summary"]["gate_passes"] == 2
+    # 22 requests: not proof, whatever the row stored
+    report = rj.rejudge(_served_folder(tmp_path / "22", 22))
+    assert [r["verdict"] for r in report["served"]] == ["not proof", "not proof"]
+    assert any("22 prompts" in w for w in report["served"][1]["why"])
