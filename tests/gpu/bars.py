@@ -15,9 +15,39 @@ BARS_FILE = Path(__file__).resolve().parent / "bars.yaml"
 
 @functools.cache
 def load(path: Path = BARS_FILE) -> dict:
-    import yaml
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        import yaml
+    except ImportError:  # a GPU host's interpreter without PyYAML: the file keeps to what parse reads
+        return parse(text)
+    return yaml.safe_load(text)
 
-    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+def _scalar(value: str):
+    if value in ("true", "false"):
+        return value == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def parse(text: str) -> dict:
+    """bars.yaml's subset of YAML: sections of ``key: scalar`` lines, ``#`` comments."""
+    out: dict = {}
+    section = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        key, _, value = line.strip().partition(":")
+        if not line.startswith(" "):
+            section = out.setdefault(key, {})
+        elif section is not None:
+            section[key] = _scalar(value.strip())
+    return out
 
 
 def get(section: str, key: str):

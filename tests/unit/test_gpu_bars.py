@@ -26,6 +26,11 @@ def test_blob_hash_is_gits():
     assert bars.blob_hash() == _git(REPO, "hash-object", str(BARS)).strip()
 
 
+def test_the_fallback_parser_reads_the_file_as_yaml_does():
+    # a GPU host without PyYAML reads bars.yaml with bars.parse: it must give the same criteria
+    assert bars.parse(BARS.read_text()) == yaml.safe_load(BARS.read_text())
+
+
 def test_reports_read_their_thresholds_from_the_file():
     data = yaml.safe_load(BARS.read_text())
     gate, acc, served = _load("gate"), _load("acceptance_report"), _load("served_report")
