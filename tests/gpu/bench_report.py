@@ -349,8 +349,20 @@ def _fmt(v, digits: int = 2) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
 
 
+def _series_md(doc: dict) -> str:
+    """Whether the benchmark ran the current series of its release (issue 51)."""
+    import series_now
+
+    ran = (doc.get("meta") or {}).get("series_hash")
+    state = series_now.staleness({"vllm": doc.get("vllm"), "series": ran})
+    now = series_now.current_hash(doc.get("vllm")) if doc.get("vllm") else None
+    mark = {"stale": "**stale**", "current": "current"}.get(state, state)
+    return f"Series: {ran[:8] if ran else 'not recorded'} ({mark}; the current {doc.get('vllm')} series is {(now or '-')[:8]})."
+
+
 def markdown(doc: dict) -> str:
     lines = [f"# Step-time benchmark ({doc.get('device')}, vLLM {doc.get('vllm')})", "",
+             _series_md(doc), "",
              "Measured at 6 layers (5 sliding + 1 full), extrapolated to 30: "
              "`T30 = T_step + 4 * T_forward`. Speed-ups are projections.", ""]
     for dtype, d in doc["steps_ms"].items():

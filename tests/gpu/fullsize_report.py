@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_report  # noqa: E402
 import memfit  # noqa: E402
 import roofline  # noqa: E402
+import series_now  # noqa: E402
 
 TAUS = [2, 3, 4, 5, 6, 7, 8]
 KNOBS = {
@@ -274,7 +275,12 @@ def _series_line(doc: dict) -> str:
     runs = [*(doc.get("profile_runs") or {}).values(), *(doc.get("profile_attempts") or [])]
     named = sorted({r["series"][:8] for r in runs if r.get("series")})
     missing = sum(1 for r in runs if not r.get("series"))
-    return ", ".join(named + ([f"not recorded in {missing} of {len(runs)}"] if missing else [])) or "-"
+    line = ", ".join(named + ([f"not recorded in {missing} of {len(runs)}"] if missing else [])) or "-"
+    # A run is current only on a hash of a series this checkout holds now; one without a series
+    # cannot be shown current (issue 51).
+    now = set(series_now.current_hashes().values())
+    current = sum(1 for r in runs if r.get("series") in now)
+    return f"{line}; **{current} of {len(runs)} on a current series**" if runs else line
 
 
 def _f(v, fmt="{:.2f}"):

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bars  # noqa: E402
 import compare  # noqa: E402
 
 # The trained-target proof's concurrency groups: a grouped run serves the first c prompts for
@@ -31,18 +32,54 @@ def as_groups(items: list, concurrency: tuple[int, ...] = TRAINED_CONCURRENCY) -
     return [item for c in concurrency for item in items[:c]]
 
 
-# Never lower these (issue 23); raise them when the pilot shows more is reachable.
-MAX_CONSTANT_SEQUENCES = 0
-MIN_MEDIAN_DISTINCT_FRACTION = 0.2
+# From bars.yaml, the one place the criteria live (issue 51); never lower them there (issue 23).
+MAX_CONSTANT_SEQUENCES = bars.get("gate", "max_constant_sequences")
+MIN_MEDIAN_DISTINCT_FRACTION = bars.get("gate", "min_median_distinct_fraction")
+MAX_NAN_POSITIONS = bars.get("gate", "max_nan_positions")
+LOOP_WINDOW = bars.get("gate", "loop_window")
+LOOP_MAX_PERIOD = bars.get("gate", "loop_max_period")
+MIN_PROMPTS = bars.get("gate", "min_prompts")
+MIN_GENERATED_TOKENS = bars.get("gate", "min_generated_tokens")
+MAX_LOOPING_FRACTION = bars.get("gate", "max_looping_fraction")
 
 
-def nondegenerate(outputs: list[dict]) -> dict:
+def loop_period(tokens: list, window: int = LOOP_WINDOW, max_period: int = LOOP_MAX_PERIOD) -> int | None:
+    """The smallest period p <= max_period with which the last ``window`` tokens repeat
+    (token i equals token i + p throughout the window), or None.
+
+    The constant-sequence count misses a model that says something and then stalls: a
+    sequence ending in 93 copies of one token has many distinct tokens before them. A
+    sequence shorter than the window is not judged here; the length bar catches it.
+    """
+    if len(tokens) < window:
+        return None
+    tail = tokens[-window:]
+    for p in range(1, max_period + 1):
+        if all(tail[i] == tail[i + p] for i in range(window - p)):
+            return p
+    return None
+
+
+def looping(tokens: list) -> bool:
+    return loop_period(tokens) is not None
+
+
+def nondegenerate(outputs: list[dict], prompt_keys: list | None = None) -> dict:
     """``outputs``: records with ``token_ids`` and optionally ``top`` (per position, [token, logit, rank]).
+
+    ``prompt_keys``: which prompt each output answered (one per output), where several outputs
+    answer the same prompt (a grouped run serves the first c prompts for every c); without it
+    every output is a prompt of its own. ``prompts_full_length`` counts the distinct prompts with
+    an output of at least MIN_GENERATED_TOKENS tokens: the bar is on distinct text, not requests.
 
     ``nan_positions`` counts positions whose raw logits were NaN: the token there is
     whatever argmax makes of NaN, so such output says nothing (seen on the H100 runs).
     """
+    keys = list(prompt_keys) if prompt_keys is not None else list(range(len(outputs)))
+    if len(keys) != len(outputs):
+        raise ValueError(f"{len(keys)} prompt keys for {len(outputs)} outputs")
     seqs = [o["token_ids"] for o in outputs if o.get("token_ids")]
+    full = {k for k, o in zip(keys, outputs) if len(o.get("token_ids") or []) >= MIN_GENERATED_TOKENS}
     fractions = [len(set(s)) / len(s) for s in seqs]
     near = nan = 0
     for o in outputs:
@@ -59,16 +96,43 @@ def nondegenerate(outputs: list[dict]) -> dict:
         "median_distinct_fraction": round(statistics.median(fractions), 4) if fractions else 0.0,
         "near_ties": near,
         "nan_positions": nan,
+        "looping_sequences": sum(1 for s in seqs if looping(s)),
+        "prompts": len(set(keys)),
+        "prompts_full_length": len(full),
+        "min_generated_tokens": min((len(s) for s in seqs), default=0),
     }
 
 
+def failures(block: dict | None) -> list[str]:
+    """Why ``block`` is not worth comparing; empty when it passes. A block written before the
+    loop check (no ``looping_sequences``) fails: the loops were never counted."""
+    if not block or not block.get("sequences"):
+        return ["no output"]
+    why = []
+    if block["constant_sequences"] > MAX_CONSTANT_SEQUENCES:
+        why.append(f"{block['constant_sequences']} constant sequences")
+    if block["median_distinct_fraction"] < MIN_MEDIAN_DISTINCT_FRACTION:
+        why.append(f"median distinct fraction {block['median_distinct_fraction']} < {MIN_MEDIAN_DISTINCT_FRACTION}")
+    if block.get("nan_positions", 0) > MAX_NAN_POSITIONS:
+        why.append(f"{block['nan_positions']} NaN positions")
+    loops = block.get("looping_sequences")
+    if loops is None:
+        why.append("loops not counted")
+    elif loops > MAX_LOOPING_FRACTION * block["sequences"]:
+        why.append(f"{loops} of {block['sequences']} sequences looping (at most {MAX_LOOPING_FRACTION:.0%})")
+    full = block.get("prompts_full_length")
+    if full is None:
+        why.append("prompt count not recorded")
+    elif full < MIN_PROMPTS:
+        why.append(f"{full} prompts of {MIN_GENERATED_TOKENS}+ tokens (at least {MIN_PROMPTS})")
+    return why
+
+
 def passes(block: dict | None) -> bool:
-    """True when the outputs are worth comparing (no constant sequence, enough distinct
-    tokens, no NaN logits)."""
-    return bool(block) and block["sequences"] > 0 \
-        and block["constant_sequences"] <= MAX_CONSTANT_SEQUENCES \
-        and block["median_distinct_fraction"] >= MIN_MEDIAN_DISTINCT_FRACTION \
-        and block.get("nan_positions", 0) == 0
+    """True when the outputs are worth comparing: no constant sequence, enough distinct tokens,
+    no NaN logits, at most MAX_LOOPING_FRACTION looping, and MIN_PROMPTS distinct prompts of
+    MIN_GENERATED_TOKENS tokens."""
+    return not failures(block)
 
 
 def acceptance_summary(steps: list[int], k: int) -> dict:

@@ -49,6 +49,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the launcher's s
 from launcher.patching.stamp import read_stamp  # noqa: E402
 from launcher.patching.tree import Tree  # noqa: E402
 import carried  # noqa: E402
+import bars  # noqa: E402
 import compare  # noqa: E402
 import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
@@ -57,6 +58,7 @@ import lm_files  # noqa: E402
 import oracle  # noqa: E402
 import run_modes  # noqa: E402
 import sched_events  # noqa: E402
+import series_now  # noqa: E402
 
 TARGET = "gemma4-a4b-r30"
 DRAFTER = "dflash-r5-for-a4b-r30"
@@ -1274,19 +1276,33 @@ def _logit(top: list, token: int) -> float | None:
     return next((entry[1] for entry in top if entry[0] == token), None)
 
 
-def margin_shift(reference: dict, run: dict) -> float:
-    """The widest change of the top-1/top-2 logit margin between a run and its reference at
+def margin_moves(reference: dict, run: dict) -> list[float]:
+    """Every change of the top-1/top-2 logit margin between a run and its reference at
     positions where both still agree on the tokens so far (so on the top-1 token) and on the
-    runner-up: how far the run's numerics move a margin without any change of input."""
-    widest = 0.0
+    runner-up: how far the run's numerics move margins without any change of input."""
+    moves = []
     for ref, out in _paired_outputs(reference, run):
         for t, (a, b) in enumerate(zip(ref["token_ids"], out["token_ids"])):
             if a != b:
                 break
             rt, ot = _top(ref, t), _top(out, t)
             if len(rt) > 1 and len(ot) > 1 and rt[1][0] == ot[1][0]:
-                widest = max(widest, abs((rt[0][1] - rt[1][1]) - (ot[0][1] - ot[1][1])))
-    return widest
+                moves.append(abs((rt[0][1] - rt[1][1]) - (ot[0][1] - ot[1][1])))
+    return moves
+
+
+def margin_shift(reference: dict, run: dict) -> float:
+    """The widest of margin_moves (0 where none)."""
+    return max(margin_moves(reference, run), default=0.0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-th percentile: the smallest value with at least q % of the values at
+    or below it (0 for no values)."""
+    if not values:
+        return 0.0
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(q / 100 * len(ranked)) - 1)]
 
 
 def divergence_swings(reference: dict, run: dict) -> list[dict]:
@@ -1336,15 +1352,26 @@ def within_batch_noise(reference: dict | None, run: dict, noise: dict | None, no
     # A carried raw record of another target (or NVFP4 copy) must not set the bound.
     if checkpoint_differs(reference, noise) or checkpoint_differs(reference, run):
         return {"run": noise_name, "within": None, "reason": "runs of different targets"}
-    bound, own = margin_shift(reference, noise), margin_shift(reference, run)
+    noise_moves, own_moves = margin_moves(reference, noise), margin_moves(reference, run)
+    bound, own = max(noise_moves, default=0.0), max(own_moves, default=0.0)
     swings = divergence_swings(reference, run)
     unexplained = sum(1 for x in swings if x["swing"] > bound)
     unmeasured = sum(1 for x in swings if x["swing"] <= bound and not x["exact"])
     within = False if unexplained or own > bound else (None if unmeasured else True)
+    # bars.yaml's procedure beside it: the bound is the percentile of the twin's moves over all
+    # positions, never its widest move; the run's own moves are taken at the same percentile.
+    q = bars.get("noise", "margin_move_percentile")
+    bound_q, own_q = percentile(noise_moves, q), percentile(own_moves, q)
+    unexplained_q = sum(1 for x in swings if x["swing"] > bound_q)
+    unmeasured_q = sum(1 for x in swings if x["swing"] <= bound_q and not x["exact"])
+    within_q = False if unexplained_q or own_q > bound_q else (None if unmeasured_q else True)
     return {"run": noise_name, "margin_bound": bound, "own_margin_shift": own, "divergences": len(swings),
             "explained": len(swings) - unexplained - unmeasured, "unmeasured": unmeasured,
             "unexplained": unexplained, "widest_swing": max((x["swing"] for x in swings), default=0.0),
-            "within": within}
+            "within": within,
+            "percentile": q, "margin_moves": len(noise_moves), "margin_bound_p99": bound_q,
+            "own_margin_shift_p99": own_q, "unexplained_p99": unexplained_q, "unmeasured_p99": unmeasured_q,
+            "within_p99": within_q}
 
 
 def generated(raw: dict) -> list[dict]:
@@ -1352,6 +1379,14 @@ def generated(raw: dict) -> list[dict]:
     if raw.get("passes"):
         return raw["passes"][0]
     return [o for outs in (raw.get("groups") or {}).values() for o in outs]
+
+
+def generated_prompts(raw: dict) -> list[int]:
+    """Which prompt each of ``generated(raw)`` answered: a group of c serves the first c prompts
+    (gate.as_groups), so a grouped run of 1/8/22 holds 31 outputs of 22 distinct prompts."""
+    if raw.get("passes"):
+        return list(range(len(raw["passes"][0])))
+    return [i for outs in (raw.get("groups") or {}).values() for i in range(len(outs))]
 
 
 def prefix_cache_hits(raw: dict) -> int | None:
@@ -1374,8 +1409,10 @@ def trained_fields(spec: RunSpec, raw: dict, reference: dict | None) -> dict:
     reproducing reference of the same target."""
     counters = raw.get("counters") or {}
     # A run that failed made no output: an empty block (0 sequences) that fails the gate, not a missing one.
-    block = gate.nondegenerate(generated(raw) if raw.get("ok") else [])
+    block = gate.nondegenerate(generated(raw), generated_prompts(raw)) if raw.get("ok") else gate.nondegenerate([])
     fields = {"target_name": raw.get("target_name"), "target_sha256": raw.get("target_sha256"),
+              # the criteria this record was judged by (bars.yaml's blob hash)
+              "bars": bars.blob_hash(),
               "nondegenerate": block, "preemptions": counters.get("preemptions"),
               "prefix_cache_hits": prefix_cache_hits(raw), "counters": counters,
               "reference": spec.reference,
@@ -1475,6 +1512,34 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
             and not (not r.get("ok") and (r.get("name"), r.get("vllm")) in rerun)] + new
 
 
+def _gate_now(r: dict) -> list[str]:
+    """The gate as it stands over the blocks a record stored: its own and, for a record judged
+    against a reference, the reference's."""
+    why = gate.failures(r.get("nondegenerate"))
+    if r.get("mode") in ("dflash", "oracle") and r.get("reference"):
+        why += [f"reference: {w}" for w in gate.failures(r.get("reference_nondegenerate"))]
+    return why
+
+
+def _gate_now_cell(r: dict) -> str:
+    why = _gate_now(r)
+    return "passes" if not why else "**not proof**: " + "; ".join(why)
+
+
+def _series_now_cell(r: dict) -> str:
+    state = series_now.staleness(r)
+    return "**stale**" if state == "stale" else state
+
+
+def _stale_headline(records: list[dict]) -> list[str]:
+    stale = sum(series_now.staleness(r) == "stale" for r in records)
+    failing = sum(bool(_gate_now(r)) for r in records)
+    now = ", ".join(f"{v} {series_now.current_hash(v)[:8]}" for v in sorted({r["vllm"] for r in records if r.get("vllm")})
+                    if series_now.current_hash(v))
+    return [f"**{stale} of {len(records)} records are stale** (ran on a series other than the current one: {now}); "
+            f"**{failing} of {len(records)} fail the gate as it stands and are not proof.**", ""]
+
+
 def markdown(records: list[dict], meta: dict) -> str:
     trained = [r for r in records if r.get("target_kind") == "trained" and r.get("mode") != "oracle"]
     oracles = [r for r in records if r.get("mode") == "oracle"]
@@ -1490,13 +1555,19 @@ def markdown(records: list[dict], meta: dict) -> str:
         "## Trained target (train_target.py: hidden 256, 32 experts, CPython-stdlib BPE 8k)",
         "",
         "A record is a proof only when its outputs pass the non-degeneracy gate (no constant "
-        f"sequence, median distinct-token fraction >= {gate.MIN_MEDIAN_DISTINCT_FRACTION}, no NaN logits) and, "
-        "for DFlash, it is lossless against a reproducing reference of the same target_sha256.",
+        f"sequence, median distinct-token fraction >= {gate.MIN_MEDIAN_DISTINCT_FRACTION}, no NaN logits, at most "
+        f"{gate.MAX_LOOPING_FRACTION:.0%} of sequences whose last {gate.LOOP_WINDOW} tokens repeat with a period of "
+        f"{gate.LOOP_MAX_PERIOD} or less, at least {gate.MIN_PROMPTS} distinct prompts of {gate.MIN_GENERATED_TOKENS}+ "
+        "tokens; bars.yaml) and, "
+        "for DFlash, it is lossless against a reproducing reference of the same target_sha256. \"proof\" is the "
+        "verdict recorded with the run; \"gate now\" applies the gate as it stands to the blocks the record "
+        "stored (rejudge.md applies it to the raw tokens).",
         "",
-        "| run | series | target sha256 | inputs | quant | drafter (asked → got) | target backend | FA "
+        *_stale_headline(trained),
+        "| run | series | series now | target sha256 | inputs | quant | drafter (asked → got) | target backend | FA "
         "| KV blocks | sequences / constant / median distinct / near-ties / NaN positions | preemptions | prefix hits "
-        "| accepted / drafted | ok | lossless | proof | detail |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| accepted / drafted | ok | lossless | proof | gate now | detail |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in trained:
         nd = r.get("nondegenerate") or {}
@@ -1506,12 +1577,12 @@ def markdown(records: list[dict], meta: dict) -> str:
         c = r.get("counters") or {}
         acc = f"{c.get('spec_accepted_tokens')} / {c.get('spec_draft_tokens')}" if r.get("mode") == "dflash" else "-"
         lines.append(
-            f"| {r['name']} | {_series_cell(r)} | {str(r.get('target_sha256') or '-')[:12]} | {_inputs(r)} | "
+            f"| {r['name']} | {_series_cell(r)} | {_series_now_cell(r)} | {str(r.get('target_sha256') or '-')[:12]} | {_inputs(r)} | "
             f"{r.get('quantization')} | {r.get('drafter_backend') or '-'} → {r.get('drafter_backend_observed') or '-'} | "
             f"{r.get('target_backend_observed') or '-'} | {r.get('flash_attn_version') or 'default'} | "
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | {gate_cell} | "
             f"{r.get('preemptions')} | {r.get('prefix_cache_hits')} | {acc} | {'yes' if r.get('ok') else 'no'} | "
-            f"{r.get('lossless')} | {r.get('proof')} | {_detail(r)} |")
+            f"{r.get('lossless')} | {r.get('proof')} | {_gate_now_cell(r)} | {_detail(r)} |")
     lines += _drafter_section([r for r in trained if r.get("drafter_kind") == "trained"])
     lines += _oracle_section(oracles)
     lines += [

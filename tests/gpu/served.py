@@ -404,6 +404,8 @@ class Phase:
         self.serve = serve_args(SERVES.get(name, name), str(args.model), str(args.drafter),
                                 self.port, args.set, args.vllm_arg, args.recipe)
         self.record: dict = {"server": name, "series": "stock" if name == "stock" else args.series_hash,
+                             # the criteria this record is judged by (bars.yaml's blob hash)
+                             "bars": report.bars.blob_hash(),
                              "numerics": "exact" if args.exact_numerics else "default",
                              "launcher_env": {"PYTHONPATH": launcher_env(site)["PYTHONPATH"]}}
         self.server: Launched | None = None

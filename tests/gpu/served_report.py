@@ -23,13 +23,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parents[1]))  # the launcher (bench metrics)
 import compare  # noqa: E402
+import bars  # noqa: E402
 import gate  # noqa: E402
+import series_now  # noqa: E402
 import run_modes  # noqa: E402
 import served_requests as sr  # noqa: E402
 
 from launcher.bench import metrics  # noqa: E402
 
-ACCEPTANCE_BAR = 1.5  # issue 26: mean acceptance length with the trained drafter
+ACCEPTANCE_BAR = bars.get("acceptance", "served_min_mean_acceptance_length")  # issue 26, from bars.yaml
 TOKEN_PREFIX = "token_id:"
 
 
@@ -208,6 +210,8 @@ def _common(phase: dict) -> dict:
     plan = phase.get("plan") or {}
     return {
         "server": phase["server"], "vllm": phase.get("vllm"), "series": phase.get("series"),
+        # bars.yaml's blob hash where the phase recorded it (records from before it have none)
+        **({"bars": phase["bars"]} if phase.get("bars") else {}),
         # exact (batch-invariant, no inductor) or default; read off the server's environment and
         # argv in records from before the phase kept it
         "numerics": phase.get("numerics") or _numerics(plan, phase.get("argv")),
@@ -255,7 +259,8 @@ def dflash_row(phase: dict, reference: dict | None) -> dict:
     verdicts = {c: judge(ref_first, outs) for c, outs in levels.items()} if ref_first else {}
     ref_gate = gate.nondegenerate([o for o in ref_first if not o.get("error")]) if ref_first else None
     own = [o for outs in levels.values() for o in outs if not o.get("error")]
-    own_gate = gate.nondegenerate(own) if own else None
+    # every level serves the same requests: the size bar counts distinct requests, not outputs
+    own_gate = gate.nondegenerate(own, [o.get("id", i) for i, o in enumerate(own)]) if own else None
     if not ref_first:
         lossless, why = None, "no reference phase"
     elif not (reproducible or {}).get("reproducible"):
@@ -408,6 +413,15 @@ def _cell(v) -> str:
     return str(v)
 
 
+def gate_failures(nd: dict | None) -> list[str]:
+    """The gate (gate.py) over a row's block as it stands now, not the verdict stored with it: a
+    reference row's block, or a DFlash row's pair (its reference's and its own)."""
+    if isinstance(nd, dict) and "dflash" in nd:
+        return ([f"reference: {w}" for w in gate.failures(nd.get("reference"))]
+                + [f"dflash: {w}" for w in gate.failures(nd.get("dflash"))])
+    return gate.failures(nd)
+
+
 def markdown(doc: dict) -> str:
     meta = doc.get("meta") or {}
     lines = [
@@ -420,16 +434,24 @@ def markdown(doc: dict) -> str:
         f"{sr.TOP_LOGPROBS} raw logits; lossless = identical to the one-at-a-time reference or the first "
         "divergence on a reference tie (compare.py).",
         "",
-        "| server | vLLM | recipe | series | drafter | numerics | profile | ok | requests | concurrency "
+        "| server | vLLM | recipe | series | series now | drafter | numerics | profile | ok | requests | concurrency "
         "| images change output | lossless | nondegenerate | acceptance length | bench | stock error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in doc.get("servers") or []:
+    rows = doc.get("servers") or []
+    stale = sum(series_now.staleness(r) == "stale" for r in rows)
+    failing = sum(bool(gate_failures(r.get("nondegenerate"))) for r in rows if r.get("nondegenerate"))
+    lines[2:2] = [f"**{stale} of {len(rows)} rows are stale** (ran on a series other than the current one); "
+                  f"**{failing} of {sum(bool(r.get('nondegenerate')) for r in rows)} rows with output fail the "
+                  "gate and are not proof** (gate.py, bars.yaml).", ""]
+    for r in rows:
         nd = r.get("nondegenerate")
-        nd_cell = nd.get("passes") if isinstance(nd, dict) and "passes" in nd else \
-            (gate.passes(nd) if isinstance(nd, dict) else None)
+        why = gate_failures(nd) if isinstance(nd, dict) else None
+        nd_cell = None if why is None else "passes" if not why else "**not proof**: " + "; ".join(why)
+        state = series_now.staleness(r)
         lines.append(
             f"| {r['server']} | {_cell(r.get('vllm'))} | {_cell(r.get('recipe'))} | {str(r.get('series') or '-')[:12]} "
+            f"| {'**stale**' if state == 'stale' else state} "
             f"| {str(r.get('drafter_sha256') or '-')[:8]} | {_cell(r.get('numerics'))} | {_cell(r.get('profile'))} "
             f"| {_cell(r.get('started'))} | {_cell(r.get('requests'))} | {_cell(r.get('concurrency'))} "
             f"| {_cell(r.get('images_change_output'))} | {_cell(r.get('lossless'))} | {_cell(nd_cell)} "

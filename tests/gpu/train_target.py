@@ -435,7 +435,7 @@ def greedy_probe(model, prompts: list[dict], device: str, batch: int = 12) -> di
     block = gate.nondegenerate(outputs)
     # The DFlash records judge their concurrency groups (the first c prompts for each c),
     # where the first prompts count several times: the same gate over that multiset.
-    grouped = gate.nondegenerate(gate.as_groups(outputs))
+    grouped = gate.nondegenerate(gate.as_groups(outputs), gate.as_groups(list(range(len(outputs)))))
     return {**block, "passes": gate.passes(block),
             "as_groups": {**grouped, "concurrency": list(gate.TRAINED_CONCURRENCY),
                           "passes": gate.passes(grouped)}}

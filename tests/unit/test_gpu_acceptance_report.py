@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.patching.series import series_for
 from tests.unit.gpu_scripts import load as _load
 
 ar = _load("acceptance_report")
+gate = _load("gate")
+
+
+# The rows below ran the current 0.21.0 series, and their output and reference pass the gate
+# (32 prompts of 128 distinct tokens), unless a test says otherwise.
+SERIES = series_for("0.21.0").hash
+ABC = SERIES[:8]
+_GOOD = gate.nondegenerate([{"token_ids": list(range(i * 128, (i + 1) * 128))} for i in range(32)])
 
 
 def _rec(name, acc, ref=4.0, **kw):
     return {"name": name, "mode": "dflash", "drafter_kind": "trained", "vllm": "0.21.0", "quantization": "bf16",
-            "series": "abc", "acceptance": {"mean_acceptance_length": acc, "per_position": [0.5]},
-            "acceptance_reference": {"mean_acceptance_length": ref, "per_position": [0.4]}, **kw}
+            "series": SERIES, "acceptance": {"mean_acceptance_length": acc, "per_position": [0.5]},
+            "acceptance_reference": {"mean_acceptance_length": ref, "per_position": [0.4]},
+            "reference": "ref", "nondegenerate": _GOOD, "reference_nondegenerate": _GOOD, "lossless": True, **kw}
 
 
 # Exact-numerics rows, identical to the reference, of both targets (the lossless item).
@@ -39,8 +49,9 @@ def test_a_row_per_configuration_with_its_capture_and_ablation_runs():
                                           "features_median_cosine": None, "noise_bound": None,
                                           "unequal_beyond_noise": None, "unequal_beyond_noise_p99": None,
                                           "equal_or_within_noise_fraction": None,
-                                          "holds_within_noise": None}
-    assert plain["ablation"] == [{"reverted": "x", "series": "abc", "draft_equivalence_equal": 12,
+                                          "holds_within_noise": None, "exact": None, "holds_strict": None,
+                                          "equal_or_within_noise_p99_fraction": None}
+    assert plain["ablation"] == [{"reverted": "x", "series": SERIES, "draft_equivalence_equal": 12,
                                   "draft_equivalence_contexts": 250, "features_median_cosine": None,
                                   "mean_acceptance_length_vllm": 1.3, "mean_acceptance_length_vllm_unreverted": 4.1}]
     assert rows["nvfp4"]["draft_equivalence"] is None and rows["nvfp4"]["ablation"] == []
@@ -70,11 +81,34 @@ def test_a_default_numerics_row_shows_its_batch_noise_verdict():
     assert rows["noisy"]["within_batch_noise"] is True and rows["exact"]["within_batch_noise"] is None
     assert rows["open"]["batch_noise_run"] == "refgroups" and rows["alone"]["batch_noise_run"] is None
     md = ar.markdown(list(rows.values()))
-    assert "| False; within batching noise: True |" in md
-    assert "| False; within batching noise: False |" in md
-    assert md.count("| False; within batching noise: not decided |") == 1
+    assert "| with ties False; within batching noise (p99): not decided; at the widest move: True |" in md
+    assert "| with ties False; within batching noise (p99): not decided; at the widest move: False |" in md
+    assert md.count("| with ties False; within batching noise (p99): not decided; at the widest move: not decided |") == 1
     assert md.count("| False |") == 1
     assert "| True |" in md
+
+
+def test_equivalence_and_lossless_show_the_strict_count_first():
+    """Issue 51, item 4: strict, with ties, within the noise bound (its 99th percentile), in that
+    order; the bar as asked (with ties) decides, and holds in every capture row or not at all."""
+    eq = {"contexts": 1000, "equal": 995, "exact": 800,
+          "noise": {"vllm_unequal_beyond_p99": 3, "equal_or_within_noise_fraction": 0.999}}
+    (row,) = ar.build([_rec("capture", 3.5, capture_drafts=True, draft_equivalence=eq, lossless=False,
+                            verdict={"prompt_runs": 31, "identical": 2},
+                            batch_noise={"run": "refgroups", "within": True, "within_p99": False})])
+    e = row["draft_equivalence"]
+    assert e["holds_strict"] is False and e["holds"] is True  # 800 < 990 <= 995
+    assert e["equal_or_within_noise_p99_fraction"] == 0.997  # (1000 - 3) / 1000
+    md = ar.markdown([row])
+    assert "strict 800/1000, with ties 995/1000, within noise (p99) 0.997" in md
+    assert "| strict 2/31; with ties False; within batching noise (p99): False; at the widest move: True |" in md
+    # one capture row short of the bar with ties: not met, though another holds it
+    low = dict(eq, equal=900)
+    rows = ar.build([_rec("capture", 3.5, capture_drafts=True, draft_equivalence=eq),
+                     _rec("capture", 3.5, capture_drafts=True, draft_equivalence=low, quantization="modelopt-nvfp4")])
+    rows[0]["served_speed_bar_met"] = True
+    (done,) = ar.done_when(rows)
+    assert done["met"]["draft_equivalence"] is False
 
 
 # ------------------------------------------------------------------ speed at this width (item 5)
@@ -117,7 +151,7 @@ def test_counter_deltas_are_per_pass():
 def test_rows_carry_the_speed_runs_of_their_configuration_and_the_bar_at_concurrency_1():
     def speed_rec(name, mode, summary, **kw):
         return {"name": name, "mode": mode, "drafter_kind": "trained" if mode == "dflash" else "random",
-                "vllm": "0.21.0", "quantization": "bf16", "series": "abc", "ok": True, "speed": summary, **kw}
+                "vllm": "0.21.0", "quantization": "bf16", "series": SERIES, "ok": True, "speed": summary, **kw}
     fast = {"1": {"tok_s": 300.0, "tau": 4.0, "t_draft_ms": 1.0, "t_verify_ms": 3.0}}
     alone = {"1": {"tok_s": 100.0, "t_decode_ms": 3.0}}
     records = [_rec("plain", 4.2), speed_rec("s-dflash", "dflash", fast), speed_rec("s-alone", "reference-grouped", alone),
@@ -305,7 +339,7 @@ def test_a_retrained_drafter_is_a_row_of_its_own_and_ablations_join_their_own_dr
     assert [a["reverted"] for a in rows["old"]["ablation"]] == ["x"] and rows["new"]["ablation"] == []
     assert rows["old"]["draft_equivalence"]["equal"] == 240 and rows["new"]["draft_equivalence"]["equal"] == 245
     md = ar.markdown(list(rows.values()))
-    assert "| capture | 0.21.0 | abc | new | bf16 | 3.0 |" in md
+    assert f"| capture | 0.21.0 | {ABC} | new | bf16 | 3.0 |" in md
 
 
 def test_a_served_speed_row_joins_only_the_rows_of_the_drafter_it_served():
@@ -357,15 +391,15 @@ def test_done_when_judges_each_drafter_apart_and_names_what_is_missing():
     done = _done(records)
     old, fresh = done[("0.21.0", "old")], done[("0.21.0", "new")]
     assert old["met"] == {"acceptance": False, "concurrency": False, "lossless": False, "draft_equivalence": True,
-                          "ablation": True, "speed": False}
+                          "ablation": True, "speed": False, "gate": True, "current_series": True}
     assert fresh["met"]["acceptance"] is True and fresh["acceptance"]["nvfp4"] == {"rows": ["nvfp4"], "met": ["nvfp4"]}
     # The old drafter's offset ablation does not stand in for the new one's.
     assert fresh["met"]["ablation"] is False and fresh["ablation_recorded"] == [EMBED]
     assert fresh["speed_served"] is None and fresh["done"] is False
     md = ar.markdown(ar.build(records))
-    assert (f"| 0.21.0 | new | abc | 1/1 | 1/1 | 0 / 0 | not met (0/0 / 0/0) | met (250 contexts) "
+    assert (f"| 0.21.0 | new | {ABC} | 1/1 | 1/1 | 0 / 0 | not met (0/0 / 0/0) | met (250 contexts) "
             f"| not met (missing: {OFFSET}) "
-            "| not measured (not measured) | no |") in md
+            "| not measured (not measured) | met | met | no |") in md
 
 
 def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
@@ -383,7 +417,7 @@ def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
     assert done["speed_offline"] is True and done["met"]["speed"] is False and done["done"] is False
     rows[0]["served_speed_bar_met"] = True
     (done,) = ar.done_when(rows)
-    assert done["done"] is True and "| met (met) | **done** |" in ar.markdown(rows)
+    assert done["done"] is True and "| met (met) | met | met | **done** |" in ar.markdown(rows)
     assert done["acceptance"]["bf16"]["rows"] == ["bf16", "bf16-exact", "capture"]  # the joined capture counts
     # One row under the bar (an exact-numerics row at 2.9) undoes it.
     rows = ar.build(base + [_rec("exact", 2.9, ref=3.0, batch_invariant=True)])
@@ -451,20 +485,58 @@ def test_a_joined_capture_run_keeps_its_own_acceptance_and_is_judged_with_the_ro
     ([("drop", "nvfp4-exact")], False),
     # an exact row that diverged
     ([("lossless", False)], False),
-    # a default-numerics row whose divergences lie beyond the batching noise
+    # a default-numerics row whose divergences lie beyond the batching noise (its 99th percentile)
     ([("noise", False)], False),
-    # undecided (a swapped token outside the kept logprobs) is not a failure
-    ([("noise", None)], True),
+    # undecided (a swapped token outside the kept logprobs) is not a pass (issue 51)
+    ([("noise", None)], False),
+    # within the twin's widest move but not within its 99th percentile: the percentile decides
+    ([("widest", True), ("noise", False)], False),
 ])
 def test_done_when_asks_for_identical_exact_numerics_rows_of_both_targets(extra, met):
     records = [dict(r) for r in EXACT] + [_rec("plain", 3.4, ref=3.5, lossless=False,
-                                               batch_noise={"run": "refgroups", "within": True})]
+                                               batch_noise={"run": "refgroups", "within": True, "within_p99": True})]
     for what, value in extra:
         if what == "drop":
             records = [r for r in records if r["name"] != value]
         elif what == "lossless":
             records[0]["lossless"] = value
-        else:
+        elif what == "widest":
             records[-1]["batch_noise"]["within"] = value
+        else:
+            records[-1]["batch_noise"]["within_p99"] = value
     (done,) = ar.done_when(ar.build(records))
     assert done["met"]["lossless"] is met
+
+
+def test_a_stale_row_or_one_that_fails_the_gate_is_marked_and_keeps_done_open():
+    """Issue 51: a row that ran a superseded series is marked stale in the JSON and the headline;
+    a row whose reference loops fails the gate and is shown as not proof; either keeps "done" open."""
+    eq = {"contexts": 300, "equal": 299}
+    levels = dict(concurrency=[1, 8, 22])
+    base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
+            _rec("bf16", 3.4, ref=3.5, **levels),
+            _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", **levels), *EXACT,
+            _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
+            _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
+
+    def judged(records):
+        rows = ar.build(records)
+        rows[0]["served_speed_bar_met"] = True
+        return rows, ar.done_when(rows)[0]
+
+    rows, done = judged(base)
+    assert done["done"] is True and all(r["staleness"] == "current" and r["gate_passes"] for r in rows)
+    # the same rows on another series: stale, and not done
+    old = [dict(r, series="f" * 64) for r in base]
+    rows, done = judged(old)
+    assert {r["staleness"] for r in rows} == {"stale"} and done["met"]["current_series"] is False
+    assert done["done"] is False and f"**{len(rows)} of {len(rows)} rows are stale**" in ar.markdown(rows)
+    # a reference with 4 of 32 sequences ending in 93 copies of one token: 12.5 % looping
+    loops = [{"token_ids": list(range(i * 128, i * 128 + 35)) + [7] * 93} for i in range(4)]
+    looping = gate.nondegenerate(loops + [{"token_ids": list(range(i * 128, (i + 1) * 128))} for i in range(4, 32)])
+    bad = [dict(base[1], reference_nondegenerate=looping)] + [r for r in base if r is not base[1]]
+    rows, done = judged(bad)
+    row = next(r for r in rows if r["run"] == "bf16")
+    assert row["gate_passes"] is False and any("looping" in w for w in row["gate_failures"])
+    assert done["met"]["gate"] is False and done["done"] is False
+    assert "**not proof**: reference: 4 of 32 sequences looping" in ar.markdown(rows)

@@ -570,3 +570,13 @@ def test_profile_phase_groups_kernels_by_timed_range():
     assert prof["steps"] == 8
     assert set(prof["ranges"]) == {"forward", "logits", "propose"}
     assert timer.profiler is None
+
+
+def test_the_benchmark_report_says_whether_it_ran_the_current_series():
+    from launcher.patching.series import series_for
+
+    now = series_for("0.21.0").hash
+    assert br._series_md({"vllm": "0.21.0", "meta": {"series_hash": now}}).startswith(f"Series: {now[:8]} (current;")
+    old = br._series_md({"vllm": "0.21.0", "meta": {"series_hash": "9496c6ec" + "0" * 56}})
+    assert "(**stale**; the current 0.21.0 series is " + now[:8] in old
+    assert "not recorded" in br._series_md({"vllm": "0.21.0", "meta": {}})

@@ -620,9 +620,10 @@ def test_trained_drafter_fields_carry_identity_and_the_offline_reference(tmp_pat
     ident = rs.drafter_identity(spec, tmp_path)
     assert ident["acceptance_reference"] == {"mean_acceptance_length": 4.0}  # this run's release
     assert rs.drafter_identity(rs.RUNS["trained-dflash-fa2-cg-bf16"], tmp_path) == {}
-    diverse = [list(range(i, i + 128)) for i in range(4)]
+    # 32 prompts of 128 tokens: the gate's size bar (bars.yaml)
+    diverse = [list(range(i, i + 128)) for i in range(32)]
     outs = [{"token_ids": t, "top": []} for t in diverse]
-    raw = {"ok": True, "target_sha256": "t" * 64, **ident, "groups": {"4": outs},
+    raw = {"ok": True, "target_sha256": "t" * 64, **ident, "groups": {"32": outs},
            "counters": {"spec_drafts": 10, "spec_accepted_tokens": 36, "spec_accepted_per_pos": [9] * 4 + [0] * 11}}
     reference = {"ok": True, "target_sha256": "t" * 64, "passes": [outs, outs]}
     fields = rs.trained_fields(spec, raw, reference)

@@ -234,7 +234,7 @@ def test_report_has_issue_27s_fields(runs):
     assert (p["weights_gib"], p["graph_gib"], p["kv_cache_tokens"]) == (18.34, 0.58, 140352)
     assert p["memory_budget_gib"] == round(33_668_857_856 * FRACTION / 2**30, 3)
     assert doc["profiles_without_drafter"]["rtx5090"]["fits"] is False
-    assert "Series (the patched site's stamp, per run record): cdcdcdcd, not recorded in 1 of 2." in \
+    assert "Series (the patched site's stamp, per run record): cdcdcdcd, not recorded in 1 of 2; **0 of 2 on a current series**." in \
         fr.markdown(doc)
     for key in ("no_drafter", "dflash"):
         assert set(doc["bench"][key]) == {"1", MAX}
@@ -382,7 +382,7 @@ def test_dflash_projection_at_a_measured_acceptance_length():
     eff = doc["roofline"]["achieved_fraction"]
     assert a["tok_s_c1_at_bandwidth"]["rtx5090"] == round(3.0 * eff * 1790e9 / 15.0e9, 1)
     assert "DFlash at the measured acceptance length 3.00" in fr.markdown(doc)
-    assert "Series (the patched site's stamp, per run record): not recorded in 2 of 2." in fr.markdown(doc)
+    assert "Series (the patched site's stamp, per run record): not recorded in 2 of 2; **0 of 2 on a current series**." in fr.markdown(doc)
     assert f"at batch 1: attention; what moves it: {fr.KNOBS['attention']}" in fr.markdown(doc)
     # Without a bandwidth the step-time rows stand alone; without the no-drafter rows nothing does.
     no_bw = fr.build(_shapes(), records=records, roof=roof, bandwidth=None, six_layer=None, gpu=None,
@@ -449,3 +449,12 @@ def test_an_earlier_run_with_other_settings_is_kept_as_an_attempt(tmp_path):
     (tmp_path / "rtx5090-dflash.json").write_text(json.dumps({**old, "profile_settings": settings}))
     assert fsv.keep_earlier(tmp_path, "rtx5090-dflash", settings, []) is None
     assert (tmp_path / "rtx5090-dflash.json").exists()
+
+
+def test_the_series_line_counts_runs_on_a_current_series():
+    from launcher.patching.series import series_for
+
+    doc = {"profile_runs": {"a": {"series": series_for("0.21.0").hash}, "b": {"series": "f" * 64}},
+           "profile_attempts": [{"series": None}]}
+    line = fr._series_line(doc)
+    assert "not recorded in 1 of 3" in line and "**1 of 3 on a current series**" in line

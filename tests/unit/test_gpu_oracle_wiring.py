@@ -277,7 +277,20 @@ def test_the_judge_cuts_the_reference_to_the_oracles_length():
     assert rs.judge_oracle(ref, dict(raw, oracle_max_tokens=None))["lossless"] is None
 
 
-def test_an_oracle_record_is_proof_only_with_every_length_and_equal_histograms():
+def test_an_oracle_record_of_two_prompts_of_113_tokens_fails_the_gate():
+    """The gate's size bar (32 prompts of 128 tokens, bars.yaml) holds for oracle records too:
+    an oracle run cut to 113 tokens is not proof, however clean its histograms."""
+    spec, ref, raw = _case(accepted_fs=ALL)
+    rec = rs.record(spec, raw, ref, {"series_hash": "h" * 64})
+    assert rec["oracle_checks"]["nondegenerate"] is False and rec["proof"] is False
+    assert all(v for k, v in rec["oracle_checks"].items() if k != "nondegenerate")
+
+
+def test_an_oracle_record_is_proof_only_with_every_length_and_equal_histograms(monkeypatch):
+    # The oracle's own checks, on a case small enough to build by hand: the gate's size bar is
+    # lowered to the case's size here only (the test above keeps it).
+    monkeypatch.setattr(rs.gate, "MIN_PROMPTS", 2)
+    monkeypatch.setattr(rs.gate, "MIN_GENERATED_TOKENS", 113)
     spec, ref, raw = _case(accepted_fs=ALL)
     rec = rs.record(spec, raw, ref, {"series_hash": "h" * 64})
     assert rec["mode"] == "oracle" and rec["lossless"] is True
@@ -322,7 +335,10 @@ def test_an_oracle_record_of_looping_output_is_not_proof():
     assert rec["oracle_checks"]["nondegenerate"] is False and rec["proof"] is False
 
 
-def test_oracle_records_keep_apart_from_dflash_records_and_get_their_own_section():
+def test_oracle_records_keep_apart_from_dflash_records_and_get_their_own_section(monkeypatch):
+    # the section's layout on the hand-built case: the gate's size bar lowered to its size
+    monkeypatch.setattr(rs.gate, "MIN_PROMPTS", 2)
+    monkeypatch.setattr(rs.gate, "MIN_GENERATED_TOKENS", 113)
     spec, ref, raw = _case(accepted_fs=ALL)
     orc = rs.record(spec, raw, ref, {"series_hash": "h" * 64})
     dfl = rs.record(rs.RUNS["trained-dflash-fa2-cg-bf16"], dict(raw, counters={}), ref, {"series_hash": "h" * 64})

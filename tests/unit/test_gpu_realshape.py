@@ -638,3 +638,24 @@ def test_a_merge_judges_earlier_nvfp4_runs_against_a_walk_that_ran_their_copy(tm
     (raw_dir / f"{name}.raw.json").write_text(json.dumps(raw | {"acceptance_reference_nvfp4": {"W4A4": own}}))
     walks_of = rs.load_raws(raw_dir, walks)[name]["acceptance_reference_nvfp4"]
     assert walks_of["W4A4"] == own and walks_of["W4A16"]["mean_acceptance_length"] < 2.83
+
+
+def test_the_noise_bound_at_the_99th_percentile_is_not_the_widest_move():
+    """bars.yaml's noise procedure (issue 51): one wide move of the no-drafter twin among 203
+    does not set the bound; the 99th percentile of all its moves does."""
+    assert rs.percentile([float(i) for i in range(1, 101)], 99) == 99.0
+    assert rs.percentile([0.1] * 99 + [5.0], 99) == 0.1
+    assert rs.percentile([], 99) == 0.0
+    flat = [_pos((1, 8.0), (50, 6.0)) for _ in range(200)]
+    ref1 = _out([4, 5, 6], top=[_pos((4, 8.0), (50, 6.0)), _pos((5, 8.0), (50, 6.0)),
+                                _pos((6, 8.0), (99, 8.0 - 0.125), (51, 1.0))])
+    ref = _reference([[_out([1] * 200, top=flat), ref1]] * 2)
+    # the twin: one margin moved by 1.0, 199 by 0.0625, prompt 1 unmoved
+    moved = [_pos((1, 8.0), (50, 6.0 - (1.0 if t == 0 else 0.0625))) for t in range(200)]
+    noise = {"ok": True, "groups": {"2": [_out([1] * 200, top=moved), ref1]}}
+    run_top = ref1["top"][:2] + [_pos((99, 8.0), (6, 8.0 - 0.25), (52, 1.0))]
+    dflash = {"ok": True, "groups": {"2": [_out([1] * 200, top=flat), _out([4, 5, 99], top=run_top)]}}
+    v = rs.within_batch_noise(ref, dflash, noise, "trained-refgroups-bf16")
+    assert v["margin_bound"] == 1.0 and v["within"] is True  # the swing 0.375 is under the widest move
+    assert v["margin_moves"] == 203 and v["margin_bound_p99"] == 0.0625
+    assert v["unexplained_p99"] == 1 and v["within_p99"] is False

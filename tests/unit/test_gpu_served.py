@@ -383,7 +383,7 @@ def test_rows_carry_the_issues_fields(made, tmp_path):
     assert stock["stock_error"].startswith("start-up:") and stock["preflight_blocking"]
     assert stock["lossless"] is None and stock["refused_without_force"]
     md = (tmp_path / "out" / "served.md").read_text()
-    assert "| dflash | 0.21.0 | gemma4-moe-dflash | abc123 | d46bce41 | default | rtx5090 |" in md and "partial multimodal token" in md
+    assert "| dflash | 0.21.0 | gemma4-moe-dflash | abc123 | **stale** | d46bce41 | default | rtx5090 |" in md and "partial multimodal token" in md
     assert json.loads((tmp_path / "out" / "served.json").read_text()) == doc
 
 
@@ -814,3 +814,28 @@ def test_phases_saving_side_by_side_each_take_their_name_off_the_carried_list(tm
     for t in threads:
         t.join()
     assert served.carried.names(tmp_path) == {"kept.json"}
+
+
+def test_the_served_table_marks_stale_rows_and_consults_the_gate():
+    """Issue 51: a row on the current series reads "current", one on another series "stale"; the
+    gate is applied to the stored blocks as they stand (a block from before the loop check is not
+    proof, whatever ``passes`` it stored)."""
+    from launcher.patching.series import series_for
+
+    import gate
+
+    current = series_for("0.21.0").hash
+    good = gate.nondegenerate([{"token_ids": list(range(i * 128, (i + 1) * 128))} for i in range(32)])
+    old = {k: good[k] for k in ("sequences", "constant_sequences", "median_distinct_fraction",
+                                "near_ties", "nan_positions")}
+    doc = {"servers": [
+        {"server": "reference", "vllm": "0.21.0", "series": current, "nondegenerate": good},
+        {"server": "dflash", "vllm": "0.21.0", "series": "f" * 64,
+         "nondegenerate": {"reference": old, "dflash": good, "passes": True}},
+    ]}
+    md = report.markdown(doc)
+    ref_line = next(ln for ln in md.splitlines() if ln.startswith("| reference |"))
+    dfl_line = next(ln for ln in md.splitlines() if ln.startswith("| dflash |"))
+    assert "| current |" in ref_line and "| passes |" in ref_line
+    assert "| **stale** |" in dfl_line and "**not proof**: reference: loops not counted" in dfl_line
+    assert "**1 of 2 rows are stale**" in md and "**1 of 2 rows with output fail the gate" in md

@@ -37,14 +37,88 @@ def test_gate_rejects_a_constant_sequence_and_counts_near_ties():
     assert not gate.passes(block)
 
 
+def _diverse(n=32, length=128):
+    rngs = [random.Random(i) for i in range(n)]
+    return [[r.randrange(1000) for _ in range(length)] for r in rngs]
+
+
 def test_gate_rejects_a_loop_of_few_tokens_and_passes_diverse_text():
     loop = [1, 2, 3, 4] * 32  # 4 distinct of 128: the median fraction is what catches it
-    assert not gate.passes(gate.nondegenerate([_out(loop)] * 3))
-    rngs = [random.Random(i) for i in range(3)]
-    diverse = [_out([r.randrange(1000) for _ in range(128)]) for r in rngs]
-    block = gate.nondegenerate(diverse)
+    assert not gate.passes(gate.nondegenerate([_out(loop)] * 32))
+    block = gate.nondegenerate([_out(t) for t in _diverse()])
     assert block["constant_sequences"] == 0 and block["median_distinct_fraction"] > 0.5
+    assert block["looping_sequences"] == 0 and block["prompts_full_length"] == 32
     assert gate.passes(block)
+
+
+def _stalls(head_len, copies, token=7):
+    """``head_len`` distinct tokens, then ``copies`` of one token: many distinct tokens, so not
+    constant, and a median fraction the old gate passed."""
+    return list(range(100, 100 + head_len)) + [token] * copies
+
+
+def test_a_sequence_ending_in_93_copies_of_one_token_is_looping():
+    seq = _stalls(35, 93)
+    assert len(set(seq)) > 1 and len(seq) == 128
+    assert gate.loop_period(seq) == 1 and gate.looping(seq)
+    # one different token inside the last 64 breaks period 1, and no period up to 32 fits
+    broken = seq[:-40] + [5] + seq[-39:]
+    assert not gate.looping(broken)
+
+
+def test_loop_periods_up_to_32_count_and_longer_ones_do_not():
+    head = list(range(500, 564))
+    for period in (2, 17, 32):
+        cycle = list(range(1000, 1000 + period))
+        seq = head + cycle * (64 // period + 1)
+        assert gate.loop_period(seq) == period, period
+    # period 33: the last 64 tokens hold fewer than two periods of 32 or less
+    seq = head + list(range(2000, 2033)) * 2
+    assert not gate.looping(seq)
+    # shorter than the window: not judged by the loop check (the length bar catches it)
+    assert not gate.looping([1] * 63)
+
+
+def test_a_diverse_sequence_is_not_looping():
+    assert not any(gate.looping(t) for t in _diverse())
+
+
+def test_gate_fails_a_record_with_more_than_a_tenth_looping():
+    diverse = _diverse()
+    # 3 of 32 looping (9.4 %) passes; 4 (12.5 %) fails, with the reason
+    three = [_stalls(35, 93, token=i) for i in range(3)] + diverse[3:]
+    four = [_stalls(35, 93, token=i) for i in range(4)] + diverse[4:]
+    assert gate.nondegenerate([_out(t) for t in three])["looping_sequences"] == 3
+    assert gate.passes(gate.nondegenerate([_out(t) for t in three]))
+    block = gate.nondegenerate([_out(t) for t in four])
+    assert block["looping_sequences"] == 4 and not gate.passes(block)
+    assert any("looping" in why for why in gate.failures(block))
+
+
+def test_gate_needs_32_prompts_of_128_tokens():
+    assert not gate.passes(gate.nondegenerate([_out(t) for t in _diverse(31)]))
+    # 32 prompts, one of them cut at 127 tokens: 31 of full length
+    short = _diverse()
+    short[5] = short[5][:127]
+    block = gate.nondegenerate([_out(t) for t in short])
+    assert block["prompts_full_length"] == 31 and not gate.passes(block)
+
+
+def test_gate_counts_distinct_prompts_not_requests():
+    # a grouped run of 1/8/22: 31 outputs of 22 prompts fails the 32-prompt bar
+    prompts = _diverse(22)
+    keys = [i for c in (1, 8, 22) for i in range(c)]
+    outs = [_out(prompts[i]) for i in keys]
+    block = gate.nondegenerate(outs, keys)
+    assert block["sequences"] == 31 and block["prompts"] == 22 and not gate.passes(block)
+    raw = {"groups": {str(c): [_out(prompts[i]) for i in range(c)] for c in (1, 8, 22)}}
+    assert rs.generated_prompts(raw) == keys
+
+
+def test_a_block_written_before_the_loop_check_fails():
+    block = gate.nondegenerate([_out(t) for t in _diverse()])
+    del block["looping_sequences"]
+    assert not gate.passes(block) and "loops not counted" in gate.failures(block)
 
 
 def test_grouped_records_weigh_the_first_prompts_once_per_group():
@@ -115,16 +189,19 @@ def test_judge_refuses_a_reference_of_another_target():
 
 def test_a_trained_dflash_record_is_proof_only_when_lossless_and_nondegenerate():
     spec = rs.RUNS["trained-dflash-fa2-cg-bf16"]
-    diverse = [list(range(i, i + 128)) for i in range(3)]
+    diverse = _diverse()
     good = {"ok": True, "target_sha256": "aaa", "counters": {"preemptions": 0, "prefix_cache_hits": 64},
-            "groups": {"1": [_out(diverse[0])], "3": [_out(t) for t in diverse]}}
+            "groups": {"1": [_out(diverse[0])], "32": [_out(t) for t in diverse]}}
     assert rs.trained_fields(spec, good, _ref(diverse))["proof"] is True
-    constant = [[9] * 128 for _ in range(3)]
-    dull = dict(good, groups={"3": [_out(t) for t in constant]})
+    constant = [[9] * 128 for _ in range(32)]
+    dull = dict(good, groups={"32": [_out(t) for t in constant]})
     fields = rs.trained_fields(spec, dull, _ref(constant))
-    assert fields["proof"] is False and fields["nondegenerate"]["constant_sequences"] == 3
-    wrong = dict(good, groups={"3": [_out(diverse[1]), _out(diverse[0]), _out(diverse[2])]})
+    assert fields["proof"] is False and fields["nondegenerate"]["constant_sequences"] == 32
+    wrong = dict(good, groups={"32": [_out(diverse[1]), _out(diverse[0])] + [_out(t) for t in diverse[2:]]})
     assert rs.trained_fields(spec, wrong, _ref(diverse))["proof"] is False
+    # lossless against a reference of only 22 prompts: not proof (the 32-prompt bar)
+    few = dict(good, groups={"22": [_out(t) for t in diverse[:22]]})
+    assert rs.trained_fields(spec, few, _ref(diverse[:22]))["proof"] is False
 
 
 def test_trained_records_do_not_replace_the_random_targets():
@@ -309,3 +386,26 @@ def test_unlikelihood_penalises_only_tokens_already_in_the_window():
     seen[0, 3, 21] = 5.0
     unseen[0, 3, 25] = 5.0
     assert tt.unlikelihood_loss(seen, batch) > tt.unlikelihood_loss(logits, batch) > tt.unlikelihood_loss(unseen, batch)
+
+
+def test_the_realshape_table_marks_stale_records_and_applies_the_gate_as_it_stands():
+    """Issue 51: a record on the current series reads "current", one on an earlier series
+    "stale", in its row and the headline; a stored block from before the loop check is not proof
+    under the gate now, whatever proof the record holds."""
+    from launcher.patching.series import series_for
+
+    spec = rs.RUNS["trained-dflash-fa2-cg-bf16"]
+    diverse = _diverse()
+    raw = {"ok": True, "target_sha256": "aaa", "counters": {"preemptions": 0, "prefix_cache_hits": 64},
+           "groups": {"32": [_out(t) for t in diverse]}}
+    current = rs.record(spec, raw, _ref(diverse), {"series_hash": series_for("0.21.0").hash, "vllm": "0.21.0"})
+    old = rs.record(spec, raw, _ref(diverse), {"series_hash": "f" * 64, "vllm": "0.21.0"})
+    assert current["proof"] is True
+    md = rs.markdown([current], {})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| trained-dflash-fa2-cg-bf16 |"))
+    assert "| current |" in row and "| passes |" in row and "**0 of 1 records are stale**" in md
+    del old["nondegenerate"]["looping_sequences"]
+    md = rs.markdown([old], {})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| trained-dflash-fa2-cg-bf16 |"))
+    assert "| **stale** |" in row and "**not proof**: loops not counted" in row
+    assert "**1 of 1 records are stale**" in md
