@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bars  # noqa: E402
+import caveats  # noqa: E402
 import gate  # noqa: E402
 import series_now  # noqa: E402
 import speed  # noqa: E402
@@ -476,7 +477,7 @@ def markdown(rows: list[dict]) -> str:
                              f"{_cell(_round(c.get('dflash_period_ms'), 2))}) | "
                              f"{'-' if bar is None else ('met' if bar else 'not met')} |")
     lines += _done_markdown(done_when(rows))
-    return "\n".join(lines) + "\n"
+    return caveats.with_caveats("\n".join(lines) + "\n")
 
 
 def _round(value, digits: int = 1):

@@ -50,6 +50,7 @@ from launcher.patching.stamp import read_stamp  # noqa: E402
 from launcher.patching.tree import Tree  # noqa: E402
 import carried  # noqa: E402
 import bars  # noqa: E402
+import caveats  # noqa: E402
 import compare  # noqa: E402
 import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
@@ -1606,7 +1607,7 @@ def markdown(records: list[dict], meta: dict) -> str:
             f"{r.get('flash_attn_version') or '-'} | {'on' if r.get('cuda_graphs') else 'eager'} | "
             f"{r.get('num_kv_blocks') or '-'}{' (override)' if r.get('kv_blocks') else ''} | "
             f"{'yes' if r.get('ok') else 'no'} | {r.get('lossless')} | {_detail(r)} |")
-    return "\n".join(lines) + "\n"
+    return caveats.with_caveats("\n".join(lines) + "\n")
 
 
 def _drafter_section(records: list[dict]) -> list[str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bars  # noqa: E402
+import caveats  # noqa: E402
 import gate  # noqa: E402
 import series_now  # noqa: E402
 
@@ -457,7 +458,7 @@ def markdown(report: dict) -> str:
                 f"| {_cell(n.get('margin_bound_p99'))} | {_cell(n.get('own_margin_shift_p99'))} "
                 f"| {_cell(n.get('divergences'))} | {_cell(n.get('unexplained_p99'))} | {_cell(n.get('within_p99'))} "
                 f"| {_cell(n.get('recomputed', n.get('reason')))} |")
-    return "\n".join(lines) + "\n"
+    return caveats.with_caveats("\n".join(lines) + "\n")
 
 
 def write(report: dict, out_dir: Path) -> None:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parents[1]))  # the launcher (bench metrics)
 import compare  # noqa: E402
 import bars  # noqa: E402
+import caveats  # noqa: E402
 import gate  # noqa: E402
 import series_now  # noqa: E402
 import run_modes  # noqa: E402
@@ -480,4 +481,4 @@ def markdown(doc: dict) -> str:
                 if not d["tie"]:
                     lines.append(f"  - {d['id']} ({d.get('kind')}) position {d['position']}: "
                                  f"{d.get('reason', '')} (gap {_cell(d.get('gap'))}, bf16 step {_cell(d.get('bf16_step'))})")
-    return "\n".join(lines) + "\n"
+    return caveats.with_caveats("\n".join(lines) + "\n")
