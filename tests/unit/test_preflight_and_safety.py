@@ -125,7 +125,7 @@ def test_installed_release_between_supported_ones_names_the_nearest(models, inst
 
 
 def test_unsupported_version_asked_for_on_docker_points_at_the_flag(models):
-    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.32.0", runtime="docker"), make_ctx(RTX5090))
+    plan = resolve(Request("gemma4-moe-dflash", vllm_version="0.28.0", runtime="docker"), make_ctx(RTX5090))
     reason = next(r for r in plan.reasons if r.area == "vllm" and r.blocking)
-    assert "the nearest supported release is 0.33.0" in reason.message  # 0.31.0 and 0.33.0 tie: the newer
-    assert reason.hint == "use --vllm-version 0.33.0"
+    assert "the nearest supported release is 0.29.0" in reason.message  # 0.27.1 and 0.29.0 tie: the newer
+    assert reason.hint == "use --vllm-version 0.29.0"
