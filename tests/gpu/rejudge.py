@@ -95,25 +95,30 @@ def raw_index(logs: Path) -> list[dict]:
     """Every raw run record in the tarballs under ``logs``: its identity, outputs and the old
     gate's counts. Duplicates (a run copied into several tarballs) stay: matching picks one."""
     found = []
-    for path in sorted(logs.glob("*.tar.*")):
+    for source, member, raw in _json_members(logs):
+        if not isinstance(raw, dict) or not raw.get("name") or not raw.get("ok") \
+                or not (raw.get("passes") or raw.get("groups")):
+            continue
+        outs, keys = _outputs(raw)
+        block = gate.nondegenerate(outs, keys)
+        found.append({
+            "name": raw["name"], "source": f"{source}!{member}",
+            "series": raw.get("series_hash"), "target_sha256": raw.get("target_sha256"),
+            "drafter_sha256": raw.get("drafter_sha256"),
+            "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys, "block": block,
+        })
+    return found
+
+
+def _json_members(root: Path):
+    """(tarball, member, parsed JSON) for every JSON file in the tarballs under ``root``."""
+    for path in sorted(root.glob("*.tar.*")):
         with tarfile.open(path) as tf:
             for source, member, data in _members(tf, path.name):
                 try:
-                    raw = json.loads(data)
+                    yield source, member, json.loads(data)
                 except ValueError:
                     continue
-                if not isinstance(raw, dict) or not raw.get("name") or not raw.get("ok") \
-                        or not (raw.get("passes") or raw.get("groups")):
-                    continue
-                outs, keys = _outputs(raw)
-                block = gate.nondegenerate(outs, keys)
-                found.append({
-                    "name": raw["name"], "source": f"{source}!{member}",
-                    "series": raw.get("series_hash"), "target_sha256": raw.get("target_sha256"),
-                    "drafter_sha256": raw.get("drafter_sha256"),
-                    "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys, "block": block,
-                })
-    return found
 
 
 def _same_run(stored: dict | None, raw: dict, name: str, rec: dict) -> bool:
@@ -254,21 +259,15 @@ def served_index(served: Path) -> list[dict]:
     """Every served phase in the tarballs under ``served``: its server, release, outputs and the
     old gate's counts (for matching a served.json row to its phase)."""
     found = []
-    for path in sorted(served.glob("*.tar.*")):
-        with tarfile.open(path) as tf:
-            for source, member, data in _members(tf, path.name):
-                try:
-                    phase = json.loads(data)
-                except ValueError:
-                    continue
-                got = _served_outputs(phase) if isinstance(phase, dict) else None
-                if not got or not got[0]:
-                    continue
-                outs, keys = got
-                found.append({"server": phase.get("server"), "vllm": phase.get("vllm"), "series": phase.get("series"),
-                              "source": f"{source}!{member}", "kind": "reference" if phase.get("passes") else "dflash",
-                              "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys,
-                              "block": gate.nondegenerate(outs)})
+    for source, member, phase in _json_members(served):
+        got = _served_outputs(phase) if isinstance(phase, dict) else None
+        if not got or not got[0]:
+            continue
+        outs, keys = got
+        found.append({"server": phase.get("server"), "vllm": phase.get("vllm"), "series": phase.get("series"),
+                      "source": f"{source}!{member}", "kind": "reference" if phase.get("passes") else "dflash",
+                      "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys,
+                      "block": gate.nondegenerate(outs)})
     return found
 
 
