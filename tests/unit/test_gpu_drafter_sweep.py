@@ -42,7 +42,7 @@ printf 'target loaded\nstep 1 loss 1.0\n' > "$WORK/train-drafter.log"
 def _tree(tmp_path: Path) -> Path:
     tree = tmp_path / "tree"
     (tree / "tests" / "gpu").mkdir(parents=True)
-    for f in GPU.glob("*.py"):
+    for f in [*GPU.glob("*.py"), GPU / "bars.yaml"]:  # the gate reads its thresholds from bars.yaml
         shutil.copy(f, tree / "tests" / "gpu" / f.name)
     (tree / "tests" / "gpu" / "remote.sh").write_text(TRAIN_STAND_IN)
     return tree

@@ -78,7 +78,7 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "tests" / "gpu").mkdir(parents=True)
     # realshape.py's own lane check runs first (lanes_check): the real module, real run names.
-    for f in REMOTE.parent.glob("*.py"):
+    for f in [*REMOTE.parent.glob("*.py"), REMOTE.parent / "bars.yaml"]:  # gate.py reads bars.yaml
         (repo / "tests" / "gpu" / f.name).write_text(f.read_text())
     (repo / ".stage" / "realshape-raw-trained").mkdir(parents=True)
     (repo / ".stage" / "realshape-raw-trained" / "trained-ref-bf16.raw.json").write_text("{}")
