@@ -71,6 +71,25 @@ def _second_waits_or_ends(proc: subprocess.Popen) -> tuple[bool, str]:
     return False, "".join(seen)
 
 
+def _race(tree, second_argv, first_env, second_env, paused, go):
+    """An apply paused at its third write, then ``launcher *second_argv`` beside it; the apply
+    goes on once the second run waits or ends. Both must exit 0. Returns the first process,
+    whether the second waited, what it said, and its output."""
+    first = subprocess.Popen([sys.executable, "-c", CHILD, str(tree)], cwd=REPO, env=first_env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(paused, first)
+    assert (tree / engine.JOURNAL_REL).exists()  # the first run is mid-write, its journal live
+    other = subprocess.Popen([sys.executable, "-m", "launcher", *second_argv], cwd=REPO, env=second_env,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    waited, said = _second_waits_or_ends(other)
+    go.write_text("go")
+    _, first_err = first.communicate(timeout=120)
+    other_out, other_err = other.communicate(timeout=120)
+    assert first.returncode == 0, first_err
+    assert other.returncode == 0, other_err
+    return first, waited, said, other_out, other_err
+
+
 @pytest.fixture
 def patched_once(tmp_path):
     """What one undisturbed apply makes of the tree (the stamp's timestamp aside)."""
@@ -86,19 +105,7 @@ def test_a_second_run_waits_for_a_writing_apply_and_names_it(second, tmp_path, p
     assert len(SERIES_FILES) > 3  # the pause lands mid-series
     paused, go = tmp_path / "paused", tmp_path / "go"
     env = _env(tmp_path, PAUSED=str(paused), GO=str(go))
-    first = subprocess.Popen([sys.executable, "-c", CHILD, str(tree)], cwd=REPO, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(paused, first)
-    assert (tree / engine.JOURNAL_REL).exists()  # the first run is mid-write, its journal live
-
-    other = subprocess.Popen([sys.executable, "-m", "launcher", *second, "--target", str(tree)], cwd=REPO, env=env,
-                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    waited, said = _second_waits_or_ends(other)
-    go.write_text("go")
-    first_out, first_err = first.communicate(timeout=120)
-    other_out, other_err = other.communicate(timeout=120)
-    assert first.returncode == 0, first_err
-    assert other.returncode == 0, other_err
+    first, waited, said, other_out, other_err = _race(tree, [*second, "--target", str(tree)], env, env, paused, go)
 
     after = {k: v for k, v in snapshot(tree).items() if k != STAMP_REL}
     if second[1] == "revert":  # it ran after the apply: the tree is as released again
@@ -177,19 +184,10 @@ def test_a_run_with_another_cache_folder_still_waits(via, tmp_path, patched_once
     else:
         bind_mount(tree, alias)
     paused, go = tmp_path / "paused", tmp_path / "go"
-    first = subprocess.Popen([sys.executable, "-c", CHILD, str(tree)], cwd=REPO, text=True,
-                             env=_env(tmp_path, PAUSED=str(paused), GO=str(go), VLLM_SM12X_CACHE=str(tmp_path / "A")),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for(paused, first)
-    other = subprocess.Popen([sys.executable, "-m", "launcher", "patch", "status", "--target", str(alias)], cwd=REPO,
-                             env=_env(tmp_path, VLLM_SM12X_CACHE=str(tmp_path / "B")),
-                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    waited, said = _second_waits_or_ends(other)
-    go.write_text("go")
-    _, first_err = first.communicate(timeout=120)
-    other_out, other_err = other.communicate(timeout=120)
-    assert first.returncode == 0, first_err
-    assert other.returncode == 0, other_err
+    _, waited, said, other_out, other_err = _race(
+        tree, ["patch", "status", "--target", str(alias)],
+        _env(tmp_path, PAUSED=str(paused), GO=str(go), VLLM_SM12X_CACHE=str(tmp_path / "A")),
+        _env(tmp_path, VLLM_SM12X_CACHE=str(tmp_path / "B")), paused, go)
     assert waited, f"the run with another cache did not wait: {said}{other_out}{other_err}"
     assert {k: v for k, v in snapshot(tree).items() if k != STAMP_REL} == patched_once
     assert engine.status(tree).fully_applied

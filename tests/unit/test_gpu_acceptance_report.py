@@ -402,14 +402,20 @@ def test_done_when_judges_each_drafter_apart_and_names_what_is_missing():
             "| not measured (not measured) | met | met | no |") in md
 
 
-def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
+def _done_when_records() -> list[dict]:
+    """A release's rows that meet every Done-when item but the served speed: a capture run,
+    bf16 and NVFP4 at 1/8/22, the exact-numerics rows, and an ablation per drafter-side patch."""
     eq = {"contexts": 300, "equal": 299}
     levels = dict(concurrency=[1, 8, 22])
-    base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
+    return [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
             _rec("bf16", 3.4, ref=3.5, **levels),
             _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", **levels), *EXACT,
             _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
             _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
+
+
+def test_done_when_needs_every_row_and_a_served_speed_win_at_concurrency_1():
+    base = _done_when_records()
     rows = ar.build(base)
     rows[0]["speed_bar_met"] = True
     # The offline engine's pair does not stand in for the served measurement (serving has landed).
@@ -511,13 +517,7 @@ def test_done_when_asks_for_identical_exact_numerics_rows_of_both_targets(extra,
 def test_a_stale_row_or_one_that_fails_the_gate_is_marked_and_keeps_done_open():
     """Issue 51: a row that ran a superseded series is marked stale in the JSON and the headline;
     a row whose reference loops fails the gate and is shown as not proof; either keeps "done" open."""
-    eq = {"contexts": 300, "equal": 299}
-    levels = dict(concurrency=[1, 8, 22])
-    base = [_rec("capture", 3.5, ref=3.6, capture_drafts=True, draft_equivalence=eq, concurrency=[1, 8, 17]),
-            _rec("bf16", 3.4, ref=3.5, **levels),
-            _rec("nvfp4", 3.3, ref=3.4, quantization="modelopt-nvfp4", **levels), *EXACT,
-            _rec("capture-without-o", 2.0, capture_drafts=True, revert=OFFSET),
-            _rec("capture-without-e", 1.5, capture_drafts=True, revert=EMBED)]
+    base = _done_when_records()
 
     def judged(records):
         rows = ar.build(records)
