@@ -207,7 +207,63 @@ def collect_corpus(stdlib: Path | None = None, heldout_every: int = 10) -> dict:
             continue
         found.append((rel.as_posix(), text))
     found.sort(key=lambda item: item[0])
+    corpus = _split(found, heldout_every)
+    corpus.update({"source": "stdlib", "python": ".".join(str(v) for v in sys.version_info[:3]),
+                   "stdlib": str(root)})
+    return corpus
 
+
+PINNED_CORPUS = Path(__file__).with_name("corpus.json")
+# Directories whose .py files are tests or generated data, not the package's own prose and code.
+_WHEEL_EXCLUDED_DIRS = {"tests", "test", "testing", "migrations", "__pycache__", "benchmarks"}
+
+
+def pinned_artifacts(manifest: Path = PINNED_CORPUS) -> list[dict]:
+    """The corpus wheels by file name and sha256 (``corpus.json``: the same bytes on every host)."""
+    return json.loads(manifest.read_text())["wheels"]
+
+
+def collect_wheel_corpus(wheel_dir: Path, manifest: Path = PINNED_CORPUS, heldout_every: int = 10) -> dict:
+    """The .py sources of pinned PyPI wheels, split into train and held-out files.
+
+    Why wheels and not this interpreter's standard library: the standard library differs by
+    Python patch release and distribution, so the same command gave another file set (and
+    another target) on another host. A wheel named by version and sha256 is the same bytes
+    everywhere. Members under test, benchmark and migration folders are left out; the split
+    is ``is_heldout`` of the member path, as for the standard library.
+    """
+    import zipfile
+
+    found: list[tuple[str, str]] = []
+    artifacts = []
+    for art in pinned_artifacts(manifest):
+        path = Path(wheel_dir) / art["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus wheel {art['file']} not in {wheel_dir}: "
+                                    "stage it (python tests/gpu/stage.py --corpus)")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != art["sha256"]:
+            raise ValueError(f"{path}: sha256 {digest}, corpus.json pins {art['sha256']}")
+        artifacts.append({"file": art["file"], "sha256": digest})
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                parts = info.filename.split("/")
+                if not info.filename.endswith(".py") or ".dist-info" in parts[0]:
+                    continue
+                if any(d in _WHEEL_EXCLUDED_DIRS for d in parts[:-1]):
+                    continue
+                try:
+                    found.append((info.filename, zf.read(info).decode("utf-8")))
+                except UnicodeDecodeError:
+                    continue
+    found.sort(key=lambda item: item[0])
+    corpus = _split(found, heldout_every)
+    corpus.update({"source": "wheels", "artifacts": artifacts})
+    return corpus
+
+
+def _split(found: list[tuple[str, str]], heldout_every: int) -> dict:
+    """Train / held-out by ``is_heldout``, with one sha256 over every (path, text) in order."""
     train: list[tuple[str, str]] = []
     heldout: list[tuple[str, str]] = []
     digest = hashlib.sha256()
@@ -220,8 +276,6 @@ def collect_corpus(stdlib: Path | None = None, heldout_every: int = 10) -> dict:
     return {
         "train": train,
         "heldout": heldout,
-        "python": ".".join(str(v) for v in sys.version_info[:3]),
-        "stdlib": str(root),
         "sha256": digest.hexdigest(),
         "files": {"train": len(train), "heldout": len(heldout)},
         "bytes": {

@@ -458,6 +458,53 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
     cp "$TRAINED/train-record.json" "$OUT/"
 }
 
+CORPUS_WHEELS=${CORPUS_WHEELS:-/tmp/corpus-wheels}
+SITE_TRAIN=${SITE_TRAIN:-/tmp/site-train}
+
+corpus_receive() { # the carried corpus.json wheels (.stage/corpus/) into $CORPUS_WHEELS, checked by
+    # sha256; transformers 5.13.1 and dflash installed into $SITE_TRAIN (no vLLM bundle needed)
+    mkdir -p "$CORPUS_WHEELS"
+    [ -d "$STAGE/corpus" ] && cp -n "$STAGE"/corpus/*.whl "$CORPUS_WHEELS/"
+    "$PY" - "$CORPUS_WHEELS" <<'EOF'
+import hashlib, json, sys
+from pathlib import Path
+m = json.load(open("tests/gpu/corpus.json"))
+for art in m["wheels"] + m["training_wheels"]:
+    p = Path(sys.argv[1]) / art["file"]
+    if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != art["sha256"]:
+        sys.exit(f"corpus wheel {art['file']} missing or not the pinned bytes: carry .stage/corpus")
+EOF
+    [ -d "$SITE_TRAIN/transformers" ] || "$PY" -m pip install -q --no-index --no-deps --target "$SITE_TRAIN" \
+        "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/dflash-*.whl
+}
+
+target_background() { # train_target.py on the pinned corpus in a session of its own; target-wait follows
+    corpus_receive
+    mkdir -p "$WORK"
+    if [ -f "$WORK/target-bg.out" ] && [ ! -f "$WORK/target-bg.rc" ]; then
+        echo "target training already running ($WORK/target-bg.out)"; return 0
+    fi
+    rm -f "$WORK/target-bg.rc"
+    snapshot_tree "$WORK/target-tree"
+    detached "$WORK/target-tree" "$WORK/target-bg.out" \
+        "$PY tests/gpu/train_target.py $MODELS_TRAINED --corpus-wheels $CORPUS_WHEELS ${TRAIN_ARGS:-}; echo \$? > $WORK/target-bg.rc" \
+        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH="$SITE_TRAIN"
+    echo "target training in the background (log: $WORK/target-bg.out; remote.sh target-wait)"
+}
+
+target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once ended, its record and log into $OUT
+    local waited=0 limit=${TARGET_WAIT_S:-200}
+    while [ ! -f "$WORK/target-bg.rc" ] && [ "$waited" -lt "$limit" ]; do sleep 10; waited=$((waited + 10)); done
+    grep -v "^step\|^seq step .* seq " "$WORK/target-bg.out" | tail -n 12 || true
+    grep "^step\|^seq step .* seq " "$WORK/target-bg.out" | tail -n 2 || true
+    [ -f "$WORK/target-bg.rc" ] || { echo "target-bg still running after ${waited}s"; return 0; }
+    echo "target-bg ended: rc $(cat "$WORK/target-bg.rc")"
+    mkdir -p "$OUT"
+    cp "$WORK/target-bg.out" "$OUT/train.log"
+    [ -f "$TRAINED/train-record.json" ] && cp "$TRAINED/train-record.json" "$OUT/"
+    return 0
+}
+
 train_background() { # install, then train-target (and TRAIN_BG_DRAFTER=1: train-drafter) in a
     # session of its own: it outlives this call, so the calls that carry the extras run meanwhile
     install
@@ -1210,6 +1257,8 @@ case "$cmd" in
     train-drafter) train_drafter ;;
     trained-nvfp4) trained_nvfp4 ;;
     pack-trained) pack_trained ;;
+    target-bg) target_background ;;
+    target-wait) target_wait ;;
     check-trained) trained_identity_check ;;
     realshape-trained) realshape_trained ;;
     full-size-checkpoints) full_size_checkpoints ;;
@@ -1227,5 +1276,5 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|target-wait" >&2; exit 2 ;;
 esac

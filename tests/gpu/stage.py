@@ -263,9 +263,37 @@ def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str,
     return manifest
 
 
+CORPUS_CACHE = Path.home() / ".cache" / "vllm-sm12x" / "corpus"
+
+
+def stage_corpus(out: Path, cache: Path = CORPUS_CACHE) -> list[Path]:
+    """corpus.json's wheels (the target's corpus, transformers and dflash for training) into
+    ``out``, downloaded once into ``cache`` and checked against their pinned sha256."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import lm_files
+
+    manifest = json.loads(lm_files.PINNED_CORPUS.read_text())
+    cache.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    staged = []
+    for art in manifest["wheels"] + manifest["training_wheels"]:
+        path = cache / art["file"]
+        if not path.is_file():
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                            "--dest", str(cache), f"{art['name']}=={art['version']}"], check=True)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != art["sha256"]:
+            raise SystemExit(f"{path}: sha256 {digest}, corpus.json pins {art['sha256']}")
+        shutil.copy2(path, out / art["file"])
+        staged.append(out / art["file"])
+    return staged
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / ".stage")
+    parser.add_argument("--corpus", action="store_true",
+                        help="stage the trained target's pinned corpus and training wheels only (corpus.json)")
     parser.add_argument("--extras", nargs="*", type=Path, metavar="CHECKPOINT",
                         help="pack only an extra bundle: FA2 (unless --no-fa2) plus these checkpoint folders")
     parser.add_argument("--extras-name", default="extras", help="its stem (extras-<what>), default extras")
@@ -285,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="cut these staged bundles again into parts of PART_BYTES (nothing downloaded)")
     args = parser.parse_args(argv)
     out: Path = args.out
+    if args.corpus:
+        staged = stage_corpus(out / "corpus")
+        print(f"corpus: {sum(p.stat().st_size for p in staged) / 1e6:.1f} MB in {out / 'corpus'} "
+              "(carry .stage/corpus; remote.sh target-bg)")
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     if args.plan_calls:
         tree = tree_bytes()
