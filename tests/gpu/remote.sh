@@ -464,7 +464,7 @@ SITE_TRAIN=${SITE_TRAIN:-/tmp/site-train}
 corpus_receive() { # the carried corpus.json wheels (.stage/corpus/) into $CORPUS_WHEELS, checked by
     # sha256; transformers 5.13.1 and dflash installed into $SITE_TRAIN (no vLLM bundle needed)
     mkdir -p "$CORPUS_WHEELS"
-    [ -d "$STAGE/corpus" ] && cp -n "$STAGE"/corpus/*.whl "$CORPUS_WHEELS/"
+    [ -d "$STAGE/corpus" ] && cp --update=none "$STAGE"/corpus/*.whl "$CORPUS_WHEELS/"
     "$PY" - "$CORPUS_WHEELS" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
@@ -474,8 +474,8 @@ for art in m["wheels"] + m["training_wheels"]:
     if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != art["sha256"]:
         sys.exit(f"corpus wheel {art['file']} missing or not the pinned bytes: carry .stage/corpus")
 EOF
-    [ -d "$SITE_TRAIN/transformers" ] || "$PY" -m pip install -q --no-index --no-deps --target "$SITE_TRAIN" \
-        "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/dflash-*.whl
+    [ -d "$SITE_TRAIN/tokenizers" ] || "$PY" -m pip install -q --no-index --no-deps --target "$SITE_TRAIN" \
+        "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl "$CORPUS_WHEELS"/dflash-*.whl
 }
 
 target_background() { # train_target.py on the pinned corpus in a session of its own; target-wait follows
