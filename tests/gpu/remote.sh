@@ -474,7 +474,7 @@ for art in m["wheels"] + m["training_wheels"]:
     if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != art["sha256"]:
         sys.exit(f"corpus wheel {art['file']} missing or not the pinned bytes: carry .stage/corpus")
 EOF
-    [ -d "$SITE_TRAIN/tokenizers" ] || "$PY" -m pip install -q --no-index --no-deps --target "$SITE_TRAIN" \
+    [ -d "$SITE_TRAIN/tokenizers" ] || "$PY" -m pip install -q --upgrade --no-index --no-deps --target "$SITE_TRAIN" \
         "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl "$CORPUS_WHEELS"/dflash-*.whl
 }
 
