@@ -1259,6 +1259,7 @@ case "$cmd" in
     pack-trained) pack_trained ;;
     target-bg) target_background ;;
     target-wait) target_wait ;;
+    fast-decode-check) corpus_receive && mkdir -p "$OUT" && PYTHONPATH="$SITE_TRAIN" "$PY" tests/gpu/fast_decode_check.py "$OUT/fast-decode-check.json" ;;
     check-trained) trained_identity_check ;;
     realshape-trained) realshape_trained ;;
     full-size-checkpoints) full_size_checkpoints ;;
@@ -1276,5 +1277,5 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|target-wait" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|target-wait|fast-decode-check" >&2; exit 2 ;;
 esac
