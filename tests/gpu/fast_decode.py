@@ -73,14 +73,20 @@ def _masks(cols, rows: _Rows, length: int, window: int, dtype):
     return {"full_attention": additive(allowed), "sliding_attention": additive(sliding)}
 
 
-def _step(text_model, lm_head, ids, cols, rows: _Rows, cache: StaticKV, window: int, dtype):
-    """One forward of ``ids`` [B, q] at columns ``cols`` [q]; the argmax of the last position [B]."""
+def last_logits(text_model, lm_head, ids, cols, rows: _Rows, cache: StaticKV, window: int, dtype):
+    """One forward of ``ids`` [B, q] at columns ``cols`` [q]; the head's raw output at the last
+    column [B, V] (before the final soft cap)."""
     cache.write_at = cols
     positions = cols.view(1, -1) - rows.start.view(-1, 1)
     hidden = text_model(input_ids=ids, attention_mask=_masks(cols, rows, cache.length, window, dtype),
                         position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
-    # The final soft cap is monotonic: the argmax of the head's raw output is the model's.
-    return lm_head(hidden[:, -1]).argmax(-1)
+    return lm_head(hidden[:, -1])
+
+
+def _step(text_model, lm_head, ids, cols, rows: _Rows, cache: StaticKV, window: int, dtype):
+    """The next token of every row [B]: the final soft cap is monotonic, so the argmax of the
+    head's raw output is the model's."""
+    return last_logits(text_model, lm_head, ids, cols, rows, cache, window, dtype).argmax(-1)
 
 
 def left_pad(prompts: list[list[int]], pad: int):

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bars  # noqa: E402
 import lm_files  # noqa: E402
 import make_checkpoints as mc  # noqa: E402
 
@@ -115,10 +116,13 @@ class TrainConfig:
     # ``seq_mle_windows`` fresh windows. Why: 9ee9770c (token-level only) still looped in 9 to
     # 14 of its 36 vLLM references, and the gate allows 10 %; the token-level term only sees
     # the corpus's text, never the model's own greedy output, which is where loops live.
-    seq_steps: int = 100
+    # 150 x 32 (2026-11-29): on the pinned corpus, 100 x 24 took the validation prompts from 17
+    # to 10 to 5 looping of 32 at steps 0, 25 and 50 before the GPU time ran out (13.8 s a step
+    # with transformers' generate; fast_decode's graph makes it about 2 s).
+    seq_steps: int = 150
     seq_prefix: int = 128
     seq_new: int = 96
-    seq_batch: int = 24
+    seq_batch: int = 32
     seq_ngram: int = 4
     seq_lr: float = 3e-4
     seq_mle_windows: int = 8
@@ -398,14 +402,13 @@ def sequence_unlikelihood_loss(model, prefixes, cfg: TrainConfig):
     divided by all continuation tokens."""
     import torch
 
-    model.eval()
-    with torch.no_grad(), torch.autocast(prefixes.device.type, dtype=torch.bfloat16):
-        out = model.generate(input_ids=prefixes, attention_mask=torch.ones_like(prefixes),
-                             do_sample=False, max_new_tokens=cfg.seq_new, min_new_tokens=cfg.seq_new,
-                             pad_token_id=lm_files.CONFIG_IDS["pad_token_id"], eos_token_id=None)
-    model.train()
+    import fast_decode
+
+    shadow = _bf16_shadow(model)
+    tokens, _ = fast_decode.greedy(shadow, prefixes.tolist(), cfg.seq_new)
     width = prefixes.shape[1]
-    cont = out[:, width:]
+    cont = torch.tensor(tokens, device=prefixes.device)
+    out = torch.cat([prefixes, cont], dim=1)
     mask = torch.tensor([repeated_ngram_mask(row, cfg.seq_ngram) for row in cont.tolist()],
                         device=out.device)
     with torch.autocast(out.device.type, dtype=torch.bfloat16):
@@ -415,6 +418,25 @@ def sequence_unlikelihood_loss(model, prefixes, cfg: TrainConfig):
     p_tok = logp.gather(-1, cont.unsqueeze(-1)).squeeze(-1).exp()
     penalty = -torch.log(torch.clamp(1.0 - p_tok, min=1e-5)) * mask
     return penalty.sum() / cont.numel(), float(mask.float().mean())
+
+
+_SHADOW: dict = {}
+
+
+def _bf16_shadow(model):
+    """A bf16 copy of ``model`` with its current weights, made once and refreshed in place:
+    the greedy continuations decode as the saved bf16 checkpoint would (fast_decode)."""
+    import copy
+
+    import torch
+
+    shadow = _SHADOW.get(id(model))
+    if shadow is None:
+        shadow = _SHADOW[id(model)] = copy.deepcopy(model).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for dst, src in zip(shadow.parameters(), model.parameters()):
+            dst.copy_(src)
+    return shadow
 
 
 def sequence_phase(model, stream: list[int], cfg: TrainConfig, device: str, probe_prompts: list[dict]) -> dict:
@@ -517,40 +539,26 @@ def bf16_agreement(model, prompts: list[list[int]], device: str) -> dict:
     return {"agree": agree, "positions": total, "fp32_near_ties": near}
 
 
-def greedy_probe(model, prompts: list[dict], device: str, batch: int = 12) -> dict:
+def greedy_probe(model, prompts: list[dict], device: str, batch: int = 36) -> dict:
     """The non-degeneracy gate (gate.py) on the trained model's own greedy output, in bf16.
 
-    transformers' generate on left-padded batches, ``max_tokens`` new tokens
-    each with eos ignored, as the vLLM runs decode them. It is a forecast: the
-    records judge vLLM's output, but a checkpoint whose greedy text already
-    loops here cannot pass there, and this costs seconds, not a serving run.
+    ``max_tokens`` new tokens each with eos ignored, as the vLLM runs decode them,
+    by ``fast_decode`` (each left-padded row positioned as if alone, as vLLM runs
+    a request). It is a forecast: the records judge vLLM's output, but a
+    checkpoint whose greedy text already loops here cannot pass there, and this
+    costs seconds, not a serving run.
     """
-    import copy
-
-    import torch
-
+    import fast_decode
     import gate
 
-    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    shadow = _bf16_shadow(model)
     pad = lm_files.CONFIG_IDS["pad_token_id"]
     outputs = []
-    with torch.no_grad():
-        for i in range(0, len(prompts), batch):
-            group = prompts[i:i + batch]
-            width = max(len(p["token_ids"]) for p in group)
-            ids = torch.full((len(group), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, p in enumerate(group):
-                n = len(p["token_ids"])
-                ids[row, width - n:] = torch.tensor(p["token_ids"])
-                mask[row, width - n:] = 1
-            new = max(p["max_tokens"] for p in group)
-            out = bf16.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                                max_new_tokens=new, min_new_tokens=new, pad_token_id=pad,
-                                eos_token_id=None)
-            outputs += [{"token_ids": row[width:width + p["max_tokens"]].tolist()}
-                        for row, p in zip(out, group)]
-    del bf16
+    for i in range(0, len(prompts), batch):
+        group = prompts[i:i + batch]
+        new = max(p["max_tokens"] for p in group)
+        tokens, _ = fast_decode.greedy(shadow, [p["token_ids"] for p in group], new, pad=pad)
+        outputs += [{"token_ids": row[:p["max_tokens"]]} for row, p in zip(tokens, group)]
     block = gate.nondegenerate(outputs)
     # The DFlash records judge their concurrency groups (the first c prompts for each c),
     # where the first prompts count several times: the same gate over that multiset.
@@ -603,6 +611,16 @@ def build_prompts(tokenizer, heldout: list[tuple[str, str]], seed: int) -> list[
 
 
 # ---------------------------------------------------------------- output
+
+
+def _pinned_identities(corpus: dict, target_dir: Path) -> dict | None:
+    """Whether this host rebuilt corpus.json's corpus digest and tokenizer (wheel corpora only)."""
+    if corpus.get("source") != "wheels":
+        return None
+    pinned = json.loads(lm_files.PINNED_CORPUS.read_text())
+    tokenizer = hashlib.sha256((target_dir / "tokenizer.json").read_bytes()).hexdigest()
+    return {"corpus_sha256": corpus["sha256"] == pinned["corpus_sha256"],
+            "tokenizer_sha256": tokenizer == pinned["tokenizer_sha256"]}
 
 
 def checkpoint_sha256(folder: Path) -> str:
@@ -700,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
                    if k in corpus},
         "tokens": {"train": len(train_ids), "heldout": len(heldout_ids)},
         "tokenizer_sha256": hashlib.sha256((target_dir / "tokenizer.json").read_bytes()).hexdigest(),
+        "pinned_identities": _pinned_identities(corpus, target_dir),
+        "bars": bars.blob_hash(),
         "vocab_size": cfg.vocab_size,
         "params": n_params,
         "train_config": dataclasses.asdict(cfg),
