@@ -232,8 +232,6 @@ def collect_wheel_corpus(wheel_dir: Path, manifest: Path = PINNED_CORPUS, heldou
     everywhere. Members under test, benchmark and migration folders are left out; the split
     is ``is_heldout`` of the member path, as for the standard library.
     """
-    import zipfile
-
     found: list[tuple[str, str]] = []
     artifacts = []
     for art in pinned_artifacts(manifest):
@@ -245,21 +243,39 @@ def collect_wheel_corpus(wheel_dir: Path, manifest: Path = PINNED_CORPUS, heldou
         if digest != art["sha256"]:
             raise ValueError(f"{path}: sha256 {digest}, corpus.json pins {art['sha256']}")
         artifacts.append({"file": art["file"], "sha256": digest})
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                parts = info.filename.split("/")
-                if not info.filename.endswith(".py") or ".dist-info" in parts[0]:
-                    continue
-                if any(d in _WHEEL_EXCLUDED_DIRS for d in parts[:-1]):
-                    continue
-                try:
-                    found.append((info.filename, zf.read(info).decode("utf-8")))
-                except UnicodeDecodeError:
-                    continue
+        found += _wheel_sources(path)
     found.sort(key=lambda item: item[0])
     corpus = _split(found, heldout_every)
     corpus.update({"source": "wheels", "artifacts": artifacts})
     return corpus
+
+
+def collect_wheel_sources(wheel: Path, heldout_every: int = 10) -> dict:
+    """One wheel's .py sources (the rules of ``collect_wheel_corpus``), split the same way."""
+    corpus = _split(sorted(_wheel_sources(Path(wheel))), heldout_every)
+    corpus.update({"source": "wheel", "artifacts": [
+        {"file": Path(wheel).name, "sha256": hashlib.sha256(Path(wheel).read_bytes()).hexdigest()}]})
+    return corpus
+
+
+def _wheel_sources(path: Path) -> list[tuple[str, str]]:
+    """(member path, text) of a wheel's UTF-8 .py members outside tests, benchmarks, migrations
+    and the metadata folder."""
+    import zipfile
+
+    found = []
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            parts = info.filename.split("/")
+            if not info.filename.endswith(".py") or ".dist-info" in parts[0]:
+                continue
+            if any(d in _WHEEL_EXCLUDED_DIRS for d in parts[:-1]):
+                continue
+            try:
+                found.append((info.filename, zf.read(info).decode("utf-8")))
+            except UnicodeDecodeError:
+                continue
+    return found
 
 
 def _split(found: list[tuple[str, str]], heldout_every: int) -> dict:

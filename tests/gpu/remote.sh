@@ -478,7 +478,12 @@ EOF
         "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl "$CORPUS_WHEELS"/dflash-*.whl
 }
 
-target_background() { # train_target.py on the pinned corpus in a session of its own; target-wait follows
+EXTRA_WHEEL=transformers-5.13.1-py3-none-any.whl  # corpus.json's: the drafter's extra corpus
+
+target_background() { # train_target.py on the pinned corpus in a session of its own, and with
+    # CHAIN_DRAFTER=1 then train_drafter.py on that target (only if its greedy probe passed the
+    # gate), the extra corpus being corpus.json's transformers wheel: no vLLM bundle needed.
+    # A target already on disk is kept. target-wait follows it.
     corpus_receive
     mkdir -p "$WORK"
     if [ -f "$WORK/target-bg.out" ] && [ ! -f "$WORK/target-bg.rc" ]; then
@@ -486,10 +491,17 @@ target_background() { # train_target.py on the pinned corpus in a session of its
     fi
     rm -f "$WORK/target-bg.rc"
     snapshot_tree "$WORK/target-tree"
-    detached "$WORK/target-tree" "$WORK/target-bg.out" \
-        "$PY tests/gpu/train_target.py $MODELS_TRAINED --corpus-wheels $CORPUS_WHEELS ${TRAIN_ARGS:-}; echo \$? > $WORK/target-bg.rc" \
+    local steps="[ -f $TRAINED/train-record.json ] || $PY tests/gpu/train_target.py $MODELS_TRAINED \
+--corpus-wheels $CORPUS_WHEELS ${TRAIN_ARGS:-}"
+    if [ "${CHAIN_DRAFTER:-0}" = 1 ]; then
+        steps="$steps && $PY tests/gpu/trained_pack.py gate $TRAINED/train-record.json \
+&& PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY tests/gpu/train_drafter.py $MODELS_TRAINED \
+--corpus-wheels $CORPUS_WHEELS --extra-corpus $CORPUS_WHEELS/$EXTRA_WHEEL \
+${DRAFTER_OVERRIDE:+--override '$DRAFTER_OVERRIDE'} > $WORK/train-drafter.log 2>&1"
+    fi
+    detached "$WORK/target-tree" "$WORK/target-bg.out" "($steps); echo \$? > $WORK/target-bg.rc" \
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH="$SITE_TRAIN"
-    echo "target training in the background (log: $WORK/target-bg.out; remote.sh target-wait)"
+    echo "training in the background (log: $WORK/target-bg.out; remote.sh target-wait)"
 }
 
 target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once ended, its record and log into $OUT
@@ -497,11 +509,16 @@ target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once end
     while [ ! -f "$WORK/target-bg.rc" ] && [ "$waited" -lt "$limit" ]; do sleep 10; waited=$((waited + 10)); done
     grep -v "^step\|^seq step .* seq " "$WORK/target-bg.out" | tail -n 12 || true
     grep "^step\|^seq step .* seq " "$WORK/target-bg.out" | tail -n 2 || true
+    if [ -f "$WORK/train-drafter.log" ]; then
+        echo "drafter:"; grep -v "^step" "$WORK/train-drafter.log" | tail -n 4; grep "^step" "$WORK/train-drafter.log" | tail -n 1
+    fi
     [ -f "$WORK/target-bg.rc" ] || { echo "target-bg still running after ${waited}s"; return 0; }
     echo "target-bg ended: rc $(cat "$WORK/target-bg.rc")"
     mkdir -p "$OUT"
     cp "$WORK/target-bg.out" "$OUT/train.log"
     [ -f "$TRAINED/train-record.json" ] && cp "$TRAINED/train-record.json" "$OUT/"
+    [ -f "$WORK/train-drafter.log" ] && cp "$WORK/train-drafter.log" "$OUT/"
+    [ -f "$DRAFTER_TRAINED/drafter-train-record.json" ] && cp "$DRAFTER_TRAINED/drafter-train-record.json" "$OUT/"
     return 0
 }
 

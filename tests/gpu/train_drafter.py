@@ -538,7 +538,8 @@ def extra_corpus(root: Path | None, cfg: DrafterTrainConfig) -> tuple[list, dict
                          f"got {root or 'no --extra-corpus'} and extra_fraction {cfg.extra_fraction}")
     if root is None:
         return [], None
-    found = lm_files.collect_corpus(root)
+    # A wheel (corpus.json's transformers 5.13.1, the same bytes on every host) or a folder.
+    found = lm_files.collect_wheel_sources(root) if root.suffix == ".whl" else lm_files.collect_corpus(root)
     docs = found["train"] + found["heldout"]
     return docs, {"root": str(root), "sha256": found["sha256"], "files": len(docs)}
 
@@ -549,7 +550,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   "written here")
     parser.add_argument("--steps", type=int, help=f"optimizer steps (default {DrafterTrainConfig.steps})")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--stdlib", type=Path, help="corpus root (default: this interpreter's stdlib)")
+    parser.add_argument("--stdlib", type=Path,
+                        help="the corpus root of a target trained on a standard library (default: this interpreter's)")
+    parser.add_argument("--corpus-wheels", type=Path, default=tt.DEFAULT_CORPUS_DIR,
+                        help="folder holding corpus.json's wheels, for a target trained on them (default %(default)s)")
     parser.add_argument("--extra-corpus", type=Path, metavar="ROOT",
                         help="Python sources the target never trained on (remote.sh: the bundle's vllm/), "
                              "for the extra_fraction of each group's windows")
@@ -583,7 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     model = load_target(target_dir, args.device)
     shared = shared_from_target(model, target_dir)
 
-    corpus = lm_files.collect_corpus(args.stdlib)
+    # The target's own corpus: corpus.json's wheels, or (targets before them) a standard library.
+    corpus = (lm_files.collect_wheel_corpus(args.corpus_wheels)
+              if target_record["corpus"].get("source") == "wheels" else lm_files.collect_corpus(args.stdlib))
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     stream = tt.encode_docs(tokenizer, corpus["train"])
     extra_stream = tt.encode_docs(tokenizer, extra_docs) if extra_docs else None

@@ -161,6 +161,18 @@ def sweep_plan(text: str, gpus: int) -> list[str]:
     return lines
 
 
+def probe_gate(record: dict) -> int:
+    """0 when the target's greedy probe passes the gate as it stands (gate.failures), else 3 with
+    the reasons: a drafter is worth training only for a target whose references can be proof."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gate
+
+    why = gate.failures(record.get("greedy_probe"))
+    print(f"target {record.get('target_sha256', '?')[:12]}: " + ("greedy probe passes the gate" if not why
+                                                                   else "greedy probe fails the gate: " + "; ".join(why)))
+    return 0 if not why else 3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -180,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("old", type=Path)
     w = sub.add_parser("sweep-plan")
     w.add_argument("--gpus", type=int, required=True)
+    g = sub.add_parser("gate", help="exit 0 when a target's train record passes the gate (its greedy probe)")
+    g.add_argument("record", type=Path)
     args = parser.parse_args(argv)
+    if args.cmd == "gate":
+        return probe_gate(json.loads(args.record.read_text()))
     if args.cmd == "manifest":
         man = write_manifest(args.pack, json.loads(args.record.read_text()), args.stem)
         print(f"{len(man['parts'])} parts, {man['bytes'] / 2**20:.0f} MiB, target {man['target_sha256'][:12]}")

@@ -234,3 +234,24 @@ def test_extras_before_the_install_keeps_fa2_for_later_and_still_unpacks_the_che
     assert (tmp_path / "site" / ".extras-trained-installed").exists()
     unpacked = tmp_path / "fresh" / "models-trained" / "trained-a4b-r30" / "model.safetensors"
     assert unpacked.read_bytes() == (target / "model.safetensors").read_bytes()
+
+
+def _probe(loops: int, sequences: int = 36, full: int = 36) -> dict:
+    return {"sequences": sequences, "constant_sequences": 0, "median_distinct_fraction": 0.4, "near_ties": 0,
+            "nan_positions": 0, "looping_sequences": loops, "prompts": sequences, "prompts_full_length": full,
+            "min_generated_tokens": 128}
+
+
+def test_the_chain_trains_a_drafter_only_for_a_target_that_passes_the_gate(tmp_path, capsys):
+    def record(name, content):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(content))
+        return str(path)
+
+    assert pack.main(["gate", record("pass", {"target_sha256": "ab" * 32, "greedy_probe": _probe(3)})]) == 0
+    # 4 of 36 looping is over 10 %
+    assert pack.main(["gate", record("loops", {"target_sha256": "ab" * 32, "greedy_probe": _probe(4)})]) == 3
+    assert "4 of 36 sequences looping" in capsys.readouterr().out
+    # too few prompts of 128 tokens, and a record with no probe at all
+    assert pack.main(["gate", record("short", {"greedy_probe": _probe(0, full=31)})]) == 3
+    assert pack.main(["gate", record("none", {})]) == 3
