@@ -240,6 +240,139 @@ def build(records: list[dict]) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------ the headline (issue 51, item 3)
+
+# The reference runs whose tokens the gate judges, per release: a prompt of the headline is
+# looping where this run's greedy text of it loops (gate.looping).
+HEADLINE_REFERENCE = {"0.21.0": "trained-ref-bf16", "0.33.0": "v33-trained-ref-bf16"}
+
+
+def _per_prompt(steps: list[list[int]]) -> dict:
+    """The acceptance of prompts each taken once: pooled over their verify steps (vLLM's
+    definition, no prompt counted twice) and each prompt's own mean, as min / median / max."""
+    import statistics
+
+    own = [round(1 + sum(s) / len(s), 4) for s in steps if s]
+    pooled = gate.acceptance_summary([f for s in steps for f in s], K)["mean_acceptance_length"]
+    return {"prompts": len(own), "mean_acceptance_length": pooled,
+            "per_prompt_min": min(own, default=None),
+            "per_prompt_median": round(statistics.median(own), 4) if own else None,
+            "per_prompt_max": max(own, default=None)}
+
+
+def _reference_tokens(records: list[dict], vllm: str, target: str, index: list[dict]) -> tuple[dict | None, dict | None]:
+    """The newest realshape.json record of the release's bf16 reference run on ``target`` and
+    its raw record (rejudge.match: same run, the stored gate counts recomputed from its tokens)."""
+    import rejudge
+
+    name = HEADLINE_REFERENCE.get(vllm)
+    recs = [r for r in records if r.get("name") == name and r.get("ok") and r.get("target_sha256") == target]
+    if not recs:
+        return None, None
+    rec = recs[-1]
+    raw, _ = rejudge.match(index, name, rec.get("nondegenerate"), rec)
+    return rec, raw
+
+
+def headline(records: list[dict], drafter_records: list[dict], index: list[dict]) -> list[dict]:
+    """Issue 51, item 3: per drafter and release, every gated prompt once, unweighted.
+
+    The only per-prompt acceptance the records hold is train_drafter.py's offline walk on the
+    held-out prompts (``per_prompt_steps``, prompts.json's order, the order the reference runs
+    serve them); vLLM's counters pool every request of a run, so its rows are concurrency mixes
+    and stand beside this number, never choose it. The loop-free subset drops the prompts whose
+    greedy text in the release's bf16 reference run loops (gate.looping on its raw tokens). The
+    verdict is the gate's over that reference: a headline on a reference that fails the gate, or
+    on a stale series, is not proof."""
+    out = []
+    seen = set()
+    for dr in drafter_records:
+        drafter, target = dr.get("drafter_sha256"), dr.get("target_sha256")
+        ev = dr.get("evaluation") or {}
+        for sem in sorted(k for k in ev if isinstance(ev.get(k), dict) and ev[k].get("per_prompt_steps")):
+            vllm = sem.removeprefix("vllm-")
+            if (drafter, vllm) in seen:
+                continue
+            seen.add((drafter, vllm))
+            steps = ev[sem]["per_prompt_steps"]
+            rec, raw = _reference_tokens(records, vllm, target, index)
+            row = {"drafter_sha256": drafter, "target_sha256": target, "vllm": vllm,
+                   "source": dr.get("_source"), "all_prompts": _per_prompt(steps),
+                   "as_realshape_groups": (ev[sem].get("as_realshape_groups") or {}).get("mean_acceptance_length"),
+                   "reference_run": rec.get("name") if rec else None,
+                   "reference_series": rec.get("series") if rec else None,
+                   "reference_raw": raw["source"] if raw else None}
+            if raw is None or len(raw["tokens"]) != len(steps):
+                why = "no raw reference tokens for these prompts" if raw is None else \
+                    f"the reference has {len(raw['tokens'])} outputs for {len(steps)} prompts"
+                row.update({"looping_prompts": None, "loop_free": None, "gate_passes": False,
+                            "gate_failures": [why], "staleness": series_now.staleness(rec) if rec else None,
+                            "proof": False})
+            else:
+                loops = [gate.looping(t) for t in raw["tokens"]]
+                block = gate.nondegenerate([{"token_ids": t} for t in raw["tokens"]], raw["keys"])
+                block["nan_positions"] = raw["block"]["nan_positions"]
+                why = gate.failures(block)
+                stale = series_now.staleness(rec)
+                row.update({"looping_prompts": sum(loops),
+                            "loop_free": _per_prompt([s for s, lp in zip(steps, loops) if not lp]),
+                            "gate_passes": not why, "gate_failures": why, "staleness": stale,
+                            "proof": not why and stale == "current"})
+            out.append(row)
+    return out
+
+
+def _headline_markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    proof = sum(r["proof"] for r in rows)
+    lines = ["## Headline: every gated prompt once, unweighted (issue 51)", "",
+             f"**{proof} of {len(rows)} headline rows are proof.** " + (
+                 "Every one of them rests on a reference that fails the current gate or ran on a "
+                 "superseded series: they are not proof, and no acceptance claim stands on them until "
+                 "the target meets the gate and the runs are repeated on the current series."
+                 if not proof else ""),
+             "",
+             "The acceptance of each held-out prompt taken once (train_drafter.py's offline walk, the "
+             "only per-prompt acceptance the records hold), pooled over the prompts' verify steps, with "
+             "the per-prompt minimum, median and maximum; beside it the loop-free prompts (those whose "
+             "greedy text in the release's bf16 reference run does not loop, gate.looping). vLLM's "
+             "counters pool every request of a run: its rows below are concurrency mixes (the first "
+             "prompts count once per group), reported beside the headline and never used to choose it.",
+             "",
+             "| drafter | vLLM semantics | prompts | acceptance | per prompt min / median / max "
+             "| loop-free prompts | loop-free acceptance | loop-free min / median / max "
+             "| as the groups weight them | reference (series) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def mmm(a: dict | None) -> str:
+        return "-" if not a else " / ".join(_cell(a[k]) for k in ("per_prompt_min", "per_prompt_median", "per_prompt_max"))
+
+    for r in rows:
+        a, lf = r["all_prompts"], r["loop_free"]
+        why = ([] if r["gate_passes"] else r["gate_failures"]) + \
+            ([f"series {r['staleness']}"] if r["staleness"] != "current" else [])
+        lines.append(
+            f"| {str(r['drafter_sha256'])[:8]} | {r['vllm']} | {a['prompts']} | {_cell(a['mean_acceptance_length'])} | "
+            f"{mmm(a)} | {_cell(lf and lf['prompts'])} | {_cell(lf and lf['mean_acceptance_length'])} | {mmm(lf)} | "
+            f"{_cell(r['as_realshape_groups'])} | {_cell(r['reference_run'])} ({str(r['reference_series'])[:8]}) | "
+            f"{'proof' if r['proof'] else '**not proof**: ' + '; '.join(why)} |")
+    return lines + [""]
+
+
+def drafter_records(trained: Path) -> list[dict]:
+    """The drafter train records under ``trained``, one per drafter (a rebuild's record is the
+    same drafter's: the first by name is taken), each with its file as ``_source``."""
+    out, seen = [], set()
+    for path in sorted(trained.glob("drafter-train-record-*.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("drafter_sha256") in seen:
+            continue
+        seen.add(rec.get("drafter_sha256"))
+        out.append({**rec, "_source": str(path.relative_to(HERE.parent.parent))})
+    return out
+
+
 def drafter_side_patches() -> dict[str, set[str]]:
     """The patches each release's ablation reverts (realshape.DRAFTER_SIDE_PATCHES, which makes
     those runs): the issue asks for every one of them, each reverted on its own."""
@@ -393,7 +526,7 @@ def _speed_cell(paired: dict | None) -> str:
                      f"{_cell(p['measured_speedup'])} / {_cell(p['projected_speedup'])}" for c, p in paired.items())
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], headline_rows: list[dict] | None = None) -> str:
     stale = sum(r["staleness"] == "stale" for r in rows)
     failing = sum(not r["gate_passes"] for r in rows)
     lines = [
@@ -404,6 +537,9 @@ def markdown(rows: list[dict]) -> str:
                                                           if r['series_now']})) + "). "
         f"**{failing} of {len(rows)} rows fail the gate and are not proof** (gate.py, bars.yaml; "
         "`rejudge.md` judges their raw tokens).",
+        "",
+        *_headline_markdown(headline_rows or []),
+        "## Every run (concurrency mixes)",
         "",
         "Regenerate: `python tests/gpu/acceptance_report.py` after `remote.sh realshape-trained` "
         "(tests/gpu/README.md, \"Trained drafter (issue 25)\"). Acceptance length = 1 + accepted drafts per "
@@ -502,13 +638,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--realshape", type=Path, default=HERE / "results" / "realshape.json")
     parser.add_argument("--served", type=Path, default=HERE / "results" / "served.json",
                         help="served.json, whose speed rows join (skipped where the file is absent)")
+    parser.add_argument("--trained", type=Path, default=HERE / "results" / "trained",
+                        help="the drafter train records (their per-prompt steps give the headline)")
+    parser.add_argument("--logs", type=Path, default=HERE / "results" / "realshape-logs",
+                        help="the raw records' tarballs (the reference tokens the loop check reads)")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
-    rows = build(json.loads(args.realshape.read_text()))
+    records = json.loads(args.realshape.read_text())
+    rows = build(records)
     if args.served.exists():
         add_served_speed(rows, json.loads(args.served.read_text()))
+    import rejudge
+
+    index = rejudge.raw_index(args.logs) if args.logs.is_dir() else []
+    heads = headline(records, drafter_records(args.trained) if args.trained.is_dir() else [], index)
+    # The JSON keeps its list of rows (one per run); the headline is written beside it.
     (args.out_dir / "acceptance.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (args.out_dir / "acceptance.md").write_text(markdown(rows))
+    (args.out_dir / "acceptance-headline.json").write_text(json.dumps(heads, indent=1) + "\n")
+    (args.out_dir / "acceptance.md").write_text(markdown(rows, heads))
     print(f"{len(rows)} configuration(s): {args.out_dir / 'acceptance.json'}")
     return 0
 

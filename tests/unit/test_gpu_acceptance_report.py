@@ -540,3 +540,79 @@ def test_a_stale_row_or_one_that_fails_the_gate_is_marked_and_keeps_done_open():
     assert row["gate_passes"] is False and any("looping" in w for w in row["gate_failures"])
     assert done["met"]["gate"] is False and done["done"] is False
     assert "**not proof**: reference: 4 of 32 sequences looping" in ar.markdown(rows)
+
+
+# ---------------------------------------------------------------- the headline (issue 51, item 3)
+
+
+def _headline_case(loops: int, prompts: int = 36, series: str = "0" * 64):
+    """A drafter record whose prompt i accepts i % 5 drafts a step, and the release's bf16
+    reference run whose first ``loops`` outputs loop (a 2-token cycle at their end)."""
+    import random
+
+    target, drafter = "9" * 64, "4f" * 32
+    steps = [[i % 5] * (10 + i) for i in range(prompts)]
+    dr = {"drafter_sha256": drafter, "target_sha256": target, "_source": "x.json",
+          "evaluation": {"vllm-0.21.0": {"per_prompt_steps": steps,
+                                         "as_realshape_groups": {"mean_acceptance_length": 9.9}}}}
+    tokens = []
+    for i in range(prompts):
+        r = random.Random(i)
+        seq = [r.randrange(5000) for _ in range(128)]
+        if i < loops:
+            seq[-64:] = [7, 8] * 32
+        tokens.append(seq)
+    rec = {"name": "trained-ref-bf16", "ok": True, "target_sha256": target, "series": series,
+           "vllm": "0.21.0", "nondegenerate": None}
+    raw = {"name": "trained-ref-bf16", "source": "t.tar.xz!ref.raw.json", "series": series,
+           "target_sha256": target, "drafter_sha256": None, "tokens": tokens,
+           "keys": list(range(prompts)), "block": {"near_ties": 0, "nan_positions": 0}}
+    return [rec], [dr], [raw], steps
+
+
+def test_the_headline_takes_every_prompt_once_with_min_median_max_and_the_loop_free_subset():
+    records, drafters, index, steps = _headline_case(loops=3)
+    [row] = ar.headline(records, drafters, index)
+    a = row["all_prompts"]
+    # pooled over every prompt's steps once, not weighted by the concurrency groups (9.9)
+    flat = [f for s in steps for f in s]
+    assert a["prompts"] == 36 and a["mean_acceptance_length"] == round(1 + sum(flat) / len(flat), 4)
+    assert row["as_realshape_groups"] == 9.9
+    assert (a["per_prompt_min"], a["per_prompt_median"], a["per_prompt_max"]) == (1.0, 3.0, 5.0)
+    # prompts 0, 1, 2 loop in the reference: the subset leaves them out (they accept 0, 1, 2)
+    assert row["looping_prompts"] == 3 and row["loop_free"]["prompts"] == 33
+    kept = [f for s in steps[3:] for f in s]
+    assert row["loop_free"]["mean_acceptance_length"] == round(1 + sum(kept) / len(kept), 4)
+    # 3 of 36 is under 10 % looping, and all 36 prompts have 128 tokens: the gate passes; the
+    # record's series is not the current one, so the headline is still not proof
+    assert row["gate_passes"] and row["staleness"] == "stale" and row["proof"] is False
+    md = ar.markdown([], [row])
+    assert "**0 of 1 headline rows are proof.**" in md and "**not proof**: series stale" in md
+
+
+def test_a_headline_whose_reference_fails_the_gate_or_has_no_tokens_is_not_proof(monkeypatch):
+    records, drafters, index, _ = _headline_case(loops=11)
+    monkeypatch.setattr(ar.series_now, "staleness", lambda rec: "current")
+    [row] = ar.headline(records, drafters, index)
+    assert row["gate_failures"] == ["11 of 36 sequences looping (at most 10%)"] and row["proof"] is False
+    [row] = ar.headline(records, drafters, [])
+    assert row["loop_free"] is None and row["gate_failures"] == ["no raw reference tokens for these prompts"]
+    assert not row["proof"]
+    records, drafters, index, _ = _headline_case(loops=0)
+    [row] = ar.headline(records, drafters, index)
+    assert row["gate_passes"] and row["proof"] is True
+
+
+def test_the_committed_headline_is_the_offline_walk_of_every_prompt_once_and_not_proof():
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "gpu" / "results"
+    heads = json.loads((results / "acceptance-headline.json").read_text())
+    row = next(r for r in heads if r["drafter_sha256"].startswith("4f7c6c17") and r["vllm"] == "0.21.0")
+    train = json.loads((results / "trained" / "drafter-train-record-4f7c6c17-h200.json").read_text())
+    assert row["all_prompts"]["mean_acceptance_length"] == \
+        train["evaluation"]["vllm-0.21.0"]["all_prompts"]["mean_acceptance_length"]
+    assert row["all_prompts"]["prompts"] == 36 and row["loop_free"]["prompts"] == 36 - row["looping_prompts"]
+    assert not any(r["proof"] for r in heads)
+    assert "**0 of" in (results / "acceptance.md").read_text().split("## Every run")[0]
