@@ -128,7 +128,7 @@ TEST_REPO = "vllm-sm12x-test/"
 # No `make test` runs this long: a run that started earlier and left images was killed.
 STALE_AFTER_S = 12 * 3600
 # -run<pid>-<start>-<hex8> (and, from before the start time was in it, -run<pid>-<hex8>)
-_RUN_ID_RE = re.compile(r"run\d+-(?:(\d{9,11})-)?[0-9a-f]{8}")
+_RUN_ID_RE = re.compile(r"run(\d+)-(?:(\d{9,11})-)?[0-9a-f]{8}")
 BASE_NAME_LABEL = "org.opencontainers.image.base.name"
 
 
@@ -215,12 +215,22 @@ def remove_run_tags(c=None) -> None:
             c.images.remove(tag)
 
 
-def _run_started(name: str) -> tuple[str, int | None] | None:
-    """(run id, its start time or None for the older form) of a name holding a run id."""
+def _run_started(name: str) -> tuple[str, int, int | None] | None:
+    """(run id, its pid, its start time or None for the older form) of a name holding a run id."""
     found = _RUN_ID_RE.search(name)
     if not found:
         return None
-    return found.group(0), int(found.group(1)) if found.group(1) else None
+    return found.group(0), int(found.group(1)), int(found.group(2)) if found.group(2) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _dangling_of_runs(c) -> list:
@@ -263,8 +273,8 @@ def cleanup_run(c=None) -> None:
 def sweep_stale_runs(c, now: float | None = None) -> list[str]:
     """What runs killed before their end left: their run tags (with containers on them) and
     the dangling images of their builds, once the run started more than ``STALE_AFTER_S``
-    ago (the older run ids, without a start time: by the image's age). A run beside this
-    one is never touched. Returns what went."""
+    ago (the older run ids, without a start time: by the image's age, unless their pid
+    still runs here). A run beside this one is never touched. Returns what went."""
     import docker
 
     now = time.time() if now is None else now
@@ -274,7 +284,11 @@ def sweep_stale_runs(c, now: float | None = None) -> list[str]:
         found = _run_started(name)
         if found is None or found[0] == RUN_ID:
             return False
-        started = found[1] if found[1] is not None else _created(image)
+        _, pid, started = found
+        if started is None:  # the older form: the image's age, and never while its pid runs here
+            if _pid_alive(pid):
+                return False
+            started = _created(image)
         return now - started > STALE_AFTER_S
 
     for image in c.images.list():

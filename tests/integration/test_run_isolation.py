@@ -262,3 +262,13 @@ def test_no_script_or_test_finds_processes_by_a_pattern():
     found += [f"Makefile: {line.strip()}" for line in (REPO / "Makefile").read_text().splitlines()
               if pattern.search(line) and not line.lstrip().startswith("#")]
     assert found == []
+
+
+def test_run_ids_in_names_are_read_with_their_start_time():
+    """What the sweep of killed runs' images reads off a tag: the run id, its pid and start time
+    (the older form had no start time: the sweep then goes by the image's age and the pid)."""
+    assert docker_env._run_started(docker_env.run_tag("vllm-sm12x-test/x", "abc")) == (
+        docker_env.RUN_ID, os.getpid(), docker_env.RUN_STARTED)
+    assert docker_env._run_started("vllm-sm12x-test/x:abc-run5574-98473aab") == ("run5574-98473aab", 5574, None)
+    assert docker_env._run_started("vllm-sm12x-test/x:abc-cache") is None
+    assert docker_env._run_started("vllm-sm12x-test/busybox:r1") is None
