@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
         print(render(command, windows), flush=True)
         if dry:
             continue
-        code = subprocess.call(command, cwd=REPO)
+        code = subprocess.run(command, cwd=REPO).returncode
         if code != 0:
             return code  # launcher serve's own code (2 blocked, 124 timeout, ...), as make passes it on
         if stamp:
