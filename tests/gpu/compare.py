@@ -47,9 +47,15 @@ def is_tie(top1: float, top2: float) -> bool:
 
 
 def _ranked(position: list) -> tuple[list | None, list | None]:
-    by_rank = sorted(position, key=lambda e: e[2])
-    first = next((e for e in by_rank if e[2] == 1), None)
-    second = next((e for e in by_rank if e[2] == 2), None)
+    """The first entry of rank 1 and the first of rank 2, in the position's order (one pass:
+    the gate runs this on every position of every raw record)."""
+    first = second = None
+    for e in position:
+        if e[2] == 1:
+            if first is None:
+                first = e
+        elif e[2] == 2 and second is None:
+            second = e
     return first, second
 
 

@@ -1062,6 +1062,12 @@ prepare() { # both releases installed (0.33.0 where its bundle was carried), FA2
     ) 9> "$WORK/prepare.lock"
 }
 
+any_alive() { # any_alive PID...: true while one of them runs
+    local p
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
+    return 1
+}
+
 served_all() { # served and served-v33 side by side, each with its phases side by side: one
     # call for what took four. SERVED_JOBS: space-separated RECIPE:PHASES[:exact|default], each
     # run on both versions, or on SERVED_VERSIONS (default: the multimodal recipe, SERVED_PHASES,
@@ -1109,7 +1115,8 @@ served_all() { # served and served-v33 side by side, each with its phases side b
             sleep "${SERVED_JOB_STAGGER_S:-20}"
         done
     done
-    ( while pgrep -f tests/gpu/served.py > /dev/null; do
+    # Watched by the jobs' own PIDs: a pattern would also match another checkout's served.py.
+    ( while any_alive "${pids[@]}"; do
           nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 30; done ) > "$WORK/served-all-memory.log" 2>&1 &
     for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
     for i in "${!logs[@]}"; do echo "== ${logs[$i]##*/}"; { grep -v "^\s*$" "${logs[$i]}" || true; } | tail -12; done

@@ -8,8 +8,9 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def _remove_this_runs_images():
     """Tags carry the run's id (docker_env.RUN_ID), so a run beside this one never
-    sees them; removing them keeps the daemon from filling up, run after run."""
+    sees them; removing them, the containers on them and what failed builds left
+    keeps the daemon from filling up, run after run (docker_env.cleanup_run)."""
     yield
     from tests.integration import docker_env
 
-    docker_env.remove_run_tags()
+    docker_env.cleanup_run()

@@ -5,10 +5,15 @@ two base images (names mirrored here). The images below are built on top of
 them through the SDK's classic (non-BuildKit) build API, tagged by a hash of
 their build context and this run's id (``RUN_ID``): two test runs on one
 machine share the daemon, and a tag another run could re-point or remove
-while this one uses it made that run's tests fail. Docker's layer cache keeps
-a rebuild of unchanged content quick; the run's tags go at its end
-(``remove_run_tags``, from tests/integration/conftest.py). The files the runs
-share under ~/.cache/vllm-sm12x are filled under a lock (``fill_once``).
+while this one uses it made that run's tests fail. Beside its run tag each
+such image keeps a content tag (``<content>-cache``), so a later run's build
+of the same content is a cache hit and nothing is left untagged. At the end
+of a run (tests/integration/conftest.py, ``cleanup_run``) its containers, its
+run tags and what its failed builds left go; at the start, the same for runs
+that ended without cleaning up (killed) more than ``STALE_AFTER_S`` ago
+(``sweep_stale_runs``). Dangling images no longer pile up, run after run.
+The files the runs share under ~/.cache/vllm-sm12x are filled under a lock
+(``fill_once``).
 
 * ``fake_vllm_image``: busybox + the real ``docker/entrypoint.sh`` + a shell
   script standing in for ``vllm serve`` (this machine has no GPU and the real
@@ -24,9 +29,11 @@ import io
 import itertools
 import json
 import os
+import re
 import socket
 import sys
 import tarfile
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -92,6 +99,10 @@ def client():
             c.images.get(image)
         except docker.errors.ImageNotFound:
             pytest.fail(f"base image {image} is missing; run `bash tests/engines.sh`")
+    global _USED
+    if not _USED:  # the first docker test of this run: what killed runs left goes first
+        _USED = True
+        sweep_stale_runs(c)
     return c
 
 
@@ -107,9 +118,18 @@ def _tar(files: dict[str, tuple[bytes, int]]) -> io.BytesIO:
     return buf
 
 
-# This test run (one pytest process): every image tag it makes ends with it.
-RUN_ID = f"run{os.getpid()}-{uuid.uuid4().hex[:8]}"
+# This test run (one pytest process): every image tag it makes ends with it. The
+# start time in it lets a later run tell a killed run's leftovers from a live one's.
+RUN_STARTED = int(time.time())
+RUN_ID = f"run{os.getpid()}-{RUN_STARTED}-{uuid.uuid4().hex[:8]}"
 _RUN_TAGS: list[str] = []
+_USED = False  # this run talked to the daemon (client()): cleanup_run has work at its end
+TEST_REPO = "vllm-sm12x-test/"
+# No `make test` runs this long: a run that started earlier and left images was killed.
+STALE_AFTER_S = 12 * 3600
+# -run<pid>-<start>-<hex8> (and, from before the start time was in it, -run<pid>-<hex8>)
+_RUN_ID_RE = re.compile(r"run(\d+)-(?:(\d{9,11})-)?[0-9a-f]{8}")
+BASE_NAME_LABEL = "org.opencontainers.image.base.name"
 
 
 def run_tag(repo: str, content_key: str) -> str:
@@ -117,10 +137,33 @@ def run_tag(repo: str, content_key: str) -> str:
     return f"{repo}:{content_key}-{RUN_ID}"
 
 
+def cache_tag(repo: str, content_key: str) -> str:
+    """``repo:<content>-cache``: the content's image kept between runs (docker's build cache),
+    under a name, so that removing the run tags leaves no untagged (dangling) image."""
+    return f"{repo}:{content_key}-cache"
+
+
 def build_log_text(build_log) -> str:
     """A classic build's log as the daemon streamed it: every step's command and its output."""
     return "".join(chunk.get("stream", "") or chunk.get("error", "") for chunk in build_log
                    if isinstance(chunk, dict))
+
+
+def built_layers(log_text: str) -> list[str]:
+    """The image ids a classic build made or reused, step by step (`` ---> 1a2b3c4d5e6f``)."""
+    return re.findall(r"^ ---> ([0-9a-f]{12})\s*$", log_text, re.M)
+
+
+def remove_failed_build(c, log_text: str) -> None:
+    """A failed classic build leaves the image of its last good step, untagged and with no
+    child: a dangling image, one per failed build. Remove it (and its untagged parents that
+    nothing else uses; the daemon refuses where an image still has a child or a container)."""
+    import docker
+
+    layers = built_layers(log_text)
+    if layers:
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            c.images.remove(layers[-1])
 
 
 def build_from_files(c, repo: str, files: dict[str, tuple[bytes, int]]) -> str:
@@ -133,20 +176,33 @@ def build_from_files(c, repo: str, files: dict[str, tuple[bytes, int]]) -> str:
     digest = hashlib.sha256()
     for name, (data, mode) in sorted(files.items()):
         digest.update(name.encode() + b"\0" + str(mode).encode() + b"\0" + data)
-    tag = run_tag(repo, digest.hexdigest()[:12])
+    key = digest.hexdigest()[:12]
+    tag = run_tag(repo, key)
     if tag in _RUN_TAGS:
         return tag
     try:
-        c.images.build(fileobj=_tar(files), custom_context=True, tag=tag, rm=True, forcerm=True)
+        image, _ = c.images.build(fileobj=_tar(files), custom_context=True, tag=tag, rm=True, forcerm=True)
     except docker.errors.BuildError as exc:
-        pytest.fail(f"docker build of {tag} failed: {exc.msg}\n{build_log_text(exc.build_log)[-5000:]}")
+        text = build_log_text(exc.build_log)
+        remove_failed_build(c, text)
+        pytest.fail(f"docker build of {tag} failed: {exc.msg}\n{text[-5000:]}")
     _RUN_TAGS.append(tag)
+    cache_repo, _, cache_name = cache_tag(repo, key).rpartition(":")
+    image.tag(cache_repo, cache_name)
     return tag
 
 
+def _remove_containers_of(c, image: str) -> None:
+    import docker
+
+    for container in c.containers.list(all=True, filters={"ancestor": image}):
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            container.remove(force=True)
+
+
 def remove_run_tags(c=None) -> None:
-    """Remove the images this run tagged. ``noprune``: their untagged parent layers stay,
-    the build cache of the next run."""
+    """Remove the images this run tagged (and any container left on them). The content
+    stays under its cache tag, the next run's build cache."""
     if not _RUN_TAGS:
         return
     import docker
@@ -154,8 +210,100 @@ def remove_run_tags(c=None) -> None:
     c = c or docker.from_env(timeout=120)
     while _RUN_TAGS:
         tag = _RUN_TAGS.pop()
+        _remove_containers_of(c, tag)
         with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
-            c.images.remove(tag, noprune=True)
+            c.images.remove(tag)
+
+
+def _run_started(name: str) -> tuple[str, int, int | None] | None:
+    """(run id, its pid, its start time or None for the older form) of a name holding a run id."""
+    found = _RUN_ID_RE.search(name)
+    if not found:
+        return None
+    return found.group(0), int(found.group(1)), int(found.group(2)) if found.group(2) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _dangling_of_runs(c) -> list:
+    """Untagged leaf images a test build left: their base-name label names a test image."""
+    return [image for image in c.images.list(filters={"dangling": True, "label": BASE_NAME_LABEL})
+            if (image.labels.get(BASE_NAME_LABEL) or "").startswith(TEST_REPO)]
+
+
+def _created(image) -> float:
+    from datetime import datetime
+
+    stamp = image.attrs.get("Created", "")
+    try:
+        return datetime.fromisoformat(stamp[:19] + "+00:00").timestamp()
+    except ValueError:
+        return time.time()
+
+
+def cleanup_run(c=None) -> None:
+    """The end of this run: its run tags and containers, and the dangling images its builds
+    left (an overlay whose base was one of this run's images names it in its label)."""
+    import docker
+
+    if c is None and not (_USED or _RUN_TAGS):
+        return  # no docker test ran: nothing to clean, and no daemon to ask
+    c = c or docker.from_env(timeout=120)
+    remove_run_tags(c)
+    for image in c.images.list():  # tags made with run_tag outside build_from_files (the overlays)
+        for tag in image.tags:
+            if tag.startswith(TEST_REPO) and tag.endswith(f"-{RUN_ID}"):
+                _remove_containers_of(c, tag)
+                with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+                    c.images.remove(tag)
+    for image in _dangling_of_runs(c):
+        if RUN_ID in image.labels.get(BASE_NAME_LABEL, ""):
+            with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+                c.images.remove(image.id)
+
+
+def sweep_stale_runs(c, now: float | None = None) -> list[str]:
+    """What runs killed before their end left: their run tags (with containers on them) and
+    the dangling images of their builds, once the run started more than ``STALE_AFTER_S``
+    ago (the older run ids, without a start time: by the image's age, unless their pid
+    still runs here). A run beside this one is never touched. Returns what went."""
+    import docker
+
+    now = time.time() if now is None else now
+    gone: list[str] = []
+
+    def stale(name: str, image) -> bool:
+        found = _run_started(name)
+        if found is None or found[0] == RUN_ID:
+            return False
+        _, pid, started = found
+        if started is None:  # the older form: the image's age, and never while its pid runs here
+            if _pid_alive(pid):
+                return False
+            started = _created(image)
+        return now - started > STALE_AFTER_S
+
+    for image in c.images.list():
+        for tag in image.tags:
+            if tag.startswith(TEST_REPO) and stale(tag.rpartition(":")[2], image):
+                _remove_containers_of(c, tag)
+                with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+                    c.images.remove(tag)
+                    gone.append(tag)
+    for image in _dangling_of_runs(c):
+        if stale(image.labels[BASE_NAME_LABEL].rpartition(":")[2], image):
+            with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+                c.images.remove(image.id)
+                gone.append(image.id)
+    return gone
 
 
 @contextlib.contextmanager
@@ -478,4 +626,6 @@ def build_overlay(c, base: str, tag: str, buildargs: dict[str, str],
         log += [chunk.get("stream", "") for chunk in stream]
         return image.id, "".join(log)
     except docker.errors.BuildError as exc:
-        return None, "".join(log) + build_log_text(exc.build_log)
+        text = "".join(log) + build_log_text(exc.build_log)
+        remove_failed_build(c, text)
+        return None, text

@@ -476,17 +476,34 @@ def kv_bytes(code_root: Path, draft_backend: str, share: bool = True, blocks: in
             block_dim[layer] = group.backend.get_kv_cache_block_dim(spec.block_size, spec.num_kv_heads, spec.head_size)
     group_of = {layer: gid for gid, g in enumerate(config.kv_cache_groups) for layer in g.layer_names}
     aliased = []
+    # The owner map depends only on the view's layout (storage size, shape, strides, offset, block
+    # dim): most layers share one, so each layout's map and each pair of layouts' first clash is
+    # computed once (the same pairs, in the same order, as comparing every layer with every other).
+    owner_of: dict[tuple, Any] = {}
+    first_clash: dict[tuple, int | None] = {}
+
+    def layout(layer: str) -> tuple:
+        view = caches[layer]
+        key = (view.untyped_storage().nbytes(), view.element_size(), tuple(view.size()), tuple(view.stride()),
+               view.storage_offset(), block_dim[layer])
+        if key not in owner_of:
+            owner_of[key] = _block_owner(torch, view, block_dim[layer], blocks)
+        return key
+
     for tensor in config.kv_cache_tensors:
-        owners = {layer: _block_owner(torch, caches[layer], block_dim[layer], blocks) for layer in tensor.shared_by}
+        keys = {layer: layout(layer) for layer in tensor.shared_by}
         for a, b in itertools.combinations(tensor.shared_by, 2):
             if group_of[a] == group_of[b]:
                 continue
             # Different groups hold different block ids of the one pool: a byte that
             # block i of one layer and block j != i of the other both reach is aliased.
-            clash = (owners[a] >= 0) & (owners[b] >= 0) & (owners[a] != owners[b])
-            if bool(clash.any()):
-                first = int(clash.nonzero()[0])
-                aliased.append([a, int(owners[a][first]), b, int(owners[b][first])])
+            oa, ob = owner_of[keys[a]], owner_of[keys[b]]
+            if (keys[a], keys[b]) not in first_clash:
+                clash = (oa >= 0) & (ob >= 0) & (oa != ob)
+                first_clash[keys[a], keys[b]] = int(clash.nonzero()[0]) if bool(clash.any()) else None
+            first = first_clash[keys[a], keys[b]]
+            if first is not None:
+                aliased.append([a, int(oa[first]), b, int(ob[first])])
     # The first layer of the drafter, or with none the first sliding layer of the target.
     draft_layer = sorted(draft_names)[0] if draft_names else "language_model.model.layers.0.self_attn.attn"
     target_layer = sorted(set(specs) - draft_names)[0]

@@ -19,7 +19,6 @@ import shlex
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -250,7 +249,7 @@ def vllm_base(client, case):
 def overlay(client, vllm_base, case):
     inputs = docker_env.overlay_inputs(client, vllm_base)
     # Unique per run: another checkout may run these tests on the same daemon.
-    tag = f"vllm-sm12x-test/overlay:{case['kind']}-{case['version']}-{uuid.uuid4().hex[:8]}"
+    tag = docker_env.run_tag("vllm-sm12x-test/overlay", f"{case['kind']}-{case['version']}")
     started = time.monotonic()
     image_id, log = docker_env.build_overlay(client, vllm_base, tag, inputs["build_args"])
     print(f"overlay on the {case['stands_for']} stand-in: {time.monotonic() - started:.1f} s")
@@ -426,7 +425,7 @@ def test_overlay_build_fails_when_the_series_does_not_apply(client):
     and the build must fail, naming the file."""
     rel = series_for(VERSION).patches[0].files[0].path
     broken = docker_env.vllm_base_image(client, VERSION, extra_run=f": > {SITE}/{rel}")
-    tag = f"vllm-sm12x-test/overlay:broken-{uuid.uuid4().hex[:8]}"
+    tag = docker_env.run_tag("vllm-sm12x-test/overlay", "broken")
     image_id, log = docker_env.build_overlay(client, broken, tag, docker_env.overlay_inputs(client, broken)["build_args"])
     remove_image(client, tag)
     assert image_id is None, "the overlay built on a vLLM the series cannot patch"
@@ -450,7 +449,7 @@ def test_overlay_refuses_a_vllm_without_a_series(client):
         docker_env.overlay_inputs(client, base)
     assert err.value.message.startswith("no patch series for vLLM 0.28.0+g0c0ffee.nv26.11")
     assert f"series exist for: {supported}" in err.value.message
-    tag = f"vllm-sm12x-test/overlay:noseries-{uuid.uuid4().hex[:8]}"
+    tag = docker_env.run_tag("vllm-sm12x-test/overlay", "noseries")
     image_id, log = docker_env.build_overlay(client, base, tag, {})
     remove_image(client, tag)
     assert image_id is None
@@ -462,7 +461,7 @@ def test_overlay_on_a_python_image_with_a_vllm_wheel(client):
     """The overlay's other input: a plain Python image plus a vLLM wheel
     (VLLM_WHEEL in docker/wheels/), installed before the series is applied."""
     wheel = docker_env.vllm_wheel_without_extensions(VERSION)
-    tag = f"vllm-sm12x-test/overlay:wheel-{uuid.uuid4().hex[:8]}"
+    tag = docker_env.run_tag("vllm-sm12x-test/overlay", "wheel")
     series = series_for(VERSION)
     image_id, log = docker_env.build_overlay(client, docker_env.PYTHON_IMAGE, tag,
                                              {"VLLM_VERSION": VERSION, "SERIES_HASH": series.hash}, vllm_wheel=wheel)

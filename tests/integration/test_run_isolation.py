@@ -41,15 +41,23 @@ def test_image_tags_are_unique_per_run_and_name_their_content():
     first, second = _in_another_run(probe), _in_another_run(probe)
     assert first != second
     for tag in (first, second, docker_env.run_tag("vllm-sm12x-test/fake-vllm", "abc123def456")):
-        assert re.fullmatch(r"vllm-sm12x-test/fake-vllm:abc123def456-run\d+-[0-9a-f]{8}", tag), tag
+        assert re.fullmatch(r"vllm-sm12x-test/fake-vllm:abc123def456-run\d+-\d{10}-[0-9a-f]{8}", tag), tag
     assert docker_env.run_tag("r", "k") == docker_env.run_tag("r", "k")  # stable within a run
 
 
+class _Image:
+    def __init__(self, images, tag):
+        self.images, self.tags = images, [tag]
+
+    def tag(self, repo, tag):
+        self.images.tagged.append(f"{repo}:{tag}")
+
+
 class _Images:
-    """Stand-in for ``DockerClient.images``: records builds and removals."""
+    """Stand-in for ``DockerClient.images``: records builds, tags and removals."""
 
     def __init__(self, fail_with_log=None):
-        self.built, self.removed, self.fail_with_log = [], [], fail_with_log
+        self.built, self.tagged, self.removed, self.fail_with_log = [], [], [], fail_with_log
 
     def build(self, *, tag, **_):
         import docker
@@ -58,15 +66,20 @@ class _Images:
             raise docker.errors.BuildError("The command '/bin/sh -c pip install x' returned a non-zero code: 1",
                                            self.fail_with_log)
         self.built.append(tag)
-        return object(), iter(())
+        return _Image(self, tag), iter(())
 
     def remove(self, tag, noprune=False):
         self.removed.append((tag, noprune))
 
 
+class _Containers:
+    def list(self, **_):
+        return []
+
+
 class _Client:
     def __init__(self, images):
-        self.images = images
+        self.images, self.containers = images, _Containers()
 
 
 def test_builds_are_tagged_for_this_run_once_and_removed_at_its_end(monkeypatch):
@@ -77,9 +90,11 @@ def test_builds_are_tagged_for_this_run_once_and_removed_at_its_end(monkeypatch)
     assert tag.endswith(f"-{docker_env.RUN_ID}") and tag.startswith("vllm-sm12x-test/x:")
     assert docker_env.build_from_files(_Client(images), "vllm-sm12x-test/x", files) == tag
     assert images.built == [tag]  # built once per run; a second run builds (from docker's cache) its own
+    # The content keeps a name of its own: the next run's cache, and no untagged image once the run tag goes.
+    content = tag.split(":")[1].split("-run")[0]
+    assert images.tagged == [f"vllm-sm12x-test/x:{content}-cache"]
     docker_env.remove_run_tags(_Client(images))
-    # noprune: the parent layers stay, the next run's build cache.
-    assert images.removed == [(tag, True)] and docker_env._RUN_TAGS == []
+    assert images.removed == [(tag, False)] and docker_env._RUN_TAGS == []
 
 
 def test_a_failed_build_shows_the_failing_commands_own_output(monkeypatch):
@@ -229,3 +244,31 @@ def _end(pid: int) -> None:
         time.sleep(0.1)
     if _alive(pid):
         os.kill(pid, signal.SIGTERM)
+
+
+def test_no_script_or_test_finds_processes_by_a_pattern():
+    """`pgrep -f`, `pkill -f` and `killall` match every checkout's processes on the machine:
+    one run found or killed another's (issue 57). Processes are found by their PIDs."""
+    pattern = re.compile(r"\b(pgrep|pkill|killall)\b")
+    found = []
+    for top in ("tests", "docker", "build", "launcher"):
+        for path in sorted((REPO / top).rglob("*")):
+            if path.suffix in {".py", ".sh", ".ps1"} or path.name in {"Dockerfile", "entrypoint.sh"}:
+                if path == Path(__file__):
+                    continue
+                for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    if pattern.search(line) and not line.lstrip().startswith("#"):
+                        found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    found += [f"Makefile: {line.strip()}" for line in (REPO / "Makefile").read_text().splitlines()
+              if pattern.search(line) and not line.lstrip().startswith("#")]
+    assert found == []
+
+
+def test_run_ids_in_names_are_read_with_their_start_time():
+    """What the sweep of killed runs' images reads off a tag: the run id, its pid and start time
+    (the older form had no start time: the sweep then goes by the image's age and the pid)."""
+    assert docker_env._run_started(docker_env.run_tag("vllm-sm12x-test/x", "abc")) == (
+        docker_env.RUN_ID, os.getpid(), docker_env.RUN_STARTED)
+    assert docker_env._run_started("vllm-sm12x-test/x:abc-run5574-98473aab") == ("run5574-98473aab", 5574, None)
+    assert docker_env._run_started("vllm-sm12x-test/x:abc-cache") is None
+    assert docker_env._run_started("vllm-sm12x-test/busybox:r1") is None

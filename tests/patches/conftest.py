@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,56 @@ READS = [
 
 def on_stock() -> bool:
     return os.environ.get(STOCK_ENV) == "stock"
+
+
+# --- the stock run of test_patch_tests.py, started as soon as it is known to be needed ------------
+#
+# test_patch_tests_fail_on_the_released_tree runs this whole folder again on the released trees,
+# in a pytest of its own: about 200 s on 2 cores, the longest test of `make test`. Nothing in it
+# depends on this run, so it starts in the background once collection shows that test selected,
+# and overlaps the tests before it; the test then waits for it and reads its report. Run alone
+# (or with this folder only), the test starts it itself, as before.
+
+STOCK_RUN_TEST = "tests/patches/test_patch_tests.py::test_patch_tests_fail_on_the_released_tree"
+STOCK_RUN_TIMEOUT_S = 900
+
+
+def _start_stock_run(folder: Path) -> tuple[subprocess.Popen, Path]:
+    here = Path(__file__).resolve().parent
+    report = folder / "stock.xml"
+    log = open(folder / "stock.log", "wb")  # noqa: SIM115 (the child writes it; closed with the run)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+         f"--ignore={here / 'test_patch_tests.py'}", str(here)],
+        cwd=here.parent.parent, env={**os.environ, STOCK_ENV: "stock"}, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return proc, report
+
+
+def pytest_collection_finish(session):
+    if on_stock() or not any(item.nodeid == STOCK_RUN_TEST for item in session.items):
+        return
+    folder = Path(tempfile.mkdtemp(prefix="sm12x-stock-run-"))
+    session.config._sm12x_stock_run = (*_start_stock_run(folder), folder)
+
+
+def pytest_sessionfinish(session):
+    run = getattr(session.config, "_sm12x_stock_run", None)
+    if run is not None:
+        proc, _, folder = run
+        if proc.poll() is None:  # the test did not run to its wait (-x, Ctrl-C): stop our child
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def stock_run_report(config, tmp_path: Path) -> Path:
+    """The JUnit report of this folder's tests on the released trees: from the run started at
+    collection, or from one started now."""
+    run = getattr(config, "_sm12x_stock_run", None)
+    proc, report = run[:2] if run is not None else _start_stock_run(tmp_path)
+    proc.wait(timeout=STOCK_RUN_TIMEOUT_S)
+    return report
 
 
 def patch_named(version: str, patch_id: str):

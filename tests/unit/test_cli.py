@@ -146,9 +146,16 @@ def test_help_at_80_columns_shows_no_type_placeholders_and_every_option_name_who
 def test_make_serve_fails_cleanly_here(tmp_path):
     """`make serve` on this GPU-less machine: plan + verdict, non-zero exit."""
     repo = Path(__file__).resolve().parents[2]
-    res = subprocess.run(["make", "-s", "serve", f"VENV={Path(sys.executable).parent.parent}"], cwd=repo,
+    # -o STAMP: the venv these tests run in is used as it is, never rebuilt by make (a pyproject.toml
+    # newer than its stamp re-installed the launcher from this checkout into another checkout's venv).
+    venv = Path(sys.executable).parent.parent
+    stamp = venv / ".deps-stamp"
+    before = stamp.stat().st_mtime_ns if stamp.exists() else None
+    res = subprocess.run(["make", "-s", "-o", f"{venv}/.deps-stamp", "serve", f"VENV={venv}"], cwd=repo,
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "MODELS_DIR": str(tmp_path)})
+    assert (stamp.stat().st_mtime_ns if stamp.exists() else None) == before, "make re-installed the venv"
+    assert "pip install" not in res.stdout
     assert res.returncode != 0
     assert "preflight blocks the start: no NVIDIA GPU detected" in res.stderr
     assert "vllm serve" in res.stdout and "verdict" in res.stdout

@@ -53,7 +53,8 @@ def test_a_wait_that_runs_out_is_124():
 
 
 def test_make_serve_dry_run_exits_0_after_the_plan(tmp_path):
-    res = subprocess.run(["make", "-s", "serve", "ARGS=--dry-run", f"VENV={Path(sys.executable).parent.parent}"],
+    venv = Path(sys.executable).parent.parent  # -o: used as it is, never rebuilt (test_cli.py says why)
+    res = subprocess.run(["make", "-s", "-o", f"{venv}/.deps-stamp", "serve", "ARGS=--dry-run", f"VENV={venv}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "MODELS_DIR": str(tmp_path)})
     assert res.returncode == 0, res.stdout + res.stderr
