@@ -1,4 +1,4 @@
-"""tests/gpu/plans/*.sh: the lane plans a GPU session sources before `remote.sh lanes-bg`. Each is
+"""tests/gpu/plans/*.sh: the lane plans a GPU host sources before `remote.sh lanes-bg`. Each is
 checked here as lanes-bg checks it on the device (remote.sh's own lanes_check and
 lane_gpus_disjoint, realshape.py's own lane check), so a misspelt run or a speed run sharing a
 GPU is found before a machine spends its time on it. Nothing runs a GPU."""

@@ -1,12 +1,12 @@
-# Issue 25: every vLLM row with the drafter 4f7c6c17, both releases at once on a machine of four
-# GPUs (tests/gpu/README.md, "Several drafter recipes at once"). On the device, after `prepare`:
-#   . tests/gpu/plans/rows-4f7c6c17.sh && bash tests/gpu/remote.sh lanes-bg
-# (a device command holds 2,000 characters: the lane lists live here). Each release's speed pair
-# has a GPU of its own (lane 0 takes the first GPU of its list, every other lane the second);
-# every reference (one request at a time, bf16 and NVFP4 exact; the carried raws are the H100s'
-# and stay in .stage to compare with) and the capture runs' batch-noise twins (the no-drafter
-# engine in the capture's groups) run again on this machine. The default-numerics NVFP4
-# reference stays the carried one: it does not reproduce from run to run (Marlin).
+# The acceptance page's vLLM rows (drafter 4f7c6c17, issue 25), both releases at once on a host
+# with four GPUs. On the GPU host, after `remote.sh prepare`:
+#   . tests/gpu/plans/acceptance-rows-4gpu.sh && bash tests/gpu/remote.sh lanes-bg
+# (the lane lists live here, not on the command line). Each release's speed pair has a GPU of
+# its own (lane 0 takes the first GPU of its list, every other lane the second). Every reference
+# (one request at a time, bf16 and NVFP4 exact) and the capture runs' batch-noise twins (the
+# no-drafter engine in the capture's groups) run on this host. The default-numerics NVFP4
+# reference is read from the staged raw records (.stage/realshape-raw-*): it does not reproduce
+# from run to run (Marlin).
 # tests/unit/test_gpu_plans.py checks these lists as lanes-bg will.
 lanes() { tr -d ' \n'; }
 
@@ -34,7 +34,7 @@ LANES
 )
 RS_LANE_GPUS_21=1,0,0,0,0,0,0
 RS_LANE_GPUS_33=3,2,2,2,2,2,2
-# Six or seven engines a GPU: a tenth of it and 4 GiB of KV cache each (as the sessions before).
+# Six or seven engines a GPU: a tenth of it and 4 GiB of KV cache each.
 RS_GPU_UTIL=0.1
 RS_KV_CACHE_GIB=4
 # The NVFP4 walks of this drafter, the NVFP4 rows' references, beside the lanes (on GPU 0).

@@ -1,0 +1,19 @@
+# The acceptance page's vLLM rows (drafter 4f7c6c17, issue 25) but the offline speed pairs, both
+# releases at once on ONE GPU (an H200). On the GPU host, after `remote.sh prepare`:
+#   . tests/gpu/plans/acceptance-rows-1gpu.sh && bash tests/gpu/remote.sh lanes-bg
+# acceptance-rows-4gpu.sh's lanes without their first, the speed pair: a speed run needs the GPU
+# to itself (realshape refuses it in a shared lane), and item 5's bar counts only the served pair
+# (`served-all`, speed phase), which runs alone after the lanes. No GPU lists: every lane and the
+# NVFP4 walk run on GPU 0. Twelve engines and the walk share the host's CPU cores; each holds
+# 4 GiB of KV cache and a tenth of the GPU, as in the four-GPU plan.
+# tests/unit/test_gpu_plans.py checks these lists as lanes-bg will.
+. "$(dirname "${BASH_SOURCE[0]}")/acceptance-rows-4gpu.sh"
+case "$RS_PARALLEL_21;$RS_PARALLEL_33" in
+    trained-speed-*\;*v33-trained-speed-*) ;;
+    *) echo "acceptance-rows-4gpu.sh no longer opens with its speed lanes: mend acceptance-rows-1gpu.sh" >&2; return 1 ;;
+esac
+RS_PARALLEL_21=${RS_PARALLEL_21#*;}
+RS_PARALLEL_33=${RS_PARALLEL_33#*;}
+RS_LANE_GPUS_21=
+RS_LANE_GPUS_33=
+export RS_PARALLEL_21 RS_PARALLEL_33 RS_LANE_GPUS_21 RS_LANE_GPUS_33
