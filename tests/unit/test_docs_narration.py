@@ -1,0 +1,89 @@
+"""No work-process narration in the repository's Markdown (issue 52, item 2).
+
+The documents describe the project and its evidence as a user meets them: a machine with a GPU,
+with or without network. They do not log how this repository's results happened to be produced:
+no dated entries, no ordinal runs ("the fifth ..."), no "what the next run needs", no account of
+machines lost or parts moved between them. History lives in git.
+
+NARRATION covers the phrases the GPU documents held before they became a method document.
+Inline code and link targets are left out of the check (file names such as a record's dated
+path, or a module's name, are identifiers, not narration); so are results/ (generated pages and
+raw logs are data). The checked documents are the evidence's: README.md and tests/gpu/'s Markdown.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ORDINAL = r"(?:second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)"
+NARRATION = {
+    "a dated entry": r"\b20\d\d-\d\d-\d\d\b",
+    "a clock time of a run": r"\b\d\d:\d\d(?:-\d\d:\d\d)? UTC\b",
+    "an ordinal run, machine or session": rf"\b(?:first|{ORDINAL}) (?:session|machine|call|GPU run)s?\b",
+    "an ordinal as a name": rf"\bthe {ORDINAL} (?:one|target|run)\b",
+    "a session": r"\bsessions?\b(?<!HTTP session)",
+    "the next run's needs": r"\bwhat the next (?:run|session|machine)\b|\bneeds first\b|\bnext session\b",
+    "a device call": r"\bdevice (?:call|tool|time|seconds|machine)s?\b|\b(?:a|one|per|each|every|this|that|the|next|last|two|three|four|five|six) calls?\b",
+    "parts moved between machines": r"\bcarr(?:y|ies|ied|ying)\b",
+    "a machine's lease": r"\bwent back\b|\bgiven back\b|\bwarm machine\b|\bheld time\b|\bwas lent\b|\bmachine was lost\b",
+}
+PATTERNS = {why: re.compile(rx, re.I) for why, rx in NARRATION.items()}
+
+_CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+_LINK_TARGET = re.compile(r"\]\([^)]*\)")
+_MARK = re.compile(r"<!--.*?-->", re.S)
+
+
+def documents() -> list[Path]:
+    tracked = subprocess.run(["git", "ls-files", "README.md", "tests/gpu/*.md"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / p for p in tracked if not p.startswith("tests/gpu/results/")]
+
+
+def prose(text: str) -> str:
+    """The text a reader reads as prose: code, link targets and comments blanked (lines kept)."""
+    blank = lambda m: re.sub(r"[^\n]", " ", m.group(0))  # noqa: E731
+    for rx in (_MARK, _CODE, _LINK_TARGET):
+        text = rx.sub(blank, text)
+    return text
+
+
+def narration(text: str) -> list[tuple[int, str, str]]:
+    text = prose(text)
+    found = []
+    for why, rx in PATTERNS.items():
+        for m in rx.finditer(text):
+            found.append((text.count("\n", 0, m.start()) + 1, why, m.group(0)))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_document_holds_no_narration(doc):
+    found = narration(doc.read_text(encoding="utf-8"))
+    assert not found, "\n".join(f"{doc.relative_to(ROOT)}:{line}: {why}: {hit!r}" for line, why, hit in found)
+
+
+@pytest.mark.parametrize("phrase", [
+    "### Served speed (2026-11-27, sixth session, H100)",
+    "What the next session needs first: the NVFP4 rows.",
+    "The machine went back while the script was being written.",
+    "one device call per bundle part, the last one running the rounds",
+    "Checkpoints are carried to the next machine in parts.",
+    "The fifth target passes the gate.",
+    "from five calls on one H200 machine (14:13-14:31 UTC)",
+])
+def test_the_check_finds_narration_added_to_a_document(phrase):
+    text = (ROOT / "tests" / "gpu" / "README.md").read_text(encoding="utf-8")
+    assert narration(text) == []
+    assert narration(text + "\n" + phrase + "\n"), phrase
+
+
+def test_identifiers_and_library_terms_are_not_narration():
+    assert narration("`results/trained/target-2026-11-29/x.log` and `carried.py`; an HTTP session; "
+                     "call it as `.venv/bin/launcher`; [log](results/served-2026-11-27.log)") == []
