@@ -104,7 +104,7 @@ gpu-stage: venv
 	$(BIN)/python tests/gpu/stage.py
 
 ## make gpu-proof: on a GPU host (torch 2.11, Python 3.12): stage, install, run stock and
-## patched rounds, write tests/gpu/results/ (tests/gpu/README.md tells the device-tool way)
+## patched rounds, write tests/gpu/results/ (tests/gpu/README.md: a host without network too)
 gpu-proof: gpu-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh proof stock patched
@@ -112,9 +112,8 @@ gpu-proof: gpu-stage
 ## make gpu-realshape: the real-shape proof (issue 11) on a GPU host with this checkout:
 ## stage the bundle, FA2 and the modelopt wheels, then on the GPU: the bf16-stability search
 ## (picks the norm scale), `launcher quantize` of the NVFP4 target, every run of realshape.py
-## (RUNS=a,b narrows; tests/gpu/README.md, "Real-shape proof"); results in tests/gpu/results/realshape.*
+## (RUNS=a,b narrows; tests/gpu/README.md, "Commands"); results in tests/gpu/results/realshape.*
 .PHONY: gpu-realshape-stage gpu-realshape
-## make gpu-realshape-stage: make gpu-stage, plus the FA2 and modelopt extras the real-shape runs install
 ## make gpu-realshape-stage: make gpu-stage, plus the FA2 and modelopt extras the real-shape runs install
 gpu-realshape-stage: gpu-stage
 	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2
@@ -128,7 +127,7 @@ gpu-realshape: gpu-realshape-stage
 
 ## make gpu-realshape-v33: the real-shape proof on vLLM 0.33.0 (issue 12) on a GPU host with
 ## torch 2.11: stage 0.33.0 (+ FA2) beside the 0.21.0 bundle, then every v33-* run of realshape.py
-## (RUNS=a,b narrows; tests/gpu/README.md, "vLLM 0.33.0 on the GPU host")
+## (RUNS=a,b narrows; tests/gpu/README.md, "Commands")
 .PHONY: gpu-realshape-v33
 gpu-realshape-v33: gpu-realshape-stage
 	$(BIN)/python tests/gpu/stage.py --vllm 0.33.0 --with-fa2
@@ -140,8 +139,7 @@ gpu-realshape-v33: gpu-realshape-stage
 ## holds 85 GB): stage, then on the GPU train the target (train_target.py, ~5 min, seeded) and its
 ## DFlash drafter (train_drafter.py, ~20 min, seeded), quantize the target with `launcher quantize`,
 ## and run every trained-* run of realshape.py (RUNS=a,b narrows; RS_PARALLEL="a,b;c,d" runs lanes side by
-## side); results in tests/gpu/results/realshape.* and trained/ (tests/gpu/README.md, "Trained target",
-## "Trained drafter")
+## side); results in tests/gpu/results/realshape.* and trained/ (tests/gpu/README.md, "Commands")
 .PHONY: gpu-trained
 gpu-trained: gpu-realshape-stage
 	bash tests/gpu/remote.sh receive
@@ -149,8 +147,8 @@ gpu-trained: gpu-realshape-stage
 	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-drafter
 	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-trained
 
-## make gpu-served: issue 26 on a GPU host (kind nvidia-h100-x1): stage the bundle and FA2, train the
-## target, then every served phase in one go (tests/gpu/README.md, "Served (issue 26)")
+## make gpu-served: issue 26 on a GPU host (one H100 or H200): stage the bundle and FA2, train the
+## target, then every served phase in one go (tests/gpu/README.md, "Commands")
 .PHONY: gpu-served
 gpu-served: gpu-stage
 	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2

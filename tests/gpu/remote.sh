@@ -8,7 +8,7 @@
 #   remote.sh install-bg       the same in the background, from a snapshot, under prepare's lock
 #   remote.sh proof [ROUND..]  install, make the checkpoints, run ROUNDs (stock, patched;
 #                              default both), compare, write results under $OUT
-#   remote.sh full-size-checkpoints | fit | full-bench   issue 27 (tests/gpu/README.md, "Full size")
+#   remote.sh full-size-checkpoints | fit | full-bench   issue 27 (tests/gpu/README.md, "Commands")
 #   remote.sh served           issue 26: servers started by `launcher serve`, chat with
 #                              images, `launcher bench` (SERVED_PHASES narrows; README)
 #   remote.sh served-v33       the same on vLLM 0.33.0 (its bundle and series)
@@ -1024,9 +1024,9 @@ lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say
 }
 
 served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images, `launcher bench`
-    # (tests/gpu/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a device call
-    # holds about two of them (tests/gpu/README.md, "Served (issue 26)"). Raw phases stay in
-    # $WORK/served between calls, and every call re-renders served.json / served.md from all of them.
+    # (tests/gpu/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a 10-minute
+    # bound holds about two of them. Raw phases stay in $WORK/served between runs, and every run
+    # re-renders served.json / served.md from all of them.
     prepare
     require_fa2
     served_run "$SITE" "$SITE_PATCHED" served

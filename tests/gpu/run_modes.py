@@ -68,7 +68,7 @@ _BACKEND_AUTO = re.compile(r"Using (\w+) attention backend out of potential back
 # vLLM's AOT compile cache (on by default with torch >= 2.10): the folder is named by a key of the
 # config and the forward's qualified name, not by what the runner sets on the model after building
 # it (the DFlash target's aux hidden-state layers), so a patch to the runner can meet a graph that
-# an unpatched runner compiled (tests/gpu/README.md, "One compile cache per vLLM tree").
+# an unpatched runner compiled (tests/gpu/README.md, "Findings that stand").
 _AOT_SAVED = re.compile(r"saved AOT compiled function to \S*torch_aot_compile/([0-9a-f]+)/")
 _AOT_LOADED = re.compile(r"Directly load AOT compilation from path \S*torch_aot_compile/([0-9a-f]+)/")
 

@@ -72,7 +72,7 @@ SERVES = {"bench": "dflash", "speed-dflash": "dflash"}
 # --set items every server gets: the GPU harness's trained target in place of the 26B.
 SETS = [
     # The trained target is bf16: its NVFP4 copy's one-at-a-time reference does not reproduce
-    # on Hopper (Marlin; tests/gpu/README.md, "What the H100 runs found", item 4).
+    # on Hopper (Marlin; tests/gpu/README.md, "Findings that stand").
     "target.format=bf16",
     # vLLM 0.21.0 refuses every FP4 MoE backend name for an unquantized MoE ("moe_backend='marlin'
     # is not supported for unquantized MoE"): the bf16 target's MoE backend is vLLM's choice.
@@ -95,7 +95,7 @@ EXTRA_ARGS = [
     # usage.prompt_tokens_details.cached_tokens: the prefix-cache hit of each request.
     "--enable-prompt-tokens-details",
     # vLLM 0.21.0 + transformers 5.13.1 cannot profile Gemma 4's vision encoder with the
-    # processor cache on (tests/gpu/README.md, "What the H100 runs found", item 8).
+    # processor cache on (tests/gpu/README.md, "Findings that stand").
     "--mm-processor-cache-gb", "0",
     # The trained target's template loops over a macro argument, which vLLM's detection reads
     # as the "string" format; that format moves every image to the front of its message.
@@ -119,7 +119,7 @@ READY = re.compile(r"ready in ([\d.]+) s: ")
 # 600 s call has no room for two benchmarks with 75.
 STOP_RESERVE_S = float(os.environ.get("SERVED_STOP_RESERVE_S", "75"))
 STARTING = "starting: "
-# --exact-numerics. Found by the real-shape runs (tests/gpu/README.md, "Batching, not drafting"):
+# --exact-numerics. Found by the real-shape runs (tests/gpu/README.md, "The criteria": exact numerics):
 # with default numerics the target alone parts from its one-at-a-time reference wherever
 # batching moves a near-tie, so a server at 8 or 22 in flight cannot be lossless by the strict
 # rule whatever DFlash does; with batch invariance and no inductor kernels DFlash gave 54/54.
