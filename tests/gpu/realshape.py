@@ -5,7 +5,7 @@ subprocess with the engine core in-process (so the runner can be inspected):
 
 * ``reference``: the target alone, every prompt submitted on its own
   (``max_num_seqs=1``), prefix caching off, two passes in one engine. Batched no-drafter runs are
-  not run-to-run deterministic on 0.21.0 (results/determinism-h200.txt),
+  not run-to-run deterministic on 0.21.0 (tests/gpu/README.md, "The criteria"),
   so the lossless reference is the one-at-a-time run, and it only counts when
   both passes agree token for token.
 * ``dflash``: DFlash with 15 speculative tokens, groups of 1, 3, 5 and 17
@@ -1137,7 +1137,7 @@ def accepted_hist(counters: dict) -> list[int] | None:
 
 
 def oracle_log_clean(analysis: dict) -> bool:
-    """The oracle's own cross-checks (oracle.analyse; tests/gpu/README.md, "Oracle proposer" under "What each result proves"):
+    """The oracle's own cross-checks (oracle.analyse; tests/gpu/README.md, "Oracle proposer"):
     every verified step accepted what the plan said, every row matched a plan entry, each
     step's sampled token was the reference's, and no draft ran past the reference."""
     return bool(analysis) and all(analysis.get(k) == 0 for k in (
