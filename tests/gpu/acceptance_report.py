@@ -340,10 +340,20 @@ def _headline_markdown(rows: list[dict]) -> list[str]:
              "counters pool every request of a run: its rows below are concurrency mixes (the first "
              "prompts count once per group), reported beside the headline and never used to choose it.",
              "",
-             "| drafter | vLLM semantics | prompts | acceptance | per prompt min / median / max "
-             "| loop-free prompts | loop-free acceptance | loop-free min / median / max "
-             "| as the groups weight them | reference (series) | verdict |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| drafter | vLLM | reference (series) | series now | verdict | acceptance | loop-free acceptance |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, lf = r["all_prompts"], r["loop_free"]
+        lines.append(
+            f"| {str(r['drafter_sha256'])[:8]} | {r['vllm']} | {_cell(r['reference_run'])} "
+            f"({str(r['reference_series'])[:8]}) | {_cell(r['staleness'])} | "
+            f"{'proof' if r['proof'] else '**not proof**'} | {_cell(a['mean_acceptance_length'])} | "
+            f"{_cell(lf and lf['mean_acceptance_length'])} |")
+    lines += ["", "Per prompt, and why each row is not proof:", "",
+              "| drafter | vLLM semantics | prompts | acceptance | per prompt min / median / max "
+              "| loop-free prompts | loop-free acceptance | loop-free min / median / max "
+              "| as the groups weight them | reference (series) | verdict |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def mmm(a: dict | None) -> str:
         return "-" if not a else " / ".join(_cell(a[k]) for k in ("per_prompt_min", "per_prompt_median", "per_prompt_max"))
@@ -542,7 +552,7 @@ def markdown(rows: list[dict], headline_rows: list[dict] | None = None) -> str:
         "## Every run (concurrency mixes)",
         "",
         "Regenerate: `python tests/gpu/acceptance_report.py` after `remote.sh realshape-trained` "
-        "(tests/gpu/README.md, \"Trained drafter (issue 25)\"). Acceptance length = 1 + accepted drafts per "
+        "(tests/gpu/README.md, \"Commands\"). Acceptance length = 1 + accepted drafts per "
         f"verify step, from vLLM's counters; the reference is train_drafter.py's offline walk on the same prompts, "
         "on the bf16 target, or on the NVFP4 target of the run's numerics where nvfp4_reference.py ran (in brackets), "
         "along that target's own greedy text; \"along its output\" is the same walk along the text the run wrote "
