@@ -460,6 +460,7 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
 
 CORPUS_WHEELS=${CORPUS_WHEELS:-/tmp/corpus-wheels}
 SITE_TRAIN=${SITE_TRAIN:-/tmp/site-train}
+SITE_ZLAB=${SITE_ZLAB:-/tmp/site-zlab}
 
 corpus_receive() { # the carried corpus.json wheels (.stage/corpus/) into $CORPUS_WHEELS, checked by
     # sha256; transformers 5.13.1 and dflash installed into $SITE_TRAIN (no vLLM bundle needed)
@@ -475,7 +476,17 @@ for art in m["wheels"] + m["training_wheels"]:
         sys.exit(f"corpus wheel {art['file']} missing or not the pinned bytes: carry .stage/corpus")
 EOF
     [ -d "$SITE_TRAIN/tokenizers" ] || "$PY" -m pip install -q --upgrade --no-index --no-deps --target "$SITE_TRAIN" \
-        "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl "$CORPUS_WHEELS"/dflash-*.whl
+        "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl
+    # z-lab's loop runs on the image's own transformers (5.15+): dflash alone in its own folder.
+    [ -d "$SITE_ZLAB/dflash" ] || "$PY" -m pip install -q --upgrade --no-index --no-deps --target "$SITE_ZLAB" \
+        "$CORPUS_WHEELS"/dflash-*.whl
+}
+
+zlab_reference() { # z-lab's dflash_generate on the trained target and drafter (zlab_reference.py)
+    corpus_receive
+    mkdir -p "$OUT"
+    PYTHONPATH="$SITE_ZLAB" "$PY" tests/gpu/zlab_reference.py "$MODELS_TRAINED" \
+        --drafter "${ZLAB_DRAFTER:-$(basename "$DRAFTER_TRAINED")}" --out "$OUT/zlab-reference.json"
 }
 
 EXTRA_WHEEL=transformers-5.13.1-py3-none-any.whl  # corpus.json's: the drafter's extra corpus
@@ -1152,6 +1163,8 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     for item in ${SERVED_VLLM_ARGS:-}; do extra+=("--vllm-arg=$item"); done
     # SERVED_EXACT=1: batch-invariant servers without inductor, the numerics the real-shape proofs use.
     [ "${SERVED_EXACT:-0}" = 1 ] && extra+=(--exact-numerics)
+    # The conformance phase's prefixes come from z-lab's record (remote.sh zlab-reference).
+    [ -f "$OUT/zlab-reference.json" ] && extra+=(--zlab "$OUT/zlab-reference.json")
     local rc=0
     PYTHONPATH=.:$site "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
         --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
@@ -1283,6 +1296,7 @@ case "$cmd" in
     pack-trained) pack_trained ;;
     target-bg) target_background ;;
     target-wait) target_wait ;;
+    zlab-reference) zlab_reference ;;
     fast-decode-check) corpus_receive && mkdir -p "$OUT" && PYTHONPATH="$SITE_TRAIN" "$PY" tests/gpu/fast_decode_check.py "$OUT/fast-decode-check.json" ;;
     check-trained) trained_identity_check ;;
     realshape-trained) realshape_trained ;;
@@ -1301,5 +1315,5 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|target-wait|fast-decode-check" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
 esac

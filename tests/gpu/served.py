@@ -65,7 +65,8 @@ STEP_TIMES_ENV = "VLLM_STEP_TIMES"
 RECIPE = "gemma4-moe-dflash"  # the default; --recipe gemma4-moe-dflash-text serves text-only
 # Ports above --port-base (8000): each phase its own, so phases may run side by side
 # (--parallel), and a second served.py (the other vLLM version) takes another base.
-PORT_OFFSETS = {"dflash": 0, "reference": 1, "stock": 2, "bench": 0, "speed-reference": 3, "speed-dflash": 4}
+PORT_OFFSETS = {"dflash": 0, "reference": 1, "stock": 2, "bench": 0, "speed-reference": 3, "speed-dflash": 4,
+                "conformance": 5, "conformance-twin": 6}
 # What a phase's server serves, where it is another phase's configuration.
 SERVES = {"bench": "dflash", "speed-dflash": "dflash"}
 
@@ -107,9 +108,9 @@ REFERENCE_SETS = ["drafter=null", "serve.enable_prefix_caching=false"]
 REFERENCE_EXTRA = ["--no-enable-prefix-caching"]  # vLLM's V1 default is on: off must be said
 # The speed phase's baseline: the recipe without its drafter and nothing else changed (a
 # speed-up is measured against what a user would serve instead).
-PHASE_SETS = {"reference": REFERENCE_SETS, "speed-reference": ["drafter=null"]}
-PHASE_EXTRA = {"reference": REFERENCE_EXTRA}
-NO_DRAFTER = ("reference", "speed-reference")
+PHASE_SETS = {"reference": REFERENCE_SETS, "speed-reference": ["drafter=null"], "conformance-twin": REFERENCE_SETS}
+PHASE_EXTRA = {"reference": REFERENCE_EXTRA, "conformance-twin": REFERENCE_EXTRA}
+NO_DRAFTER = ("reference", "speed-reference", "conformance-twin")
 # Issue 25, item 5: end-to-end tok/s at these concurrencies, with and without the drafter.
 SPEED_LEVELS = "1,4,16"
 
@@ -512,6 +513,75 @@ def dflash(args) -> None:
         ph.save()
 
 
+def complete_tokens(url: str, model: str, ids: list[int], max_tokens: int) -> dict:
+    """One /v1/completions request on token ids (the prompts of prompts.json, as z-lab's loop
+    reads them), greedy, eos ignored: its token ids and top-1/top-2 margins, or the error."""
+    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "seed": 0,
+            "logprobs": 2, "ignore_eos": True, "return_tokens_as_token_ids": True}
+    http = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(http, timeout=REQUEST_TIMEOUT_S) as resp:
+            lp = json.loads(resp.read())["choices"][0]["logprobs"]
+    except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:800]}
+    margins = []
+    for top in lp.get("top_logprobs") or []:
+        values = sorted((float(v) for v in (top or {}).values()), reverse=True)
+        margins.append(round(values[0] - values[1], 5) if len(values) > 1 else None)
+    return {"token_ids": [report.token_id(t) for t in lp["tokens"]], "margins": margins}
+
+
+def conformance_rows(ph: Phase, model: str, prompts: list[dict], max_tokens=None) -> list[dict]:
+    """Every prompt one at a time; with a drafter, the request's acceptance from /metrics read
+    before and after it (nothing else runs on the server meanwhile). ``max_tokens``: per prompt
+    (a prefix request), None for the prompt's own."""
+    rows = []
+    for i, p in enumerate(prompts):
+        n = p["max_tokens"] if max_tokens is None else max_tokens[i]
+        if n is None or time.time() > ph.last_request:
+            rows.append(None if n is None else {"error": "skipped: deadline"})
+            continue
+        before = scrape(ph.url)
+        row = complete_tokens(ph.url, model, p["token_ids"], n)
+        row["acceptance"] = report.acceptance(before, scrape(ph.url))
+        rows.append(row)
+    return rows
+
+
+def conformance_phase(args, name: str) -> None:
+    """issue 50, item 4: prompts.json served one at a time. ``conformance-twin``: no drafter (its
+    margins give conformance.py its noise bound). ``conformance``: the recipe, then, with
+    ``--zlab`` and the twin's record present, each prompt again stopped at its common prefix."""
+    import conformance
+
+    ph = Phase(name, args, args.site_patched)
+    try:
+        plan = ph.plan()
+        prompts = json.loads((args.model / "prompts.json").read_text())
+        if not ph.start():
+            return
+        model = served_name(plan)
+        ph.record["rows"] = conformance_rows(ph, model, prompts)
+        ph.save()
+        twin_path = args.work / "conformance-twin.json"
+        if name == "conformance" and args.zlab and twin_path.exists():
+            zlab = json.loads(args.zlab.read_text())
+            bound = conformance.noise_bound(zlab["rows"], json.loads(twin_path.read_text())["rows"])
+            cut = [conformance.common_prefix(z["margins"], bound) for z in zlab["rows"]]
+            wanted = [c if 1 < c < len(z["token_ids"]) else None for c, z in zip(cut, zlab["rows"])]
+            prefix_rows = conformance_rows(ph, model, prompts, wanted)
+            for row, pre in zip(ph.record["rows"], prefix_rows):
+                if pre is not None:
+                    row["prefix_acceptance"] = pre.get("acceptance")
+            ph.record.update(noise_bound=bound, prefixes=cut)
+    except Exception as exc:  # noqa: BLE001 - recorded; the next phase still runs
+        ph.failed(exc)
+    finally:
+        ph.stop()
+        ph.save()
+
+
 def bench_phase(args) -> None:
     """The dflash server once more, for `launcher bench` alone."""
     ph = Phase("bench", args, args.site_patched)
@@ -773,7 +843,9 @@ def meta(args) -> dict:
             "numerics": "exact: VLLM_BATCH_INVARIANT=1, compile backend eager" if args.exact_numerics else "default"}
 
 
-PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase, "speed": speed}
+PHASES = {"reference": reference, "dflash": dflash, "stock": stock, "bench": bench_phase, "speed": speed,
+          "conformance-twin": lambda args: conformance_phase(args, "conformance-twin"),
+          "conformance": lambda args: conformance_phase(args, "conformance")}
 # The raw records a phase leaves (the speed phase runs two servers)
 RECORDS = {"speed": ("speed-reference", "speed-dflash")}
 
@@ -840,6 +912,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--command", default="bash tests/gpu/remote.sh served",
                         help="the record's regeneration command (remote.sh passes the verb that ran)")
     parser.add_argument("--assemble-only", action="store_true")
+    parser.add_argument("--zlab", type=Path, help="zlab_reference.py's record: the conformance phase's prefixes")
     return parser
 
 

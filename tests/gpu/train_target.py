@@ -8,9 +8,10 @@ output, so a wrong token from a broken verify, rollback or KV layout shows.
 
 What it does, in one command on the GPU host (``remote.sh train-target``):
 
-1. corpus: the CPython standard library sources of the interpreter that runs
-   this (``lm_files.collect_corpus``), split into train and held-out files by a
-   hash of the path;
+1. corpus: the .py sources of the PyPI wheels ``corpus.json`` pins by sha256
+   (``lm_files.collect_wheel_corpus``; ``--stdlib`` trains on a standard library
+   instead, as targets before them did), split into train and held-out files by
+   a hash of the path;
 2. tokenizer: byte-level BPE (``tokenizers``) with Gemma 4's special tokens at
    fixed small ids, plus the chat template and the Gemma 4 processor files
    (``lm_files.write_lm_files``);
@@ -21,6 +22,8 @@ What it does, in one command on the GPU host (``remote.sh train-target``):
    (TrainConfig.unlikelihood: greedy output of plain maximum likelihood looped)
    on random windows of the train split, AdamW, fp32 master weights with bf16 autocast, fixed seed, fixed step count,
    deterministic kernels (eager attention; the experts' grouped GEMM below);
+   then sequence-level unlikelihood steps on the model's own greedy continuations
+   (TrainConfig.seq_steps), decoded by ``fast_decode``;
 5. evaluation: held-out perplexity against the corpus's unigram perplexity
    (the bar: at most a third), and bf16 vs fp32 greedy agreement on held-out
    text (how often the trained model's argmax moves under bf16 rounding);

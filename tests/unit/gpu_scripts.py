@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib.util
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
@@ -34,3 +40,42 @@ def tiny_gemma4_target(layers: int = 6):
     torch.manual_seed(0)
     model = Gemma4ForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
     return model.eval(), cfg
+
+
+def pip_target(name: str, requirements: list[str]) -> Path:
+    """``pip install --no-deps --target`` once into the cache; safe against concurrent runs
+    (a file lock, and the finished tree renamed into place)."""
+    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
+    from launcher.paths import cache_dir
+
+    base = cache_dir() / "pip-targets"
+    base.mkdir(parents=True, exist_ok=True)
+    final = base / f"{name}-{key}"
+    if (final / ".complete").exists():
+        return final
+    with open(base / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits while another run installs
+        if (final / ".complete").exists():
+            return final
+        work = Path(tempfile.mkdtemp(dir=base, prefix=f".{final.name}-"))
+        os.chmod(work, 0o755)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+                                   "--disable-pip-version-check", "--target", str(work), *requirements],
+                                  capture_output=True, text=True, timeout=900)
+            if proc.returncode != 0:
+                raise RuntimeError(f"pip install {requirements} failed:\n{proc.stdout}\n{proc.stderr}")
+            (work / ".complete").write_text("\n".join(requirements) + "\n")
+            if final.exists():
+                shutil.rmtree(final)  # an interrupted older attempt
+            os.rename(work, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def transformers_517() -> Path:
+    # 5.17.0's Requires-Dist against the venv: tokenizers>=0.23.1,<0.24 is newer
+    # than the venv's 0.22; huggingface-hub>=1.5, safetensors>=0.8, regex, numpy,
+    # packaging, pyyaml, typer and tqdm are already satisfied by it.
+    return pip_target("transformers-5.17.0", ["transformers==5.17.0", "tokenizers>=0.23.1,<0.24"])

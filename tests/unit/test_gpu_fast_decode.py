@@ -25,7 +25,7 @@ import fast_decode  # noqa: E402
 import make_checkpoints as mc  # noqa: E402
 
 WINDOW = 16
-NEW = 24
+NEW = 12
 
 
 def _loop_experts(self, hidden, top_k_index, top_k_weights):

@@ -11,7 +11,6 @@ subprocess's PYTHONPATH.
 from __future__ import annotations
 
 import ast
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -20,19 +19,19 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.gpu_scripts import pip_target as _pip_target, transformers_517 as _transformers_517
+
 GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
 sys.path.insert(0, str(GPU_DIR))
 
 import lm_files as lm  # noqa: E402
 
-from launcher.paths import cache_dir  # noqa: E402
 
 # tests/gpu/make_checkpoints.py's vision tower.
 VISION = {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
@@ -226,36 +225,6 @@ def test_write_refuses_a_tokenizer_without_the_special_ids(tmp_path):
 
 # ------------------------------------------- transformers loads (subprocess)
 
-def _pip_target(name: str, requirements: list[str]) -> Path:
-    """``pip install --no-deps --target`` once into the cache; safe against concurrent runs
-    (a file lock, and the finished tree renamed into place)."""
-    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
-    base = cache_dir() / "pip-targets"
-    base.mkdir(parents=True, exist_ok=True)
-    final = base / f"{name}-{key}"
-    if (final / ".complete").exists():
-        return final
-    with open(base / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # waits while another run installs
-        if (final / ".complete").exists():
-            return final
-        work = Path(tempfile.mkdtemp(dir=base, prefix=f".{final.name}-"))
-        os.chmod(work, 0o755)
-        try:
-            proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                                   "--disable-pip-version-check", "--target", str(work), *requirements],
-                                  capture_output=True, text=True, timeout=900)
-            if proc.returncode != 0:
-                raise RuntimeError(f"pip install {requirements} failed:\n{proc.stdout}\n{proc.stderr}")
-            (work / ".complete").write_text("\n".join(requirements) + "\n")
-            if final.exists():
-                shutil.rmtree(final)  # an interrupted older attempt
-            os.rename(work, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return final
-
-
 def _vision_deps() -> list[Path]:
     """Pillow and torchvision for the venv's torch, where the venv lacks them."""
     missing = []
@@ -268,13 +237,6 @@ def _vision_deps() -> list[Path]:
         assert major == 2, torch.__version__
         missing.append(f"torchvision==0.{minor + 15}.*")  # torch 2.13 <-> torchvision 0.28
     return [_pip_target("gemma4-vision-deps", missing)] if missing else []
-
-
-def _transformers_517() -> Path:
-    # 5.17.0's Requires-Dist against the venv: tokenizers>=0.23.1,<0.24 is newer
-    # than the venv's 0.22; huggingface-hub>=1.5, safetensors>=0.8, regex, numpy,
-    # packaging, pyyaml, typer and tqdm are already satisfied by it.
-    return _pip_target("transformers-5.17.0", ["transformers==5.17.0", "tokenizers>=0.23.1,<0.24"])
 
 
 # Runs in a subprocess: loads the files with whatever transformers is first on

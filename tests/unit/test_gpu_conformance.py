@@ -1,0 +1,73 @@
+"""tests/gpu/conformance.py: the verdict of a served drafter against z-lab's loop (pure parts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.gpu_scripts import load
+
+conf = load("conformance")
+
+
+def test_the_noise_bound_is_a_percentile_of_the_moves_never_the_largest():
+    moves = [0.01] * 99 + [5.0]
+    assert conf.percentile(moves, 99) == 0.01  # one wide move does not set the bound
+    assert conf.percentile(moves, 100) == 5.0
+    with pytest.raises(ValueError):
+        conf.percentile([], 99)
+
+
+def test_margin_moves_stop_where_the_two_texts_part():
+    z = [{"token_ids": [1, 2, 3, 4], "margins": [1.0, 2.0, 3.0, 4.0]}]
+    t = [{"token_ids": [1, 2, 9, 4], "margins": [1.5, 1.0, 0.0, 0.0]}]
+    assert conf.margin_moves(z, t) == [0.5, 1.0]
+
+
+def test_the_common_prefix_ends_at_the_first_margin_under_the_bound():
+    assert conf.common_prefix([3.0, 2.0, 0.1, 5.0], 0.5) == 2
+    assert conf.common_prefix([3.0, 2.0], 0.5) == 2
+
+
+def test_z_lab_steps_over_a_prefix_count_a_crossing_step_with_its_tokens_inside():
+    # token 0 from prefill; steps produce 3, 1, 5 tokens: tokens 1-3, 4, 5-9
+    assert conf.zlab_prefix_steps([3, 1, 5], 10) == (9, 3)
+    assert conf.zlab_prefix_steps([3, 1, 5], 6) == (5, 3)  # the third step is cut after 1 token
+    assert conf.zlab_prefix_steps([3, 1, 5], 4) == (3, 1)
+    assert conf.zlab_prefix_steps([3, 1, 5], 1) == (0, 0)  # the prefill token alone: no step
+
+
+def _zlab(rows):
+    return {"rows": rows, "passes_identical": True, "gate": {"passes": True},
+            "acceptance": {"steps_none_accepted": 1}}
+
+
+def test_a_served_release_holds_only_with_identical_prefixes_and_acceptance_within_5_percent(monkeypatch):
+    monkeypatch.setattr(conf.bars, "get", lambda s, k: {"margin_move_percentile": 99, "min_prompts": 2}[k])
+    z = [{"token_ids": [5, 6, 7, 8, 9], "margins": [2.0, 2.0, 2.0, 2.0, 2.0], "acceptance_lengths": [1, 3]},
+         {"token_ids": [5, 6, 7, 8, 9], "margins": [2.0, 2.0, 2.0, 2.0, 2.0], "acceptance_lengths": [2, 2]}]
+    twin = {"rows": [{"token_ids": r["token_ids"], "margins": [1.9] * 5} for r in z]}
+
+    def served(accepted, tokens=(5, 6, 7, 8, 9)):
+        return {"vllm": "0.33.0", "series": "s", "rows": [
+            {"token_ids": list(tokens), "acceptance": {"drafts": 2, "accepted_tokens": accepted,
+                                                      "mean_acceptance_length": 1 + accepted / 2}}] * 2}
+
+    good = conf.judge(_zlab(z), twin, served(2))
+    assert good["outputs_identical"] and good["acceptance"]["zlab_acceptance"] == 2.0
+    assert good["acceptance"]["vllm_acceptance"] == 2.0 and good["holds"]
+    far = conf.judge(_zlab(z), twin, served(3))  # 2.5 against 2.0: 25 % off
+    assert far["acceptance"]["within"] is False and not far["holds"]
+    wrong = conf.judge(_zlab(z), twin, served(2, tokens=(5, 6, 0, 8, 9)))
+    assert wrong["identical_over_prefix"] == 0 and wrong["rows"][0]["first_difference"] == 2 and not wrong["holds"]
+    no_teeth = conf.judge({**_zlab(z), "passes_identical": False}, twin, served(2))
+    assert no_teeth["teeth"]["zlab_reproduces"] is False and not no_teeth["holds"]
+
+
+def test_a_prefix_shorter_than_the_output_takes_the_request_stopped_there(monkeypatch):
+    monkeypatch.setattr(conf.bars, "get", lambda s, k: 50)
+    z = {"token_ids": [5, 6, 7, 8, 9], "margins": [2.0, 2.0, 2.0, 0.0, 2.0], "acceptance_lengths": [2, 2]}
+    s = {"token_ids": [5, 6, 7, 1, 1], "acceptance": {"drafts": 9, "accepted_tokens": 0, "mean_acceptance_length": 1.0},
+         "prefix_acceptance": {"drafts": 1, "accepted_tokens": 1, "mean_acceptance_length": 2.0}}
+    row = conf.compare_prompt(z, s, bound=0.5)
+    assert row["prefix"] == 3 and row["identical_over_prefix"]
+    assert (row["zlab_tokens"], row["zlab_steps"]) == (2, 1) and row["vllm_acceptance"] == 2.0
