@@ -544,6 +544,18 @@ def extra_corpus(root: Path | None, cfg: DrafterTrainConfig) -> tuple[list, dict
     return docs, {"root": str(root), "sha256": found["sha256"], "files": len(docs)}
 
 
+def target_corpus(target_record: dict, wheels: Path, stdlib: Path | None) -> dict:
+    """The corpus the target trained on, as its record names it: corpus.json's wheels, or (targets
+    before them) a standard library; refused where the rebuilt corpus is not the recorded one."""
+    recorded = target_record["corpus"]
+    corpus = (lm_files.collect_wheel_corpus(wheels) if recorded.get("source") == "wheels"
+              else lm_files.collect_corpus(stdlib))
+    if corpus["sha256"] != recorded["sha256"]:
+        raise SystemExit(f"the corpus rebuilt here ({corpus['sha256'][:12]}) is not the target's "
+                         f"({recorded['sha256'][:12]}): its drafter would train on other text")
+    return corpus
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", type=Path, help="models folder: the trained target is read and the drafter "
@@ -587,9 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_target(target_dir, args.device)
     shared = shared_from_target(model, target_dir)
 
-    # The target's own corpus: corpus.json's wheels, or (targets before them) a standard library.
-    corpus = (lm_files.collect_wheel_corpus(args.corpus_wheels)
-              if target_record["corpus"].get("source") == "wheels" else lm_files.collect_corpus(args.stdlib))
+    corpus = target_corpus(target_record, args.corpus_wheels, args.stdlib)
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     stream = tt.encode_docs(tokenizer, corpus["train"])
     extra_stream = tt.encode_docs(tokenizer, extra_docs) if extra_docs else None

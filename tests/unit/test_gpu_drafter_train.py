@@ -796,3 +796,15 @@ def test_an_extra_corpus_and_its_fraction_go_together(tmp_path):
     docs, found = td.extra_corpus(tmp_path, td.config_from(None, {"extra_fraction": 0.5}))
     assert found["files"] == 1 and docs == [("pkg/mod.py", "def f():\n    return 1\n")]
     assert len(found["sha256"]) == 64
+
+
+def test_the_drafter_trains_on_the_corpus_its_target_names_and_refuses_another(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(td.lm_files, "collect_wheel_corpus", lambda d: calls.append(("wheels", d)) or {"sha256": "w" * 64})
+    monkeypatch.setattr(td.lm_files, "collect_corpus", lambda d: calls.append(("stdlib", d)) or {"sha256": "s" * 64})
+    got = td.target_corpus({"corpus": {"source": "wheels", "sha256": "w" * 64}}, tmp_path / "wheels", None)
+    assert got["sha256"] == "w" * 64 and calls == [("wheels", tmp_path / "wheels")]
+    # a record from before the wheels names no source: the standard library
+    assert td.target_corpus({"corpus": {"sha256": "s" * 64}}, tmp_path, tmp_path / "lib")["sha256"] == "s" * 64
+    with pytest.raises(SystemExit, match="not the target's"):
+        td.target_corpus({"corpus": {"source": "wheels", "sha256": "x" * 64}}, tmp_path, None)
