@@ -45,7 +45,9 @@ def dump(path: str, version: str) -> None:
         json.dump(argvs, f, indent=1)
 
 
-def parse(path: str) -> int:
+def stand_in_platform() -> None:
+    """vLLM picks its platform from the GPU; without one, stand its device type in as CUDA's,
+    which is all the parser and the engine config ask of it."""
     import vllm.platforms as platforms
     from vllm.platforms.interface import Platform, PlatformEnum
 
@@ -56,12 +58,27 @@ def parse(path: str) -> int:
 
     if not platforms.current_platform.device_type:
         platforms._current_platform = DeviceTypeOnly()
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+
+
+def serve_parser():
+    """(``vllm serve``'s parser, its validate function) in the module each release keeps them:
+    ``vllm/entrypoints/common/cli_args.py`` in 0.33.0, ``vllm/entrypoints/openai/cli_args.py`` in 0.21.0."""
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    return (lambda: make_arg_parser(FlexibleArgumentParser())), validate_parsed_serve_args
+
+
+def parse(path: str) -> int:
+    stand_in_platform()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    make_parser, validate_parsed_serve_args = serve_parser()
     for case, argv in json.load(open(path)).items():
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])  # less "vllm serve"
+        args = make_parser().parse_args(argv[2:])  # less "vllm serve"
         validate_parsed_serve_args(args)
         engine = AsyncEngineArgs.from_cli_args(args)
         per_kind = engine.attention_config.get("backend_per_kind") if isinstance(engine.attention_config, dict) \
