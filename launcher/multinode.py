@@ -9,8 +9,8 @@ Native multi-node, read from vLLM's own sources (0.21.0 ... 0.33.0, the same
 in each): ``--nnodes``, ``--node-rank``, ``--master-addr`` and ``--master-port``
 are parallel options of ``EngineArgs`` (``vllm/engine/arg_utils.py``,
 ``add_cli_args``), default master port 29501 (``ParallelConfig.master_port``);
-``--headless`` is a serve option (0.21.0 ``vllm/entrypoints/openai/cli_args.py``,
-0.33.0 ``vllm/entrypoints/common/cli_args.py``). ``EngineArgs.create_engine_config``
+``--headless`` is a serve option (``vllm/entrypoints/openai/cli_args.py`` in 0.21.0,
+``launchers/cli_args.py`` in 0.29.0 ... 0.32.0, ``common/cli_args.py`` in 0.33.0). ``EngineArgs.create_engine_config``
 requires ``--data-parallel-backend mp`` with ``--nnodes`` > 1 and a world size
 (TP x PP x DP) that ``--nnodes`` divides; it infers the data-parallel rank and
 local size from ``--node-rank``, and the data-parallel address from

@@ -62,11 +62,18 @@ def stand_in_platform() -> None:
 
 def serve_parser():
     """(``vllm serve``'s parser, its validate function) in the module each release keeps them:
-    ``vllm/entrypoints/common/cli_args.py`` in 0.33.0, ``vllm/entrypoints/openai/cli_args.py`` in 0.21.0."""
-    try:
-        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    ``vllm/entrypoints/common/cli_args.py`` in 0.33.0, ``launchers/`` in 0.29.0 ... 0.32.0, ``openai/`` in 0.21.0."""
+    import importlib
+
+    for where in ("common", "launchers", "openai"):  # 0.33.0; 0.29.0 ... 0.32.0; 0.21.0 ...
+        try:
+            module = importlib.import_module(f"vllm.entrypoints.{where}.cli_args")
+            make_arg_parser, validate_parsed_serve_args = module.make_arg_parser, module.validate_parsed_serve_args
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        raise ImportError("no vllm.entrypoints.*.cli_args with make_arg_parser")
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     return (lambda: make_arg_parser(FlexibleArgumentParser())), validate_parsed_serve_args
