@@ -3,7 +3,7 @@
 What the user asks for (``NodeRequest``, validated here, at the edge) and
 what the recipe's multi-node profile says (``recipe.Cluster``: TP, PP, DP,
 the socket interface) become one command per node (``Node``). The plan
-(``launcher.plan``) calls ``render``; nothing here imports the plan.
+(``launcher.plan``) uses ``render``; nothing here imports the plan.
 
 Native multi-node, read from vLLM's own sources (0.21.0 ... 0.33.0, the same
 in each): ``--nnodes``, ``--node-rank``, ``--master-addr`` and ``--master-port``
