@@ -69,8 +69,8 @@ def dump(out: Path, version: str) -> None:
 def _stand_in_flash_attn() -> None:
     """The engine config inspects the model class, whose imports reach ``vllm.vllm_flash_attn``;
     that package refuses to import without its CUDA extensions, which load only beside a GPU.
-    Its three functions are stood in by names that fail if called: building the config never
-    calls them (it imports the attention code; it runs no attention)."""
+    Its three functions are stood in by names that raise if used: building the config never
+    runs them (it imports the attention code; it runs no attention)."""
     import types
 
     try:
