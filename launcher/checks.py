@@ -28,10 +28,49 @@ def resolve(req: Request, ctx: Context) -> Plan:
 
 def run_all(plan: Plan, rec, ctx: Context) -> None:
     hardware(plan, rec, ctx)
+    network(plan, rec, ctx)
     vllm(plan, rec, ctx)
     image(plan, rec, ctx)
     patches(plan, rec, ctx)
     checkpoint(plan, rec, ctx)
+
+
+def network(plan: Plan, rec, ctx: Context) -> None:
+    """Multi-node: the socket interface exists on this node, and --master-addr is the head's own address."""
+    if not plan.cluster:
+        return
+    interfaces = ctx.host.interfaces
+    if interfaces is None:
+        plan.warnings.append("could not list this machine's network interfaces: the socket interface and "
+                             "--master-addr are not checked")
+        return
+    ifname = plan.env.get("NCCL_SOCKET_IFNAME", "")
+    plain = ifname and not any(c in ifname for c in "^=,")  # NCCL also takes ^exclusions and lists
+    have = ", ".join(sorted(interfaces)) or "none"
+    if plain and ifname not in interfaces:
+        plan.reasons.append(Reason(
+            "network", f"interface {ifname} (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES; "
+            f"{plan.env_sources.get('NCCL_SOCKET_IFNAME', '')}) does not exist on this node; it has: {have}",
+            hint="--ifname NAME: the interface of the QSFP port the cable is in (ibdev2netdev or ip -br link)"))
+    elif plain and not interfaces[ifname]:
+        plan.warnings.append(f"interface {ifname} has no IPv4 address on this node: NCCL and Gloo need one "
+                             "on the link between the nodes")
+    mine = {a for addrs in interfaces.values() for a in addrs}
+    addr = plan.cluster["master_addr"]
+    if addr in ("localhost",) or addr.startswith("127."):
+        return
+    if not all(part.isdigit() for part in addr.split(".")):
+        return  # a host name: resolved on each node by vLLM
+    if plan.role == "head" and addr not in mine:
+        plan.reasons.append(Reason(
+            "network", f"--master-addr {addr} is not an address of this node, and node 0 is the head that "
+            f"listens there for the other nodes (this node has: {', '.join(sorted(mine)) or 'none'})",
+            hint="give the head's own address on the link, or run this as the node with --node-rank 1"))
+    if plan.role == "worker" and addr in mine:
+        plan.reasons.append(Reason(
+            "network", f"--master-addr {addr} is this node's own address, but --node-rank "
+            f"{plan.node_rank} is not the head",
+            hint="on the head (the node with that address) use --node-rank 0; here, --node-rank 1"))
 
 
 def image(plan: Plan, rec, ctx: Context) -> None:

@@ -67,9 +67,15 @@ def serve(
     test_gpu: Annotated[bool, typer.Option("--test-gpu", help="Plan on a Hopper (sm_90) test GPU standing in for the profile's sm_12x card: swaps the Blackwell-only FP4 kernels for Marlin and scales the memory fraction to the card's budget, prints the --set items that implies, keeps every other preflight check (tests/gpu/README.md, 'Served').")] = False,
     wait: Annotated[bool, typer.Option(help="Native: wait for /health, send one chat request, print the endpoint.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for /health.")] = 1800.0,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Machines serving the model together (vLLM's native multi-node); picks the recipe's profile for that many, e.g. dgx-spark-x2.")] = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="With --nnodes: this machine's rank, 0 on the head (serves the API), 1.. on the others (headless).")] = None,
+    master_addr: Annotated[Optional[str], typer.Option("--master-addr", help="With --nnodes: the head's address on the link between the nodes; the head listens there for the others.")] = None,
+    master_port: Annotated[Optional[int], typer.Option("--master-port", help="With --nnodes: the head's torch.distributed port (vLLM's default 29501).")] = None,
+    executor: Annotated[Optional[str], typer.Option("--distributed-executor-backend", help="With --nnodes: mp (vLLM's native multi-node, default) or ray (the head starts Ray, the others join it).")] = None,
+    ifname: Annotated[Optional[str], typer.Option("--ifname", help="With --nnodes: the network interface NCCL, Gloo and UCX use (default: the profile's, e.g. enp1s0f1np1).")] = None,
 ) -> None:
     """Serve a recipe. Extra vLLM arguments go after `--`."""
-    from launcher import passthrough
+    from launcher import multinode, passthrough
     from launcher import plan as plans
 
     if runtime not in ("native", "docker"):
@@ -84,7 +90,11 @@ def serve(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),
         test_gpu=test_gpu,
+        nodes=multinode.request(nnodes, node_rank, master_addr, master_port, executor, ifname),
     )
+    if req.nodes is not None and req.nodes.backend == "ray" and runtime == "docker":
+        raise LauncherError("--distributed-executor-backend ray runs natively only",
+                            hint="drop --runtime docker, or use the native multi-node (mp) in containers")
     req = passthrough.lift_address(req, _given(ctx, "host", "port"))
     from launcher import checks
 
@@ -128,6 +138,8 @@ def _print_plan(plan, as_json: bool, restart: str = "no") -> None:
         typer.echo(json.dumps(data, indent=2))
         return
     typer.echo(plans.format_plan(plan))
+    if plan.nodes:
+        typer.echo(plans.format_nodes(plan))
     if plan.runtime == "docker":
         spec = _container_spec(plan, restart)
         if spec is not None:
@@ -173,7 +185,7 @@ def ps(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable li
     if not rows:
         typer.echo("no containers started by the launcher")
         return
-    keys = ["name", "status", "restart", "recipe", "vllm", "endpoint", "image"]
+    keys = ["name", "status", "role", "restart", "recipe", "vllm", "endpoint", "image"]
     widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in keys}
     for row in [{k: k.upper() for k in keys}, *rows]:
         typer.echo("  ".join(row[k].ljust(widths[k]) for k in keys).rstrip())

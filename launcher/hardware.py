@@ -33,6 +33,9 @@ class HostInfo:
     driver: str | None = None
     gpus: list[GpuInfo] = field(default_factory=list)
     nvml_error: str | None = None
+    # Network interfaces -> their IPv4 addresses (multi-node: the NCCL/Gloo/UCX interface
+    # must exist here). None: not looked at (a test) or the OS would not say.
+    interfaces: dict[str, list[str]] | None = None
 
     @property
     def gpu(self) -> GpuInfo | None:
@@ -62,8 +65,39 @@ def _mem_total_gib() -> float:
     return 0.0
 
 
+def network_interfaces() -> dict[str, list[str]] | None:
+    """Every interface of this machine and its IPv4 address (Linux: SIOCGIFADDR; elsewhere names only)."""
+    import socket
+
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return None
+    out: dict[str, list[str]] = {}
+    for name in names:
+        out[name] = _ipv4(name)
+    return out
+
+
+def _ipv4(name: str) -> list[str]:
+    import socket
+    import struct
+
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            raw = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            return []
+    return [socket.inet_ntoa(raw[20:24])]
+
+
 def probe() -> HostInfo:
     host = HostInfo(system=platform.system(), machine=platform.machine(), wsl=in_wsl())
+    host.interfaces = network_interfaces()
     try:
         import pynvml
     except ImportError:

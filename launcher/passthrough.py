@@ -42,6 +42,16 @@ RECIPE_FIELDS = {
     "--moe-backend": "intent.moe_fp4_backend",
     "--linear-backend": "intent.nvfp4_gemm_backend",
 }
+#: flags the multi-node plan renders (launcher.multinode) -> what changes them
+_NODE_HINT = "use the launcher's own --nnodes, --node-rank, --master-addr, --master-port"
+_LAYOUT_HINT = "the profile's cluster section sets it: --set profiles.PROFILE.cluster.tensor_parallel=N (pipeline_parallel, data_parallel)"
+CLUSTER_FLAGS = {
+    "--nnodes": _NODE_HINT, "--node-rank": _NODE_HINT, "--master-addr": _NODE_HINT, "--master-port": _NODE_HINT,
+    "--headless": "the plan runs every node but the head (--node-rank 0) headless",
+    "--distributed-executor-backend": "use the launcher's own --distributed-executor-backend",
+    "--tensor-parallel-size": _LAYOUT_HINT, "--pipeline-parallel-size": _LAYOUT_HINT,
+    "--data-parallel-size": _LAYOUT_HINT,
+}
 _LIST_FIELDS = {"target.served_names"}
 _SPECULATIVE = "--speculative-config"
 _SPECULATIVE_HINT = ("the drafter is the recipe's: --drafter DIR, --set drafter.num_speculative_tokens=N, "
@@ -142,6 +152,9 @@ def merge(own: list[str], user: list[str], warnings: list[str]) -> list[str]:
 
 def _refuse_recipe_flag(flag: str, group: list[str]) -> None:
     key = base(flag)
+    if key in CLUSTER_FLAGS:
+        raise LauncherError(f"`-- {shlex.join(group)}`: {key} is set by the multi-node plan",
+                            hint=CLUSTER_FLAGS[key])
     if key in ADDRESS:
         raise LauncherError(f"`-- {shlex.join(group)}`: {key} is the launcher's own option",
                             hint=f"pass it before `--`: launcher serve ... {key} VALUE")

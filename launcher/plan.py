@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import passthrough
+from launcher import multinode, passthrough
 from launcher import recipe as recipes
 from launcher import vllm_compat
 from launcher.errors import LauncherError
@@ -74,6 +74,22 @@ class Plan:
     test_gpu: StandIn | None = None
     # --recipe as given (a shipped name or a file): what a hint's command repeats.
     recipe_arg: str = ""
+    # Multi-node (launcher.multinode): every node's commands, this node's rank, and what the
+    # plan says about the layout; None / empty on one machine.
+    nodes: list[multinode.Node] = field(default_factory=list)
+    node_rank: int | None = None
+    cluster: dict | None = None
+    # Commands this node runs before ``argv`` (ray start --head on a Ray head).
+    steps: list[list[str]] = field(default_factory=list)
+
+    @property
+    def role(self) -> str:
+        """head (serves the API) or worker (headless); one machine is its own head."""
+        return "worker" if self.node_rank else "head"
+
+    @property
+    def serves_api(self) -> bool:
+        return self.argv[:2] == ["vllm", "serve"] and "--headless" not in self.argv
 
     @property
     def blocking(self) -> list[Reason]:
@@ -110,6 +126,8 @@ class Request:
     extra_args: list[str] = field(default_factory=list)
     # Plan for a Hopper test GPU standing in for the profile's sm_12x card (launcher.testgpu).
     test_gpu: bool = False
+    # --nnodes / --node-rank / --master-addr ...: this machine's place in a cluster (None: alone).
+    nodes: multinode.NodeRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +222,9 @@ def assemble(req: Request, ctx: Context) -> Plan:
 
     override = rec.profiles.get(profile)
     env, sources = _recipe_env(rec, override, ctx.host.wsl, version, warnings)
+    cluster = override.cluster if override else None
+    if req.nodes is not None:
+        _cluster_env(req.nodes, cluster, profile, ctx.host, env, sources)
     env_unset = _merge_environment(env, sources, ctx.environ, version, warnings)
     _apply_env_sets(env, sources, env_unset, env_sets, version)
 
@@ -211,7 +232,20 @@ def assemble(req: Request, ctx: Context) -> Plan:
     drafter = None
     if rec.drafter:
         drafter = Path(req.drafter).expanduser() if req.drafter else models_dir() / rec.drafter.name
-    argv = _argv(rec, override, version, model, drafter, req, warnings)
+    nodes: list[multinode.Node] = []
+    if req.nodes is None:
+        argv = _argv(rec, override, version, model, drafter, req, warnings)
+    else:
+        mine = req.nodes.node_rank
+
+        def argv_for(rank: int) -> list[str]:
+            extra = multinode.parallel_args(cluster) + multinode.node_args(req.nodes, rank)
+            return _argv(rec, override, version, model, drafter, req, warnings if rank == mine else [], extra)
+
+        nodes = multinode.render(req.nodes, cluster, profile, argv_for, env["NCCL_SOCKET_IFNAME"])
+        for node in nodes:
+            node.launcher = launcher_line(req, node.rank)
+        argv = nodes[mine].main
 
     plan = Plan(
         recipe=rec.name,
@@ -237,7 +271,12 @@ def assemble(req: Request, ctx: Context) -> Plan:
         spec=rec,
         test_gpu=standing_in,
         recipe_arg=req.recipe,
+        nodes=nodes,
+        node_rank=req.nodes.node_rank if req.nodes else None,
+        steps=nodes[req.nodes.node_rank].steps[:-1] if req.nodes else [],
     )
+    if req.nodes is not None:
+        _cluster_summary(plan, rec, req.nodes, cluster, drafter)
     _safety(plan, rec, ctx, req.extra_args)
     _drafter_kernel_risk(plan, rec)
     _target_attention_checks(plan, rec, req.extra_args)
@@ -280,13 +319,32 @@ def _sets_beat_profile(rec, profile: str, field_sets: dict[str, str]):
 
 
 def _choose_profile(req: Request, rec, host: HostInfo, reasons: list[Reason]) -> tuple[str, str]:
+    nnodes = req.nodes.nnodes if req.nodes else 1
     if req.profile:
         if req.profile not in PROFILES:
             raise LauncherError(f"unknown profile {req.profile!r}", hint=f"known: {', '.join(PROFILES)}")
         if req.profile not in rec.profiles:
             raise LauncherError(f"recipe {rec.name} has no profile {req.profile!r}", hint=f"it has: {', '.join(rec.profiles)}")
+        nodes = PROFILES[req.profile].nodes
+        if nodes > 1 and req.nodes is None:
+            raise LauncherError(
+                f"profile {req.profile} serves one model on {nodes} machines: say which one this is",
+                hint=f"add --nnodes {nodes} --node-rank R --master-addr HEAD_ADDRESS (R: 0 on the head, which "
+                     "serves the API; 1 on the other); --dry-run prints both nodes' commands")
+        if nodes != nnodes:
+            raise LauncherError(f"--nnodes {nnodes} does not fit profile {req.profile}, which is {nodes} machine(s)",
+                                hint=_multi_node_profiles(rec) if nnodes > 1 else f"drop --profile {req.profile}")
         return req.profile, "--profile"
     gpu = host.gpu
+    if nnodes > 1:
+        fits = [p for p in rec.profiles if PROFILES[p].nodes == nnodes]
+        if not fits:
+            raise LauncherError(f"--nnodes {nnodes}: recipe {rec.name} has no profile for {nnodes} machines",
+                                hint=_multi_node_profiles(rec))
+        same = [p for p in fits if gpu is not None and PROFILES[p].capability == gpu.capability]
+        if same:
+            return same[0], f"detected ({gpu.name}, {gpu.sm}) x {nnodes} nodes (--nnodes)"
+        return fits[0], f"the recipe's profile for {nnodes} nodes (--nnodes" + ("; no GPU detected)" if gpu is None else ")")
     detected = profile_for_capability(gpu.capability) if gpu else None
     if detected and detected.name in rec.profiles:
         return detected.name, f"detected ({gpu.name}, {gpu.sm})"
@@ -294,6 +352,118 @@ def _choose_profile(req: Request, rec, host: HostInfo, reasons: list[Reason]) ->
     if gpu is None:
         return default, "default (no GPU detected)"
     return default, f"default (detected {gpu.name}, {gpu.sm}, matches no profile of this recipe)"
+
+
+def _multi_node_profiles(rec) -> str:
+    multi = [f"{p} ({PROFILES[p].nodes} nodes)" for p in rec.profiles if PROFILES[p].nodes > 1]
+    return f"its multi-node profiles: {', '.join(multi)}" if multi else f"recipe {rec.name} serves on one machine only"
+
+
+def _cluster_env(nodes: multinode.NodeRequest, cluster, profile: str, host: HostInfo,
+                 env: dict[str, str], sources: dict[str, str]) -> None:
+    """The socket interface NCCL, Gloo and UCX use (--ifname beats the profile's), and this
+    node's address on it as VLLM_HOST_IP (what vLLM's get_ip() answers, Ray's node address)."""
+    ifname = nodes.ifname or cluster.socket_ifname
+    source = "--ifname" if nodes.ifname else f"profile {profile} cluster.socket_ifname"
+    for key, value in multinode.interface_env(ifname).items():
+        env[key] = value
+        sources[key] = source
+    addresses = (host.interfaces or {}).get(ifname) or []
+    if addresses:
+        env["VLLM_HOST_IP"] = addresses[0]
+        sources["VLLM_HOST_IP"] = f"this node's address on {ifname}"
+
+
+def _cluster_summary(plan: Plan, rec, nodes: multinode.NodeRequest, cluster, drafter: Path | None) -> None:
+    """What the plan says about the cluster: layout, who listens where, the drafter's verdict."""
+    ifname = plan.env.get("NCCL_SOCKET_IFNAME", cluster.socket_ifname)
+    summary = {
+        "nnodes": nodes.nnodes,
+        "node_rank": nodes.node_rank,
+        "role": nodes.role(),
+        "backend": nodes.backend,
+        "master_addr": nodes.master_addr,
+        "master_port": nodes.master_port,
+        "tensor_parallel": cluster.tensor_parallel,
+        "pipeline_parallel": cluster.pipeline_parallel,
+        "data_parallel": cluster.data_parallel,
+        "socket_ifname": ifname,
+        "listens": _listens(nodes, cluster),
+        "drafter": None,
+        "note": None,
+    }
+    if multinode.is_loopback(nodes.master_addr):
+        plan.warnings.append(
+            f"--master-addr {nodes.master_addr} is loopback: every node must run on this machine (one GPU each, "
+            "CUDA_VISIBLE_DEVICES); two machines need the head's address on the link between them")
+    if cluster.note:
+        summary["note"] = cluster.note
+    if nodes.backend == "ray":
+        plan.warnings.append(
+            "--distributed-executor-backend ray: the `ray` package must be installed beside vLLM on every node "
+            "(vLLM does not depend on it); the head starts Ray, then vLLM, which waits up to 1800 s for the "
+            "other nodes' GPUs to join")
+    if rec.drafter is not None and drafter is not None:
+        refusal, layout = multinode.drafter_verdict(cluster, _read_json(drafter / "config.json"))
+        if refusal:
+            plan.reasons.append(Reason("drafter", refusal,
+                                       hint="serve without the drafter (--set drafter=null) or with a profile "
+                                            "that has no pipeline parallel"))
+        summary["drafter"] = refusal and f"refused: {refusal}" or layout
+    plan.cluster = summary
+
+
+def _listens(nodes: multinode.NodeRequest, cluster) -> str:
+    if nodes.backend == "ray":
+        return f"head {nodes.master_addr}:{nodes.ray_port} (Ray GCS; the other nodes join it)"
+    where = f"head {nodes.master_addr}:{nodes.master_port} (torch.distributed store)"
+    if cluster.data_parallel > 1:
+        where += f", {nodes.master_addr}:{multinode.DP_RPC_PORT} (data-parallel engines' handshake)"
+    return where + "; the other nodes connect there, so the head must be reachable on it"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def launcher_line(req: Request, rank: int) -> str:
+    """The ``launcher serve`` line that plans node ``rank`` of the same cluster (for the other nodes)."""
+    n = req.nodes
+    parts = ["launcher", "serve", "--recipe", req.recipe]
+    if req.profile:
+        parts += ["--profile", req.profile]
+    parts += ["--nnodes", str(n.nnodes), "--node-rank", str(rank), "--master-addr", n.master_addr]
+    if n.master_port != multinode.DEFAULT_MASTER_PORT:
+        parts += ["--master-port", str(n.master_port)]
+    if n.backend != "mp":
+        parts += ["--distributed-executor-backend", n.backend]
+    if n.ifname:
+        parts += ["--ifname", n.ifname]
+    if req.model:
+        parts += ["--model", req.model]
+    if req.drafter:
+        parts += ["--drafter", req.drafter]
+    if rank == 0:
+        if req.host != "127.0.0.1":
+            parts += ["--host", req.host]
+        if req.port != 8000:
+            parts += ["--port", str(req.port)]
+    if req.runtime != "native":
+        parts += ["--runtime", req.runtime]
+    if req.image:
+        parts += ["--image", req.image]
+    if req.vllm_version:
+        parts += ["--vllm-version", req.vllm_version]
+    for item in req.sets:
+        parts += ["--set", item]
+    if req.test_gpu:
+        parts.append("--test-gpu")
+    line = shlex.join(parts)
+    return line + (" -- " + shlex.join(req.extra_args) if req.extra_args else "")
 
 
 def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason], built: LocalImage | None = None):
@@ -377,7 +547,8 @@ def _apply_env_sets(env, sources, env_unset: list[str], env_sets: dict[str, str]
             env_unset.remove(key)
 
 
-def _argv(rec, override, version, model: Path, drafter: Path | None, req: Request, warnings: list[str]) -> list[str]:
+def _argv(rec, override, version, model: Path, drafter: Path | None, req: Request, warnings: list[str],
+          cluster_args: list[str] | None = None) -> list[str]:
     serve = rec.serve.model_dump()
     if override:
         serve.update({k: v for k, v in override.serve.model_dump().items() if v is not None})
@@ -398,6 +569,7 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
     argv += vllm_compat.render_intent(rec.intent, version).args
     if rec.drafter and drafter is not None:
         argv += ["--speculative-config", json.dumps(_spec_config(rec.drafter, drafter), separators=(",", ":"))]
+    argv += cluster_args or []
     # One copy of each flag: the user's after `--` is refused or replaces the plan's (launcher.passthrough).
     return passthrough.merge(argv + serve["extra_args"], list(req.extra_args), warnings)
 
@@ -684,6 +856,9 @@ def to_dict(plan: Plan) -> dict:
         "warnings": plan.warnings,
         "reasons": [{"area": r.area, "message": r.message, "blocking": r.blocking, "hint": r.hint} for r in plan.reasons],
         "test_gpu": plan.test_gpu.to_dict() if plan.test_gpu else None,
+        "cluster": plan.cluster,
+        "nodes": [{"rank": n.rank, "role": n.role, "env": n.env, "steps": [redact.argv(s) for s in n.steps],
+                   "launcher": n.launcher} for n in plan.nodes],
         "verdict": "blocked" if plan.blocking else "ready",
     }
 
@@ -712,11 +887,15 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {key}={value}    # {plan.env_sources.get(key, '')}")
     for key in plan.env_unset:
         lines.append(f"  unset {key}    # stale for vLLM {plan.vllm_version}")
+    if plan.cluster:
+        lines.extend(_cluster_lines(plan))
     if plan.runtime == "docker":
         # What runs is the container's command (vLLM binds 0.0.0.0:8000 inside): printed once, below.
         lines.append("command       the container's, below")
     else:
-        lines.append("command")
+        lines.append("command" + (f"       node {plan.node_rank} ({plan.role})" if plan.cluster else ""))
+        for step in plan.steps:
+            lines.append("  " + shlex.join(step) + "    # first")
         lines.append("  " + " \\\n    ".join(flag_groups(redact.argv(plan.argv))))
     if plan.patches:
         lines.append("patches")
@@ -733,6 +912,54 @@ def format_plan(plan: Plan) -> str:
     verdict = f"BLOCKED ({len(plan.blocking)} blocking reason(s) above)" if plan.blocking else "ready"
     lines.append(f"verdict       {verdict}")
     return "\n".join(lines)
+
+
+def _cluster_lines(plan: Plan) -> list[str]:
+    c = plan.cluster
+    lines = [
+        f"cluster       {c['nnodes']} nodes, this is node {c['node_rank']} ({c['role']}); "
+        f"TP {c['tensor_parallel']} x PP {c['pipeline_parallel']} x DP {c['data_parallel']}; "
+        + ("vLLM native multi-node (mp)" if c["backend"] == "mp" else "Ray (--distributed-executor-backend ray)"),
+        f"  listens     {c['listens']}",
+        f"  interface   {c['socket_ifname']}  (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES)",
+        "  API         " + ("this node, " + f"http://{url_host(plan.host)}:{plan.port}/v1" if plan.role == "head"
+                             else "the head's (this node runs headless)"),
+    ]
+    if c.get("drafter"):
+        lines.append(f"  drafter     {c['drafter']}")
+    if c.get("note"):
+        lines.append(f"  note        {c['note']}")
+    return lines
+
+
+def format_nodes(plan: Plan) -> str:
+    """Every node's commands, then a block to paste on each other node (``--dry-run``)."""
+    from launcher import redact
+
+    out = ["nodes"]
+    for node in plan.nodes:
+        here = "  (this node)" if node.rank == plan.node_rank else ""
+        out.append(f"  node {node.rank} ({node.role}){here}")
+        for step in node.steps:
+            out.append("    " + " \\\n      ".join(flag_groups(redact.argv(step)) if step[:2] == ["vllm", "serve"]
+                                                    else [shlex.join(step)]))
+    for node in plan.nodes:
+        if node.rank == plan.node_rank:
+            continue
+        ifname = node.env.get("NCCL_SOCKET_IFNAME", "")
+        out.append(f"on node {node.rank} ({node.role}), paste:")
+        out.append(f"  {node.launcher}")
+        out.append("or, without the launcher there (the same vLLM, patches and model paths):")
+        for key, value in sorted(node.env.items()):
+            out.append(f"  export {key}={shlex.quote(value)}")
+        if ifname:
+            out.append("  " + multinode.host_ip_line(ifname))
+        for key in sorted(k for k in plan.env if k not in node.env and k != "VLLM_HOST_IP"):
+            shown = redact.env({key: plan.env[key]})[key]
+            out.append(f"  export {key}={shown if shown == redact.MASK else shlex.quote(shown)}")
+        for step in node.steps:
+            out.append("  " + shlex.join(redact.argv(step)))
+    return "\n".join(out)
 
 
 def flag_groups(argv: list[str]) -> list[str]:

@@ -21,6 +21,9 @@ class HardwareProfile:
     # fraction of it, and it is less than the marketed size (the driver keeps some; the Spark's
     # OS shares its memory). A rehearsal on a larger GPU gives the recipe this x the fraction.
     cuda_total_bytes: int
+    # Machines of this class serving one model together (vLLM's native multi-node:
+    # launcher.multinode). Memory, context and batch stay per card: each node has one.
+    nodes: int = 1
 
     @property
     def cuda_total_gib(self) -> float:
@@ -50,13 +53,28 @@ PROFILES: dict[str, HardwareProfile] = {
         platform="linux/arm64",
         cuda_total_bytes=128_501_256_192,  # 119.68 GiB (121.69 on later DGX OS kernels: the smaller holds on both)
     ),
+    "dgx-spark-x2": HardwareProfile(
+        name="dgx-spark-x2",
+        description="two DGX Spark GB10 linked by their ConnectX-7 QSFP ports, one model across both",
+        capability=(12, 1),
+        memory_gib=128.0,
+        unified_memory=True,
+        platform="linux/arm64",
+        cuda_total_bytes=128_501_256_192,
+        nodes=2,
+    ),
 }
 
 DEFAULT_PROFILE = "rtx5090"
 
 
+def profile_for_nodes(capability: tuple[int, int], nodes: int) -> HardwareProfile | None:
+    """The profile of ``nodes`` machines of this card (dgx-spark-x2 for two GB10s)."""
+    return next((p for p in PROFILES.values() if p.capability == capability and p.nodes == nodes), None)
+
+
 def profile_for_capability(capability: tuple[int, int]) -> HardwareProfile | None:
     for profile in PROFILES.values():
-        if profile.capability == capability:
+        if profile.capability == capability and profile.nodes == 1:
             return profile
     return None

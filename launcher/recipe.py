@@ -183,9 +183,43 @@ class ServeOverride(_Strict):
     max_cudagraph_capture_size: Annotated[int, Field(ge=1)] | None = None
 
 
+# A network interface name as Linux spells it (IFNAMSIZ: at most 15 characters).
+IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}$")
+
+
+class Cluster(_Strict):
+    """How a multi-node profile spreads the model over its nodes (launcher.multinode).
+
+    ``tensor_parallel`` x ``pipeline_parallel`` x ``data_parallel`` GPUs in
+    all, one per node on these machines; vLLM requires the product to be a
+    multiple of the node count. ``socket_ifname`` is the interface NCCL, Gloo
+    and UCX talk over (the QSFP port the cable is in); ``launcher serve
+    --ifname`` overrides it.
+    """
+
+    tensor_parallel: Annotated[int, Field(ge=1)] = 1
+    pipeline_parallel: Annotated[int, Field(ge=1)] = 1
+    data_parallel: Annotated[int, Field(ge=1)] = 1
+    socket_ifname: str
+    note: str | None = None
+
+    @field_validator("socket_ifname")
+    @classmethod
+    def _ifname(cls, value: str) -> str:
+        if not IFNAME.match(value):
+            raise ValueError(f"{value!r} is not a network interface name (letters, digits, _.:-, at most 15)")
+        return value
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+
 class Override(_Strict):
     serve: ServeOverride = Field(default_factory=ServeOverride)
     env: dict[str, str] = Field(default_factory=dict)
+    # Multi-node profiles only (PROFILES[name].nodes > 1): required there, refused elsewhere.
+    cluster: Cluster | None = None
     note: str | None = None
 
 
@@ -265,6 +299,17 @@ class Recipe(_Strict):
         unknown = sorted(set(value) - set(PROFILES))
         if unknown:
             raise ValueError(f"unknown hardware profile(s) {unknown}; known: {sorted(PROFILES)}")
+        for name, override in value.items():
+            nodes = PROFILES[name].nodes
+            if nodes > 1 and override.cluster is None:
+                raise ValueError(f"profile {name} spans {nodes} nodes: it needs a cluster section "
+                                 "(tensor_parallel, pipeline_parallel, data_parallel, socket_ifname)")
+            if nodes == 1 and override.cluster is not None:
+                raise ValueError(f"profile {name} is one machine: a cluster section belongs to a multi-node profile")
+            if override.cluster is not None and override.cluster.world_size % nodes:
+                raise ValueError(f"profile {name}: tensor_parallel x pipeline_parallel x data_parallel = "
+                                 f"{override.cluster.world_size} GPUs is not a multiple of its {nodes} nodes "
+                                 "(vLLM's --nnodes must divide the world size)")
         return value
 
     @field_validator("vllm_versions")
@@ -288,6 +333,9 @@ class Recipe(_Strict):
     def _default_profile_listed(self) -> "Recipe":
         if self.default_profile not in self.profiles:
             raise ValueError(f"default_profile {self.default_profile!r} is not among profiles {sorted(self.profiles)}")
+        if PROFILES[self.default_profile].nodes > 1:
+            raise ValueError(f"default_profile {self.default_profile!r} spans several machines; "
+                             "a multi-node profile is chosen with --nnodes, never by default")
         return self
 
     @model_validator(mode="after")

@@ -82,6 +82,9 @@ def container_spec(plan: Plan, *, gpus: str | None = "all", restart: str = "no")
     if not plan.argv[:2] == ["vllm", "serve"]:
         raise LauncherError(f"the plan's command must start with 'vllm serve', got {plan.argv[:2]}")
     host_ip = _publish_ip(plan.host)
+    # Multi-node: host networking, so that NCCL, Gloo and the head's torch.distributed port reach
+    # the other node over the host's own interface (the QSFP link) and vLLM binds --host itself.
+    cluster = plan.cluster is not None
     mounts, path_map = _model_mounts(plan)
     # Every model a local folder: nothing to download, the HF cache can be read-only.
     all_local = all(_host_path(p) is not None for p in _model_args(plan))
@@ -99,27 +102,41 @@ def container_spec(plan: Plan, *, gpus: str | None = "all", restart: str = "no")
         if hf["read_only"]:
             # trust_remote_code copies model code into HF_HOME/modules; keep that writable.
             env["HF_MODULES_CACHE"] = "/tmp/hf_modules"
+    api = plan.serves_api
+    endpoint = f"http://{_probe_host(host_ip)}:{plan.port}/v1" if api else ""
+    labels = {
+        f"{LABEL}.managed-by": "launcher",
+        f"{LABEL}.recipe": plan.recipe,
+        f"{LABEL}.profile": plan.profile,
+        f"{LABEL}.vllm-version": plan.vllm_version,
+        f"{LABEL}.endpoint": endpoint,
+    }
+    if cluster:
+        labels[f"{LABEL}.node-role"] = plan.role
+        labels[f"{LABEL}.node-rank"] = str(plan.node_rank)
+        labels[f"{LABEL}.nnodes"] = str(plan.cluster["nnodes"])
     return {
         "image": plan.image,
-        "name": container_name(plan.recipe),
-        "command": _container_argv(plan.argv, path_map),
+        "name": container_name(plan.recipe) + (f"-node{plan.node_rank}" if cluster else ""),
+        "command": _container_argv(plan.argv, path_map, bind=not cluster),
         "env": env,
         "secret_env": secret_env,
-        "ports": {f"{CONTAINER_PORT}/tcp": [host_ip, plan.port]},
+        "network_mode": "host" if cluster else "bridge",
+        "ports": {} if cluster else {f"{CONTAINER_PORT}/tcp": [host_ip, plan.port]},
         "mounts": mounts,
         "device_requests": [dict(GPU_REQUEST)] if gpus == "all" else [],
         "ipc_mode": "host",  # vLLM's workers share tensors through /dev/shm
         "restart": restart,
-        "labels": {
-            f"{LABEL}.managed-by": "launcher",
-            f"{LABEL}.recipe": plan.recipe,
-            f"{LABEL}.profile": plan.profile,
-            f"{LABEL}.vllm-version": plan.vllm_version,
-            f"{LABEL}.endpoint": f"http://{_probe_host(host_ip)}:{plan.port}/v1",
-        },
-        "health_url": f"http://{_probe_host(host_ip)}:{plan.port}/health",
-        "endpoint": f"http://{_probe_host(host_ip)}:{plan.port}/v1",
+        "labels": labels,
+        "health_url": f"http://{_probe_host(host_ip)}:{plan.port}/health" if api else None,
+        "endpoint": endpoint,
     }
+
+
+def _published(spec: dict[str, Any]) -> tuple[str, int] | None:
+    """(host address, host port) the API is published on; None with host networking."""
+    ports = spec["ports"].get(f"{CONTAINER_PORT}/tcp")
+    return (ports[0], ports[1]) if ports else None
 
 
 def _publish_ip(host: str) -> str:
@@ -218,8 +235,9 @@ def _hf_cache_mount(*, read_only: bool) -> dict[str, Any] | None:
     return _mount(home, HF_HOME_MOUNT, read_only=read_only)
 
 
-def _container_argv(argv: list[str], path_map: dict[str, str]) -> list[str]:
-    """The Plan's vLLM argv with container paths, binding 0.0.0.0:8000 inside."""
+def _container_argv(argv: list[str], path_map: dict[str, str], *, bind: bool = True) -> list[str]:
+    """The Plan's vLLM argv with container paths, binding 0.0.0.0:8000 inside (``bind``); with
+    host networking (``bind`` False) the plan's own --host / --port stay."""
     out: list[str] = []
     skip = False
     for i, arg in enumerate(argv):
@@ -227,14 +245,14 @@ def _container_argv(argv: list[str], path_map: dict[str, str]) -> list[str]:
             skip = False
             continue
         flag, eq, value = arg.partition("=")
-        if flag in ("--host", "--port"):
+        if bind and flag in ("--host", "--port"):
             skip = not eq and i + 1 < len(argv)
             continue
         if eq and flag.startswith("--"):
             out.append(f"{flag}={_map_value(value, path_map)}")
         else:
             out.append(_map_value(arg, path_map))
-    return out + ["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+    return out + (["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)] if bind else [])
 
 
 def _map_value(value: str, path_map: dict[str, str]) -> str:
@@ -267,11 +285,17 @@ def format_container_spec(spec: dict[str, Any]) -> str:
 
     Secrets are shown as ``NAME=***``: the spec never holds their values.
     """
-    host_ip, host_port = spec["ports"][f"{CONTAINER_PORT}/tcp"]
+    published = _published(spec)
+    if published:
+        host_ip, host_port = published
+        network = f"  publish     {host_ip}:{host_port} -> {CONTAINER_PORT}/tcp  (vLLM binds 0.0.0.0:{CONTAINER_PORT} inside)"
+    else:
+        network = ("  network     host  (the node's own interfaces: NCCL, Gloo and the head's ports reach the "
+                   "other nodes; vLLM binds its --host itself)")
     lines = [
         f"  image       {spec['image']}",
         f"  name        {spec['name']}",
-        f"  publish     {host_ip}:{host_port} -> {CONTAINER_PORT}/tcp  (vLLM binds 0.0.0.0:{CONTAINER_PORT} inside)",
+        network,
         f"  gpus        {'all (device request: capabilities [[gpu]])' if spec['device_requests'] else 'none'}",
         f"  ipc         {spec['ipc_mode']}",
         f"  restart     {spec['restart']}"
@@ -286,7 +310,7 @@ def format_container_spec(spec: dict[str, Any]) -> str:
     env_items += [f"{k}={redact.MASK}" for k in spec["secret_env"]]
     for i, item in enumerate(env_items):
         lines.append(("  env         " if i == 0 else "              ") + item)
-    lines.append("  health      " + spec["health_url"])
+    lines.append("  health      " + (spec["health_url"] or "none: a headless node serves no API"))
     # The one place the command is shown: as `docker run` would start it.
     lines.append("  as docker run:")
     lines.append("    " + " \\\n      ".join(_docker_run_groups(spec)))
@@ -300,12 +324,15 @@ def starting_line(spec: dict[str, Any]) -> str:
 
 
 def _docker_run_groups(spec: dict[str, Any]) -> list[str]:
-    host_ip, host_port = spec["ports"][f"{CONTAINER_PORT}/tcp"]
+    published = _published(spec)
     keep = "--rm" if spec["restart"] == "no" else f"-d --restart {spec['restart']}"
     groups = [f"docker run {keep} --name {shlex.quote(spec['name'])}"]
     if spec["device_requests"]:
         groups.append("--gpus all")
-    groups.append(f"--ipc={spec['ipc_mode']} -p {host_ip}:{host_port}:{CONTAINER_PORT}")
+    if published:
+        groups.append(f"--ipc={spec['ipc_mode']} -p {published[0]}:{published[1]}:{CONTAINER_PORT}")
+    else:
+        groups.append(f"--ipc={spec['ipc_mode']} --network host")
     for m in spec["mounts"]:
         groups.append("-v " + shlex.quote(f"{m['source']}:{m['target']}" + (":ro" if m["read_only"] else "")))
     for k, v in redact.env(spec["env"]).items():
@@ -396,6 +423,18 @@ def run(
         _start(container, spec)
         logs.start()
         started = time.monotonic()
+        if spec["health_url"] is None:
+            # A headless node: nothing to wait for; it lives as long as the head does.
+            print(f"started container {spec['name']}: this node serves no API (the head does); "
+                  + ("it keeps running: `launcher ps`, `launcher stop`" if spec["restart"] != "no"
+                     else "Ctrl-C stops and removes it"), file=err, flush=True)
+            if spec["restart"] != "no":
+                detached = True
+                return 0
+            code = int(container.wait().get("StatusCode", 1))
+            logs.join(5)
+            print(f"container {spec['name']} exited with code {code}", file=err, flush=True)
+            return code
         _wait_healthy(container, spec, logs, wait_timeout, err)
         if spec["restart"] != "no":
             detached = True
@@ -451,14 +490,16 @@ def create(client, spec: dict[str, Any], env: dict[str, str]):
     import docker
     from docker.types import DeviceRequest, Mount
 
-    host_ip, host_port = spec["ports"][f"{CONTAINER_PORT}/tcp"]
+    published = _published(spec)
+    network = {"network_mode": "host"} if spec.get("network_mode") == "host" else \
+        {"ports": {f"{CONTAINER_PORT}/tcp": published}}
     try:
         return client.containers.create(
             spec["image"],
             command=spec["command"],
             name=spec["name"],
             environment=env,
-            ports={f"{CONTAINER_PORT}/tcp": (host_ip, host_port)},
+            **network,
             mounts=[
                 Mount(target=m["target"], source=m["source"], type=m["type"], read_only=m["read_only"])
                 for m in spec["mounts"]
@@ -545,7 +586,7 @@ def _start(container, spec: dict[str, Any]) -> None:
 def _daemon_error(exc, spec: dict[str, Any]) -> LauncherError:
     text = _short(exc)
     lowered = text.lower()
-    host_ip, host_port = spec["ports"][f"{CONTAINER_PORT}/tcp"]
+    host_ip, host_port = _published(spec) or ("(host network)", "vLLM's")
     if "could not select device driver" in lowered:
         return LauncherError(
             "the Docker daemon cannot give the container a GPU: the NVIDIA runtime is not set up "
@@ -665,6 +706,9 @@ def describe(container) -> dict[str, Any]:
         "image": (container.attrs.get("Config") or {}).get("Image", ""),
         "restart": (host.get("RestartPolicy") or {}).get("Name") or "no",
         "endpoint": labels.get(f"{LABEL}.endpoint", ""),
+        # Multi-node: head (serves the API) or worker, with the node's rank; one machine: single.
+        "role": (f"{labels[f'{LABEL}.node-role']} {labels.get(f'{LABEL}.node-rank', '?')}/"
+                 f"{labels.get(f'{LABEL}.nnodes', '?')}" if labels.get(f"{LABEL}.node-role") else "single"),
     }
 
 

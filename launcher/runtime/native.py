@@ -34,12 +34,33 @@ def child_env(plan: Plan, base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def command(plan: Plan) -> list[str]:
-    """Exactly the interpreter whose vLLM the plan inspected (launcher.vllm_env)."""
+def command(plan: Plan, argv: list[str] | None = None) -> list[str]:
+    """Exactly the interpreter whose vLLM the plan inspected (launcher.vllm_env); a ``ray``
+    step (multi-node on Ray) runs the ``ray`` script of that environment."""
+    argv = plan.argv if argv is None else argv
     if not plan.vllm_python:
         raise LauncherError("no vLLM to run: the launcher found none to inspect",
                             hint="point --vllm-python at the python that has vLLM, or use --runtime docker")
-    return [plan.vllm_python, "-m", "vllm.entrypoints.cli.main", *plan.argv[1:]]
+    if argv[0] == "ray":
+        from pathlib import Path
+
+        script = Path(plan.vllm_python).with_name("ray.exe" if os.name == "nt" else "ray")
+        return [str(script), *argv[1:]]
+    return [plan.vllm_python, "-m", "vllm.entrypoints.cli.main", *argv[1:]]
+
+
+def run_steps(plan: Plan) -> None:
+    """The commands a node runs before its own (``ray start --head`` on a Ray head), each to its end."""
+    for step in plan.steps:
+        cmd = command(plan, step)
+        print("running: " + shlex.join(redact.argv(cmd)), file=sys.stderr, flush=True)
+        try:
+            code = subprocess.run(cmd, env=child_env(plan)).returncode
+        except OSError as exc:
+            raise LauncherError(f"cannot run {shlex.join(step[:2])} ({cmd[0]}): {exc.strerror}",
+                                hint="install ray beside vLLM on every node: pip install ray") from None
+        if code:
+            raise LauncherError(f"{shlex.join(step)} failed with exit code {code}", exit_code=code)
 
 
 # Exit codes of our own, distinct from a child's: 124 like timeout(1).
@@ -48,7 +69,14 @@ EXIT_NOT_READY = EXIT_TIMEOUT
 
 def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
     cmd = command(plan)
-    ensure_port_free(plan.host, plan.port)
+    if plan.serves_api:
+        ensure_port_free(plan.host, plan.port)
+    elif wait:
+        # A headless node (or a Ray worker) has no API to wait for: the head's --wait does that.
+        print(f"note: node {plan.node_rank} ({plan.role}) serves no API; --wait applies on the head",
+              file=sys.stderr, flush=True)
+        wait = False
+    run_steps(plan)
     print("starting: " + shlex.join(redact.argv(cmd)), file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(cmd, env=child_env(plan))

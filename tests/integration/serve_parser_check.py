@@ -45,7 +45,9 @@ def dump(path: str, version: str) -> None:
         json.dump(argvs, f, indent=1)
 
 
-def parse(path: str) -> int:
+def stand_in_platform() -> None:
+    """vLLM picks its platform from the GPU; without one, stand its device type in as CUDA's,
+    which is all the parser and the engine config ask of it."""
     import vllm.platforms as platforms
     from vllm.platforms.interface import Platform, PlatformEnum
 
@@ -56,12 +58,34 @@ def parse(path: str) -> int:
 
     if not platforms.current_platform.device_type:
         platforms._current_platform = DeviceTypeOnly()
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+
+
+def serve_parser():
+    """(``vllm serve``'s parser, its validate function) in the module each release keeps them:
+    ``vllm/entrypoints/common/cli_args.py`` in 0.33.0, ``launchers/`` in 0.29.0 ... 0.32.0, ``openai/`` in 0.21.0."""
+    import importlib
+
+    for where in ("common", "launchers", "openai"):  # 0.33.0; 0.29.0 ... 0.32.0; 0.21.0 ...
+        try:
+            module = importlib.import_module(f"vllm.entrypoints.{where}.cli_args")
+            make_arg_parser, validate_parsed_serve_args = module.make_arg_parser, module.validate_parsed_serve_args
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        raise ImportError("no vllm.entrypoints.*.cli_args with make_arg_parser")
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    return (lambda: make_arg_parser(FlexibleArgumentParser())), validate_parsed_serve_args
+
+
+def parse(path: str) -> int:
+    stand_in_platform()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    make_parser, validate_parsed_serve_args = serve_parser()
     for case, argv in json.load(open(path)).items():
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])  # less "vllm serve"
+        args = make_parser().parse_args(argv[2:])  # less "vllm serve"
         validate_parsed_serve_args(args)
         engine = AsyncEngineArgs.from_cli_args(args)
         per_kind = engine.attention_config.get("backend_per_kind") if isinstance(engine.attention_config, dict) \

@@ -16,7 +16,8 @@ SHIPPED = ["gemma4-moe-dflash", "gemma4-moe-dflash-text", "gemma4-moe", "gemma4-
 def test_shipped_recipes_validate(name):
     rec = recipes.load(name)
     assert rec.name == name
-    assert set(rec.profiles) == {"rtx5090", "dgx-spark"}
+    multi = {"gemma4-moe-dflash", "gemma4-31b-dflash"}  # issue 54: the two-Spark profile
+    assert set(rec.profiles) == {"rtx5090", "dgx-spark"} | ({"dgx-spark-x2"} if name in multi else set())
     assert rec.default_profile == "rtx5090"
 
 
