@@ -30,7 +30,7 @@ from launcher.patching.diff import FilePatch, HunkMismatch, apply_file, parse
 from launcher.patching.series import Patch, Series, public_version, series_for
 from launcher.patching import transaction
 from launcher.patching.lock import held_elsewhere, tree_lock
-from launcher.patching.transaction import Transaction, remove_empty_dirs
+from launcher.patching.transaction import Transaction, read_source, remove_empty_dirs
 from launcher.patching.tree import SITE_PACKAGES, SOURCE, Tree, detect_version, find_tree
 
 __all__ = [
@@ -310,7 +310,7 @@ def _load(tree: Tree, items: list[_Item]) -> Contents:
             if file.is_dir():
                 raise LauncherError(f"{file} is a folder, but patch {item.name} treats it as a file")
             try:
-                contents[path] = file.read_bytes() if file.exists() else None
+                contents[path] = read_source(file)
             except OSError as exc:
                 raise LauncherError(f"cannot read {file}: {exc}") from exc
     return contents

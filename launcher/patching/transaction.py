@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +27,55 @@ from launcher.paths import inside
 
 TMP_SUFFIX = ".sm12x-tmp"
 PROBE_PREFIX = ".sm12x-probe-"
+_FOLDER_OUT = ("a folder on the way is a symlink that leads out of the tree: patch the tree that holds "
+               "the real files, or replace the link with a copy")
 _FORGED = ("the journal was not written by the launcher: reinstall vLLM "
            "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it")
 JOURNAL_FORMAT = 1
+#: The largest journal or stamp read: they hold the original bytes of a few
+#: source files, never this much. A bigger one (or /dev/zero) is refused.
+MAX_RECORD_BYTES = 64 << 20
+#: Permission bits a write may set. setuid, setgid and sticky bits never
+#: belong to a vLLM source file; from a forged journal or stamp they would
+#: make a root-owned setuid file when root runs `patch status`.
+MODE_MASK = 0o777
+
+
+def read_record(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of a journal or stamp: a regular file (not a link, FIFO or device), at most ``limit`` bytes.
+
+    OSError otherwise; a FIFO or ``/dev/zero`` planted there would hang the
+    read or fill memory.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise OSError(f"{path} is {info.st_size} bytes, more than a launcher record ever holds ({limit})")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(f"{path} is more than {limit} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+def read_source(path: Path) -> bytes | None:
+    """A tree file's bytes (None when absent); OSError for a FIFO, device or folder there (never a hang)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -70,6 +117,7 @@ class Transaction:
         Raises LauncherError, with nothing written, when a folder refuses writes.
         """
         for path in paths:
+            self._confined(path)
             _through(path, self.root)  # a symlink out of the tree is refused before anything is written
         _check_writable([*paths, *([self.journal] if self.journal else [])])
         self._originals = {p: _snapshot(p) for p in paths}
@@ -82,6 +130,7 @@ class Transaction:
 
     def write(self, path: Path, data: bytes, mode: int | None = None) -> None:
         """Replace (or create) ``path``; an existing file keeps its mode unless ``mode`` is given."""
+        self._confined(path)
         old = self._originals.get(path) or _snapshot(path)
         self._mkdirs(path.parent)
         _atomic_write(_through(path, self.root), data, mode if mode is not None else old.mode)
@@ -89,11 +138,24 @@ class Transaction:
         self.undo.append(old)
 
     def remove(self, path: Path) -> None:
+        self._confined(path)
         old = self._originals.get(path) or _snapshot(path)
         if old.data is None:
             return
         os.unlink(path)
         self.undo.append(old)
+
+    def _confined(self, path: Path) -> None:
+        """``path`` lies in the tree, its folders (symlinks resolved) too: a symlinked folder
+        planted in the tree (or named by a forged stamp's diff) must not carry a write or a
+        delete elsewhere."""
+        if self.root is None:
+            return
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            rel = str(path)
+        inside(self.root, rel, "the patch run", hint=_FOLDER_OUT)
 
     def _mkdirs(self, folder: Path) -> None:
         missing = []
@@ -140,8 +202,8 @@ def _differs(item: _Undo) -> bool:
         return item.data is not None or item.path.exists()
     if item.data is None:
         return True
-    return item.path.read_bytes() != item.data or (
-        item.mode is not None and item.path.stat().st_mode & 0o7777 != item.mode)
+    return read_source(item.path) != item.data or (
+        item.mode is not None and item.path.stat().st_mode & 0o7777 != item.mode & MODE_MASK)
 
 
 def _restore(item: _Undo, root: Path | None) -> None:
@@ -172,7 +234,7 @@ def _through(path: Path, root: Path | None) -> Path:
 def _snapshot(path: Path) -> _Undo:
     if not path.exists():
         return _Undo(path, None, None)
-    return _Undo(path, path.read_bytes(), path.stat().st_mode & 0o7777)
+    return _Undo(path, read_source(path), path.stat().st_mode & 0o7777)
 
 
 def _missing_dirs(paths: list[Path]) -> list[Path]:
@@ -232,7 +294,7 @@ def _atomic_write(path: Path, data: bytes, mode: int | None) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         # mkstemp makes 0600 files; the target keeps the mode it had (or the patch's).
-        os.chmod(tmp, mode if mode is not None else 0o644)
+        os.chmod(tmp, (mode if mode is not None else 0o644) & MODE_MASK)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -306,7 +368,7 @@ def _read_journal(root: Path, journal: Path) -> tuple[list[tuple[Path, int | Non
     changes nothing.
     """
     try:
-        data = json.loads(journal.read_text(encoding="utf-8"))
+        data = json.loads(read_record(journal).decode("utf-8"))
         files = [_journal_file(root, journal, f) for f in data["files"]]
         planned = [inside(root, d, f"the journal {journal}", _FORGED) for d in data.get("created_dirs", [])]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
