@@ -67,7 +67,7 @@ def read_source(path: Path) -> bytes | None:
     """A tree file's bytes (None when absent); OSError for a FIFO, device or folder there (never a hang)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent, or a file where a folder should be
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
