@@ -43,6 +43,8 @@ def bench(
 
     if not math.isfinite(timeout) or timeout <= 0:
         raise LauncherError(f"--timeout {timeout:g}: seconds per request must be more than 0")
+    for flag, value in (("--url", url), ("--baseline-url", baseline_url)):
+        _refuse_credentials(flag, value)
     rec = recipes.load(recipe)
     from launcher.bench import workload as workloads
 
@@ -162,3 +164,21 @@ def _check_pair(main: dict, baseline: dict) -> None:
 
 def register(root: typer.Typer) -> None:
     root.command("bench")(bench)
+
+
+def _refuse_credentials(flag: str, url: str | None) -> None:
+    """A key written into the URL (``http://user:KEY@host``) would be echoed by every
+    message and result that names the server: refused, without repeating it."""
+    if not url:
+        return
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        userinfo = parts.username is not None or parts.password is not None
+    except ValueError:
+        userinfo = "@" in url
+    if userinfo:
+        shown = url.split("://", 1)[0] + "://***@" + url.rsplit("@", 1)[-1] if "@" in url else "***"
+        raise LauncherError(f"{flag} {shown} carries a user name or key in the URL",
+                            hint="pass the key with --api-key or VLLM_API_KEY, and the URL without it")
