@@ -273,7 +273,10 @@ class Recipe(_Strict):
         from launcher.vllm_compat import parse_version
 
         for v in value:
-            parse_version(v)
+            try:
+                parse_version(v)
+            except LauncherError as exc:  # a ValueError here: pydantic names the file, line and field
+                raise ValueError(exc.message) from None
         return value
 
     @field_validator("env")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import json
 
 import pytest
@@ -206,3 +207,15 @@ def test_a_50_mb_recipe_is_refused_in_well_under_5_seconds(tmp_path):
     with pytest.raises(LauncherError, match="a recipe is at most"):
         recipes.load(str(path))
     assert time.monotonic() - start < 5
+
+
+def test_a_bad_vllm_version_names_the_file_line_and_field(tmp_path):
+    """A version string packaging cannot read raised the bare 'not a vLLM version', with no file."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace('"0.21.0"', '"../0.21.0"', 1))
+    assert GOOD != path.read_text()
+    with pytest.raises(LauncherError) as err:
+        recipes.load(str(path))
+    assert str(path) in err.value.message and "vllm_versions" in err.value.message
+    assert "not a vLLM version: '../0.21.0'" in err.value.message
+    assert re.search(r"\.yaml:\d+:", err.value.message)
