@@ -60,8 +60,9 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
         received.append(signum)
         proc.terminate()
 
-    # SIGTERM (docker stop, systemd) and SIGHUP (a closed terminal, a dropped SSH connection) sent to
-    # the launcher alone would otherwise end it and leave vLLM holding the GPU and the port.
+    # SIGTERM (docker stop, systemd), SIGHUP (a closed terminal, a dropped SSH connection) and
+    # SIGQUIT (Ctrl-\) sent to the launcher alone would otherwise end it and leave vLLM holding
+    # the GPU and the port.
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
         if wait and not wait_ready(plan, proc, timeout):
@@ -85,7 +86,7 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
 
 
 #: Signals the launcher passes on to vLLM (as SIGTERM) instead of dying of them.
-_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 
 def exit_status(code: int, signum: int | None = None) -> int:

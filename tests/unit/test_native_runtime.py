@@ -275,9 +275,10 @@ def test_a_vllm_site_on_pythonpath_is_inspected_and_run_on_loopback(tmp_path, re
 
 
 @pytest.mark.skipif(os.name == "nt", reason="SIGHUP and the 128+N convention are POSIX")
-@pytest.mark.parametrize("signame", ["SIGHUP", "SIGTERM"])
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGTERM", "SIGQUIT"])
 def test_a_signal_to_the_launcher_alone_stops_vllm_and_exits_128_plus_n(signame, tmp_path, record):
     """Issue 55.10: `kill -HUP <launcher>` left vLLM running; SIGTERM exited 241 (sys.exit(-15)).
+    Round four: SIGQUIT (Ctrl-\\) still killed the launcher alone and left vLLM running.
 
     Real processes and real signals: `launcher serve` starts the stand-in vLLM (which never
     gets ready), and the signal goes to the launcher's pid only, as `kill PID` sends it.
