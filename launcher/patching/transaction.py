@@ -15,6 +15,7 @@ process dies outright (SIGKILL, power loss), the journal survives and
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import stat
@@ -263,6 +264,7 @@ def _check_writable(paths: list[Path]) -> None:
     ACLs, and answers the same for root as the write would.
     """
     refused: dict[Path, str] = {}
+    errnos: set[int | None] = set()
     for folder in {d for d in map(_nearest_dir, paths) if d is not None}:
         probe = None
         try:
@@ -270,6 +272,7 @@ def _check_writable(paths: list[Path]) -> None:
             os.close(fd)
         except OSError as exc:
             refused[folder] = exc.strerror or str(exc)
+            errnos.add(exc.errno)
         finally:  # an interrupt between the two calls must not leave the probe behind
             if probe is not None and os.path.exists(probe):
                 os.unlink(probe)
@@ -279,11 +282,14 @@ def _check_writable(paths: list[Path]) -> None:
                 refused[path] = "read-only file"
     if refused:
         where = "; ".join(f"{p} ({why})" for p, why in sorted(refused.items()))
-        raise LauncherError(
-            f"no write access, nothing was written: {where}",
-            hint="run as the user that installed this vLLM (e.g. with sudo for a system vLLM), "
-                 "or patch a copy you own: a venv, or --target DIR",
-        )
+        if errnos == {errno.EROFS}:  # what the system said, not a guess at permissions
+            what, hint = "a read-only file system", "remount it read-write, or patch a copy you can write: a venv, or --target DIR"
+        elif errnos and errnos <= {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}:
+            what, hint = "no space left", "free some space on that disk (or raise the quota), then run this again"
+        else:
+            what, hint = "no write access", ("run as the user that installed this vLLM (e.g. with sudo for a system vLLM), "
+                                             "or patch a copy you own: a venv, or --target DIR")
+        raise LauncherError(f"{what}, nothing was written: {where}", hint=hint)
 
 
 def _atomic_write(path: Path, data: bytes, mode: int | None) -> None:
