@@ -152,6 +152,12 @@ def base_url(plan: Plan) -> str:
     return f"http://{host}:{plan.port}"
 
 
+def _secrets(plan: Plan) -> list[str]:
+    """Every secret value the launcher knows of: the API key, and secret-named variables."""
+    env = {**os.environ, **plan.env}
+    return [v for v in [plan.api_key, *(v for k, v in env.items() if redact.is_secret_name(k))] if v]
+
+
 def wait_ready(plan: Plan, proc: subprocess.Popen | None, timeout: float) -> bool:
     """Poll /health until the child answers, then send one small chat request.
 
@@ -178,7 +184,8 @@ def wait_ready(plan: Plan, proc: subprocess.Popen | None, timeout: float) -> boo
             waiting.fail(f"vLLM did not answer {url}/health within {timeout:g} s")
             return False
         ready_s = waiting.elapsed()
-    reply = first_chat(plan, url)
+    # The reply is the server's text: one that echoes the request's headers must not print the key.
+    reply = redact.text(first_chat(plan, url), _secrets(plan))
     print(f"ready in {ready_s:.1f} s: {url}/v1  (first reply: {reply!r})", flush=True)
     return True
 
