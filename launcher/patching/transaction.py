@@ -120,7 +120,7 @@ class Transaction:
         for path in paths:
             self._confined(path)
             _through(path, self.root)  # a symlink out of the tree is refused before anything is written
-        _check_writable([*paths, *([self.journal] if self.journal else [])])
+        _check_writable([*paths, *([self.journal] if self.journal else [])], self.root)
         self._originals = {p: _snapshot(p) for p in paths}
         planned = _missing_dirs(paths)
         if self.journal is not None and self.root is not None:
@@ -134,7 +134,7 @@ class Transaction:
         self._confined(path)
         old = self._originals.get(path) or _snapshot(path)
         self._mkdirs(path.parent)
-        _atomic_write(_through(path, self.root), data, mode if mode is not None else old.mode)
+        _atomic_write(_through(path, self.root), data, mode if mode is not None else old.mode, self.root)
         # Recorded once the file changed: a write that failed left it as it was.
         self.undo.append(old)
 
@@ -143,7 +143,7 @@ class Transaction:
         old = self._originals.get(path) or _snapshot(path)
         if old.data is None:
             return
-        os.unlink(path)
+        _unlink(path, self.root)
         self.undo.append(old)
 
     def _confined(self, path: Path) -> None:
@@ -164,7 +164,8 @@ class Transaction:
             missing.append(folder)
             folder = folder.parent
         for d in reversed(missing):
-            d.mkdir()
+            with _folder(d.parent, self.root) as (dfd, name_of):
+                os.mkdir(name_of(d), dir_fd=dfd) if dfd is not None else d.mkdir()
             self.created_dirs.append(d)
 
     # -- the end
@@ -183,7 +184,7 @@ class Transaction:
             try:
                 if _differs(item):
                     _restore(item, self.root)
-            except OSError as exc:
+            except (OSError, LauncherError) as exc:  # a folder that now leads out of the tree is left alone
                 self.unrestored.append(f"{item.path}: {exc}")
         for d in reversed(self.created_dirs):
             try:
@@ -209,10 +210,10 @@ def _differs(item: _Undo) -> bool:
 
 def _restore(item: _Undo, root: Path | None) -> None:
     if item.data is None:
-        if item.path.exists():
-            os.unlink(item.path)
+        if item.path.exists() or item.path.is_symlink():
+            _unlink(item.path, root)
     else:
-        _atomic_write(_through(item.path, root), item.data, item.mode)
+        _atomic_write(_through(item.path, root), item.data, item.mode, root)
 
 
 def _through(path: Path, root: Path | None) -> Path:
@@ -257,7 +258,7 @@ def _nearest_dir(path: Path) -> Path | None:
     return folder if folder.is_dir() else None  # a file in the way fails at the write, and is rolled back
 
 
-def _check_writable(paths: list[Path]) -> None:
+def _check_writable(paths: list[Path], root: Path | None = None) -> None:
     """Every write lands as a temp file in the target's folder: probe each folder for real.
 
     A real probe rather than os.access: it also sees read-only mounts and
@@ -266,16 +267,16 @@ def _check_writable(paths: list[Path]) -> None:
     refused: dict[Path, str] = {}
     errnos: set[int | None] = set()
     for folder in {d for d in map(_nearest_dir, paths) if d is not None}:
-        probe = None
         try:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=PROBE_PREFIX, suffix=TMP_SUFFIX)
-            os.close(fd)
+            with _folder(folder, root) as (dfd, _):
+                fd, probe = _temp_file(folder, dfd, PROBE_PREFIX)
+                try:
+                    os.close(fd)
+                finally:  # an interrupt between the two calls must not leave the probe behind
+                    _remove_quietly(folder / probe, dfd, probe)
         except OSError as exc:
             refused[folder] = exc.strerror or str(exc)
             errnos.add(exc.errno)
-        finally:  # an interrupt between the two calls must not leave the probe behind
-            if probe is not None and os.path.exists(probe):
-                os.unlink(probe)
     if os.name == "nt":  # Windows will not replace a read-only file
         for path in paths:
             if path.is_file() and not os.access(path, os.W_OK):
@@ -292,20 +293,86 @@ def _check_writable(paths: list[Path]) -> None:
         raise LauncherError(f"{what}, nothing was written: {where}", hint=hint)
 
 
-def _atomic_write(path: Path, data: bytes, mode: int | None) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+def _atomic_write(path: Path, data: bytes, mode: int | None, root: Path | None = None) -> None:
+    with _folder(path.parent, root) as (dfd, name_of):
+        fd, tmp = _temp_file(path.parent, dfd, f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                # A new file is 0600; the target keeps the mode it had (or the patch's).
+                os.fchmod(fh.fileno(), (mode if mode is not None else 0o644) & MODE_MASK) if hasattr(os, "fchmod") \
+                    else os.chmod(path.parent / tmp, (mode if mode is not None else 0o644) & MODE_MASK)
+                os.fsync(fh.fileno())
+            if dfd is not None:
+                os.replace(tmp, name_of(path), src_dir_fd=dfd, dst_dir_fd=dfd)
+            else:
+                os.replace(path.parent / tmp, path)
+        except BaseException:
+            _remove_quietly(path.parent / tmp, dfd, tmp)
+            raise
+
+
+# Linux (and the BSDs) act on a folder through a descriptor: once the folder is opened and
+# found inside the tree, swapping it for a symlink cannot carry the writes elsewhere.
+_DIR_FD = os.open in os.supports_dir_fd and os.rename in os.supports_dir_fd and os.name != "nt"  # os.replace takes them where rename does
+
+
+class _folder:
+    """``with _folder(path, root) as (dfd, name_of)``: a descriptor of ``path`` checked to be
+    inside ``root`` (None without a root or dir_fd support) and a function giving a child's
+    name relative to it. The check reads the descriptor's own path, so a folder swapped for
+    a symlink between a check and a write (a tree writer racing root's `patch apply`) is
+    refused instead of written through."""
+
+    def __init__(self, folder: Path, root: Path | None):
+        self.folder, self.root, self.fd = folder, root, None
+
+    def __enter__(self):
+        if self.root is not None and _DIR_FD:
+            self.fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                real = Path(os.readlink(f"/proc/self/fd/{self.fd}"))
+            except OSError:
+                real = self.folder.resolve()
+            if not real.is_relative_to(self.root.resolve()):
+                os.close(self.fd)
+                self.fd = None
+                raise LauncherError(f"{self.folder} leads out of {self.root} (to {real}); nothing was written there",
+                                    hint=_FOLDER_OUT)
+        return self.fd, (lambda child: child.name)
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+        return False
+
+
+def _temp_file(folder: Path, dfd: int | None, prefix: str) -> tuple[int, str]:
+    """A new file (O_EXCL, O_NOFOLLOW, 0600) in ``folder``; (descriptor, name)."""
+    if dfd is None:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=TMP_SUFFIX)
+        return fd, Path(tmp).name
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        name = f"{prefix}{os.urandom(6).hex()}{TMP_SUFFIX}"
+        try:
+            return os.open(name, flags, 0o600, dir_fd=dfd), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
+
+
+def _remove_quietly(path: Path, dfd: int | None, name: str) -> None:
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        # mkstemp makes 0600 files; the target keeps the mode it had (or the patch's).
-        os.chmod(tmp, (mode if mode is not None else 0o644) & MODE_MASK)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        os.unlink(name, dir_fd=dfd) if dfd is not None else os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _unlink(path: Path, root: Path | None) -> None:
+    with _folder(path.parent, root) as (dfd, name_of):
+        os.unlink(name_of(path), dir_fd=dfd) if dfd is not None else os.unlink(path)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -335,7 +402,7 @@ def write_journal(journal: Path, root: Path, originals: list[_Undo], planned_dir
         ],
         "created_dirs": [d.relative_to(root).as_posix() for d in planned_dirs],
     }
-    _atomic_write(journal, json.dumps(data).encode("utf-8"), 0o644)
+    _atomic_write(journal, json.dumps(data).encode("utf-8"), 0o644, root)
     _fsync_dir(journal.parent)
 
 

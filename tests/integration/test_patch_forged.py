@@ -197,3 +197,36 @@ def test_a_journal_or_stamp_that_is_no_regular_file_is_one_error_not_a_hang(plan
     else:
         assert res.returncode == 2, res.stdout + res.stderr
         assert "unreadable" in res.stderr
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_checks_is_not_written_through(tree, tmp_path, monkeypatch):
+    """A writer of the tree racing root's `patch apply` swaps a series folder for a symlink out
+    of the tree between the path checks and the write (a probe flipping it in a loop hit 1 run
+    in 12). Writes go through a descriptor of the folder, checked where it really is."""
+    import shutil
+
+    from launcher.errors import LauncherError
+    from launcher.patching import transaction
+
+    spec = tree / "vllm" / "v1" / "spec_decode"
+    outside = tmp_path / "outside"
+    shutil.copytree(spec, outside)  # the same bytes: the patches would fit there too
+    before = snapshot(outside)
+    real_through, swapped, seen = transaction._through, [], []
+
+    def racing(path, root):
+        seen.append(path)
+        # prepare() passes every path once; the second time is the write itself, after the checks
+        if not swapped and path.parent == spec and seen.count(path) == 2:
+            os.rename(spec, spec.with_name(".held"))
+            spec.symlink_to(outside, target_is_directory=True)
+            swapped.append(path)
+        return real_through(path, root)
+
+    monkeypatch.setattr(transaction, "_through", racing)
+    with pytest.raises(LauncherError) as err:
+        engine.apply(tree)
+    assert swapped, "the race was never staged"
+    assert "leads out of" in err.value.message or "leads out of" in str(err.value.__cause__ or "")
+    assert snapshot(outside) == before
+    assert not [p for p in outside.iterdir() if p.name.endswith(".sm12x-tmp")]

@@ -36,14 +36,14 @@ import os, sys, time
 from pathlib import Path
 real_replace = os.replace
 count = 0
-def slow_replace(src, dst):
+def slow_replace(src, dst, **dir_fds):
     global count
     if not str(dst).endswith(".sm12x-journal.json"):
         count += 1
         if count == 4:
             Path(os.environ["MARKER"]).write_text("paused")
             time.sleep(120)
-    return real_replace(src, dst)
+    return real_replace(src, dst, **dir_fds)
 os.replace = slow_replace
 from launcher.cli import main
 sys.argv = ["launcher", "patch", "apply", "--target", sys.argv[1]]
