@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import fnmatch
 import json
 import os
 import stat
@@ -173,7 +174,7 @@ class Transaction:
     def commit(self) -> None:
         """Everything landed: the journal goes (the stamp now tells the state)."""
         if self.journal is not None and self.journal.exists():
-            os.unlink(self.journal)
+            _unlink(self.journal, self.root)
             _fsync_dir(self.journal.parent)
 
     def rollback(self) -> None:
@@ -187,10 +188,7 @@ class Transaction:
             except (OSError, LauncherError) as exc:  # a folder that now leads out of the tree is left alone
                 self.unrestored.append(f"{item.path}: {exc}")
         for d in reversed(self.created_dirs):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+            _rmdir_quietly(d, self.root)
         self.undo.clear()
         self.created_dirs.clear()
         if not self.unrestored:
@@ -370,6 +368,11 @@ def _remove_quietly(path: Path, dfd: int | None, name: str) -> None:
         pass
 
 
+def unlink_inside(path: Path, root: Path | None) -> None:
+    """Remove ``path`` through a descriptor of its folder checked to lie in ``root``."""
+    _unlink(path, root)
+
+
 def _unlink(path: Path, root: Path | None) -> None:
     with _folder(path.parent, root) as (dfd, name_of):
         os.unlink(name_of(path), dir_fd=dfd) if dfd is not None else os.unlink(path)
@@ -412,7 +415,7 @@ def recover(root: Path, journal: Path) -> list[str]:
     Idempotent: restoring a file to its original bytes twice is harmless, so
     a recovery that is itself interrupted simply runs again next time.
     """
-    _sweep_temps(journal.parent, journal.name)
+    _sweep_temps(journal.parent, journal.name, root)
     if not journal.exists():
         return []
     files, planned = _read_journal(root, journal)
@@ -423,13 +426,10 @@ def recover(root: Path, journal: Path) -> list[str]:
             _restore(item, root)
             restored.append(path.relative_to(root).as_posix())
         if path.parent.is_dir():
-            _sweep_temps(path.parent, path.name)
+            _sweep_temps(path.parent, path.name, root)
     for d in sorted(planned, key=lambda p: len(p.parts), reverse=True):
-        try:
-            d.rmdir()
-        except OSError:
-            pass
-    os.unlink(journal)
+        _rmdir_quietly(d, root)
+    _unlink(journal, root)
     _fsync_dir(journal.parent)
     return restored
 
@@ -462,21 +462,36 @@ def _journal_file(root: Path, journal: Path, entry: dict) -> tuple[Path, int | N
     return path, mode, None if data is None else base64.b64decode(data, validate=True)
 
 
-def _sweep_temps(folder: Path, name: str) -> None:
-    """Temp files a killed write left beside ``name`` (only ours: prefix and suffix both match)."""
+def _sweep_temps(folder: Path, name: str, root: Path | None = None) -> None:
+    """Temp files a killed write left beside ``name`` (only ours: prefix and suffix both match).
+
+    Through a checked descriptor of the folder: one that now leads out of the tree is left alone.
+    """
     if not folder.is_dir():
         return
-    for stray in folder.glob(f".{name}.*{TMP_SUFFIX}"):
-        try:
-            stray.unlink()
-        except OSError:
-            pass
+    pattern = f".{name}.*{TMP_SUFFIX}"
+    try:
+        with _folder(folder, root) as (dfd, _):
+            for entry in os.listdir(dfd if dfd is not None else folder):
+                if fnmatch.fnmatchcase(entry, pattern):
+                    try:
+                        _remove_quietly(folder / entry, dfd, entry)
+                    except OSError:
+                        pass
+    except (OSError, LauncherError):
+        pass
 
 
-def remove_empty_dirs(paths: list[Path]) -> None:
+def _rmdir_quietly(d: Path, root: Path | None) -> None:
+    """Remove ``d`` if it is an empty folder, through a checked descriptor of its parent."""
+    try:
+        with _folder(d.parent, root) as (dfd, name_of):
+            os.rmdir(name_of(d), dir_fd=dfd) if dfd is not None else d.rmdir()
+    except (OSError, LauncherError):
+        pass
+
+
+def remove_empty_dirs(paths: list[Path], root: Path | None = None) -> None:
     """Remove folders a patch created, deepest first, where they are empty again."""
     for d in sorted(paths, key=lambda p: len(p.parts), reverse=True):
-        try:
-            d.rmdir()
-        except OSError:
-            pass
+        _rmdir_quietly(d, root)

@@ -230,3 +230,33 @@ def test_a_folder_swapped_for_a_symlink_after_the_checks_is_not_written_through(
     assert "leads out of" in err.value.message or "leads out of" in str(err.value.__cause__ or "")
     assert snapshot(outside) == before
     assert not [p for p in outside.iterdir() if p.name.endswith(".sm12x-tmp")]
+
+
+def test_a_recovery_never_sweeps_temp_names_in_a_folder_swapped_out_of_the_tree(tree, tmp_path, monkeypatch):
+    """After the journal's paths are checked, a folder swapped for a symlink out of the tree
+    must not have files deleted in it (the sweep of `.NAME.*.sm12x-tmp` went by path)."""
+    import shutil
+
+    from launcher.patching import transaction
+
+    spec = tree / "vllm" / "v1" / "spec_decode"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy2(spec / "dflash.py", outside / "dflash.py")  # identical: nothing to restore there
+    bait = outside / ".dflash.py.abc123.sm12x-tmp"
+    bait.write_text("not the launcher's\n")
+    mode = (spec / "dflash.py").stat().st_mode & 0o777
+    _journal(tree, [{"path": "vllm/v1/spec_decode/dflash.py", "mode": mode,
+                     "data": base64.b64encode((spec / "dflash.py").read_bytes()).decode()}])
+    real_differs = transaction._differs
+
+    def racing(item):
+        if not spec.is_symlink():
+            os.rename(spec, spec.with_name(".held"))
+            spec.symlink_to(outside, target_is_directory=True)
+        return real_differs(item)
+
+    monkeypatch.setattr(transaction, "_differs", racing)
+    transaction.recover(tree, tree / engine.JOURNAL_REL)
+    assert spec.is_symlink(), "the race was never staged"
+    assert bait.read_text() == "not the launcher's\n"
