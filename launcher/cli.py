@@ -8,6 +8,19 @@ inside commands so that ``serve --dry-run`` stays fast.
 from __future__ import annotations
 
 import sys
+
+
+def _quiet_interrupt(exc_type, exc, tb, _default=sys.excepthook) -> None:
+    """Ctrl-C before a command runs (the imports below take a moment) is one line, not a
+    traceback; Python still exits by SIGINT, so the shell sees 130."""
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.stderr.write("error: interrupted (SIGINT) while starting; nothing was done\n")
+        return
+    _default(exc_type, exc, tb)
+
+
+if sys.excepthook is sys.__excepthook__:  # never replace a hook someone else installed (pytest, IDEs)
+    sys.excepthook = _quiet_interrupt
 from pathlib import Path
 from typing import Annotated, get_args, get_origin
 

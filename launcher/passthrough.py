@@ -54,6 +54,7 @@ CLUSTER_FLAGS = {
 }
 _LIST_FIELDS = {"target.served_names"}
 _SPECULATIVE = "--speculative-config"
+_MODEL = "--model"
 _SPECULATIVE_HINT = ("the drafter is the recipe's: --drafter DIR, --set drafter.num_speculative_tokens=N, "
                      "--set drafter.attention_backend=NAME, or --set drafter=null to serve without it")
 
@@ -140,6 +141,12 @@ def merge(own: list[str], user: list[str], warnings: list[str]) -> list[str]:
     planned_names = {base(n) for n in map(name, planned) if n}
     for group in groups(user):
         flag = name(group)
+        if flag is not None and base(flag) == _MODEL:
+            # `vllm serve MODEL` takes the positional MODEL over --model: this copy would be
+            # ignored while the user believes it is served.
+            raise LauncherError(f"`-- {shlex.join(group)}`: the model is the launcher's own option "
+                                f"(vLLM serves {head[2]} and ignores --model)",
+                                hint="pass it before `--`: launcher serve ... --model DIR")
         if flag is None or base(flag) not in planned_names:
             continue
         _refuse_recipe_flag(flag, group)

@@ -318,7 +318,10 @@ class Recipe(_Strict):
         from launcher.vllm_compat import parse_version
 
         for v in value:
-            parse_version(v)
+            try:
+                parse_version(v)
+            except LauncherError as exc:  # a ValueError here: pydantic names the file, line and field
+                raise ValueError(exc.message) from None
         return value
 
     @field_validator("env")
@@ -477,6 +480,26 @@ def _refuse_duplicate_keys(node: yaml.Node | None, source: str) -> None:
             stack.extend(current.value)
 
 
+def _long_number(node) -> tuple[str, str]:
+    """(":LINE", "field F: ") of the first integer too long for Python to convert, else ("", "")."""
+    stack = [((), node)]
+    seen: set[int] = set()
+    while stack:
+        path, current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, yaml.ScalarNode):
+            digits = current.value.lstrip("+-").replace("_", "")
+            if len(digits) > 4000 and digits.isdigit():
+                return f":{current.start_mark.line + 1}", (f"field {'.'.join(map(str, path))}: " if path else "")
+        elif isinstance(current, yaml.MappingNode):
+            stack.extend(((*path, k.value), v) for k, v in reversed(current.value))
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(current.value))))
+    return "", ""
+
+
 def _line_for(lines: dict[tuple, int], loc: tuple) -> int:
     while loc and loc not in lines:
         loc = loc[:-1]
@@ -494,6 +517,8 @@ def parse_recipe(text: str, source: str) -> Recipe:
                             hint="a recipe is a few kilobytes of YAML: is this the right file?")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:  # an empty file, or only comments
+            raise LauncherError(f"{source}:1: a recipe must be a YAML mapping; the file is empty")
         _refuse_duplicate_keys(node, source)
         data = yaml.safe_load(text)
         lines = _line_index(node)
@@ -505,7 +530,8 @@ def parse_recipe(text: str, source: str) -> Recipe:
     except RecursionError:
         raise LauncherError(f"{source}: YAML error: nested too deep for a recipe") from None
     except ValueError as exc:  # an integer of more digits than Python converts (4300)
-        raise LauncherError(f"{source}: YAML error: {str(exc).split(';')[0]}") from None
+        where, field = _long_number(node)
+        raise LauncherError(f"{source}{where}: YAML error: {field}{str(exc).split(';')[0]}") from None
     if not isinstance(data, dict):
         raise LauncherError(f"{source}:1: a recipe must be a YAML mapping")
     _share_model_entries(data)

@@ -43,6 +43,8 @@ def bench(
 
     if not math.isfinite(timeout) or timeout <= 0:
         raise LauncherError(f"--timeout {timeout:g}: seconds per request must be more than 0")
+    for flag, value in (("--url", url), ("--baseline-url", baseline_url)):
+        _check_url(flag, value)
     rec = recipes.load(recipe)
     from launcher.bench import workload as workloads
 
@@ -162,3 +164,30 @@ def _check_pair(main: dict, baseline: dict) -> None:
 
 def register(root: typer.Typer) -> None:
     root.command("bench")(bench)
+
+
+def _check_url(flag: str, url: str | None) -> None:
+    """An http(s) URL with a host, and no key written into it (``http://user:KEY@host``
+    would be echoed by every message and result that names the server): refused without
+    repeating it. ``not-a-url`` was a ValueError traceback; ``file:///`` read local files."""
+    if not url:
+        return
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        userinfo = parts.username is not None or parts.password is not None
+        scheme, host = parts.scheme.lower(), parts.hostname
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+    except ValueError as exc:
+        userinfo, scheme, host, bad_port = "@" in url, None, None, str(exc)
+    else:
+        bad_port = None
+    shown = (url.split("://", 1)[0] + "://***@" + url.rsplit("@", 1)[-1]) if "@" in url else url
+    if userinfo:
+        raise LauncherError(f"{flag} {shown} carries a user name or key in the URL",
+                            hint="pass the key with --api-key or VLLM_API_KEY, and the URL without it")
+    if scheme not in ("http", "https") or not host or bad_port:
+        raise LauncherError(f"{flag} {shown!r} is not an http:// or https:// URL of a server"
+                            + (f" ({bad_port})" if bad_port else ""),
+                            hint="for example --url http://127.0.0.1:8000")

@@ -186,6 +186,17 @@ def _claim_leftover(dest: Path, blob: Path, tmp: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _hub_answer(exc: BaseException, errors) -> BaseException:
+    """The Hub's HTTP error behind ``exc`` (its cause chain), else ``exc`` itself."""
+    seen, cur = set(), exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, errors.HfHubHTTPError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return exc
+
+
 class _hub_errors:
     """Turn huggingface_hub's exceptions into one LauncherError with a hint."""
 
@@ -201,6 +212,9 @@ class _hub_errors:
         from huggingface_hub import errors
 
         where = f"{self.src.repo}@{self.src.revision}"
+        # huggingface_hub wraps a refused file request in LocalEntryNotFoundError ("cannot
+        # locate the file") when no cached copy exists: the Hub's own answer is its cause.
+        exc = _hub_answer(exc, errors)
         if isinstance(exc, errors.GatedRepoError):
             raise LauncherError(f"{where} is gated", hint="accept its terms on the Hub, then set HF_TOKEN or run `hf auth login`") from None
         if isinstance(exc, errors.RevisionNotFoundError):
@@ -211,6 +225,10 @@ class _hub_errors:
                                 hint="check the repo id; a private repo needs HF_TOKEN or `hf auth login`") from None
         if isinstance(exc, errors.HfHubHTTPError):
             status = getattr(getattr(exc, "response", None), "status_code", "?")
+            if status in (401, 403):  # a gated repo whose terms are not accepted, or a token without access
+                raise LauncherError(f"the Hub refused access to {where} (HTTP {status}): the repo is gated or private",
+                                    hint="accept its terms on the repo's Hub page, then set HF_TOKEN or run "
+                                         "`hf auth login` with an account that has access") from None
             raise LauncherError(f"the Hub answered HTTP {status} for {where}",
                                 hint="run the same command again: finished files are kept and partial ones resume") from None
         if isinstance(exc, (errors.LocalEntryNotFoundError, ConnectionError)) or type(exc).__module__.startswith("httpx"):

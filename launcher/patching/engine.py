@@ -30,7 +30,7 @@ from launcher.patching.diff import FilePatch, HunkMismatch, apply_file, parse
 from launcher.patching.series import Patch, Series, public_version, series_for
 from launcher.patching import transaction
 from launcher.patching.lock import held_elsewhere, tree_lock
-from launcher.patching.transaction import Transaction, remove_empty_dirs
+from launcher.patching.transaction import Transaction, read_source, remove_empty_dirs
 from launcher.patching.tree import SITE_PACKAGES, SOURCE, Tree, detect_version, find_tree
 
 __all__ = [
@@ -310,7 +310,7 @@ def _load(tree: Tree, items: list[_Item]) -> Contents:
             if file.is_dir():
                 raise LauncherError(f"{file} is a folder, but patch {item.name} treats it as a file")
             try:
-                contents[path] = file.read_bytes() if file.exists() else None
+                contents[path] = read_source(file)
             except OSError as exc:
                 raise LauncherError(f"cannot read {file}: {exc}") from exc
     return contents
@@ -633,7 +633,7 @@ def _revert(tree: Tree) -> Report:
                              if fp.path == path and fp.kind == "delete"), None)
                 tx.write(tree.path(path), data, mode)
         tx.remove(tree.path(stamps.STAMP_REL))
-    remove_empty_dirs([tree.path(d) for d in created])
+    remove_empty_dirs([tree.path(d) for d in created], tree.root)
     report.written = [p for p, d in changes.items() if d is not None]
     report.removed = [p for p, d in changes.items() if d is None] + [stamps.STAMP_REL]
     reverted = sum(1 for r in results if r.outcome == "reverted")
@@ -670,7 +670,10 @@ def _status(tree: Tree, patches_root: PathArg, recover_interrupted: bool) -> Ser
     strays = [] if pending else stray_temps(tree, [fp.path for p in patches for fp in p.files])
     if strays and recover_interrupted:
         for rel in strays:
-            tree.path(rel).unlink(missing_ok=True)
+            try:
+                transaction.unlink_inside(tree.path(rel), tree.root)
+            except (FileNotFoundError, LauncherError):
+                pass
     recovered = recover(tree) if pending and recover_interrupted else []
     pending = pending and not recover_interrupted and not live
     stamp = stamps.read_stamp(tree)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from launcher.errors import LauncherError
+from launcher.patching.transaction import read_record
 from launcher.patching.tree import Tree
 
 STAMP_REL = "vllm/.sm12x-patches.json"
@@ -51,7 +52,7 @@ def read_stamp(tree: Tree) -> dict | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_record(path).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise LauncherError(
             f"the patch stamp {path} is unreadable: {exc}",

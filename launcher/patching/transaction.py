@@ -15,8 +15,11 @@ process dies outright (SIGKILL, power loss), the journal survives and
 from __future__ import annotations
 
 import base64
+import errno
+import fnmatch
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +29,55 @@ from launcher.paths import inside
 
 TMP_SUFFIX = ".sm12x-tmp"
 PROBE_PREFIX = ".sm12x-probe-"
+_FOLDER_OUT = ("a folder on the way is a symlink that leads out of the tree: patch the tree that holds "
+               "the real files, or replace the link with a copy")
 _FORGED = ("the journal was not written by the launcher: reinstall vLLM "
            "(pip install --force-reinstall --no-deps vllm==VERSION), then delete it")
 JOURNAL_FORMAT = 1
+#: The largest journal or stamp read: they hold the original bytes of a few
+#: source files, never this much. A bigger one (or /dev/zero) is refused.
+MAX_RECORD_BYTES = 64 << 20
+#: Permission bits a write may set. setuid, setgid and sticky bits never
+#: belong to a vLLM source file; from a forged journal or stamp they would
+#: make a root-owned setuid file when root runs `patch status`.
+MODE_MASK = 0o777
+
+
+def read_record(path: Path, limit: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of a journal or stamp: a regular file (not a link, FIFO or device), at most ``limit`` bytes.
+
+    OSError otherwise; a FIFO or ``/dev/zero`` planted there would hang the
+    read or fill memory.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise OSError(f"{path} is {info.st_size} bytes, more than a launcher record ever holds ({limit})")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(f"{path} is more than {limit} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+def read_source(path: Path) -> bytes | None:
+    """A tree file's bytes (None when absent); OSError for a FIFO, device or folder there (never a hang)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (FileNotFoundError, NotADirectoryError):  # absent, or a file where a folder should be
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -70,8 +119,9 @@ class Transaction:
         Raises LauncherError, with nothing written, when a folder refuses writes.
         """
         for path in paths:
+            self._confined(path)
             _through(path, self.root)  # a symlink out of the tree is refused before anything is written
-        _check_writable([*paths, *([self.journal] if self.journal else [])])
+        _check_writable([*paths, *([self.journal] if self.journal else [])], self.root)
         self._originals = {p: _snapshot(p) for p in paths}
         planned = _missing_dirs(paths)
         if self.journal is not None and self.root is not None:
@@ -82,18 +132,32 @@ class Transaction:
 
     def write(self, path: Path, data: bytes, mode: int | None = None) -> None:
         """Replace (or create) ``path``; an existing file keeps its mode unless ``mode`` is given."""
+        self._confined(path)
         old = self._originals.get(path) or _snapshot(path)
         self._mkdirs(path.parent)
-        _atomic_write(_through(path, self.root), data, mode if mode is not None else old.mode)
+        _atomic_write(_through(path, self.root), data, mode if mode is not None else old.mode, self.root)
         # Recorded once the file changed: a write that failed left it as it was.
         self.undo.append(old)
 
     def remove(self, path: Path) -> None:
+        self._confined(path)
         old = self._originals.get(path) or _snapshot(path)
         if old.data is None:
             return
-        os.unlink(path)
+        _unlink(path, self.root)
         self.undo.append(old)
+
+    def _confined(self, path: Path) -> None:
+        """``path`` lies in the tree, its folders (symlinks resolved) too: a symlinked folder
+        planted in the tree (or named by a forged stamp's diff) must not carry a write or a
+        delete elsewhere."""
+        if self.root is None:
+            return
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            rel = str(path)
+        inside(self.root, rel, "the patch run", hint=_FOLDER_OUT)
 
     def _mkdirs(self, folder: Path) -> None:
         missing = []
@@ -101,7 +165,8 @@ class Transaction:
             missing.append(folder)
             folder = folder.parent
         for d in reversed(missing):
-            d.mkdir()
+            with _folder(d.parent, self.root) as (dfd, name_of):
+                os.mkdir(name_of(d), dir_fd=dfd) if dfd is not None else d.mkdir()
             self.created_dirs.append(d)
 
     # -- the end
@@ -109,7 +174,7 @@ class Transaction:
     def commit(self) -> None:
         """Everything landed: the journal goes (the stamp now tells the state)."""
         if self.journal is not None and self.journal.exists():
-            os.unlink(self.journal)
+            _unlink(self.journal, self.root)
             _fsync_dir(self.journal.parent)
 
     def rollback(self) -> None:
@@ -120,13 +185,10 @@ class Transaction:
             try:
                 if _differs(item):
                     _restore(item, self.root)
-            except OSError as exc:
+            except (OSError, LauncherError) as exc:  # a folder that now leads out of the tree is left alone
                 self.unrestored.append(f"{item.path}: {exc}")
         for d in reversed(self.created_dirs):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+            _rmdir_quietly(d, self.root)
         self.undo.clear()
         self.created_dirs.clear()
         if not self.unrestored:
@@ -140,16 +202,16 @@ def _differs(item: _Undo) -> bool:
         return item.data is not None or item.path.exists()
     if item.data is None:
         return True
-    return item.path.read_bytes() != item.data or (
-        item.mode is not None and item.path.stat().st_mode & 0o7777 != item.mode)
+    return read_source(item.path) != item.data or (
+        item.mode is not None and item.path.stat().st_mode & 0o7777 != item.mode & MODE_MASK)
 
 
 def _restore(item: _Undo, root: Path | None) -> None:
     if item.data is None:
-        if item.path.exists():
-            os.unlink(item.path)
+        if item.path.exists() or item.path.is_symlink():
+            _unlink(item.path, root)
     else:
-        _atomic_write(_through(item.path, root), item.data, item.mode)
+        _atomic_write(_through(item.path, root), item.data, item.mode, root)
 
 
 def _through(path: Path, root: Path | None) -> Path:
@@ -172,7 +234,7 @@ def _through(path: Path, root: Path | None) -> Path:
 def _snapshot(path: Path) -> _Undo:
     if not path.exists():
         return _Undo(path, None, None)
-    return _Undo(path, path.read_bytes(), path.stat().st_mode & 0o7777)
+    return _Undo(path, read_source(path), path.stat().st_mode & 0o7777)
 
 
 def _missing_dirs(paths: list[Path]) -> list[Path]:
@@ -194,50 +256,126 @@ def _nearest_dir(path: Path) -> Path | None:
     return folder if folder.is_dir() else None  # a file in the way fails at the write, and is rolled back
 
 
-def _check_writable(paths: list[Path]) -> None:
+def _check_writable(paths: list[Path], root: Path | None = None) -> None:
     """Every write lands as a temp file in the target's folder: probe each folder for real.
 
     A real probe rather than os.access: it also sees read-only mounts and
     ACLs, and answers the same for root as the write would.
     """
     refused: dict[Path, str] = {}
+    errnos: set[int | None] = set()
     for folder in {d for d in map(_nearest_dir, paths) if d is not None}:
-        probe = None
         try:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=PROBE_PREFIX, suffix=TMP_SUFFIX)
-            os.close(fd)
+            with _folder(folder, root) as (dfd, _):
+                fd, probe = _temp_file(folder, dfd, PROBE_PREFIX)
+                try:
+                    os.close(fd)
+                finally:  # an interrupt between the two calls must not leave the probe behind
+                    _remove_quietly(folder / probe, dfd, probe)
         except OSError as exc:
             refused[folder] = exc.strerror or str(exc)
-        finally:  # an interrupt between the two calls must not leave the probe behind
-            if probe is not None and os.path.exists(probe):
-                os.unlink(probe)
+            errnos.add(exc.errno)
     if os.name == "nt":  # Windows will not replace a read-only file
         for path in paths:
             if path.is_file() and not os.access(path, os.W_OK):
                 refused[path] = "read-only file"
     if refused:
         where = "; ".join(f"{p} ({why})" for p, why in sorted(refused.items()))
-        raise LauncherError(
-            f"no write access, nothing was written: {where}",
-            hint="run as the user that installed this vLLM (e.g. with sudo for a system vLLM), "
-                 "or patch a copy you own: a venv, or --target DIR",
-        )
+        if errnos == {errno.EROFS}:  # what the system said, not a guess at permissions
+            what, hint = "a read-only file system", "remount it read-write, or patch a copy you can write: a venv, or --target DIR"
+        elif errnos and errnos <= {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}:
+            what, hint = "no space left", "free some space on that disk (or raise the quota), then run this again"
+        else:
+            what, hint = "no write access", ("run as the user that installed this vLLM (e.g. with sudo for a system vLLM), "
+                                             "or patch a copy you own: a venv, or --target DIR")
+        raise LauncherError(f"{what}, nothing was written: {where}", hint=hint)
 
 
-def _atomic_write(path: Path, data: bytes, mode: int | None) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+def _atomic_write(path: Path, data: bytes, mode: int | None, root: Path | None = None) -> None:
+    with _folder(path.parent, root) as (dfd, name_of):
+        fd, tmp = _temp_file(path.parent, dfd, f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                # A new file is 0600; the target keeps the mode it had (or the patch's).
+                os.fchmod(fh.fileno(), (mode if mode is not None else 0o644) & MODE_MASK) if hasattr(os, "fchmod") \
+                    else os.chmod(path.parent / tmp, (mode if mode is not None else 0o644) & MODE_MASK)
+                os.fsync(fh.fileno())
+            if dfd is not None:
+                os.replace(tmp, name_of(path), src_dir_fd=dfd, dst_dir_fd=dfd)
+            else:
+                os.replace(path.parent / tmp, path)
+        except BaseException:
+            _remove_quietly(path.parent / tmp, dfd, tmp)
+            raise
+
+
+# Linux (and the BSDs) act on a folder through a descriptor: once the folder is opened and
+# found inside the tree, swapping it for a symlink cannot carry the writes elsewhere.
+_DIR_FD = os.open in os.supports_dir_fd and os.rename in os.supports_dir_fd and os.name != "nt"  # os.replace takes them where rename does
+
+
+class _folder:
+    """``with _folder(path, root) as (dfd, name_of)``: a descriptor of ``path`` checked to be
+    inside ``root`` (None without a root or dir_fd support) and a function giving a child's
+    name relative to it. The check reads the descriptor's own path, so a folder swapped for
+    a symlink between a check and a write (a tree writer racing root's `patch apply`) is
+    refused instead of written through."""
+
+    def __init__(self, folder: Path, root: Path | None):
+        self.folder, self.root, self.fd = folder, root, None
+
+    def __enter__(self):
+        if self.root is not None and _DIR_FD:
+            self.fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                real = Path(os.readlink(f"/proc/self/fd/{self.fd}"))
+            except OSError:
+                real = self.folder.resolve()
+            if not real.is_relative_to(self.root.resolve()):
+                os.close(self.fd)
+                self.fd = None
+                raise LauncherError(f"{self.folder} leads out of {self.root} (to {real}); nothing was written there",
+                                    hint=_FOLDER_OUT)
+        return self.fd, (lambda child: child.name)
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+        return False
+
+
+def _temp_file(folder: Path, dfd: int | None, prefix: str) -> tuple[int, str]:
+    """A new file (O_EXCL, O_NOFOLLOW, 0600) in ``folder``; (descriptor, name)."""
+    if dfd is None:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=TMP_SUFFIX)
+        return fd, Path(tmp).name
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        name = f"{prefix}{os.urandom(6).hex()}{TMP_SUFFIX}"
+        try:
+            return os.open(name, flags, 0o600, dir_fd=dfd), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
+
+
+def _remove_quietly(path: Path, dfd: int | None, name: str) -> None:
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        # mkstemp makes 0600 files; the target keeps the mode it had (or the patch's).
-        os.chmod(tmp, mode if mode is not None else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        os.unlink(name, dir_fd=dfd) if dfd is not None else os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def unlink_inside(path: Path, root: Path | None) -> None:
+    """Remove ``path`` through a descriptor of its folder checked to lie in ``root``."""
+    _unlink(path, root)
+
+
+def _unlink(path: Path, root: Path | None) -> None:
+    with _folder(path.parent, root) as (dfd, name_of):
+        os.unlink(name_of(path), dir_fd=dfd) if dfd is not None else os.unlink(path)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -267,7 +405,7 @@ def write_journal(journal: Path, root: Path, originals: list[_Undo], planned_dir
         ],
         "created_dirs": [d.relative_to(root).as_posix() for d in planned_dirs],
     }
-    _atomic_write(journal, json.dumps(data).encode("utf-8"), 0o644)
+    _atomic_write(journal, json.dumps(data).encode("utf-8"), 0o644, root)
     _fsync_dir(journal.parent)
 
 
@@ -277,7 +415,7 @@ def recover(root: Path, journal: Path) -> list[str]:
     Idempotent: restoring a file to its original bytes twice is harmless, so
     a recovery that is itself interrupted simply runs again next time.
     """
-    _sweep_temps(journal.parent, journal.name)
+    _sweep_temps(journal.parent, journal.name, root)
     if not journal.exists():
         return []
     files, planned = _read_journal(root, journal)
@@ -288,13 +426,10 @@ def recover(root: Path, journal: Path) -> list[str]:
             _restore(item, root)
             restored.append(path.relative_to(root).as_posix())
         if path.parent.is_dir():
-            _sweep_temps(path.parent, path.name)
+            _sweep_temps(path.parent, path.name, root)
     for d in sorted(planned, key=lambda p: len(p.parts), reverse=True):
-        try:
-            d.rmdir()
-        except OSError:
-            pass
-    os.unlink(journal)
+        _rmdir_quietly(d, root)
+    _unlink(journal, root)
     _fsync_dir(journal.parent)
     return restored
 
@@ -306,7 +441,7 @@ def _read_journal(root: Path, journal: Path) -> tuple[list[tuple[Path, int | Non
     changes nothing.
     """
     try:
-        data = json.loads(journal.read_text(encoding="utf-8"))
+        data = json.loads(read_record(journal).decode("utf-8"))
         files = [_journal_file(root, journal, f) for f in data["files"]]
         planned = [inside(root, d, f"the journal {journal}", _FORGED) for d in data.get("created_dirs", [])]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -327,21 +462,36 @@ def _journal_file(root: Path, journal: Path, entry: dict) -> tuple[Path, int | N
     return path, mode, None if data is None else base64.b64decode(data, validate=True)
 
 
-def _sweep_temps(folder: Path, name: str) -> None:
-    """Temp files a killed write left beside ``name`` (only ours: prefix and suffix both match)."""
+def _sweep_temps(folder: Path, name: str, root: Path | None = None) -> None:
+    """Temp files a killed write left beside ``name`` (only ours: prefix and suffix both match).
+
+    Through a checked descriptor of the folder: one that now leads out of the tree is left alone.
+    """
     if not folder.is_dir():
         return
-    for stray in folder.glob(f".{name}.*{TMP_SUFFIX}"):
-        try:
-            stray.unlink()
-        except OSError:
-            pass
+    pattern = f".{name}.*{TMP_SUFFIX}"
+    try:
+        with _folder(folder, root) as (dfd, _):
+            for entry in os.listdir(dfd if dfd is not None else folder):
+                if fnmatch.fnmatchcase(entry, pattern):
+                    try:
+                        _remove_quietly(folder / entry, dfd, entry)
+                    except OSError:
+                        pass
+    except (OSError, LauncherError):
+        pass
 
 
-def remove_empty_dirs(paths: list[Path]) -> None:
+def _rmdir_quietly(d: Path, root: Path | None) -> None:
+    """Remove ``d`` if it is an empty folder, through a checked descriptor of its parent."""
+    try:
+        with _folder(d.parent, root) as (dfd, name_of):
+            os.rmdir(name_of(d), dir_fd=dfd) if dfd is not None else d.rmdir()
+    except (OSError, LauncherError):
+        pass
+
+
+def remove_empty_dirs(paths: list[Path], root: Path | None = None) -> None:
     """Remove folders a patch created, deepest first, where they are empty again."""
     for d in sorted(paths, key=lambda p: len(p.parts), reverse=True):
-        try:
-            d.rmdir()
-        except OSError:
-            pass
+        _rmdir_quietly(d, root)

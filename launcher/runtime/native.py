@@ -88,8 +88,9 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
         received.append(signum)
         proc.terminate()
 
-    # SIGTERM (docker stop, systemd) and SIGHUP (a closed terminal, a dropped SSH connection) sent to
-    # the launcher alone would otherwise end it and leave vLLM holding the GPU and the port.
+    # SIGTERM (docker stop, systemd), SIGHUP (a closed terminal, a dropped SSH connection) and
+    # SIGQUIT (Ctrl-\) sent to the launcher alone would otherwise end it and leave vLLM holding
+    # the GPU and the port.
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     try:
         if wait and not wait_ready(plan, proc, timeout):
@@ -113,7 +114,7 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
 
 
 #: Signals the launcher passes on to vLLM (as SIGTERM) instead of dying of them.
-_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+_FORWARDED = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 
 def exit_status(code: int, signum: int | None = None) -> int:
@@ -179,6 +180,12 @@ def base_url(plan: Plan) -> str:
     return f"http://{host}:{plan.port}"
 
 
+def _secrets(plan: Plan) -> list[str]:
+    """Every secret value the launcher knows of: the API key, and secret-named variables."""
+    env = {**os.environ, **plan.env}
+    return [v for v in [plan.api_key, *(v for k, v in env.items() if redact.is_secret_name(k))] if v]
+
+
 def wait_ready(plan: Plan, proc: subprocess.Popen | None, timeout: float) -> bool:
     """Poll /health until the child answers, then send one small chat request.
 
@@ -205,7 +212,8 @@ def wait_ready(plan: Plan, proc: subprocess.Popen | None, timeout: float) -> boo
             waiting.fail(f"vLLM did not answer {url}/health within {timeout:g} s")
             return False
         ready_s = waiting.elapsed()
-    reply = first_chat(plan, url)
+    # The reply is the server's text: one that echoes the request's headers must not print the key.
+    reply = redact.text(first_chat(plan, url), _secrets(plan))
     print(f"ready in {ready_s:.1f} s: {url}/v1  (first reply: {reply!r})", flush=True)
     return True
 

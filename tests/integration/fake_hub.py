@@ -28,6 +28,9 @@ class Repo:
     files: dict[str, bytes]
     branch: str = "main"
     gated: bool = False
+    # File requests refused as (status, X-Error-Code or None, methods): the repo's metadata
+    # stays public, as the Hub keeps a gated repo's page and file list public.
+    refuse_files: tuple[int, str | None, tuple[str, ...]] | None = None
     # Advertise this size instead of the real one (disk-space tests): nothing
     # that large is ever sent, the pull must refuse before asking for bytes.
     advertised_sizes: dict[str, int] = field(default_factory=dict)
@@ -127,6 +130,11 @@ class FakeHub(LocalHTTP):
                     return self._error(404 if err == "RevisionNotFound" else 401, err)
                 if not self._gate(repo):
                     return
+                if repo.refuse_files and method in repo.refuse_files[2]:
+                    status, code, _ = repo.refuse_files
+                    body = json.dumps({"error": "Access to this repo is restricted"}).encode()
+                    headers = {"Content-Type": "application/json"} | ({"X-Error-Code": code} if code else {})
+                    return self._send(status, body, headers, head=method == "HEAD")
                 if name not in repo.files:
                     return self._error(404, "EntryNotFound")
                 data = repo.files[name]

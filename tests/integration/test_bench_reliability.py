@@ -237,3 +237,33 @@ def test_a_first_request_cut_off_is_refused_before_the_runs(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "failed: the stream was cut off before data: [DONE] (1 of 8 tokens)" in proc.stderr
     assert server.completions == 1 and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("flag", ["--url", "--baseline-url"])
+def test_a_key_written_into_the_url_is_refused_and_never_printed(flag, tmp_path):
+    """A key in ``http://user:KEY@host`` was echoed by the 'no server answers' error."""
+    secret = "sk-url-secret-4242"
+    recipe = small_recipe(tmp_path)  # refused before the recipe matters
+    args = ["bench", "--recipe", str(recipe), "--out", str(tmp_path / "r.json")]
+    if flag == "--url":
+        args += ["--url", f"http://user:{secret}@127.0.0.1:9"]
+    else:
+        args += ["--url", "http://127.0.0.1:9", "--compare-without-drafter", "--baseline-url", f"http://:{secret}@127.0.0.1:9"]
+    proc = launcher(args, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert secret not in proc.stdout + proc.stderr
+    assert f"{flag} http://***@127.0.0.1:9 carries a user name or key" in proc.stderr
+
+
+@pytest.mark.parametrize("url, said", [
+    ("not-a-url", "--url 'not-a-url' is not an http:// or https:// URL"),
+    ("file:///etc/passwd", "--url 'file:///etc/passwd' is not an http:// or https:// URL"),
+    ("http://127.0.0.1:99999", "(Port out of range"),
+])
+def test_a_url_that_is_no_http_server_is_one_error(url, said, tmp_path):
+    """``not-a-url`` was a ValueError traceback; ``file://`` was opened as a server's answers."""
+    proc = launcher(["bench", "--recipe", str(small_recipe(tmp_path)), "--url", url, "--out", str(tmp_path / "r.json")],
+                    tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and said in proc.stderr
+    assert not (tmp_path / "r.json").exists()

@@ -200,6 +200,26 @@ def test_gated_repo_uses_hf_token_and_never_prints_it(hub, tmp_path):
     assert any(s.headers.get("authorization") == f"Bearer {TOKEN}" for s in hub.requests_for("GET", "/resolve/"))
 
 
+@pytest.mark.parametrize("status, code, methods", [
+    (403, None, ("HEAD", "GET")),
+    (401, "GatedRepo", ("GET",)),
+    (403, None, ("GET",)),
+    (403, "GatedRepo", ("HEAD", "GET")),
+], ids=["403-no-code", "get-only-401-gated", "get-only-403-no-code", "403-gated"])
+def test_a_refused_file_request_says_gated_or_private_not_network_or_disk(status, code, methods, hub, tmp_path):
+    """Issue 55.13: a gated repo read as "check free space and permissions" (or as an
+    unreachable Hub): huggingface_hub wraps the Hub's 403 in LocalEntryNotFoundError."""
+    hub.repos[TARGET_REPO].refuse_files = (status, code, methods)
+    recipe = write_recipe(tmp_path, hub.repos[TARGET_REPO])
+    proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target"], tmp=tmp_path, hub_url=hub.url,
+                    extra_env={"HF_TOKEN": TOKEN})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "gated" in proc.stderr and "HF_TOKEN" in proc.stderr
+    assert "free space" not in proc.stderr and "cannot reach" not in proc.stderr
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
 def test_unknown_revision_is_named(hub, tmp_path):
     recipe = write_recipe(tmp_path, hub.repos[TARGET_REPO])
     proc = launcher(["models", "pull", "--recipe", str(recipe), "--only", "target", "--revision", "f" * 40],

@@ -212,11 +212,11 @@ def test_write_failure_mid_series_restores_every_file(tmp_path, monkeypatch):
     real_replace = os.replace
     calls = []
 
-    def failing_replace(src, dst):
+    def failing_replace(src, dst, **dir_fds):  # the folder's descriptor travels as src_dir_fd/dst_dir_fd
         calls.append(dst)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return real_replace(src, dst)
+        return real_replace(src, dst, **dir_fds)
 
     monkeypatch.setattr(transaction.os, "replace", failing_replace)
     with pytest.raises(LauncherError) as err:

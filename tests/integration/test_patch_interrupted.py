@@ -36,14 +36,14 @@ import os, sys, time
 from pathlib import Path
 real_replace = os.replace
 count = 0
-def slow_replace(src, dst):
+def slow_replace(src, dst, **dir_fds):
     global count
     if not str(dst).endswith(".sm12x-journal.json"):
         count += 1
         if count == 4:
             Path(os.environ["MARKER"]).write_text("paused")
             time.sleep(120)
-    return real_replace(src, dst)
+    return real_replace(src, dst, **dir_fds)
 os.replace = slow_replace
 from launcher.cli import main
 sys.argv = ["launcher", "patch", "apply", "--target", sys.argv[1]]
@@ -254,3 +254,24 @@ def test_a_full_disk_during_apply_says_so_not_permissions(tmp_path):
         assert snapshot(root) == before
     finally:
         subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_read_only_mount_says_so_not_permissions_or_sudo(tmp_path):
+    """Round four: a read-only bind mount of the tree was called "no write access" with a
+    hint to use sudo, which cannot help."""
+    root = mini_tree("0.21.0", "site-packages", tmp_path / "tree", SERIES_FILES)
+    view = tmp_path / "ro"
+    view.mkdir()
+    res = subprocess.run(["mount", "--bind", "-o", "ro", str(root), str(view)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {res.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True, capture_output=True)
+        before = snapshot(root)
+        res = _launcher("patch", "apply", "--target", str(view), check=False)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "error: a read-only file system, nothing was written:" in res.stderr
+        assert "sudo" not in res.stderr and "hint: remount it read-write" in res.stderr
+        assert snapshot(root) == before
+    finally:
+        subprocess.run(["umount", str(view)], check=True)

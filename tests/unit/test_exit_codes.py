@@ -71,3 +71,19 @@ def test_bare_make_prints_help_listing_every_target():
     listed = set(re.findall(r"\bmake ([a-z][a-z0-9-]*)", res.stdout))
     assert targets - listed == set(), "targets without a `## make` line"
     assert {"serve", "test", "help"} <= targets
+
+
+def test_ctrl_c_while_the_cli_starts_is_one_line_and_exits_by_sigint():
+    """A SIGINT during the imports (about 0.3 s after start) printed a KeyboardInterrupt traceback."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", "import launcher.cli\nraise KeyboardInterrupt"],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr == "error: interrupted (SIGINT) while starting; nothing was done\n"
+    assert proc.returncode == -signal.SIGINT  # the shell reports 130

@@ -75,7 +75,8 @@ def test_native_run_waits_for_health_and_chats(envs, record, models, capsys, mon
     assert "VLLM_NVFP4_GEMM_BACKEND" not in rec["env"]
     assert "sk-test-key" not in " ".join(rec["argv"])
     captured = capsys.readouterr()
-    assert f"http://127.0.0.1:{port}/v1" in captured.out and "hi from gemma4 Bearer sk-test-key" in captured.out
+    assert f"http://127.0.0.1:{port}/v1" in captured.out and "hi from gemma4 Bearer ***" in captured.out  # the key was sent (masked: only a known secret is)
+    assert "sk-test-key" not in captured.out + captured.err
     # The command is printed before the start, from the interpreter that runs it.
     assert f"starting: {env.python} -m vllm.entrypoints.cli.main serve" in captured.err
     assert f"waiting for vLLM at http://127.0.0.1:{port}/health" in captured.err
@@ -275,9 +276,10 @@ def test_a_vllm_site_on_pythonpath_is_inspected_and_run_on_loopback(tmp_path, re
 
 
 @pytest.mark.skipif(os.name == "nt", reason="SIGHUP and the 128+N convention are POSIX")
-@pytest.mark.parametrize("signame", ["SIGHUP", "SIGTERM"])
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGTERM", "SIGQUIT"])
 def test_a_signal_to_the_launcher_alone_stops_vllm_and_exits_128_plus_n(signame, tmp_path, record):
     """Issue 55.10: `kill -HUP <launcher>` left vLLM running; SIGTERM exited 241 (sys.exit(-15)).
+    Round four: SIGQUIT (Ctrl-\\) still killed the launcher alone and left vLLM running.
 
     Real processes and real signals: `launcher serve` starts the stand-in vLLM (which never
     gets ready), and the signal goes to the launcher's pid only, as `kill PID` sends it.
@@ -342,3 +344,23 @@ def test_the_plan_prints_an_ipv6_endpoint_in_brackets(host, shown, models):
 
     plan = resolve(Request("gemma4-e4b", port=8000, host=host), _ctx(None, environ={}))
     assert f"endpoint      {shown}" in format_plan(plan)
+
+
+def test_the_first_reply_never_prints_the_api_key_even_when_the_server_echoes_it(tmp_path, record):
+    """Round four: the stand-in vLLM answers with the request's Authorization header (as a
+    proxy or a hostile server could); `serve --wait` printed that reply, key included."""
+    from pathlib import Path
+
+    from tests.unit.fake_vllm_env import make_site
+
+    site = make_site(tmp_path / "site", "0.21.0")
+    repo = Path(__file__).resolve().parents[2]
+    secret = "sk-echoed-secret-5150"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)]), "MODELS_DIR": str(tmp_path / "m"),
+           "FAKE_RECORD": str(record)}
+    proc = subprocess.run([sys.executable, "-m", "launcher", "serve", "--recipe", "gemma4-e4b", "--force", "--wait",
+                           "--timeout", "60", "--port", str(_free_port()), "--api-key", secret],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "first reply: 'hi from gemma4-e4b Bearer ***'" in proc.stdout
+    assert secret not in proc.stdout + proc.stderr

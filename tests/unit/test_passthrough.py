@@ -170,3 +170,13 @@ def test_the_plan_names_the_bench_command_for_a_moved_port(models):
     assert line == "bench         launcher bench --recipe gemma4-moe-dflash --url http://127.0.0.1:9000"
     default = invoke("serve", "--recipe", "gemma4-moe-dflash", "--dry-run").stdout
     assert not any(ln.startswith("bench ") for ln in default.splitlines())  # bench's default already
+
+
+@pytest.mark.parametrize("tail", [["--model", "/etc"], ["--model=/etc"]])
+def test_model_after_dashdash_is_refused_not_silently_ignored(tail, models):
+    """Round four: `-- --model /etc` went to vLLM after the positional model, which vLLM
+    serves instead; the plan, its checks and the user all believed otherwise."""
+    res = invoke("serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--vllm-version", "0.33.0", "--", *tail)
+    assert res.exit_code == 2, res.output
+    assert f"`-- {' '.join(tail)}`: the model is the launcher's own option" in res.output
+    assert "--model DIR" in res.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import json
 
 import pytest
@@ -186,7 +187,7 @@ def test_recipes_validate_reports_a_hostile_file_and_goes_on_to_the_next(case, t
     good.write_text(GOOD)
     res = CliRunner().invoke(app, ["recipes", "validate", str(bad), str(good)])
     assert res.exit_code == 2, (res.output, res.exception)  # an escaped exception would exit 1
-    assert f"error: {bad}: YAML error:" in res.output
+    assert re.search(rf"error: {re.escape(str(bad))}(:\d+)?: YAML error:", res.output), res.output
     assert f"{good}: ok (x)" in res.output and "1 of 2 recipe file(s) invalid" in res.output
 
 
@@ -207,3 +208,34 @@ def test_a_50_mb_recipe_is_refused_in_well_under_5_seconds(tmp_path):
     with pytest.raises(LauncherError, match="a recipe is at most"):
         recipes.load(str(path))
     assert time.monotonic() - start < 5
+
+
+def test_a_bad_vllm_version_names_the_file_line_and_field(tmp_path):
+    """A version string packaging cannot read raised the bare 'not a vLLM version', with no file."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace('"0.21.0"', '"../0.21.0"', 1))
+    assert GOOD != path.read_text()
+    with pytest.raises(LauncherError) as err:
+        recipes.load(str(path))
+    assert str(path) in err.value.message and "vllm_versions" in err.value.message
+    assert "not a vLLM version: '../0.21.0'" in err.value.message
+    assert re.search(r"\.yaml:\d+:", err.value.message)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n"], ids=["empty", "comment", "empty-document"])
+def test_an_empty_recipe_is_one_error_naming_the_file(text, tmp_path):
+    """Round four: an empty file was an AttributeError traceback ('NoneType' has no start_mark)."""
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    with pytest.raises(LauncherError) as err:
+        recipes.load(str(path))
+    assert err.value.message.startswith(f"{path}:1: a recipe must be a YAML mapping")
+
+
+def test_a_5000_digit_integer_names_its_line_and_field(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text(GOOD + "serve:\n  max_num_seqs: " + "9" * 5000 + "\n")
+    with pytest.raises(LauncherError) as err:
+        recipes.load(str(path))
+    line = GOOD.count("\n") + 2
+    assert err.value.message.startswith(f"{path}:{line}: YAML error: field serve.max_num_seqs: Exceeds the limit")
