@@ -60,6 +60,24 @@ assemble() { # assemble STEM: print STEM's part paths in order, after checking t
 }
 
 receive() { # copy the carried parts of every bundle (bundle.*, extras*.*) to $BUNDLE_DIR
+    receive_parts
+    [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json carried yet" >&2; return 1; }
+    parts_held
+}
+
+receive_trained() { # the packed checkpoints alone (extras-trained, no vLLM bundle needed): their
+    # parts to $BUNDLE_DIR, and once all are there, unpacked into $MODELS_TRAINED and checked
+    receive_parts
+    parts_held
+    local missing
+    [ -f "$BUNDLE_DIR/extras-trained.json" ] || { echo "no $STAGE/extras-trained.json carried yet" >&2; return 1; }
+    missing=$(manifest_field '" ".join(p["name"] for p in m["parts"])' extras-trained | tr ' ' '\n' \
+        | while read -r name; do [ -f "$BUNDLE_DIR/$name" ] || echo "$name"; done | wc -l)
+    [ "$missing" = 0 ] || { echo "extras-trained: $missing parts still to carry"; return 0; }
+    extras && trained_identity_check
+}
+
+receive_parts() {
     mkdir -p "$BUNDLE_DIR"
     local manifest stem part
     for manifest in "$STAGE"/bundle*.json "$STAGE"/extras*.json; do
@@ -72,7 +90,10 @@ receive() { # copy the carried parts of every bundle (bundle.*, extras*.*) to $B
             [ -f "$part" ] && ! cmp -s "$part" "$BUNDLE_DIR/$(basename "$part")" && cp "$part" "$BUNDLE_DIR/"
         done
     done
-    [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json carried yet" >&2; return 1; }
+    return 0
+}
+
+parts_held() { # per bundle manifest in $BUNDLE_DIR: the parts held (a part failing its sha256 is dropped)
     "$PY" - "$BUNDLE_DIR" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
@@ -491,10 +512,14 @@ zlab_reference() { # z-lab's dflash_generate on the trained target and drafter (
 
 EXTRA_WHEEL=transformers-5.13.1-py3-none-any.whl  # corpus.json's: the drafter's extra corpus
 
-target_background() { # train_target.py on the pinned corpus in a session of its own, and with
-    # CHAIN_DRAFTER=1 then train_drafter.py on that target (only if its greedy probe passed the
-    # gate), the extra corpus being corpus.json's transformers wheel: no vLLM bundle needed.
-    # A target already on disk is kept. target-wait follows it.
+MODELS_POLISHED=${MODELS_POLISHED:-/tmp/models-polished}
+
+target_background() { # train_target.py on the pinned corpus in a session of its own; with
+    # POLISH=1 then its polish stage into $MODELS_POLISHED; with CHAIN_DRAFTER=1 then
+    # train_drafter.py on the last of them (only if its greedy probe passed the gate), the extra
+    # corpus being corpus.json's transformers wheel: no vLLM bundle needed. A target already on
+    # disk (trained, or carried: receive-trained) is kept. target-wait follows it. The verbs after
+    # a polish run on it with MODELS_TRAINED=$MODELS_POLISHED.
     corpus_receive
     mkdir -p "$WORK"
     if [ -f "$WORK/target-bg.out" ] && [ ! -f "$WORK/target-bg.rc" ]; then
@@ -504,9 +529,16 @@ target_background() { # train_target.py on the pinned corpus in a session of its
     snapshot_tree "$WORK/target-tree"
     local steps="[ -f $TRAINED/train-record.json ] || $PY tests/gpu/train_target.py $MODELS_TRAINED \
 --corpus-wheels $CORPUS_WHEELS ${TRAIN_ARGS:-}"
+    local final=$MODELS_TRAINED
+    if [ "${POLISH:-0}" = 1 ]; then
+        # The polish stage (train_target.POLISH) on that target, into a folder of its own.
+        final=$MODELS_POLISHED
+        steps="$steps && { [ -f $final/$(basename "$TRAINED")/train-record.json ] || $PY tests/gpu/train_target.py \
+$final --corpus-wheels $CORPUS_WHEELS --polish $TRAINED; }"
+    fi
     if [ "${CHAIN_DRAFTER:-0}" = 1 ]; then
-        steps="$steps && $PY tests/gpu/trained_pack.py gate $TRAINED/train-record.json \
-&& PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY tests/gpu/train_drafter.py $MODELS_TRAINED \
+        steps="$steps && $PY tests/gpu/trained_pack.py gate $final/$(basename "$TRAINED")/train-record.json \
+&& PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY tests/gpu/train_drafter.py $final \
 --corpus-wheels $CORPUS_WHEELS --extra-corpus $CORPUS_WHEELS/$EXTRA_WHEEL \
 ${DRAFTER_OVERRIDE:+--override '$DRAFTER_OVERRIDE'} > $WORK/train-drafter.log 2>&1"
     fi
@@ -528,6 +560,9 @@ target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once end
     mkdir -p "$OUT"
     cp "$WORK/target-bg.out" "$OUT/train.log"
     [ -f "$TRAINED/train-record.json" ] && cp "$TRAINED/train-record.json" "$OUT/"
+    local polished
+    polished=$MODELS_POLISHED/$(basename "$TRAINED")/train-record.json
+    [ -f "$polished" ] && cp "$polished" "$OUT/polish-record.json"
     [ -f "$WORK/train-drafter.log" ] && cp "$WORK/train-drafter.log" "$OUT/"
     [ -f "$DRAFTER_TRAINED/drafter-train-record.json" ] && cp "$DRAFTER_TRAINED/drafter-train-record.json" "$OUT/"
     return 0
@@ -1295,6 +1330,7 @@ case "$cmd" in
     trained-nvfp4) trained_nvfp4 ;;
     pack-trained) pack_trained ;;
     target-bg) target_background ;;
+    receive-trained) receive_trained ;;
     target-wait) target_wait ;;
     zlab-reference) zlab_reference ;;
     fast-decode-check) corpus_receive && mkdir -p "$OUT" && PYTHONPATH="$SITE_TRAIN" "$PY" tests/gpu/fast_decode_check.py "$OUT/fast-decode-check.json" ;;
@@ -1315,5 +1351,5 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|receive-trained|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
 esac

@@ -1,0 +1,103 @@
+"""The polish stage of train_target.py (``--polish FROM``), on the CPU.
+
+The stage itself trains on a GPU; what can be checked here is what it builds on: the rate it
+follows, the checkpoint it refuses, and that a saved bf16 target loads back as the same weights
+with the same expert kernel the first stage trained with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
+sys.path.insert(0, str(GPU_DIR))
+
+import train_target as tt  # noqa: E402
+
+CORPUS = {"sha256": "c0" * 32}
+
+
+def test_the_first_stage_keeps_a_constant_rate_and_the_polish_decays_to_its_floor():
+    first = tt.TrainConfig()
+    assert {tt.seq_lr_at(s, first) for s in (0, 7, first.seq_steps - 1)} == {first.seq_lr}
+    polish = dataclasses.replace(tt.TrainConfig(), **tt.POLISH)
+    rates = [tt.seq_lr_at(s, polish) for s in range(polish.seq_steps)]
+    assert rates[0] == pytest.approx(polish.seq_lr)
+    assert rates[-1] == pytest.approx(polish.seq_lr_floor)
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+
+
+def test_the_polish_recipe_decodes_the_length_the_gate_judges_and_draws_windows_of_its_own():
+    polish = dataclasses.replace(tt.TrainConfig(), **tt.POLISH)  # every key is a TrainConfig field
+    assert polish.steps == 0, "the polish adds no token-level steps"
+    assert polish.seq_new == tt.MAX_TOKENS
+    assert polish.seq_seed_offset != tt.TrainConfig().seq_seed_offset
+
+
+def _folder(tmp_path: Path, corpus_sha: str = CORPUS["sha256"]) -> Path:
+    folder = tmp_path / "models" / tt.TARGET.name
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "config.json").write_text("{}")
+    record = {"target_sha256": tt.checkpoint_sha256(folder), "corpus": {"sha256": corpus_sha},
+              "train_config": {"steps": 1000}, "greedy_probe": {"looping_sequences": 4}, "gpu": "H200"}
+    (folder / "train-record.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_polish_source_names_the_checkpoint_it_starts_from(tmp_path):
+    folder = _folder(tmp_path)
+    source = tt.polish_source(folder, tmp_path / "polished", CORPUS)
+    assert source["target_sha256"] == tt.checkpoint_sha256(folder)
+    assert source["greedy_probe"] == {"looping_sequences": 4}
+    assert source["recipe"] == tt.POLISH
+
+
+def test_polish_source_refuses_weights_that_are_not_their_records(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"weightz")
+    with pytest.raises(SystemExit, match="not its train record's"):
+        tt.polish_source(folder, tmp_path / "polished", CORPUS)
+
+
+def test_polish_source_refuses_another_corpus_a_missing_record_and_its_own_folder(tmp_path):
+    folder = _folder(tmp_path, corpus_sha="ff" * 32)
+    with pytest.raises(SystemExit, match="trained on corpus ff"):
+        tt.polish_source(folder, tmp_path / "polished", CORPUS)
+    with pytest.raises(SystemExit, match="would overwrite it"):
+        tt.polish_source(folder, folder.parent, {"sha256": "ff" * 32})
+    (folder / "train-record.json").unlink()
+    with pytest.raises(SystemExit, match="no train-record.json"):
+        tt.polish_source(folder, tmp_path / "polished", CORPUS)
+
+
+def test_a_saved_bf16_target_loads_back_as_the_same_weights_with_the_expert_kernel(tmp_path):
+    torch = pytest.importorskip("torch", reason="the launcher venv installs CPU torch for these tests")
+    pytest.importorskip("transformers")
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    import make_checkpoints as mc
+
+    shape = mc.TargetShape("polish-test", 2, top_k_experts=2, hidden_size=64, num_attention_heads=2,
+                           num_key_value_heads=1, num_global_key_value_heads=1, num_experts=4,
+                           moe_intermediate_size=32, intermediate_size=64, sliding_window=16)
+    cfg = mc.gemma4_config_dict(shape, vocab=512, max_positions=512)
+    config = Gemma4Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    config.architectures = ["Gemma4ForConditionalGeneration"]
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "t", safe_serialization=True)
+    loaded = tt.load_model(tmp_path / "t", "cpu")
+    saved = {k: v.float() for k, v in model.state_dict().items()}
+    got = loaded.state_dict()
+    assert set(got) == set(saved)
+    assert all(got[k].dtype == torch.float32 for k in got)
+    assert all(torch.equal(got[k], saved[k]) for k in saved)
+    experts = loaded.model.language_model.layers[0].experts
+    assert isinstance(experts.forward, types.MethodType) and experts.forward.__func__ is tt._experts_forward
