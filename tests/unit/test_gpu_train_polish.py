@@ -101,3 +101,56 @@ def test_a_saved_bf16_target_loads_back_as_the_same_weights_with_the_expert_kern
     assert all(torch.equal(got[k], saved[k]) for k in saved)
     experts = loaded.model.language_model.layers[0].experts
     assert isinstance(experts.forward, types.MethodType) and experts.forward.__func__ is tt._experts_forward
+
+
+def _diverse(n: int, seed: int = 3) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 60000) for _ in range(n)]
+
+
+def test_loop_mask_marks_a_run_of_one_token_once_it_is_min_match_long():
+    tokens = _diverse(20) + [7] * 30
+    mask = tt.loop_mask(tokens, 20, 32, 8)
+    # the first copy repeats nothing, copies 2..9 make a run of 1..8: the 9th copy is the first marked
+    assert mask == [False] * 8 + [True] * 22
+
+
+def test_loop_mask_needs_a_full_period_of_repetition_for_long_periods():
+    block = _diverse(20, seed=5)
+    tokens = _diverse(10) + block * 3
+    mask = tt.loop_mask(tokens, 10, 32, 8)
+    # period 20: marked from the 20th token of the second copy on (a whole block repeated)
+    assert mask.index(True) == 20 + 19
+    assert all(mask[39:])
+
+
+def test_loop_mask_leaves_periods_above_the_gates_and_diverse_text_alone():
+    block = _diverse(33, seed=6)
+    assert not any(tt.loop_mask(_diverse(5) + block * 3, 5, 32, 8))
+    assert not any(tt.loop_mask(_diverse(300, seed=8), 0, 32, 8))
+
+
+def test_loop_mask_sees_a_loop_that_began_in_the_prompt():
+    tokens = _diverse(10) + [1, 2, 3] * 10 + [1, 2, 3]
+    mask = tt.loop_mask(tokens, 40, 32, 8)
+    assert mask == [True] * 3
+
+
+def test_every_sequence_the_gate_calls_looping_ends_on_a_marked_token():
+    import random
+
+    import gate
+
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(300):
+        period = rng.randrange(1, 40)
+        block = [rng.randrange(0, 50) for _ in range(period)]  # small alphabet: near-loops too
+        tail = (block * (200 // period + 1))[:rng.randrange(0, 120)]
+        tokens = [rng.randrange(0, 50) for _ in range(rng.randrange(60, 140))] + tail
+        if gate.looping(tokens):
+            checked += 1
+            assert tt.loop_mask(tokens, 0, 32, 8)[-1], (period, len(tail))
+    assert checked >= 50
