@@ -399,8 +399,13 @@ def load_records(folder: Path | None) -> list[dict]:
 
 
 def accepted_record(path: Path, run: str, drafter: str) -> dict:
-    """The acceptance record (``acceptance.json``) of ``run`` with a drafter hash starting ``drafter``."""
-    found = [r for r in json.loads(path.read_text())
+    """The acceptance record (``acceptance.json``) of ``run`` with a drafter hash starting ``drafter``:
+    a row of its own, or a capture run joined to a row (``capture_run``), which takes the row's
+    release, quantization and drafter."""
+    rows = json.loads(path.read_text())
+    joined = [{k: r.get(k) for k in ("vllm", "quantization", "drafter_sha256")} | r["capture_run"]
+              for r in rows if r.get("capture_run")]
+    found = [r for r in rows + joined
              if r.get("run") == run and str(r.get("drafter_sha256", "")).startswith(drafter)]
     if len(found) != 1:
         raise SystemExit(f"{path}: {len(found)} records of run {run!r} with drafter {drafter!r}, not one")
@@ -415,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", type=Path)
     parser.add_argument("--bench-json", type=Path)
     parser.add_argument("--gpu")
+    parser.add_argument("--gpu-file", type=Path, help="a file holding --gpu (remote.sh's gpu.txt)")
     parser.add_argument("--attempts", type=Path, help="folder of earlier runs' records (before a correction)")
     parser.add_argument("--acceptance", type=Path, help="acceptance.json (issue 25) for the DFlash projection")
     parser.add_argument("--acceptance-run", help="its record's run (with --acceptance)")
@@ -424,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.acceptance and not args.acceptance_run:
         parser.error("--acceptance needs --acceptance-run")
+    if args.gpu_file:
+        args.gpu = args.gpu_file.read_text().strip()
     accepted = (accepted_record(args.acceptance, args.acceptance_run, args.acceptance_drafter)
                 if args.acceptance else None)
     doc = build(json.loads(args.shapes.read_text()), records=load_records(args.runs), roof=_load(args.roofline),
