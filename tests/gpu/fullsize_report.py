@@ -51,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_report  # noqa: E402
+import headline  # noqa: E402
 import memfit  # noqa: E402
 import roofline  # noqa: E402
 import series_now  # noqa: E402
@@ -287,9 +288,20 @@ def _f(v, fmt="{:.2f}"):
     return "-" if v is None else fmt.format(v)
 
 
+def _headline(doc: dict) -> list[str]:
+    """One row per profile run: the series it ran on, whether it fits, and its KV tokens."""
+    rows = [(f"{p['profile']} memory fit: {p['run']}", "0.21.0",
+             headline.series_cell([{"vllm": "0.21.0", "series": p.get("series")}]),
+             "fits" if p.get("fits") else "does not fit",
+             f"{p['kv_cache_tokens']:,} KV tokens" if p.get("kv_cache_tokens") else "-")
+            for p in (doc.get("profile_runs") or {}).values()]
+    return headline.table(rows)
+
+
 def markdown(doc: dict) -> str:
     m = doc["model"]
     lines = ["# Full size: Gemma 4 26B-A4B (NVIDIA NVFP4 layout, random weights) on vLLM 0.21.0", "",
+             *_headline(doc),
              f"GPU: {doc.get('gpu') or '-'}. Every serving number is an emulation on that GPU (Marlin NVFP4 on "
              "Hopper, not the sm_12x kernels).", "",
              f"Parameters: {m['params_total'] / 1e9:.2f} B ({m['params_text'] / 1e9:.2f} B text, "
