@@ -1282,7 +1282,6 @@ case "$cmd" in
     extras) extras ;;
     proof) proof "$@" ;;
     realshape) realshape ;;
-    install-v33) install_v33 ;;
     realshape-v33) realshape_v33 ;;
     realshape-v33-trained) realshape_v33_trained ;;
     determinism) determinism ;;
