@@ -109,52 +109,36 @@ gpu-proof: gpu-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh proof stock patched
 
-## make gpu-realshape: the real-shape proof (issue 11) on a GPU host with this checkout:
-## stage the bundle, FA2 and the modelopt wheels, then on the GPU: the bf16-stability search
-## (picks the norm scale), `launcher quantize` of the NVFP4 target, every run of realshape.py
-## (RUNS=a,b narrows; tests/gpu/README.md, "Commands"); results in tests/gpu/results/realshape.*
-.PHONY: gpu-realshape-stage gpu-realshape
-## make gpu-realshape-stage: make gpu-stage, plus the FA2 and modelopt extras the real-shape runs install
-gpu-realshape-stage: gpu-stage
-	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2
-	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-quant --no-fa2 --quant-wheels
+## make gpu-evidence: every results page below, each by its fixed step list (tests/gpu/evidence.py):
+## staging, training (or restoring the checkpoints staged as parts), the runs, every merge, the report.
+## On a GPU host with network and this checkout; a host without network runs the same steps split:
+## WHERE=network on a machine with network, the .stage/ parts carried over, then WHERE=gpu,cpu
+## on the GPU host (tests/gpu/README.md, "A GPU host without network"). `python tests/gpu/evidence.py
+## plan PAGE` prints a page's steps.
+.PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance
+EVIDENCE := $(BIN)/python tests/gpu/evidence.py run $(if $(WHERE),--where $(WHERE))
+gpu-evidence: venv
+	$(EVIDENCE) all
 
-gpu-realshape: gpu-realshape-stage
-	bash tests/gpu/remote.sh receive
-	OUT=tests/gpu/results bash tests/gpu/remote.sh stability
-	bash tests/gpu/remote.sh quantize-rs
-	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape
+## make gpu-realshape: results/realshape.md (random-target rounds of 0.21.0 and 0.33.0, trained-target rows)
+gpu-realshape: venv
+	$(EVIDENCE) realshape
 
-## make gpu-realshape-v33: the real-shape proof on vLLM 0.33.0 (issue 12) on a GPU host with
-## torch 2.11: stage 0.33.0 (+ FA2) beside the 0.21.0 bundle, then every v33-* run of realshape.py
-## (RUNS=a,b narrows; tests/gpu/README.md, "Commands")
-.PHONY: gpu-realshape-v33
-gpu-realshape-v33: gpu-realshape-stage
-	$(BIN)/python tests/gpu/stage.py --vllm 0.33.0 --with-fa2
-	bash tests/gpu/remote.sh receive
-	RS_POST_NORM=$${RS_POST_NORM:-0.15} bash tests/gpu/remote.sh quantize-rs
-	RS_POST_NORM=$${RS_POST_NORM:-0.15} OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-v33
+## make gpu-acceptance: results/acceptance.md (the drafter's rows as lanes, the NVFP4 walks, the speed pair)
+gpu-acceptance: venv
+	$(EVIDENCE) acceptance
 
-## make gpu-trained: the trained-target proof (issue 23) on a GPU host (an H200: the drafter's recipe
-## holds 85 GB): stage, then on the GPU train the target (train_target.py, ~5 min, seeded) and its
-## DFlash drafter (train_drafter.py, ~20 min, seeded), quantize the target with `launcher quantize`,
-## and run every trained-* run of realshape.py (RUNS=a,b narrows; RS_PARALLEL="a,b;c,d" runs lanes side by
-## side); results in tests/gpu/results/realshape.* and trained/ (tests/gpu/README.md, "Commands")
-.PHONY: gpu-trained
-gpu-trained: gpu-realshape-stage
-	bash tests/gpu/remote.sh receive
-	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-target
-	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-drafter
-	OUT=tests/gpu/results bash tests/gpu/remote.sh realshape-trained
+## make gpu-served: results/served.md (`launcher serve` servers of both releases and recipes, the speed pair)
+gpu-served: venv
+	$(EVIDENCE) served
 
-## make gpu-served: issue 26 on a GPU host (one H100 or H200): stage the bundle and FA2, train the
-## target, then every served phase in one go (tests/gpu/README.md, "Commands")
-.PHONY: gpu-served
-gpu-served: gpu-stage
-	$(BIN)/python tests/gpu/stage.py --extras --extras-name extras-fa2
-	bash tests/gpu/remote.sh receive
-	OUT=tests/gpu/results/trained bash tests/gpu/remote.sh train-target
-	SERVED_DEADLINE_S=$${SERVED_DEADLINE_S:-3600} OUT=tests/gpu/results bash tests/gpu/remote.sh served
+## make gpu-fullsize: results/fullsize.md (full-size checkpoints, bench, the rtx5090 and dgx-spark fit)
+gpu-fullsize: venv
+	$(EVIDENCE) fullsize
+
+## make gpu-conformance: results/conformance.md (a gated target and its drafter, z-lab's loop, served vLLM)
+gpu-conformance: venv
+	$(EVIDENCE) conformance
 
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time
 ## benchmark at Gemma 4 26B-A4B widths, write tests/gpu/results/bench.{json,md} (tests/gpu/README.md)

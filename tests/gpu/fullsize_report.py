@@ -51,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_report  # noqa: E402
+import headline  # noqa: E402
 import memfit  # noqa: E402
 import roofline  # noqa: E402
 import series_now  # noqa: E402
@@ -287,9 +288,20 @@ def _f(v, fmt="{:.2f}"):
     return "-" if v is None else fmt.format(v)
 
 
+def _headline(doc: dict) -> list[str]:
+    """One row per profile run: the series it ran on, whether it fits, and its KV tokens."""
+    rows = [(f"{p['profile']} memory fit: {p['run']}", "0.21.0",
+             headline.series_cell([{"vllm": "0.21.0", "series": p.get("series")}]),
+             "fits" if p.get("fits") else "does not fit",
+             f"{p['kv_cache_tokens']:,} KV tokens" if p.get("kv_cache_tokens") else "-")
+            for p in (doc.get("profile_runs") or {}).values()]
+    return headline.table(rows)
+
+
 def markdown(doc: dict) -> str:
     m = doc["model"]
     lines = ["# Full size: Gemma 4 26B-A4B (NVIDIA NVFP4 layout, random weights) on vLLM 0.21.0", "",
+             *_headline(doc),
              f"GPU: {doc.get('gpu') or '-'}. Every serving number is an emulation on that GPU (Marlin NVFP4 on "
              "Hopper, not the sm_12x kernels).", "",
              f"Parameters: {m['params_total'] / 1e9:.2f} B ({m['params_text'] / 1e9:.2f} B text, "
@@ -399,8 +411,13 @@ def load_records(folder: Path | None) -> list[dict]:
 
 
 def accepted_record(path: Path, run: str, drafter: str) -> dict:
-    """The acceptance record (``acceptance.json``) of ``run`` with a drafter hash starting ``drafter``."""
-    found = [r for r in json.loads(path.read_text())
+    """The acceptance record (``acceptance.json``) of ``run`` with a drafter hash starting ``drafter``:
+    a row of its own, or a capture run joined to a row (``capture_run``), which takes the row's
+    release, quantization and drafter."""
+    rows = json.loads(path.read_text())
+    joined = [{k: r.get(k) for k in ("vllm", "quantization", "drafter_sha256")} | r["capture_run"]
+              for r in rows if r.get("capture_run")]
+    found = [r for r in rows + joined
              if r.get("run") == run and str(r.get("drafter_sha256", "")).startswith(drafter)]
     if len(found) != 1:
         raise SystemExit(f"{path}: {len(found)} records of run {run!r} with drafter {drafter!r}, not one")
@@ -415,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", type=Path)
     parser.add_argument("--bench-json", type=Path)
     parser.add_argument("--gpu")
+    parser.add_argument("--gpu-file", type=Path, help="a file holding --gpu (remote.sh's gpu.txt)")
     parser.add_argument("--attempts", type=Path, help="folder of earlier runs' records (before a correction)")
     parser.add_argument("--acceptance", type=Path, help="acceptance.json (issue 25) for the DFlash projection")
     parser.add_argument("--acceptance-run", help="its record's run (with --acceptance)")
@@ -424,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.acceptance and not args.acceptance_run:
         parser.error("--acceptance needs --acceptance-run")
+    if args.gpu_file:
+        args.gpu = args.gpu_file.read_text().strip()
     accepted = (accepted_record(args.acceptance, args.acceptance_run, args.acceptance_drafter)
                 if args.acceptance else None)
     doc = build(json.loads(args.shapes.read_text()), records=load_records(args.runs), roof=_load(args.roofline),

@@ -55,6 +55,7 @@ import compare  # noqa: E402
 import draft_capture  # noqa: E402
 import input_trace  # noqa: E402
 import gate  # noqa: E402
+import headline  # noqa: E402
 import lm_files  # noqa: E402
 import oracle  # noqa: E402
 import run_modes  # noqa: E402
@@ -1541,6 +1542,21 @@ def _stale_headline(records: list[dict]) -> list[str]:
             f"**{failing} of {len(records)} fail the gate as it stands and are not proof.**", ""]
 
 
+def _headline(trained: list[dict], oracles: list[dict], earlier: list[dict]) -> list[str]:
+    """One row per kind of record and release: the series, how many are proof under the gate as
+    it stands, and how many were recorded lossless."""
+    rows = []
+    for what, records in (("trained target: lossless", trained), ("oracle proposer", oracles),
+                          ("random target: start-up only", earlier)):
+        for vllm in sorted({r.get("vllm") for r in records if r.get("vllm")}):
+            mine = [r for r in records if r.get("vllm") == vllm]
+            proof = sum(bool(r.get("proof")) and not _gate_now(r) for r in mine)
+            lossless = sum(r.get("lossless") is True for r in mine)
+            rows.append((what, vllm, headline.series_cell(mine), f"{proof} of {len(mine)} proof",
+                         f"{lossless} of {len(mine)} lossless"))
+    return headline.table(rows)
+
+
 def markdown(records: list[dict], meta: dict) -> str:
     trained = [r for r in records if r.get("target_kind") == "trained" and r.get("mode") != "oracle"]
     oracles = [r for r in records if r.get("mode") == "oracle"]
@@ -1548,6 +1564,7 @@ def markdown(records: list[dict], meta: dict) -> str:
     lines = [
         "# Real-shape GPU proof: Gemma 4 26B-A4B layer mix + the public drafter's shape",
         "",
+        *_headline(trained, oracles, earlier),
         f"Regenerate: {meta.get('command', 'bash tests/gpu/remote.sh realshape')}. "
         "Target: 30 layers (25 sliding head_dim 256 + 5 full head_dim 512, K=V), MoE top-8; "
         "drafter: 5 layers (4 sliding + 1 full). Lossless = identical to the one-at-a-time "

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bars  # noqa: E402
 import caveats  # noqa: E402
 import gate  # noqa: E402
+import headline  # noqa: E402
 import series_now  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -369,11 +370,25 @@ def _cell(v) -> str:
     return "–" if v is None else str(v)
 
 
+def _headline(report: dict) -> list[str]:
+    """One row per page re-judged and release: the series, how many remain proof, how many pass the gate."""
+    rows = []
+    for what, records in (("realshape.json records", report["records"]), ("served.json rows", report.get("served") or [])):
+        for vllm in sorted({r.get("vllm") for r in records if r.get("vllm")}):
+            mine = [r for r in records if r.get("vllm") == vllm]
+            proof = sum(r.get("verdict") == "proof" for r in mine)
+            passes = sum(bool(r.get("gate_passes")) for r in mine)
+            rows.append((what, vllm, headline.series_cell(mine), f"{proof} of {len(mine)} proof",
+                         f"{passes} of {len(mine)} pass the gate"))
+    return headline.table(rows)
+
+
 def markdown(report: dict) -> str:
     s = report["summary"]
     lines = [
         "# Re-judged real-shape records (issue 51)",
         "",
+        *_headline(report),
         f"`{report['command']}` over `realshape.json` and the raw records in `realshape-logs/`, "
         f"under `bars.yaml` {report['bars'][:8]}. Generated; do not edit.",
         "",

@@ -1246,10 +1246,12 @@ full_site() { # vLLM 0.21.0, FA2 when carried, and the patched copy the served r
 }
 
 full_report() { # fullsize.json / .md from every record on this machine, and the raw records in one archive
+    # The GPU line travels inside the archive: the report is made again from the archive alone.
+    cp "$WORK/gpu.txt" "$FULL_RAW/gpu.txt"
     "$PY" tests/gpu/fullsize_report.py --shapes "$FULL_RAW/fullsize-shapes.json" --runs "$FULL_RAW" \
         --attempts "$FULL_RAW/attempts" \
         --roofline "$FULL_RAW/roofline.json" --bandwidth "$FULL_RAW/bandwidth.json" \
-        --bench-json tests/gpu/results/bench.json --gpu "$(cat "$WORK/gpu.txt")" \
+        --bench-json tests/gpu/results/bench.json --gpu-file "$FULL_RAW/gpu.txt" \
         --json "$OUT/fullsize.json" --md "$OUT/fullsize.md" > /dev/null || echo "fullsize_report.py failed" >&2
     # Whole server logs stay in $FULL_RAW (a DEBUG log can pass the 16 MiB a returned file may have).
     tar -C "$(dirname "$FULL_RAW")" --exclude='*.server.log' -czf "$OUT/fullsize-raw.tar.gz" "$(basename "$FULL_RAW")"
@@ -1315,7 +1317,6 @@ case "$cmd" in
     extras) extras ;;
     proof) proof "$@" ;;
     realshape) realshape ;;
-    install-v33) install_v33 ;;
     realshape-v33) realshape_v33 ;;
     realshape-v33-trained) realshape_v33_trained ;;
     determinism) determinism ;;

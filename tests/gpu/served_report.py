@@ -26,6 +26,7 @@ import compare  # noqa: E402
 import bars  # noqa: E402
 import caveats  # noqa: E402
 import gate  # noqa: E402
+import headline  # noqa: E402
 import series_now  # noqa: E402
 import run_modes  # noqa: E402
 import served_requests as sr  # noqa: E402
@@ -423,11 +424,28 @@ def gate_failures(nd: dict | None) -> list[str]:
     return gate.failures(nd)
 
 
+def _headline(rows: list[dict]) -> list[str]:
+    """One row per recipe and release: the series of its servers, whether their output passes
+    the gate, and the drafter's acceptance length where a server measured one."""
+    out = []
+    for vllm, recipe in dict.fromkeys((r.get("vllm"), r.get("recipe")) for r in rows):
+        mine = [r for r in rows if (r.get("vllm"), r.get("recipe")) == (vllm, recipe)]
+        judged = [r for r in mine if isinstance(r.get("nondegenerate"), dict)]
+        failing = sum(bool(gate_failures(r["nondegenerate"])) for r in judged)
+        verdict = "not proof" if failing or not judged else "passes the gate"
+        key = ", ".join(f"{r['server']} acceptance {r['acceptance_length']:.2f}" for r in mine
+                        if isinstance(r.get("acceptance_length"), (int, float))) or "-"
+        out.append((f"{recipe}: {', '.join(r.get('server') or '?' for r in mine)}", vllm,
+                    headline.series_cell(mine), f"{verdict} ({failing} of {len(judged)} fail the gate)", key))
+    return headline.table(out)
+
+
 def markdown(doc: dict) -> str:
     meta = doc.get("meta") or {}
     lines = [
         "# Served: `launcher serve` -> `vllm serve`, chat with images, `launcher bench` (issue 26)",
         "",
+        *_headline(doc.get("servers") or []),
         f"Regenerate: `{meta.get('command', 'bash tests/gpu/remote.sh served')}` (tests/gpu/README.md, "
         "\"Served (issue 26)\"). "
         f"{meta.get('date', '')}, {meta.get('gpu', '')}. Target `{meta.get('model', '')}`, drafter "

@@ -427,6 +427,20 @@ def test_the_acceptance_record_is_named_by_run_and_drafter(tmp_path):
         fr.accepted_record(path, "a", "")
 
 
+def test_a_capture_run_joined_to_a_row_is_found_with_the_rows_release_and_drafter(tmp_path):
+    path = tmp_path / "acceptance.json"
+    path.write_text(json.dumps([
+        {"run": "a", "vllm": "0.21.0", "quantization": "bf16", "drafter_sha256": "4f7c01",
+         "capture_run": {"run": "a-capture", "concurrency": [1, 8, 17], "mean_acceptance_length_vllm": 4.01}},
+        {"run": "a", "vllm": "0.21.0", "quantization": "bf16", "drafter_sha256": "d46b01",
+         "capture_run": {"run": "a-capture", "mean_acceptance_length_vllm": 3.05}}]))
+    got = fr.accepted_record(path, "a-capture", "4f7c")
+    assert (got["vllm"], got["drafter_sha256"], got["mean_acceptance_length_vllm"]) == ("0.21.0", "4f7c01", 4.01)
+    assert got["concurrency"] == [1, 8, 17]
+    with pytest.raises(SystemExit, match="2 records of run 'a-capture'"):
+        fr.accepted_record(path, "a-capture", "")
+
+
 def test_an_earlier_run_with_other_settings_is_kept_as_an_attempt(tmp_path):
     settings = {"max_model_len": 49152, "max_num_seqs": 16}
     old = {"label": "rtx5090-dflash", "profile": "rtx5090", "profile_settings": {**settings, "max_num_seqs": 22},
