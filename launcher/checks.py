@@ -151,6 +151,23 @@ def vllm(plan: Plan, rec, ctx: Context) -> None:
                    hint="drop --vllm-version or install that version")
         )
     _transformers(plan, version, ctx.installed_transformers)
+    _ray(plan, ctx)
+
+
+def _ray(plan: Plan, ctx: Context) -> None:
+    """A node of a Ray cluster runs ``ray start`` from vLLM's environment, and vLLM's
+    ``ParallelConfig`` refuses ``--distributed-executor-backend ray`` without the package
+    ("Failed to import Ray", seen on 0.33.0): vLLM does not install it."""
+    env = ctx.vllm
+    if env is None or not env.has_vllm or env.ray_version:
+        return  # no environment inspected (nothing to say), or Ray is there
+    if not any(step and step[0] == "ray" for node in plan.nodes for step in node.steps):
+        return
+    plan.reasons.append(
+        Reason("vllm", f"--distributed-executor-backend ray: the ray package is not installed in {env.python}, "
+                       "and vLLM refuses its Ray executor without it",
+               hint=f"{shell_quote(env.python)} -m pip install ray  (on every node), or use vLLM's native "
+                    "multi-node: drop --distributed-executor-backend ray"))
 
 
 # transformers 5.15 keeps Gemma 4's head_dim per layer (per_layer_config) and

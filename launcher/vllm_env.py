@@ -43,7 +43,7 @@ def version(name):
 spec = util.find_spec("vllm")
 locations = list(spec.submodule_search_locations or []) if spec else []
 print(json.dumps({"python": sys.executable, "vllm": version("vllm"),
-                  "transformers": version("transformers"),
+                  "transformers": version("transformers"), "ray": version("ray"),
                   "package": locations[0] if locations else None}))
 """
 
@@ -59,6 +59,8 @@ class VllmEnv:
     package_dir: str | None  # the vllm package folder (for the patch status)
     #: why no vLLM could be read from what was found (a wrapper script, an interpreter that failed)
     problem: str | None = None
+    #: Ray, which vLLM does not depend on but its Ray executor imports (multi-node on Ray)
+    ray_version: str | None = None
 
     @property
     def has_vllm(self) -> bool:
@@ -81,7 +83,8 @@ def inspect(python: str, source: str) -> VllmEnv:
         raise LauncherError(f"{python} ({source}) is not a Python that reports its packages: given the probe, "
                             f"it printed {repr(shown) if shown else 'nothing'}", hint=_HINT)
     return VllmEnv(python=data["python"] or python, source=source, vllm_version=data["vllm"],
-                   transformers_version=data["transformers"], package_dir=data["package"])
+                   transformers_version=data["transformers"], package_dir=data["package"],
+                   ray_version=data.get("ray") if isinstance(data.get("ray"), str) else None)
 
 
 _HINT = "pass --vllm-python with the python executable of the environment that has vLLM (e.g. /opt/vllm/bin/python)"
@@ -150,7 +153,7 @@ def _own() -> VllmEnv:
     locations = list(spec.submodule_search_locations or []) if spec else []
     return VllmEnv(python=sys.executable, source="the launcher's Python", vllm_version=versions.installed("vllm"),
                    transformers_version=versions.installed("transformers"),
-                   package_dir=locations[0] if locations else None)
+                   package_dir=locations[0] if locations else None, ray_version=versions.installed("ray"))
 
 
 def script_interpreter(script: Path) -> str | None:

@@ -1108,6 +1108,16 @@ prepare() { # both releases installed (0.33.0 where its bundle was carried), FA2
     ) 9> "$WORK/prepare.lock"
 }
 
+engine_check() { # every multi-node plan's node argv (multinode_engine_check.py --dump, made with
+    # the launcher's Python into $MULTINODE_DUMP) through vLLM 0.33.0's parser and, on this GPU
+    # host, its create_engine_config too (--require-engine-config); the verdicts into $OUT
+    receive_parts
+    install_v33
+    mkdir -p "$OUT"
+    PYTHONPATH=.:$SITE33 "$PY" tests/integration/multinode_engine_check.py "${MULTINODE_DUMP:?the plans folder}" \
+        --require-engine-config 2>&1 | grep -v "^WARNING\|^INFO" | tee "$OUT/multinode-engine-check-$V33.txt"
+}
+
 any_alive() { # any_alive PID...: true while one of them runs
     local p
     for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
@@ -1332,6 +1342,7 @@ case "$cmd" in
     pack-trained) pack_trained ;;
     target-bg) target_background ;;
     receive-trained) receive_trained ;;
+    engine-check) engine_check ;;
     target-wait) target_wait ;;
     zlab-reference) zlab_reference ;;
     fast-decode-check) corpus_receive && mkdir -p "$OUT" && PYTHONPATH="$SITE_TRAIN" "$PY" tests/gpu/fast_decode_check.py "$OUT/fast-decode-check.json" ;;
@@ -1352,5 +1363,5 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|receive-trained|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
 esac

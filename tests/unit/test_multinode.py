@@ -95,6 +95,51 @@ def test_ray_start_sequence(models):
     assert worker.argv == ["ray", "start", "--address", f"{HEAD}:6379", "--block"] and not worker.serves_api
 
 
+def _vllm_env(ray: str | None):
+    from launcher.vllm_env import VllmEnv
+
+    return VllmEnv(python="/opt/vllm/bin/python", source="--vllm-python", vllm_version="0.33.0",
+                   transformers_version="5.17.0", package_dir="/opt/vllm/lib/vllm", ray_version=ray)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_ray_node_without_ray_beside_vllm_is_blocked_with_the_install(models, rank):
+    # vLLM 0.33.0 on a GPU host without ray: create_engine_config raised "Failed to import Ray"
+    # for the Ray head's argv; a worker runs `ray start` from that environment.
+    from launcher.plan import Request
+
+    nodes = multinode.request(2, rank, HEAD, None, "ray", None)
+    ctx = ctx_on(HEAD if rank == 0 else WORKER)
+    ctx.installed_vllm, ctx.vllm = "0.33.0", _vllm_env(None)
+    plan = resolve(Request("gemma4-31b-dflash", vllm_version="0.33.0", nodes=nodes, runtime="native"), ctx)
+    ray = [r for r in plan.reasons if "ray package is not installed" in r.message]
+    assert len(ray) == 1 and ray[0].blocking
+    assert "/opt/vllm/bin/python -m pip install ray" in ray[0].hint
+
+    ctx.vllm = _vllm_env("2.49.2")
+    plan = resolve(Request("gemma4-31b-dflash", vllm_version="0.33.0", nodes=nodes, runtime="native"), ctx)
+    assert not [r for r in plan.reasons if "ray" in r.message.lower() and "not installed" in r.message]
+
+
+def test_the_native_multinode_needs_no_ray(models):
+    from launcher.plan import Request
+
+    ctx = ctx_on(HEAD)
+    ctx.installed_vllm, ctx.vllm = "0.33.0", _vllm_env(None)
+    plan = resolve(Request("gemma4-31b-dflash", vllm_version="0.33.0", runtime="native",
+                           nodes=multinode.request(2, 0, HEAD, None, None, None)), ctx)
+    assert not [r for r in plan.reasons if "ray package" in r.message]
+
+
+def test_the_probe_reports_ray_as_absent_from_an_environment_without_it():
+    import sys
+
+    from launcher import vllm_env
+
+    env = vllm_env.inspect(sys.executable, "test")
+    assert env.ray_version is None  # the launcher's venv does not install ray
+
+
 def test_ray_refuses_data_parallel(models):
     with pytest.raises(LauncherError, match="mp backend only"):
         plan_for("gemma4-moe-dflash", 0, backend="ray")
