@@ -1108,14 +1108,16 @@ prepare() { # both releases installed (0.33.0 where its bundle was carried), FA2
     ) 9> "$WORK/prepare.lock"
 }
 
-engine_check() { # every multi-node plan's node argv (multinode_engine_check.py --dump, made with
-    # the launcher's Python into $MULTINODE_DUMP) through vLLM 0.33.0's parser and, on this GPU
-    # host, its create_engine_config too (--require-engine-config); the verdicts into $OUT
+engine_check() { # every multi-node plan's node argv (multinode_engine_check.py --dump DIR --version V,
+    # made with the launcher's Python into $MULTINODE_DUMP) through vLLM V's parser and, on this GPU
+    # host, its create_engine_config too (--require-engine-config); V is ENGINE_CHECK_VERSION
+    # (0.33.0 or 0.21.0, the staged bundles); the verdicts into $OUT
+    local version=${ENGINE_CHECK_VERSION:-$V33} site
     receive_parts
-    install_v33
+    if [ "$version" = "$V33" ]; then install_v33; site=$SITE33; else install; site=$SITE; fi
     mkdir -p "$OUT"
-    PYTHONPATH=.:$SITE33 "$PY" tests/integration/multinode_engine_check.py "${MULTINODE_DUMP:?the plans folder}" \
-        --require-engine-config 2>&1 | grep -v "^WARNING\|^INFO" | tee "$OUT/multinode-engine-check-$V33.txt"
+    PYTHONPATH=.:$site "$PY" tests/integration/multinode_engine_check.py "${MULTINODE_DUMP:?the plans folder}" \
+        --require-engine-config 2>&1 | grep -v "^WARNING\|^INFO" | tee "$OUT/multinode-engine-check-$version.txt"
 }
 
 any_alive() { # any_alive PID...: true while one of them runs
