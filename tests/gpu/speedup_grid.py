@@ -25,7 +25,12 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bars  # noqa: E402
 
 MAIN_VLLM = "0.33.0"
 SPOT_VLLM = "0.21.0"
@@ -37,7 +42,8 @@ LEVELS = {3: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
 SPOT_K = 15
 SPOT_LEVELS = (1.5, 2.5, 4.0, 8.0)
 VARIANT_LEVEL = 2.5
-MIN_REQUESTS = 32
+MIN_REQUESTS = bars.get("speedup_curve", "min_requests")
+MIN_LEVELS = bars.get("speedup_curve", "min_levels")
 INPUT_LEN = 1024
 LONG_INPUT = 2048
 OUTPUT_LEN = 256

@@ -120,8 +120,8 @@ def grid_problems(record: dict, points: list[sg.Point] | None = None, current_se
         if p.variant == "base":
             groups.setdefault((p.vllm, p.k, p.concurrency), []).append(p.level)
     for (vllm, k, c), levels in groups.items():
-        if vllm == sg.MAIN_VLLM and (len(levels) < 4 or max(levels) < k + 1):
-            out.append(f"{vllm} K={k} c={c}: levels {sorted(levels)}: fewer than four or not up to K + 1")
+        if vllm == sg.MAIN_VLLM and (len(levels) < sg.MIN_LEVELS or max(levels) < k + 1):
+            out.append(f"{vllm} K={k} c={c}: levels {sorted(levels)}: fewer than {sg.MIN_LEVELS} or not up to K + 1")
     return out
 
 
