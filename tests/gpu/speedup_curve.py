@@ -206,6 +206,8 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     plan = Path(args.work) / f"{batch.id}.plan.json"
     oracle_plan(plan, ready, refs, k, vocab)
     env = {"ORACLE_PLAN": str(plan), "ORACLE_LOG": "off", "ORACLE_RELEASE": args.vllm}
+    if args.vllm == sg.MAIN_VLLM:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the oracle's 0.33.0 hook is the V2 runner's
     env["PYTHONPATH"] = fsv.server_env()["PYTHONPATH"] + ":" + str(ORACLE_PLUGIN)
     with Server(args, batch.id, k, env) as server:
         for p in ready:
@@ -223,6 +225,18 @@ def commit(record_path: Path, message: str) -> None:
         return
     subprocess.run(["git", "-C", str(REPO), "add", str(record_path)], check=True)
     subprocess.run(["git", "-C", str(REPO), "commit", "-m", message, "--", str(record_path)], check=False)
+
+
+def frozen_committed(frozen: Path) -> bool:
+    """This version of the frozen record is in git history (True where the checkout has no git:
+    tests/unit/test_gpu_speedup_curve.py checks the order once the records are committed)."""
+    import bars
+
+    try:
+        versions = bars.committed_versions(REPO, srec.FROZEN_PATH)
+    except Exception:  # noqa: BLE001 - no git, or no history
+        return True
+    return bars.blob_hash(frozen) in versions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
             todo = srec.pending(b, record, has_reference(args.refs))
             print(f"{b.id:28} {len(todo)}/{len(b.points)} pending  {' '.join(p.id for p in todo)}")
         return 0
+    if not frozen_committed(args.frozen):
+        parser.error(f"{args.frozen} is not committed: commit the frozen model before the curve")
     args.work.mkdir(parents=True, exist_ok=True)
     gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
     meta = {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime())}
