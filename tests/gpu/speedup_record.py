@@ -140,7 +140,10 @@ def frozen_order(repo: Path, curve_path: str = CURVE_PATH, frozen_path: str = FR
     out = []
     if bars.blob_hash(frozen_file) != blob:
         out.append(f"{curve_path} names frozen record {blob}; {frozen_path} is {bars.blob_hash(frozen_file)}")
-    frozen_commit = bars.committed_versions(repo, frozen_path).get(blob)
+    try:
+        frozen_commit = bars.committed_versions(repo, frozen_path).get(blob)
+    except Exception:  # noqa: BLE001 - a repository without a commit yet
+        frozen_commit = None
     if frozen_commit is None:
         return out + [f"frozen record {blob} was never committed"]
     curve_commit = bars.first_commit_naming(repo, blob, curve_path)
