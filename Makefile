@@ -115,7 +115,7 @@ gpu-proof: gpu-stage
 ## WHERE=network on a machine with network, the .stage/ parts carried over, then WHERE=gpu,cpu
 ## on the GPU host (tests/gpu/README.md, "A GPU host without network"). `python tests/gpu/evidence.py
 ## plan PAGE` prints a page's steps.
-.PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance
+.PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance gpu-speedup
 EVIDENCE := $(BIN)/python tests/gpu/evidence.py run $(if $(WHERE),--where $(WHERE))
 gpu-evidence: venv
 	$(EVIDENCE) all
@@ -139,6 +139,10 @@ gpu-fullsize: venv
 ## make gpu-conformance: results/conformance.md (a gated target and its drafter, z-lab's loop, served vLLM)
 gpu-conformance: venv
 	$(EVIDENCE) conformance
+
+## make gpu-speedup: results/speedup-curve.md (the frozen step-time model, then the speed-up curve's batches)
+gpu-speedup: venv
+	$(EVIDENCE) speedup
 
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time
 ## benchmark at Gemma 4 26B-A4B widths, write tests/gpu/results/bench.{json,md} (tests/gpu/README.md)

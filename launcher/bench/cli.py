@@ -78,6 +78,8 @@ def bench(
         doc["comparison"] = runner.compare(doc, baseline)
         for line in runner.format_comparison(doc["comparison"]):
             typer.echo(line)
+        for line in _break_even_lines(doc):
+            typer.echo(line)
     try:
         _write(path, doc)
     except OSError as exc:
@@ -86,6 +88,22 @@ def bench(
         raise LauncherError(f"writing --out {path} failed ({exc.strerror or exc}); the result is printed above as JSON",
                             hint="free some space (or pick another --out) and save the JSON above") from None
     typer.echo(f"wrote {path}")
+
+
+def _break_even_lines(doc: dict) -> list[str]:
+    """The measured acceptance of each compared run beside the break-even the committed speed-up
+    curve measured for the server's K and concurrency (launcher.bench.breakeven)."""
+    from launcher.bench import breakeven
+
+    table = breakeven.load()
+    runs = {(r.get("workload"), r.get("concurrency")): r for r in doc.get("runs", [])}
+    lines = ["break-even (from the committed speed-up curve):"]
+    for row in doc.get("comparison", []):
+        spec = (runs.get((row["workload"], row["concurrency"])) or {}).get("spec_decode")
+        lines += breakeven.advice(table, k=breakeven.speculative_tokens(spec) or doc.get("num_speculative_tokens"),
+                                  concurrency=row["concurrency"], acceptance=row.get("mean_acceptance_length"),
+                                  speedup=row.get("speedup"), vllm=doc.get("server_vllm"))
+    return lines
 
 
 def _check_out(path: Path) -> None:

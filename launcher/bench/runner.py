@@ -44,6 +44,19 @@ def server_models(base_url: str, api_key: str | None, timeout: float = 10.0) -> 
     return [m["id"] for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]
 
 
+def server_version(base_url: str, api_key: str | None, timeout: float = 5.0) -> str | None:
+    """The vLLM release a server reports at ``/version``; None where it does not say."""
+    req = urllib.request.Request(f"{base_url}/version")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            version = json.loads(resp.read()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return version if isinstance(version, str) and version else None
+
+
 def choose_model(rec: Recipe, served: list[str], wanted: str | None) -> str:
     if wanted:
         if wanted not in served:
@@ -88,6 +101,8 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
         "profile": profile_name,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "speculative_decoding": spec_before is not None,
+        "num_speculative_tokens": rec.drafter.num_speculative_tokens if rec.drafter else None,
+        "server_vllm": server_version(base_url, api_key),
         "random_token_band": list(workload.token_band(vocab_size)),
         "sampling": {"temperature": rec.bench.temperature, "seed": rec.bench.seed, "ignore_eos": rec.bench.ignore_eos},
         "warm_up": f"one unmeasured round per level: its concurrency in requests of {WARM_UP_TOKENS} tokens",

@@ -109,6 +109,8 @@ ACCEPTANCE_REPORT = Step("acceptance-report", "cpu",
 # name, memory and driver) that remote.sh wrote beside it is the one input replay writes in.
 FULLSIZE_GPU = "NVIDIA H200, 143771 MiB, 580.159.04"
 FULLSIZE_ARCHIVE = "fullsize-raw-2026-11-27-h200.tar.xz"
+FULLSIZE_CHECKPOINTS = _remote("full-size-checkpoints", ("OUT", "{work}/out"), replay=(FULLSIZE_ARCHIVE,),
+                               replay_files=(("fullsize-raw/gpu.txt", FULLSIZE_GPU + "\n"),))
 
 PAGES: dict[str, tuple[Step, ...]] = {
     # realshape.md: the random-target rounds of both releases, then the trained-target rows.
@@ -150,8 +152,7 @@ PAGES: dict[str, tuple[Step, ...]] = {
     # fullsize.md: the full-size checkpoints, the bench at 1/4/16/22 and both profiles' fit runs.
     "fullsize": (
         STAGE_BUNDLE, STAGE_FA2, RECEIVE,
-        _remote("full-size-checkpoints", OUT, replay=(FULLSIZE_ARCHIVE,),
-                replay_files=(("fullsize-raw/gpu.txt", FULLSIZE_GPU + "\n"),)),
+        FULLSIZE_CHECKPOINTS,
         _remote("full-bench", OUT, ("FIT_DRAFTER", "0"), name="full-bench-nodrafter"),
         _remote("full-bench", OUT, name="full-bench-dflash"),
         _remote("fit", OUT, name="fit-rtx5090"),
@@ -181,10 +182,24 @@ PAGES: dict[str, tuple[Step, ...]] = {
               "--served", "{work}/served-v33/conformance.json", "--out", "{results}"),
              writes=("conformance.json",)),
     ),
+    # speedup-curve.md: the frozen step-time model (committed before the curve), then the curve's
+    # batches of 0.33.0 and the 0.21.0 spot check, each batch committing the record, then the report.
+    "speedup": (
+        STAGE_BUNDLE, STAGE_FA2, STAGE_V33, RECEIVE,
+        FULLSIZE_CHECKPOINTS,
+        _remote("speedup-frozen", OUT),
+        _remote("speedup-curve", OUT, name="speedup-curve-0.33.0"),
+        _remote("speedup-curve", OUT, ("SPEEDUP_VLLM", "0.21.0"), name="speedup-curve-0.21.0"),
+        Step("speedup-report", "cpu",
+             ("{py}", "tests/gpu/speedup_report.py", "--curve", "{results}/speedup-curve.json",
+              "--frozen", "{results}/speedup-frozen.json", "--md", "{results}/speedup-curve.md",
+              "--png", "{results}/speedup-curve.png", "--table", "{table}"),
+             writes=("speedup-curve.md",)),
+    ),
 }
 # make gpu-evidence: every page, in an order where each report finds the pages it reads
 # (fullsize reads acceptance.json).
-ORDER = ("realshape", "served", "acceptance", "fullsize", "conformance")
+ORDER = ("realshape", "served", "acceptance", "fullsize", "conformance", "speedup")
 
 
 def sequence(pages: list[str], where: tuple[str, ...] = WHERE) -> list[Step]:
@@ -197,8 +212,12 @@ def sequence(pages: list[str], where: tuple[str, ...] = WHERE) -> list[Step]:
     return [s for side in WHERE if side in where for s in once if s.where == side]
 
 
-def values(results: Path, work: Path) -> dict:
-    return {"py": sys.executable, "results": str(results), "work": str(work)}
+# The launcher's break-even table (launcher/bench/breakeven.py), which the speed-up report writes.
+TABLE = REPO / "launcher" / "bench" / "breakeven.json"
+
+
+def values(results: Path, work: Path, table: Path = TABLE) -> dict:
+    return {"py": sys.executable, "results": str(results), "work": str(work), "table": str(table)}
 
 
 def run(pages: list[str], where: tuple[str, ...], results: Path = RESULTS, work: Path = WORK) -> int:
@@ -252,8 +271,8 @@ NOT_REPLAYED = {
                                          "which is not committed",
 }
 # Raw records committed as they came from the GPU host (`launcher bench` output files that served.json
-# names): inputs, not pages.
-RAW_RECORDS = ("served-bench-",)
+# names; the speed-up curve's frozen model and curve, which its batches commit): inputs, not pages.
+RAW_RECORDS = ("served-bench-", "speedup-frozen", "speedup-curve")
 
 
 def replay(pages: list[str], results: Path, work: Path, committed: Path = RESULTS) -> list[str]:
@@ -275,7 +294,7 @@ def replay(pages: list[str], results: Path, work: Path, committed: Path = RESULT
             (results / entry.name).symlink_to(entry)
         elif entry.name.startswith(RAW_RECORDS):
             shutil.copyfile(entry, results / entry.name)
-    vals, ran = values(results, work), []
+    vals, ran = values(results, work, work / "breakeven.json"), []
     for step in sequence(pages, ("gpu", "cpu")):
         if step.where == "gpu":
             for archive in step.replay:

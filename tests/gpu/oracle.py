@@ -47,6 +47,8 @@ import hooks  # noqa: E402
 
 K_DEFAULT = 15
 PLAN_VERSION = 1
+# ORACLE_LOG=off: no log line is written (timed runs; the drafts are the same).
+LOG_OFF = "off"
 
 # Hook points, by release (checked against the released sources in tests/unit/test_gpu_oracle.py).
 HOOKS = {
@@ -84,6 +86,16 @@ def first_wrong(seed: int, request: int, step: int, k: int = K_DEFAULT) -> int:
     perm = list(range(k + 1))
     random.Random(f"oracle/{seed}/{request}/{cycle}").shuffle(perm)
     return perm[j]
+
+
+def planned_first_wrong(request: dict, seed: int, index: int, step: int, k: int = K_DEFAULT) -> int:
+    """The first-wrong position of a plan request's ``step``-th proposal: its ``f_cycle``
+    (a fixed pattern, repeated; a level of acceptance, issue 53) where the plan gives one, else
+    ``first_wrong``'s permutation."""
+    cycle = request.get("f_cycle")
+    if cycle:
+        return min(int(cycle[step % len(cycle)]), k)
+    return first_wrong(seed, index, step, k)
 
 
 def min_tokens_for_full_cycle(k: int = K_DEFAULT) -> int:
@@ -183,16 +195,19 @@ def hist_from_counters(num_drafts: int, pos: list[int]) -> list[int]:
 
 def make_plan_file(path, prompts: list[list[int]], references: list[list[int]],
                    max_tokens: list[int], vocab_size: int, special_ids=(), seed: int = 0,
-                   k: int = K_DEFAULT) -> dict:
+                   k: int = K_DEFAULT, f_cycles: list | None = None) -> dict:
     """The plan the oracle reads on the GPU host. ``references[i]`` is the one-at-a-time
     greedy continuation of ``prompts[i]``; it should hold max_tokens[i] + k tokens (a
-    verify step may accept drafts past max_tokens, and vLLM's counters count them)."""
+    verify step may accept drafts past max_tokens, and vLLM's counters count them).
+    ``f_cycles[i]``: the first-wrong pattern of request i (``planned_first_wrong``), or None."""
     assert len(prompts) == len(references) == len(max_tokens)
+    cycles = [None] * len(prompts) if f_cycles is None else f_cycles
+    assert len(cycles) == len(prompts)
     data = {"version": PLAN_VERSION, "k": k, "seed": seed, "vocab_size": vocab_size,
             "special_ids": sorted(set(special_ids)),
             "requests": [{"prompt": list(p), "reference": list(r), "max_tokens": m,
-                          "short": len(r) < m + k}
-                         for p, r, m in zip(prompts, references, max_tokens)]}
+                          "short": len(r) < m + k, **({"f_cycle": list(fc)} if fc else {})}
+                         for p, r, m, fc in zip(prompts, references, max_tokens, cycles)]}
     Path(path).write_text(json.dumps(data))
     return data
 
@@ -271,7 +286,7 @@ class Oracle:
             if row.sampled and n >= 1 and k > 0:
                 step = self.steps.get(row.req_id, 0)
                 self.steps[row.req_id] = step + 1
-                f = first_wrong(self.seed, p, step, self.k)
+                f = planned_first_wrong(self.requests[p], self.seed, p, step, self.k)
                 draft, f_eff, tail = build_draft(ref, n, min(f, k), k, self.vocab_size,
                                                  self.special_ids)
                 rec.update(step=step, f=f, f_eff=f_eff, k=k, tail=tail, draft=draft)
@@ -476,8 +491,8 @@ def install(release: str, plan_path, log_path=None) -> Oracle:
         return _INSTALLED[release]
     log_path = log_path or os.environ.get("ORACLE_LOG")
     if not log_path:
-        raise ValueError("oracle: set ORACLE_LOG (the JSONL file the oracle writes)")
-    oracle = Oracle(load_plan(plan_path), log_path)
+        raise ValueError("oracle: set ORACLE_LOG (the JSONL file the oracle writes, or 'off')")
+    oracle = Oracle(load_plan(plan_path), None if log_path == LOG_OFF else log_path)
     hook = HOOKS[release]
     (_install_v1 if hook["runner"] == "v1" else _install_v2)(oracle, hook)
     _INSTALLED[release] = oracle

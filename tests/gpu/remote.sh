@@ -23,6 +23,8 @@
 #                              (RS_WALK_NVFP4=1: nvfp4-reference beside them)
 #   remote.sh lanes-wait       wait for them (LANES_WAIT_S), report, and bring their records back
 #   remote.sh nvfp4-reference  the offline acceptance walk on the NVFP4 target (W4A4, W4A16)
+#   remote.sh speedup-frozen | speedup-curve   issue 53: the frozen step-time model, then the
+#                              speed-up curve's batches (tests/gpu/README.md, "When DFlash pays")
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -1321,6 +1323,65 @@ fit() { # one served run in the emulated card's memory: FIT_PROFILE, FIT_DRAFTER
     full_report
 }
 
+speedup_sites() { # speedup_sites VERSION: "SITE PATCHED" of that release, installed and patched (prepare)
+    prepare >&2
+    if [ "$1" = "$V33" ]; then echo "$SITE33 $SITE33_PATCHED"; else echo "$SITE $SITE_PATCHED"; fi
+}
+
+speedup_vllm_args() { # speedup_vllm_args SITE: fit's vLLM arguments for the full-size servers, one a line
+    echo "--vllm-arg=--mm-processor-cache-gb"; echo "--vllm-arg=0"
+    if [ -f "$1/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ]; then
+        echo "--vllm-arg=--attention-config"; echo '--vllm-arg={"flash_attn_version": 2}'
+    fi
+}
+
+speedup_commit() { # speedup_commit FILE MESSAGE: commit FILE alone where this checkout has git
+    if git rev-parse --git-dir >/dev/null 2>&1; then
+        git add "$1" && git commit -m "$2" -- "$1" || true
+    else
+        echo "no git here: commit $1 where the checkout has git before the next step" >&2
+    fi
+}
+
+speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_frozen.py) on vLLM 0.33.0 at full
+    # size, rtx5090 profile: decode, verify and draft at K 3/7/15, concurrency 1 and 4. Resumable
+    # (SPEEDUP_BUDGET_S a call); once whole, results/speedup-frozen.json, committed where git is.
+    local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched rc=0 vargs
+    read -r site patched < <(speedup_sites "$v")
+    [ -f "$MODELS_FULL/fullsize-shapes.json" ] || { echo "run remote.sh full-size-checkpoints first" >&2; return 1; }
+    mkdir -p "$OUT" "$WORK/speedup-frozen"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    mapfile -t vargs < <(speedup_vllm_args "$site")
+    PYTHONPATH=.:$patched:$site "$PY" tests/gpu/speedup_frozen.py --out "$WORK/speedup-frozen" \
+        --json "$OUT/speedup-frozen.json" --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" \
+        --drafter "$MODELS_FULL/dflash-26b-a4b" --launcher "$(full_launcher)" --series-hash "$(series_hash "$patched")" \
+        --vllm "$v" --gpu-file "$WORK/gpu.txt" "${vargs[@]}" \
+        --deadline-s $(( ${SPEEDUP_BUDGET_S:-3600} - (SECONDS - t0) )) || rc=$?
+    tar -C "$WORK" --exclude='*.server.log' -czf "$OUT/speedup-frozen-raw.tar.gz" speedup-frozen
+    [ "$rc" = 0 ] || return "$rc"
+    cp "$OUT/speedup-frozen.json" tests/gpu/results/speedup-frozen.json
+    speedup_commit tests/gpu/results/speedup-frozen.json "speedup-frozen.json: the step-time model's inputs, vLLM $v"
+}
+
+speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VLLM (0.33.0, then 0.21.0) on
+    # the full-size checkpoint (speedup_curve.py); each batch ends with results/speedup-curve.json
+    # written and committed where git is; SPEEDUP_BATCHES=N stops after N batches
+    local v=${SPEEDUP_VLLM:-$V33} site patched vargs
+    [ -f tests/gpu/results/speedup-frozen.json ] || { echo "run remote.sh speedup-frozen first" >&2; return 1; }
+    read -r site patched < <(speedup_sites "$v")
+    [ -f "$MODELS_FULL/fullsize-shapes.json" ] || { echo "run remote.sh full-size-checkpoints first" >&2; return 1; }
+    mkdir -p "$OUT" "$WORK/speedup" "$WORK/speedup-refs"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+    mapfile -t vargs < <(speedup_vllm_args "$site")
+    PYTHONPATH=.:$patched:$site "$PY" tests/gpu/speedup_curve.py run --vllm "$v" --commit \
+        --series-hash "$(series_hash "$patched")" --gpu-file "$WORK/gpu.txt" \
+        --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" --drafter "$MODELS_FULL/dflash-26b-a4b" \
+        --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/speedup" \
+        --batches "${SPEEDUP_BATCHES:-0}" "${vargs[@]}" || echo "speedup_curve.py exited $?" >&2
+    cp tests/gpu/results/speedup-curve.json "$OUT/" 2>/dev/null || true
+    tar -C "$WORK" -czf "$OUT/speedup-refs.tar.gz" speedup-refs
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -1352,6 +1413,8 @@ case "$cmd" in
     realshape-trained) realshape_trained ;;
     full-size-checkpoints) full_size_checkpoints ;;
     fit) fit ;;
+    speedup-frozen) speedup_frozen ;;
+    speedup-curve) speedup_curve ;;
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
     served-v33) served_v33 ;;

@@ -1,0 +1,337 @@
+"""Issue 53's CPU side: the frozen step-time model and its order before the curve, the curve's grid,
+batches and resumption, break-even interpolation against the frozen prediction, the report."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tests.unit.gpu_scripts import GPU_DIR, load
+
+bars = load("bars")
+sg = load("speedup_grid")
+srec = load("speedup_record")
+sm = load("speedup_model")
+report = load("speedup_report")
+oracle = load("oracle")
+png_plot = load("png_plot")
+REPO = GPU_DIR.parents[1]
+
+
+# ------------------------------------------------------------------ the frozen model
+
+
+def _steps(tokens: int, step_ms: float, propose_ms: float | None = None, n: int = 12) -> list[dict]:
+    out = []
+    for i in range(n):
+        s = {"forward_tokens": tokens, "step_ms": step_ms, "t": 100.0 + 0.01 * i}
+        if propose_ms is not None:
+            s["propose_ms"] = propose_ms
+        out.append(s)
+    return out
+
+
+META = {"series": "s" * 64, "date": "2030-01-01", "gpu": "H200", "vllm": "0.33.0", "bars": "b" * 40}
+
+
+def _frozen(decode=(3.0, 3.6), verify_base=4.0, per_k=0.1, draft=0.5) -> dict:
+    dec = _steps(1, decode[0]) + _steps(4, decode[1])
+    ver = {k: _steps(k + 1, verify_base + per_k * k, draft) + _steps(4 * (k + 1), verify_base + 1 + per_k * k, draft)
+           for k in sm.KS}
+    return sm.frozen_record(dec, ver, meta=META)
+
+
+def test_the_frozen_record_holds_decode_verify_and_draft_and_predicts_from_them_alone():
+    rec = _frozen()
+    assert sm.missing(rec) == []
+    # K = 7 at concurrency 1: verify = step - propose = 4.7 - 0.5 = 4.2, draft 0.5, decode 3.0
+    assert sm.times(rec, 7, 1) == pytest.approx((3.0, 0.5, 4.2))
+    assert sm.break_even(rec, 7, 1) == pytest.approx((0.5 + 4.2) / 3.0)
+    assert sm.predict(rec, 3.0, 7, 1) == pytest.approx(3.0 * 3.0 / 4.7)
+    # K = 15 at concurrency 4: step 4.0 + 1 + 1.5 = 6.5, verify 6.5 - 0.5, draft 0.5, decode 3.6
+    assert sm.break_even(rec, 15, 4) == pytest.approx((0.5 + 6.0) / 3.6)
+    # the host's step period is kept beside (10 ms between the synthetic steps)
+    assert rec["decode"]["1"]["period_ms"] == pytest.approx(10.0)
+
+
+def test_a_frozen_record_without_a_k_or_its_meta_is_incomplete():
+    rec = sm.frozen_record(_steps(1, 3.0) + _steps(4, 3.5), {3: _steps(4, 4.0, 0.5)}, meta={**META, "gpu": None})
+    gaps = sm.missing(rec)
+    assert "gpu" in gaps and "verify K=7 c=1" in gaps and "draft K=15 c=4" in gaps and "verify K=3 c=4" in gaps
+    assert "verify K=3 c=1" not in gaps
+    with pytest.raises(KeyError):
+        sm.break_even(rec, 7, 1)
+
+
+# ------------------------------------------------------------------ frozen before the curve (git)
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _repo(tmp_path):
+    repo = tmp_path / "r"
+    (repo / "tests" / "gpu" / "results").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    return repo
+
+
+def _commit(repo, msg):
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", msg)
+
+
+def _write(repo, rel, data):
+    (repo / rel).write_text(json.dumps(data))
+
+
+def test_the_frozen_record_must_be_committed_before_the_curve_that_names_it(tmp_path):
+    repo = _repo(tmp_path)
+    _write(repo, srec.FROZEN_PATH, _frozen())
+    _commit(repo, "frozen")
+    blob = bars.blob_hash(repo / srec.FROZEN_PATH)
+    _write(repo, srec.CURVE_PATH, {"frozen": {"blob": blob}, "points": {}})
+    assert srec.frozen_order(repo) == []  # not committed yet: the frozen one already is
+    _commit(repo, "curve batch 1")
+    assert srec.frozen_order(repo) == []
+    # the frozen record measured again after the curve started: the curve names a stale version
+    _write(repo, srec.FROZEN_PATH, _frozen(decode=(2.0, 2.5)))
+    _commit(repo, "frozen again")
+    problems = srec.frozen_order(repo)
+    assert len(problems) == 1 and "names frozen record" in problems[0]
+
+
+def test_a_frozen_record_committed_with_the_curve_is_out_of_order(tmp_path):
+    repo = _repo(tmp_path)
+    _write(repo, srec.FROZEN_PATH, _frozen())
+    _write(repo, srec.CURVE_PATH, {"frozen": {"blob": bars.blob_hash(repo / srec.FROZEN_PATH)}})
+    _commit(repo, "both at once")
+    assert any("committed with the curve" in p for p in srec.frozen_order(repo))
+
+
+def test_a_curve_naming_no_frozen_record_or_an_uncommitted_one_fails(tmp_path):
+    repo = _repo(tmp_path)
+    _write(repo, srec.CURVE_PATH, {"points": {}})
+    assert srec.frozen_order(repo) == [f"{srec.CURVE_PATH} names no frozen record"]
+    _write(repo, srec.FROZEN_PATH, _frozen())
+    _write(repo, srec.CURVE_PATH, {"frozen": {"blob": bars.blob_hash(repo / srec.FROZEN_PATH)}})
+    assert any("never committed" in p for p in srec.frozen_order(repo))
+
+
+def test_the_committed_curve_names_the_committed_frozen_record_made_before_it():
+    assert srec.frozen_order(REPO) == []
+    if (REPO / srec.CURVE_PATH).is_file():  # once committed, the frozen record is there too
+        assert (REPO / srec.FROZEN_PATH).is_file()
+
+
+# ------------------------------------------------------------------ the grid
+
+
+def _measure(successful=32, tok_s=100.0, acceptance=None, series="s" * 64, tpot=10.0):
+    m = {"successful": successful, "failed": 0, "output_tok_s": tok_s, "tpot_ms_mean": tpot, "series": series}
+    if acceptance is not None:
+        m["acceptance"] = {"mean_acceptance_length": acceptance}
+    return m
+
+
+def _full_record(points=None, **kw) -> dict:
+    rec = {"frozen": {"blob": "f" * 40}, "points": {}}
+    for p in (sg.GRID if points is None else points):
+        srec.put(rec, p, "baseline", _measure(**kw))
+        srec.put(rec, p, "dflash", _measure(acceptance=p.level, **kw))
+    return rec
+
+
+def test_the_grid_covers_every_k_and_concurrency_up_to_k_plus_one_with_the_spot_check_and_variants():
+    assert srec.grid_problems(_full_record()) == []
+    main = [p for p in sg.GRID if p.vllm == "0.33.0" and p.variant == "base"]
+    for k in (3, 7, 15):
+        for c in (1, 4):
+            levels = [p.level for p in main if (p.k, p.concurrency) == (k, c)]
+            assert len(levels) >= 4 and max(levels) == k + 1 and min(levels) == 1
+    assert {p.variant for p in sg.GRID} == {"base", "logprobs", "long"}
+    assert [p for p in sg.GRID if p.variant == "long"][0].input_len >= 2000
+    assert [p for p in sg.GRID if p.variant == "logprobs"][0].extra == {"logprobs": 2}
+    spot = [p for p in sg.GRID if p.vllm == "0.21.0"]
+    assert spot and {(p.k, p.concurrency) for p in spot} == {(15, 1)}
+    assert all(p.requests >= 32 for p in sg.GRID)
+    assert len({p.id for p in sg.GRID}) == len(sg.GRID)
+
+
+def test_grid_gaps_are_named_missing_points_short_runs_stale_series_and_thin_levels():
+    full = _full_record()
+    gone = sg.GRID[5]
+    del full["points"][gone.id]
+    short = sg.GRID[9]
+    full["points"][short.id]["dflash"]["successful"] = 31
+    problems = srec.grid_problems(full, current_series=lambda v: "s" * 64)
+    assert any(p.startswith(gone.id) for p in problems) and any(p.startswith(short.id + ": dflash") for p in problems)
+    assert len(problems) == 3  # baseline and dflash of the gone point, the short run
+    stale = srec.grid_problems(_full_record(series="old"), current_series=lambda v: "s" * 64)
+    assert len(stale) == 2 * len(sg.GRID)
+    thin = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 8.0)]
+    assert any("fewer than 4" in p for p in srec.grid_problems(_full_record(thin), thin))
+    low = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0)]
+    assert any("not up to K + 1" in p for p in srec.grid_problems(_full_record(low), low))
+
+
+def test_each_level_is_made_by_a_first_wrong_pattern_whose_mean_acceptance_is_the_level():
+    for p in sg.GRID:
+        cycle = sg.f_cycle(p.level, p.k)
+        assert sg.planned_acceptance(cycle) == p.level and all(0 <= f <= p.k for f in cycle)
+    assert sg.f_cycle(2.5, 7) == [1, 2] and sg.f_cycle(16.0, 15) == [15]
+    with pytest.raises(ValueError):
+        sg.f_cycle(5.0, 3)
+    # the oracle follows the pattern, not its permutation, when the plan request has one
+    req = {"f_cycle": [1, 2]}
+    assert [oracle.planned_first_wrong(req, 0, 0, s, 7) for s in range(4)] == [1, 2, 1, 2]
+    assert oracle.planned_first_wrong({}, 0, 0, 0, 7) == oracle.first_wrong(0, 0, 0, 7)
+
+
+def test_the_oracle_with_its_log_off_writes_nothing_and_drafts_the_same(tmp_path):
+    ref = list(range(100, 200))
+    plan = {"k": 3, "seed": 0, "vocab_size": 1000, "requests": [{"prompt": [1, 2], "reference": ref,
+                                                                  "max_tokens": 50, "f_cycle": [1]}]}
+    row = oracle.Row("r", (1, 2), seq_len=2 + 4, num_rejected=0, drafts=0)
+    logged = oracle.Oracle(plan, tmp_path / "log.jsonl").step([row], 3)
+    quiet = oracle.Oracle(plan, None).step([row], 3)
+    assert logged == quiet and (tmp_path / "log.jsonl").is_file()
+    # n = 5 outputs; f = 1: the first draft is the reference's, the second is wrong
+    assert quiet[0][0] == ref[5] and quiet[0][1] != ref[6]
+    assert oracle.LOG_OFF == "off"
+
+
+# ------------------------------------------------------------------ batches and resumption
+
+
+def test_batches_hold_every_point_once_server_by_server_baselines_first():
+    bs = sg.batches()
+    ids = [p.id for b in bs if b.server == "nodrafter" for p in b.points]
+    assert sorted(ids) == sorted(p.id for p in sg.GRID)
+    dflash = [p.id for b in bs if b.server != "nodrafter" for p in b.points]
+    assert sorted(dflash) == sorted(p.id for p in sg.GRID)
+    assert all(len(b.points) <= sg.BATCH_POINTS for b in bs)
+    assert all(b.server == f"k{p.k}" for b in bs if b.server != "nodrafter" for p in b.points)
+    for vllm in ("0.33.0", "0.21.0"):
+        mine = [b for b in bs if b.vllm == vllm]
+        first_dflash = next(i for i, b in enumerate(mine) if b.server != "nodrafter")
+        assert all(b.server == "nodrafter" for b in mine[:first_dflash])
+
+
+def test_a_rerun_measures_only_what_the_saved_record_lacks(tmp_path):
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    path = tmp_path / "speedup-curve.json"
+    record = srec.load(path, frozen)
+    assert record["frozen"]["blob"] == bars.blob_hash(frozen) and record["points"] == {}
+    batch = sg.batches()[0]
+    refs = set()
+    has_ref = lambda p: p.id in refs  # noqa: E731
+    assert srec.pending(batch, record, has_ref) == list(batch.points)
+    # the first three points' baselines and references, then the batch is cut
+    for p in batch.points[:3]:
+        srec.put(record, p, "baseline", _measure())
+        refs.add(p.id)
+    srec.save(record, path)
+    again = srec.load(path, frozen)
+    assert srec.pending(batch, again, has_ref) == list(batch.points[3:])
+    # a fresh machine without the references: those still needing DFlash are measured again for them
+    assert srec.pending(batch, again, lambda p: False) == list(batch.points)
+    # a DFlash batch of K: only points without a valid DFlash run; a short run counts as missing
+    kb = next(b for b in sg.batches() if b.server == "k3")
+    srec.put(again, kb.points[0], "dflash", _measure(acceptance=1.0))
+    srec.put(again, kb.points[1], "dflash", _measure(successful=20, acceptance=1.5))
+    srec.put(again, kb.points[2], "dflash", _measure())  # no acceptance read
+    assert srec.pending(kb, again, has_ref) == list(kb.points[1:])
+
+
+def test_a_record_started_from_another_frozen_model_is_refused(tmp_path):
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    path = tmp_path / "speedup-curve.json"
+    srec.save(srec.new(frozen), path)
+    frozen.write_text(json.dumps(_frozen(decode=(2.0, 2.0))))
+    with pytest.raises(ValueError, match="frozen model it started from"):
+        srec.load(path, frozen)
+
+
+# ------------------------------------------------------------------ break-even
+
+
+def _curve_with(speedup_of, points) -> dict:
+    rec = {"frozen": {"blob": "f" * 40}, "points": {}}
+    for p in points:
+        srec.put(rec, p, "baseline", _measure(tok_s=100.0))
+        srec.put(rec, p, "dflash", _measure(tok_s=100.0 * speedup_of(p), acceptance=p.level + 0.1))
+    return rec
+
+
+def test_break_even_is_interpolated_on_measured_acceptance_and_compared_with_the_frozen_one():
+    frozen = _frozen()  # K=7, c=1: predicted break-even 4.7 / 3.0
+    pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    # speed-up linear in measured acceptance (level + 0.1): 1 at measured 1.6 exactly
+    rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts)
+    row = report.break_evens(report.point_rows(rec), frozen)[0]
+    assert row["break_even"] == pytest.approx(1.6) and row["status"] == "measured"
+    assert row["predicted"] == pytest.approx(4.7 / 3.0)
+    assert row["relative_gap"] == pytest.approx(abs(1.6 - 4.7 / 3.0) / (4.7 / 3.0)) and not row["over_bar"]
+    # a break-even at measured 2.6: beyond the 15 % bar
+    far = report.break_evens(report.point_rows(_curve_with(lambda p: (p.level + 0.1) / 2.6, pts)), frozen)[0]
+    assert far["break_even"] == pytest.approx(2.6) and far["over_bar"]
+
+
+def test_interpolation_between_points_and_without_a_crossing():
+    from launcher.bench import breakeven
+
+    # 0.8 at 1.5, 1.2 at 2.5: the line crosses 1 at 2.0
+    assert breakeven.interpolate([(2.5, 1.2), (1.5, 0.8)])["acceptance"] == pytest.approx(2.0)
+    # 0.5 at 1, 0.9 at 2, 1.9 at 3: between 2 and 3, at 2.1
+    assert breakeven.interpolate([(1, 0.5), (2, 0.9), (3, 1.9)])["acceptance"] == pytest.approx(2.1)
+    gains = breakeven.interpolate([(1.2, 1.1), (2, 1.5)])
+    assert gains["acceptance"] is None and gains["status"] == breakeven.GAINS
+    loses = breakeven.interpolate([(1.2, 0.3), (2, 0.7)])
+    assert loses["acceptance"] is None and loses["status"] == breakeven.LOSES and loses["measured_range"] == [1.2, 2]
+
+
+# ------------------------------------------------------------------ report, chart, launcher table
+
+
+def test_the_report_opens_with_a_headline_of_at_most_8_columns_and_flags_the_gap():
+    frozen = _frozen()
+    pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    md = report.markdown(_curve_with(lambda p: (p.level + 0.1) / 2.6, pts), frozen)
+    first = next(line for line in md.splitlines() if line.startswith("|"))
+    assert first == "| what | vLLM | series | verdict | key number |"
+    assert "over the 15 % bar" in md and "**over the bar**" in md and "2.60 measured / 1.57 frozen" in md
+    assert "gaps" in md  # most of the grid is missing
+
+
+def test_the_chart_is_a_png_of_the_asked_size():
+    data = png_plot.chart([{"points": [(1, 0.5), (3, 1.5)], "color": (255, 0, 0)},
+                           {"points": [(1, 0.4), (16, 6.0)], "color": (0, 0, 255), "dashed": True}],
+                          x_range=(0, 16), y_range=(0, 2), reference_y=1.0, width=120, height=80, margin=10)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (120, 80)
+    idat = data.index(b"IDAT")
+    size = struct.unpack(">I", data[idat - 4:idat])[0]
+    raw = zlib.decompress(data[idat + 4:idat + 4 + size])
+    assert len(raw) == 80 * (1 + 3 * 120) and bytes((255, 0, 0)) in raw
+
+
+def test_the_launcher_table_is_what_the_committed_curve_gives():
+    shipped = json.loads((REPO / "launcher" / "bench" / "breakeven.json").read_text())
+    curve, frozen = REPO / srec.CURVE_PATH, REPO / srec.FROZEN_PATH
+    if curve.is_file():
+        assert shipped == json.loads(json.dumps(report.launcher_table(json.loads(curve.read_text()),
+                                                                      json.loads(frozen.read_text()))))
+    else:
+        assert shipped["rows"] == [] and shipped["source"] is None
