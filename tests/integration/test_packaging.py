@@ -24,6 +24,7 @@ def test_wheel_ships_recipes_patches_and_targets(tmp_path):
         assert f"launcher/_data/{s}" in names
     assert "launcher/_data/build/targets.yaml" in names
     assert "launcher/bench/prompts.jsonl" in names  # `launcher bench`'s bundled prompt set
+    assert "launcher/bench/breakeven.json" in names  # the break-even table `bench` compares with
     assert "launcher/_data/build/proof.yaml" in names
 
     target = tmp_path / "site"
