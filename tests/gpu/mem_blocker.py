@@ -2,8 +2,7 @@
 
 Prints one JSON line after start-up (``cudaMemGetInfo`` free and total with
 this process's own CUDA context already counted) and one after the
-allocation, then sleeps until SIGTERM/SIGINT. ``--probe`` prints the first
-line and exits (the harness learns the device total from it).
+allocation, then sleeps until SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ import memfit  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--leave-free", type=int, help="bytes to leave free")
-    parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--leave-free", type=int, required=True, help="bytes to leave free")
     args = parser.parse_args(argv)
     import torch
 
@@ -31,8 +29,6 @@ def main(argv: list[str] | None = None) -> int:
     free, total = torch.cuda.mem_get_info()
     print(json.dumps({"event": "start", "free": free, "total": total,
                       "device": torch.cuda.get_device_name()}), flush=True)
-    if args.probe:
-        return 0
     size = max(0, (free - args.leave_free) // memfit.BLOCK * memfit.BLOCK)
     held = torch.empty(size, dtype=torch.uint8, device="cuda") if size else None
     torch.cuda.synchronize()

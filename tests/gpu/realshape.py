@@ -666,8 +666,8 @@ def target_identity(spec: RunSpec, models: Path) -> dict:
     identity = {"target_name": "trained-" + TRAINED_TARGET.removeprefix("trained-"),
                 "target_sha256": rec["target_sha256"]}
     if spec.quant == "modelopt-nvfp4":
-        # Each machine may quantize its own copy (`remote.sh trained-nvfp4`), and a reference
-        # carried from another machine must have run the same one.
+        # Each machine may quantize its own copy (remote.sh's trained_nvfp4, in the trained-target
+        # verbs), and a reference carried from another machine must have run the same one.
         import train_target
 
         identity["quantized_sha256"] = train_target.checkpoint_sha256(models / (TRAINED_TARGET + "-nvfp4"))

@@ -5,14 +5,12 @@
 #
 #   remote.sh receive          copy the bundle parts present in .stage/ to $BUNDLE_DIR
 #   remote.sh install          reassemble, verify and install the bundle into $SITE (once)
-#   remote.sh install-bg       the same in the background, from a snapshot, under prepare's lock
 #   remote.sh proof [ROUND..]  install, make the checkpoints, run ROUNDs (stock, patched;
 #                              default both), compare, write results under $OUT
 #   remote.sh full-size-checkpoints | fit | full-bench   issue 27 (tests/gpu/README.md, "Commands")
-#   remote.sh served           issue 26: servers started by `launcher serve`, chat with
-#                              images, `launcher bench` (SERVED_PHASES narrows; README)
-#   remote.sh served-v33       the same on vLLM 0.33.0 (its bundle and series)
-#   remote.sh served-all       both versions side by side in one call, each one's phases too
+#   remote.sh served-all       issue 26: servers started by `launcher serve`, chat with images,
+#                              `launcher bench`, both versions side by side (SERVED_JOBS; README)
+#   remote.sh served           the same on vLLM 0.21.0 alone (SERVED_PHASES narrows)
 #   remote.sh prepare          installs and patched copies only (before verbs run side by side)
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
 #   remote.sh drafter-sweep    DRAFTER_SWEEP's recipes, one a GPU, in the background (sweep-wait
@@ -379,40 +377,6 @@ realshape_v33() { # the real-shape proof on vLLM 0.33.0 (issue 12); RUNS narrows
     tar -C "$WORK" -czf "$OUT/realshape-logs-v33.tar.gz" realshape-raw-v33
 }
 
-determinism() { # run-to-run determinism of the batched no-drafter target (tests/gpu/README.md)
-    install
-    mkdir -p "$OUT" "$WORK/det"
-    if ! grep -q t12-unscaled "$MODELS/shapes.json" 2>/dev/null; then
-        PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS" 2>&1 | grep -v "Writing model shards" || true
-    fi
-    local model=${DET_MODEL:-$MODELS/gemma4-t12} log="$OUT/determinism.txt" name cfg
-    : > "$log"
-    # name:env pairs; each runs in its own process (3 repeats inside), as the
-    # observation was made: prefix caching on, async scheduling on (defaults).
-    for cfg in "a:PROBE_PC=1" "b:PROBE_PC=1" "c:PROBE_PC=1 PROBE_ASYNC=0" "d:PROBE_PC=1 PROBE_ASYNC=0" \
-               "e:PROBE_PC=1 PROBE_NAN_KV=1 PROBE_NAN_SEGM=1 PROBE_SCRIBBLE=1" ${DET_EXTRA:-}; do
-        name=${cfg%%:*}
-        echo "== run $name: ${cfg#*:}" | tee -a "$log"
-        local vars
-        read -r -a vars <<< "${cfg#*:}"
-        env "${vars[@]}" PYTHONPATH="$SITE" timeout 300 "$PY" tests/gpu/determinism_probe.py \
-            "$model" "$WORK/det/$name.pt" 3 > "$WORK/det/$name.log" 2>&1 || echo "run $name failed" | tee -a "$log"
-        grep -E "^DEVICE|Error" "$WORK/det/$name.log" | tail -3 | tee -a "$log"
-    done
-    local pair
-    for pair in "a b" "a c" "c d" "a e"; do
-        # shellcheck disable=SC2086
-        set -- $pair
-        [ -f "$WORK/det/$1.pt" ] && [ -f "$WORK/det/$2.pt" ] || continue
-        for rep in "0 0" "0 1" "0 2"; do
-            echo "== compare $1 vs $2, repeats $rep" | tee -a "$log"
-            # shellcheck disable=SC2086
-            PYTHONPATH=$SITE "$PY" tests/gpu/determinism_compare.py "$WORK/det/$1.pt" "$WORK/det/$2.pt" $rep \
-                2>&1 | tail -12 | tee -a "$log"
-        done
-    done
-}
-
 rs_models() { # the real-shape checkpoints on the device (RS_POST_NORM overrides the norm scale)
     if [ ! -f "$MODELS_RS/shapes.json" ]; then
         local extra=()
@@ -462,8 +426,7 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
     mkdir -p "$OUT" "$WORK"
     # A checkpoint carried back from an earlier session (extras-trained, pack-trained) saves
     # the training; TRAIN_REPEAT=1 trains anyway and compares (run-to-run determinism).
-    # In the background (train-bg) the extras may still be arriving: the calls install them.
-    [ -n "${TRAIN_BG:-}" ] || extras
+    extras
     if [ -f "$MODELS_TRAINED/shapes.json" ]; then
         trained_identity_check
         if [ "${TRAIN_REPEAT:-0}" = 1 ]; then train_repeat; fi
@@ -570,27 +533,6 @@ target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once end
     return 0
 }
 
-train_background() { # install, then train-target (and TRAIN_BG_DRAFTER=1: train-drafter) in a
-    # session of its own: it outlives this call, so the calls that carry the extras run meanwhile
-    install
-    mkdir -p "$WORK"
-    if [ -f "$WORK/train-bg.out" ] && [ ! -f "$WORK/train-bg.rc" ]; then
-        echo "training already running in the background ($WORK/train-bg.out)"; return 0
-    fi
-    rm -f "$WORK/train-bg.rc" "$WORK/train-bg.out"
-    snapshot_tree "$WORK/bg-tree"
-    rm -f "$WORK/drafter-bg.rc" "$WORK/drafter-bg.asked"
-    local steps="bash tests/gpu/remote.sh train-target; echo \$? > $WORK/train-bg.rc"
-    if [ "${TRAIN_BG_DRAFTER:-0}" = 1 ]; then
-        # drafter-bg.rc is written whatever happens (1 when the target failed), so waits end.
-        touch "$WORK/drafter-bg.asked"
-        steps="$steps; [ \$(cat $WORK/train-bg.rc) = 0 ] && \
-bash tests/gpu/remote.sh train-drafter > $WORK/drafter-bg.out 2>&1; echo \$? > $WORK/drafter-bg.rc"
-    fi
-    detached "$WORK/bg-tree" "$WORK/train-bg.out" "$steps" TRAIN_BG=1 OUT="$WORK/train-bg-out"
-    echo "training in the background (log: $WORK/train-bg.out; the next calls wait for it)"
-}
-
 detached() { # detached DIR LOG SCRIPT [VAR=VALUE ...]: bash -c SCRIPT in DIR with those variables, in a
     # session of its own, its output to LOG; returns at once. The redirections belong to the
     # backgrounded group, not to setsid inside it: otherwise the group's shell waits for the job
@@ -604,15 +546,6 @@ snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that ou
     # next call's copy of the repository replaces these files, and bash reads a script while it runs)
     rm -rf "$1" && mkdir -p "$1"
     tar --exclude=./.stage -cf - . | tar -xf - -C "$1"
-}
-
-install_background() { # install in a session of its own from a snapshot of this tree, under prepare's
-    # lock: receive calls go on meanwhile (each call's copy of the tree replaced the requirements
-    # file under a background install, which failed, on 2026-11-28), and a later prepare waits for it
-    mkdir -p "$WORK"
-    snapshot_tree "$WORK/install-tree"
-    detached "$WORK/install-tree" "$WORK/install-bg.log" "flock $WORK/prepare.lock bash tests/gpu/remote.sh install"
-    echo "install in the background (log: $WORK/install-bg.log)"
 }
 
 DRAFTER_NEXT=$WORK/drafter-next  # drafter-bg's models folder: the target linked, the new drafter
@@ -695,18 +628,6 @@ $(grep '^step' "$d/work/train-drafter.log" 2>/dev/null | tail -1)"
         -o -name drafter-train-record.json \) -type f | sort | tar -cf - -T -) | xz -9 > "$OUT/drafter-sweep.tar.xz"
 }
 
-wait_training() { # block until a background training (train_background) has ended; its logs to $OUT
-    [ -f "$WORK/train-bg.out" ] || return 0
-    local waited=0
-    while [ ! -f "$WORK/train-bg.rc" ]; do sleep 5; waited=$((waited + 5)); done
-    echo "background training ended with $(cat "$WORK/train-bg.rc") (waited ${waited}s here)"
-    grep -v "^step" "$WORK/train-bg.out" | tail -25 || true
-    mkdir -p "$OUT"
-    cp "$WORK/train-bg.out" "$OUT/train-bg.log"
-    cp "$WORK"/train-bg-out/*.json "$OUT/" 2>/dev/null || true
-    [ "$(cat "$WORK/train-bg.rc")" = 0 ]
-}
-
 adopt_drafter() { # adopt_drafter DIR: a newly trained drafter replaces $DRAFTER_TRAINED unless it
     # accepts less on the held-out prompts (trained_pack.py better): such a retrain is recorded, not
     # swapped in. Returns 0 either way; nothing happens where DIR holds no train record.
@@ -721,7 +642,7 @@ adopt_drafter() { # adopt_drafter DIR: a newly trained drafter replaces $DRAFTER
     fi
 }
 
-wait_drafter() { # block until a background drafter training (TRAIN_BG_DRAFTER=1, drafter-bg) has
+wait_drafter() { # block until a background drafter training (drafter-bg) has
     # ended; drafter-bg's drafter then replaces the one in $MODELS_TRAINED
     [ -f "$WORK/drafter-bg.asked" ] || return 0
     while [ ! -f "$WORK/drafter-bg.rc" ]; do sleep 5; done
@@ -870,21 +791,7 @@ nvfp4_reference() { # issue 25: the offline walk on the NVFP4 target (nvfp4_refe
     cp "$DRAFTER_TRAINED"/nvfp4-evaluation*.json "$OUT/"
 }
 
-quant_background() { # trained-nvfp4 in a session of its own, once the background training has ended
-    extras   # here, not in the background: two calls must not install at once
-    [ -d "$SITE_QUANT" ] || { echo "extras-quant not carried: nothing to quantize" >&2; return 1; }
-    rm -f "$WORK/quant-bg.rc"
-    detached "$WORK/bg-tree" "$WORK/quant-bg.out" \
-        "while [ ! -f $WORK/train-bg.rc ]; do sleep 5; done; bash tests/gpu/remote.sh trained-nvfp4; echo \$? > $WORK/quant-bg.rc" \
-        QUANT_BG_SELF=1 OUT="$WORK/train-bg-out"
-    echo "NVFP4 copy in the background once training ends (log: $WORK/quant-bg.out)"
-}
-
 trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
-    if [ -f "$WORK/quant-bg.out" ] && [ -z "${QUANT_BG_SELF:-}" ]; then
-        while [ ! -f "$WORK/quant-bg.rc" ]; do sleep 5; done
-        echo "background NVFP4 copy ended with $(cat "$WORK/quant-bg.rc")"; tail -5 "$WORK/quant-bg.out"
-    fi
     extras
     # A copy carried back (extras-trained) needs no quantizer.
     if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ] && [ ! -d "$SITE_QUANT" ]; then
@@ -931,11 +838,10 @@ trained_setup() { # what every trained-target run needs: the target (and the dra
     # for), the carried raw references, the NVFP4 copy
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
-    wait_training
     case "${RUNS:-}${RS_PARALLEL:-}" in *dflash-trained*) wait_drafter ;; esac
     [ -f "$MODELS_TRAINED/shapes.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
     seed_raw
-    # bf16 runs need no NVFP4 copy, so they do not wait for a background one (quant-bg).
+    # bf16 runs need no NVFP4 copy, so they do not make one.
     case "${RUNS:-}${RS_PARALLEL:-}" in ""|*nvfp4*) trained_nvfp4 ;; esac
 }
 
@@ -1083,13 +989,6 @@ served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images
 require_fa2() { # the servers force FLASH_ATTN as sm_12x runs it (FA2): 0.21.0's comes in extras-fa2
     [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
         || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
-}
-
-served_v33() { # issue 26 on vLLM 0.33.0: the same servers from the 0.33.0 bundle (FA2 inside) and
-    # its series; phases in $WORK/served-v33, rows joining served.json beside 0.21.0's
-    prepare   # the trained target and drafter come with 0.21.0's bundle and extras-trained
-    [ -d "$SITE33/vllm" ] || { echo "no vLLM $V33 here: carry the bundle-$V33 parts" >&2; return 1; }
-    served_run "$SITE33" "$SITE33_PATCHED" served-v33
 }
 
 prepare() { # both releases installed (0.33.0 where its bundle was carried), FA2 and the trained
@@ -1392,16 +1291,11 @@ case "$cmd" in
     realshape) realshape ;;
     realshape-v33) realshape_v33 ;;
     realshape-v33-trained) realshape_v33_trained ;;
-    determinism) determinism ;;
     bench) bench_run ;;
     stability) stability ;;
     quantize-rs) quantize_rs ;;
     train-target) train_target ;;
-    train-bg) train_background ;;
-    quant-bg) quant_background ;;
-    wait-training) wait_training ;;
     train-drafter) train_drafter ;;
-    trained-nvfp4) trained_nvfp4 ;;
     pack-trained) pack_trained ;;
     target-bg) target_background ;;
     receive-trained) receive_trained ;;
@@ -1417,16 +1311,14 @@ case "$cmd" in
     speedup-curve) speedup_curve ;;
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
-    served-v33) served_v33 ;;
     served-all) served_all ;;
     prepare) prepare ;;
     drafter-bg) drafter_background ;;
     drafter-sweep) drafter_sweep ;;
     sweep-wait) sweep_wait ;;
     pack-drafter) pack_drafter ;;
-    install-bg) install_background ;;
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|determinism|bench|stability|quantize-rs|train-target|train-bg|quant-bg|wait-training|train-drafter|trained-nvfp4|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-v33|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|install-bg|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
 esac

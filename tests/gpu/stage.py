@@ -193,20 +193,6 @@ def tree_bytes(repo: Path = REPO) -> int:
     return sum((repo / n).stat().st_size for n in names.decode().split("\0") if n and (repo / n).is_file())
 
 
-def plan_calls(out: Path, stems: list[str], tree: int) -> list[str]:
-    """One line per receive call: the parts it carries (a stem's manifest with its first part),
-    and a refusal where a part no longer fits beside the tree."""
-    lines = []
-    for stem in stems:
-        manifest = json.loads((out / f"{stem}.json").read_text())
-        for i, part in enumerate(manifest["parts"]):
-            carry = ([f".stage/{stem}.json"] if i == 0 else []) + [f".stage/{part['name']}"]
-            total = tree + part["bytes"] + ((out / f"{stem}.json").stat().st_size if i == 0 else 0)
-            verdict = "" if total <= CALL_BYTES else f"  DOES NOT FIT: {total / 2**20:.1f} MiB (resplit smaller)"
-            lines.append(f"{json.dumps(carry)}{verdict}")
-    return lines
-
-
 def resplit(out: Path, stem: str, part_bytes: int = PART_BYTES) -> dict:
     """A staged bundle cut again into parts of ``part_bytes`` (the whole file, and so the
     device's sha256 check, unchanged): the parts of an older, larger PART_BYTES no longer fit
@@ -306,9 +292,6 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the vLLM release to bundle (default {VLLM_VERSION}; others are bundle-<version>)")
     parser.add_argument("--with-fa2", action="store_true",
                         help="keep _vllm_fa2_C in the bundle (instead of an extras-fa2 bundle)")
-    parser.add_argument("--plan-calls", nargs="+", metavar="STEM",
-                        help="print the receive calls' carry lists for these staged bundles, each checked "
-                             "against what a call carries beside the tracked tree")
     parser.add_argument("--resplit", nargs="+", metavar="STEM",
                         help="cut these staged bundles again into parts of PART_BYTES (nothing downloaded)")
     args = parser.parse_args(argv)
@@ -319,11 +302,6 @@ def main(argv: list[str] | None = None) -> int:
               "(carry .stage/corpus; remote.sh target-bg)")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    if args.plan_calls:
-        tree = tree_bytes()
-        print(f"tree {tree / 2**20:.1f} MiB of {CALL_BYTES / 2**20:.0f} MiB a call")
-        print("\n".join(plan_calls(out, args.plan_calls, tree)))
-        return 0
     if args.resplit:
         for stem in args.resplit:
             manifest = resplit(out, stem)

@@ -147,8 +147,8 @@ def test_served_phases_end_to_end_against_stand_ins(openai_client, forced_server
 
 @pytest.mark.network
 def test_the_text_only_recipe_on_0_33_0_end_to_end_against_stand_ins(openai_client, forced_servers, tmp_path):
-    """remote.sh served-v33 with SERVED_RECIPE=gemma4-moe-dflash-text, its phases side by side
-    (SERVED_PARALLEL=1): the launcher plans the text-only recipe for a 0.33.0 site, only requests
+    """remote.sh served-all's 0.33.0 job with SERVED_RECIPE=gemma4-moe-dflash-text, its phases side
+    by side (SERVED_PARALLEL=1): the launcher plans the text-only recipe for a 0.33.0 site, only requests
     without images are sent, and its rows join an existing record beside the multimodal recipe's."""
     model, base = forced_servers
     patched = fake_site(tmp_path / "site-patched", False, "0.33.0")

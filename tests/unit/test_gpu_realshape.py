@@ -514,7 +514,7 @@ def test_a_capture_runs_noise_twin_is_its_engine_without_the_drafter_in_its_own_
 
 
 def test_an_nvfp4_run_names_its_quantized_copy_and_is_not_judged_against_another(tmp_path):
-    """The NVFP4 copy is made per machine (`remote.sh trained-nvfp4`); a reference carried from
+    """The NVFP4 copy is made per machine (remote.sh's trained_nvfp4, in the trained-target verbs); a reference carried from
     another machine may have run another copy under the same target_sha256."""
     tt = _load("train_target")
     target = tmp_path / rs.TRAINED_TARGET

@@ -1,7 +1,7 @@
-"""tests/gpu/remote.sh's background training: the call returns while the training runs, also when
-its output goes through a pipe (on 2026-11-27 a `train-bg | tail` call held the device until its time
-limit). Runs the script's own train_background function with a stand-in repository whose
-tests/gpu/remote.sh only sleeps (the real one would install vLLM), and `install` stubbed out."""
+"""tests/gpu/remote.sh's background jobs (target-bg, lanes-bg and lanes-wait): the call returns while
+the job runs, also when its output goes through a pipe, and the job runs from a snapshot of the
+tree. Runs the script's own functions with a stand-in repository whose scripts only note what
+they were given and sleep (the real ones train or run vLLM), and the installs stubbed out."""
 
 from __future__ import annotations
 
@@ -16,27 +16,44 @@ REMOTE = Path(__file__).resolve().parents[1] / "gpu" / "remote.sh"
 A, B = "trained-ref-bf16", "trained-ref-nvfp4"  # two runs of 0.21.0's lanes
 
 
-def test_train_bg_returns_through_a_pipe_while_the_training_runs(tmp_path):
+def test_target_bg_returns_through_a_pipe_and_trains_from_a_snapshot(tmp_path):
+    """target-bg (remote.sh target_background, through the `detached` helper that lanes-bg and
+    drafter-bg share): the training runs in a session of its own from a snapshot of the tree,
+    less .stage/, and the call returns at once even when its output goes through a pipe. The
+    stand-in "training" (PY=bash runs tests/gpu/train_target.py as a script) notes its process
+    and directory, then sleeps far longer than the call."""
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "tests" / "gpu").mkdir(parents=True)
-    # The stand-in "training": notes its process group, then sleeps far longer than the call.
-    (repo / "tests" / "gpu" / "remote.sh").write_text(f"echo $$ > {work}/bg.pid\nsleep 60\n")
+    (repo / ".stage").mkdir()
+    (repo / ".stage" / "bundle.tar.xz.part00").write_text("not copied")
+    (repo / "tests" / "gpu" / "train_target.py").write_text(
+        f"echo $$ > {work}/bg.pid\npwd > {work}/cwd.txt\nsleep 60\n")
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
-    script = functions + "\ninstall() { :; }\ntrain_background\n"
+    script = functions + "\ncorpus_receive() { :; }\ntarget_background\n"
     (tmp_path / "remote-functions.sh").write_text(script)
-    env = dict(os.environ, WORK=str(work), OUT=str(work / "out"))
+    env = dict(os.environ, WORK=str(work), OUT=str(work / "out"), PY="bash", MODELS_TRAINED=str(tmp_path / "models"))
     done = subprocess.run(["bash", "-c", f"bash {tmp_path / 'remote-functions.sh'} | tail -1"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=45)
     try:
         assert done.returncode == 0, done.stderr
         assert "training in the background" in done.stdout
-        assert not (work / "train-bg.rc").exists()  # the call returned before the training ended
+        assert not (work / "target-bg.rc").exists()  # the call returned before the training ended
         for _ in range(100):  # the training did start, in a session of its own
-            if (work / "bg.pid").exists() and (work / "bg.pid").read_text().strip():
+            if (work / "cwd.txt").exists() and (work / "cwd.txt").read_text().strip():
                 break
             time.sleep(0.1)
         pid = int((work / "bg.pid").read_text())
         assert os.getsid(pid) == pid or os.getsid(pid) != os.getsid(0)
+        # It runs in the snapshot, which leaves the staged parts out and keeps its files when the
+        # caller's tree changes under it.
+        assert (work / "cwd.txt").read_text().strip() == str(work / "target-tree")
+        assert not (work / "target-tree" / ".stage").exists()
+        (repo / "tests" / "gpu" / "train_target.py").unlink()
+        assert (work / "target-tree" / "tests" / "gpu" / "train_target.py").exists()
+        # A second call while it runs starts nothing new.
+        again = subprocess.run(["bash", str(tmp_path / "remote-functions.sh")], cwd=repo, env=env,
+                               capture_output=True, text=True, timeout=45)
+        assert again.returncode == 0 and "already running" in again.stdout, again.stderr
     finally:
         if (work / "bg.pid").exists() and (work / "bg.pid").read_text().strip():
             os.killpg(os.getpgid(int((work / "bg.pid").read_text())), signal.SIGKILL)
@@ -49,7 +66,7 @@ def _trained_setup(tmp_path, runs: str, parallel: str) -> str:
     models.mkdir(exist_ok=True)
     (models / "shapes.json").write_text("{}")
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
-    stubs = ("nvidia-smi() { :; }\nwait_training() { echo wait_training; }\nwait_drafter() { echo wait_drafter; }\n"
+    stubs = ("nvidia-smi() { :; }\nwait_drafter() { echo wait_drafter; }\n"
              "seed_raw() { :; }\ntrained_nvfp4() { echo trained_nvfp4; }\ntrained_setup\n")
     (tmp_path / "setup.sh").write_text(functions + "\n" + stubs)
     env = dict(os.environ, WORK=str(work), OUT=str(work / "out"), MODELS_TRAINED=str(models),
@@ -60,15 +77,15 @@ def _trained_setup(tmp_path, runs: str, parallel: str) -> str:
     return done.stdout.split()
 
 
-def test_bf16_runs_do_not_wait_for_the_background_nvfp4_copy(tmp_path):
-    """On 2026-11-27 the bf16 noise runs were to start while the NVFP4 copy (quant-bg, 6 minutes)
-    was still being made beside the drafter's training."""
-    assert _trained_setup(tmp_path, "", "trained-refgroups-bf16-capture;v33-trained-ref-bf16") == ["wait_training"]
-    assert _trained_setup(tmp_path, "", "trained-ref-nvfp4") == ["wait_training", "trained_nvfp4"]
-    assert _trained_setup(tmp_path, "trained-dflash-trained-fa2-cg-nvfp4", "") == \
-        ["wait_training", "wait_drafter", "trained_nvfp4"]
+def test_bf16_runs_do_not_make_the_nvfp4_copy(tmp_path):
+    """trained_setup makes the NVFP4 copy (minutes on the GPU) only for runs that read it, and
+    waits for a background drafter (drafter-bg) only for runs of the trained drafter."""
+    assert _trained_setup(tmp_path, "", "trained-refgroups-bf16-capture;v33-trained-ref-bf16") == []
+    assert _trained_setup(tmp_path, "", "trained-ref-nvfp4") == ["trained_nvfp4"]
+    assert _trained_setup(tmp_path, "trained-dflash-trained-fa2-cg-nvfp4", "") == ["wait_drafter", "trained_nvfp4"]
+    assert _trained_setup(tmp_path, "trained-dflash-trained-fa2-cg-bf16", "") == ["wait_drafter"]
     # No names: every run of the release, NVFP4 ones among them.
-    assert _trained_setup(tmp_path, "", "") == ["wait_training", "trained_nvfp4"]
+    assert _trained_setup(tmp_path, "", "") == ["trained_nvfp4"]
 
 
 def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_not(tmp_path):
@@ -131,36 +148,3 @@ def test_lanes_wait_on_a_machine_that_ran_no_lanes_fails_and_says_why(tmp_path):
                             capture_output=True, text=True, timeout=30)
     assert waited.returncode == 1
     assert "no lanes on this machine" in waited.stderr and "rerun lanes-bg" in waited.stderr
-
-
-def test_install_bg_runs_from_a_snapshot_under_prepares_lock(tmp_path):
-    """On 2026-11-28 a background install read tests/gpu/bundle-requirements.txt while the next
-    receive call's copy of the tree replaced it, and failed. install-bg runs from a snapshot, and
-    holds prepare's lock so that prepare waits for it. The stand-in verb notes where it runs and
-    whether it can take that lock itself (it must not: its parent holds it)."""
-    repo, work = tmp_path / "repo", tmp_path / "work"
-    (repo / "tests" / "gpu").mkdir(parents=True)
-    (repo / "tests" / "gpu" / "remote.sh").write_text(
-        f'echo $$ > {work}/bg.pid; pwd > {work}/cwd.txt\n'
-        f'flock -n {work}/prepare.lock true && echo free > {work}/lock.txt || echo held > {work}/lock.txt\n'
-        'sleep 60\n')
-    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
-    (tmp_path / "f.sh").write_text(functions + '\n"$@"\n')
-    env = dict(os.environ, WORK=str(work), OUT=str(tmp_path / "out"))
-    try:
-        started = subprocess.run(["bash", "-c", f"bash {tmp_path / 'f.sh'} install_background | tail -1"],
-                                 cwd=repo, env=env, capture_output=True, text=True, timeout=30)
-        assert started.returncode == 0, started.stderr
-        assert "install in the background" in started.stdout
-        for _ in range(100):
-            if (work / "lock.txt").exists() and (work / "lock.txt").read_text().strip():
-                break
-            time.sleep(0.1)
-        assert (work / "cwd.txt").read_text().strip() == str(work / "install-tree")
-        assert (work / "lock.txt").read_text().strip() == "held"
-        # The caller's tree may now change under it: the snapshot keeps the files it started with.
-        (repo / "tests" / "gpu" / "remote.sh").unlink()
-        assert (work / "install-tree" / "tests" / "gpu" / "remote.sh").exists()
-    finally:
-        if (work / "bg.pid").exists() and (work / "bg.pid").read_text().strip():
-            os.killpg(os.getpgid(int((work / "bg.pid").read_text())), signal.SIGKILL)

@@ -556,10 +556,10 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     known = {o for a in served.build_parser()._actions for o in a.option_strings}
     assert flags <= known, flags - known
     assert {"--phases", "--model", "--drafter", "--site-patched", "--site-stock", "--work", "--out"} <= flags
-    assert "    served) served ;;" in text and "    served-v33) served_v33 ;;" in text
+    assert "    served) served ;;" in text and "    served-all) served_all ;;" in text
     # Both releases go through the one runner, each with its own site, patched copy and folder.
     assert 'served_run "$SITE" "$SITE_PATCHED" served\n' in text
-    assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33\n' in text
+    assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33; fi\n' in text
     # served-all: every job on its own port base (8000 + 100 i), wider than a job's phase ports.
     both = text[text.index("\nserved_all() {"):text.index("\nserved_run() {")]
     step = int(re.search(r"SERVED_PORT_BASE=\$\(\(8000 \+ (\d+) \* i\)\)", both).group(1))

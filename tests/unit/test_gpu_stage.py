@@ -67,17 +67,6 @@ def test_resplit_refuses_parts_that_do_not_make_their_whole(tmp_path):
     assert [p.name for p in sorted(tmp_path.glob("extras.tar.part*"))] == [p["name"] for p in manifest["parts"]]
 
 
-def test_the_call_plan_carries_each_manifest_with_its_first_part_and_flags_what_does_not_fit(tmp_path):
-    tarball = tmp_path / "bundle.tar.xz"
-    tarball.write_bytes(b"z" * 3000)
-    stage.split(tarball, tmp_path, "bundle", part_bytes=1000)
-    lines = stage.plan_calls(tmp_path, ["bundle"], tree=1000)
-    assert lines == ['[".stage/bundle.json", ".stage/bundle.tar.xz.part00"]', '[".stage/bundle.tar.xz.part01"]',
-                     '[".stage/bundle.tar.xz.part02"]']
-    full = stage.plan_calls(tmp_path, ["bundle"], tree=stage.CALL_BYTES - 900)
-    assert all("DOES NOT FIT" in line for line in full)
-
-
 def test_the_tree_is_counted_from_git_with_untracked_files_it_does_not_ignore(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
