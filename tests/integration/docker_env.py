@@ -193,9 +193,15 @@ def build_from_files(c, repo: str, files: dict[str, tuple[bytes, int]]) -> str:
 
 
 def _remove_containers_of(c, image: str) -> None:
+    """Remove the containers created from the tag ``image``. The daemon's ``ancestor`` filter
+    resolves a tag to its image id, so it also lists the containers that another run (or
+    another pytest-xdist worker of this run) created from its own tag of the same content:
+    only those whose configured image is this very tag go."""
     import docker
 
     for container in c.containers.list(all=True, filters={"ancestor": image}):
+        if (container.attrs.get("Config") or {}).get("Image") != image:
+            continue
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             container.remove(force=True)
 
@@ -343,14 +349,38 @@ def fake_vllm_image(c) -> str:
 # Ports for containers come from a block of this run's own, below the kernel's
 # ephemeral range: with bind(0), two runs beside each other were handed the same
 # port between the probe and the daemon's bind ("port is already allocated").
+# Two runs (or two pytest-xdist workers of one run: each is a run with its own
+# RUN_ID) can still draw the same block, so each port handed out is also claimed
+# with a lock file held for the rest of the process: a port another test process
+# holds is passed over.
 _PORT_BLOCK = 20000 + (zlib.crc32(RUN_ID.encode()) % 100) * 100
 _next_port = itertools.count(_PORT_BLOCK)
+_CLAIMED_PORTS: list = []  # the open lock files of the ports this process handed out
+
+
+def _claim_port(port: int) -> bool:
+    import fcntl
+
+    from launcher.paths import cache_dir
+
+    folder = cache_dir() / "locks" / "test-ports"
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / f"{port}.lock", "a")  # noqa: SIM115 (held until the process ends)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return False
+    _CLAIMED_PORTS.append(handle)
+    return True
 
 
 def free_port() -> int:
     for port in _next_port:
         if port >= _PORT_BLOCK + 100:
             break
+        if not _claim_port(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -104,16 +104,24 @@ def _start_stock_run(folder: Path) -> tuple[subprocess.Popen, Path]:
     here = Path(__file__).resolve().parent
     report = folder / "stock.xml"
     log = open(folder / "stock.log", "wb")  # noqa: SIM115 (the child writes it; closed with the run)
+    # A pytest of its own, not one more xdist worker: the variables pytest-xdist sets in a
+    # worker's environment stay out of it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
          f"--ignore={here / 'test_patch_tests.py'}", str(here)],
-        cwd=here.parent.parent, env={**os.environ, STOCK_ENV: "stock"}, stdout=log, stderr=subprocess.STDOUT)
+        cwd=here.parent.parent, env={**env, STOCK_ENV: "stock"}, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     return proc, report
 
 
 def pytest_collection_finish(session):
     if on_stock() or not any(item.nodeid == STOCK_RUN_TEST for item in session.items):
+        return
+    if hasattr(session.config, "workerinput"):
+        # A pytest-xdist worker: every worker collects every test, and only one of them gets
+        # this test. The test starts the run itself; its worker then waits on it while the
+        # other workers go on, which keeps the cores as busy as the overlap does.
         return
     folder = Path(tempfile.mkdtemp(prefix="sm12x-stock-run-"))
     session.config._sm12x_stock_run = (*_start_stock_run(folder), folder)
