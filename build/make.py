@@ -38,7 +38,7 @@ HELP = """usage: build/make.ps1 TARGET [NAME=VALUE ...] [--print]    (python bui
   venv       make venv: .venv with the launcher alone
   test-venv  make test-venv: .venv with the test extras too
 NAME: PYTHON (makes the venv), VENV (.venv), RECIPE, VLLM_PYTHON (the vLLM to serve), ARGS
-(more launcher serve arguments), PYTEST_ARGS, TEST_WORKERS (pytest-xdist workers, 2). --print: show the commands, run none."""
+(more launcher serve arguments), PYTEST_ARGS, TEST_WORKERS (pytest-xdist workers, 3). --print: show the commands, run none."""
 
 
 class Usage(Exception):
@@ -55,7 +55,7 @@ def parse(argv: list[str], environ: dict[str, str]) -> tuple[str, dict[str, str]
     values = {"PYTHON": environ.get("PYTHON") or ("python" if os.name == "nt" else "python3"),
               "VENV": environ.get("VENV") or ".venv", "RECIPE": environ.get("RECIPE") or "gemma4-moe-dflash",
               "VLLM_PYTHON": environ.get("VLLM_PYTHON", ""), "ARGS": environ.get("ARGS", ""),
-              "PYTEST_ARGS": environ.get("PYTEST_ARGS", ""), "TEST_WORKERS": environ.get("TEST_WORKERS", "2")}
+              "PYTEST_ARGS": environ.get("PYTEST_ARGS", ""), "TEST_WORKERS": environ.get("TEST_WORKERS", "3")}
     for word in words[1:]:
         name, eq, value = word.partition("=")
         if not eq or name not in VARIABLES:
