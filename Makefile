@@ -15,6 +15,11 @@ RECIPE ?= gemma4-moe-dflash
 VLLM_PYTHON ?=
 SERVE_VLLM := $(if $(VLLM_PYTHON),--vllm-python $(VLLM_PYTHON))
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: each takes whole files (a file's module fixtures are
+# made once), the longest first (tests/conftest.py). Three on two cores: many tests wait on a
+# subprocess, a container or a socket. TEST_WORKERS=0: one process, pytest's order.
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help venv test-venv test serve dry-run patch-check bench clean gpu-stage gpu-proof bench-gpu
 # A bare `make` explains itself rather than building a venv.
@@ -45,10 +50,11 @@ venv: $(STAMP)
 ## make test-venv: .venv/ with the test extras too (torch CPU, transformers, modelopt)
 test-venv: $(TEST_STAMP)
 
-## make test: unit + integration tests (starts dockerd when run as root and none answers)
+## make test: unit + integration tests (starts dockerd when run as root and none answers;
+## TEST_WORKERS=3 pytest-xdist workers, the longest files first: tests/conftest.py)
 test: test-venv
 	bash tests/engines.sh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## make serve: serve the gemma4-moe-dflash recipe (RECIPE=...); where the preflight blocks
 ## (no compatible GPU, vLLM, patches or model) it prints the plan and exits 2 with the reason;

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("help", "venv", "test-venv", "test", "serve", "dry-run")
-VARIABLES = ("PYTHON", "VENV", "RECIPE", "VLLM_PYTHON", "ARGS", "PYTEST_ARGS")
+VARIABLES = ("PYTHON", "VENV", "RECIPE", "VLLM_PYTHON", "ARGS", "PYTEST_ARGS", "TEST_WORKERS")
 # Kept equal to the Makefile's $(TEST_STAMP) recipe (tests/unit/test_make_py.py compares them).
 TEST_EXTRAS = [["-m", "pip", "install", "-q", "-e", ".[test,quantize]", "torch==2.13.0"],
                ["-m", "pip", "install", "-q", "--no-deps", "dflash==0.1.0"]]
@@ -38,7 +38,7 @@ HELP = """usage: build/make.ps1 TARGET [NAME=VALUE ...] [--print]    (python bui
   venv       make venv: .venv with the launcher alone
   test-venv  make test-venv: .venv with the test extras too
 NAME: PYTHON (makes the venv), VENV (.venv), RECIPE, VLLM_PYTHON (the vLLM to serve), ARGS
-(more launcher serve arguments), PYTEST_ARGS. --print: show the commands, run none."""
+(more launcher serve arguments), PYTEST_ARGS, TEST_WORKERS (pytest-xdist workers, 3). --print: show the commands, run none."""
 
 
 class Usage(Exception):
@@ -55,7 +55,7 @@ def parse(argv: list[str], environ: dict[str, str]) -> tuple[str, dict[str, str]
     values = {"PYTHON": environ.get("PYTHON") or ("python" if os.name == "nt" else "python3"),
               "VENV": environ.get("VENV") or ".venv", "RECIPE": environ.get("RECIPE") or "gemma4-moe-dflash",
               "VLLM_PYTHON": environ.get("VLLM_PYTHON", ""), "ARGS": environ.get("ARGS", ""),
-              "PYTEST_ARGS": environ.get("PYTEST_ARGS", "")}
+              "PYTEST_ARGS": environ.get("PYTEST_ARGS", ""), "TEST_WORKERS": environ.get("TEST_WORKERS", "3")}
     for word in words[1:]:
         name, eq, value = word.partition("=")
         if not eq or name not in VARIABLES:
@@ -107,14 +107,19 @@ class Plan:
         return self.venv() + [([self.launcher, "serve", "--recipe", self.values["RECIPE"], *vllm, *extra,
                                 *_split(self.values["ARGS"], self.windows)], None)]
 
+    def xdist(self) -> list[str]:
+        """The Makefile's $(XDIST): pytest-xdist workers, each file whole to one."""
+        return ["-n", self.values["TEST_WORKERS"], "--dist", "loadfile", "--no-loadscope-reorder"]
+
     def test(self) -> list[tuple[list[str], str | None]]:
         steps = self.test_venv()
         if self.windows:
-            steps.append(([self.python, "-m", "pytest", "-m", "not docker",
+            steps.append(([self.python, "-m", "pytest", "-m", "not docker", *self.xdist(),
                            *_split(self.values["PYTEST_ARGS"], True)], None))
         else:
             steps += [(["bash", "tests/engines.sh"], None),
-                      ([self.python, "-m", "pytest", *_split(self.values["PYTEST_ARGS"], False)], None)]
+                      ([self.python, "-m", "pytest", *self.xdist(), *_split(self.values["PYTEST_ARGS"], False)],
+                       None)]
         return steps
 
     def steps(self, target: str) -> list[tuple[list[str], str | None]]:

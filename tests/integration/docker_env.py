@@ -193,9 +193,17 @@ def build_from_files(c, repo: str, files: dict[str, tuple[bytes, int]]) -> str:
 
 
 def _remove_containers_of(c, image: str) -> None:
+    """Remove the containers created from the tag ``image``. The daemon's ``ancestor`` filter
+    resolves a tag to its image id, so it also lists the containers that another run (or
+    another pytest-xdist worker of this run) created from its own tag of the same content:
+    only those whose configured image is this very tag go."""
     import docker
 
-    for container in c.containers.list(all=True, filters={"ancestor": image}):
+    # sparse: the daemon's list alone (no inspect of each, which fails for a container
+    # another run removes meanwhile); its "Image" is the name the container was created from.
+    for container in c.containers.list(all=True, sparse=True, filters={"ancestor": image}):
+        if container.attrs.get("Image") != image:
+            continue
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             container.remove(force=True)
 
@@ -233,9 +241,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def images(c, **kwargs) -> list:
+    """``c.images.list(**kwargs)``, again when an image went between the daemon's list and the
+    SDK's inspect of it (removed by a run, or an xdist worker, beside this one)."""
+    import docker
+
+    for _ in range(10):
+        try:
+            return c.images.list(**kwargs)
+        except docker.errors.ImageNotFound:
+            time.sleep(0.2)
+    return c.images.list(**kwargs)
+
+
 def _dangling_of_runs(c) -> list:
     """Untagged leaf images a test build left: their base-name label names a test image."""
-    return [image for image in c.images.list(filters={"dangling": True, "label": BASE_NAME_LABEL})
+    return [image for image in images(c, filters={"dangling": True, "label": BASE_NAME_LABEL})
             if (image.labels.get(BASE_NAME_LABEL) or "").startswith(TEST_REPO)]
 
 
@@ -258,7 +279,7 @@ def cleanup_run(c=None) -> None:
         return  # no docker test ran: nothing to clean, and no daemon to ask
     c = c or docker.from_env(timeout=120)
     remove_run_tags(c)
-    for image in c.images.list():  # tags made with run_tag outside build_from_files (the overlays)
+    for image in images(c):  # tags made with run_tag outside build_from_files (the overlays)
         for tag in image.tags:
             if tag.startswith(TEST_REPO) and tag.endswith(f"-{RUN_ID}"):
                 _remove_containers_of(c, tag)
@@ -270,11 +291,23 @@ def cleanup_run(c=None) -> None:
                 c.images.remove(image.id)
 
 
-def sweep_stale_runs(c, now: float | None = None) -> list[str]:
+def sweep_lock():
+    """Held by every sweep: two sweeps at once (runs, or xdist workers, starting their docker
+    tests together) took each other's removals, and a sweep's list of what went missed them."""
+    from launcher.paths import cache_dir
+
+    return cache_lock(cache_dir() / "locks" / "docker-sweep")
+
+
+def sweep_stale_runs(c, now: float | None = None, *, lock: bool = True) -> list[str]:
     """What runs killed before their end left: their run tags (with containers on them) and
     the dangling images of their builds, once the run started more than ``STALE_AFTER_S``
     ago (the older run ids, without a start time: by the image's age, unless their pid
-    still runs here). A run beside this one is never touched. Returns what went."""
+    still runs here). A run beside this one is never touched. Returns what went.
+    ``lock=False``: the caller holds :func:`sweep_lock` already."""
+    if lock:
+        with sweep_lock():
+            return sweep_stale_runs(c, now, lock=False)
     import docker
 
     now = time.time() if now is None else now
@@ -291,7 +324,7 @@ def sweep_stale_runs(c, now: float | None = None) -> list[str]:
             started = _created(image)
         return now - started > STALE_AFTER_S
 
-    for image in c.images.list():
+    for image in images(c):
         for tag in image.tags:
             if tag.startswith(TEST_REPO) and stale(tag.rpartition(":")[2], image):
                 _remove_containers_of(c, tag)
@@ -343,14 +376,38 @@ def fake_vllm_image(c) -> str:
 # Ports for containers come from a block of this run's own, below the kernel's
 # ephemeral range: with bind(0), two runs beside each other were handed the same
 # port between the probe and the daemon's bind ("port is already allocated").
+# Two runs (or two pytest-xdist workers of one run: each is a run with its own
+# RUN_ID) can still draw the same block, so each port handed out is also claimed
+# with a lock file held for the rest of the process: a port another test process
+# holds is passed over.
 _PORT_BLOCK = 20000 + (zlib.crc32(RUN_ID.encode()) % 100) * 100
 _next_port = itertools.count(_PORT_BLOCK)
+_CLAIMED_PORTS: list = []  # the open lock files of the ports this process handed out
+
+
+def _claim_port(port: int) -> bool:
+    import fcntl
+
+    from launcher.paths import cache_dir
+
+    folder = cache_dir() / "locks" / "test-ports"
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / f"{port}.lock", "a")  # noqa: SIM115 (held until the process ends)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return False
+    _CLAIMED_PORTS.append(handle)
+    return True
 
 
 def free_port() -> int:
     for port in _next_port:
         if port >= _PORT_BLOCK + 100:
             break
+        if not _claim_port(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

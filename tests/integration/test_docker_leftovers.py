@@ -36,11 +36,11 @@ def _dockerfile(marker: str, base_name: str, fail: bool) -> dict[str, tuple[byte
 
 
 def _dangling(client, base_name: str) -> list:
-    return client.images.list(filters={"dangling": True, "label": f"{LABEL}={base_name}"})
+    return docker_env.images(client, filters={"dangling": True, "label": f"{LABEL}={base_name}"})
 
 
 def _tags_of(client, run_id: str) -> list[str]:
-    return [t for image in client.images.list() for t in image.tags if run_id in t]
+    return [t for image in docker_env.images(client) for t in image.tags if run_id in t]
 
 
 def test_a_failed_build_leaves_no_dangling_image(client):
@@ -80,6 +80,13 @@ def test_the_end_of_a_run_leaves_no_tag_container_or_dangling_image_of_it(client
 
 
 def test_the_sweep_removes_a_killed_runs_leftovers_and_never_a_live_runs(client):
+    # The sweep lock from the first build to the sweep: a run (or xdist worker) beside this
+    # one sweeping meanwhile would take the stand-in killed run's leftovers before this sweep.
+    with docker_env.sweep_lock():
+        _sweep_a_killed_and_a_live_run(client)
+
+
+def _sweep_a_killed_and_a_live_run(client):
     now = time.time()
     killed = f"run2-{int(now - docker_env.STALE_AFTER_S - 60)}-{uuid.uuid4().hex[:8]}"
     live = f"run3-{int(now - 60)}-{uuid.uuid4().hex[:8]}"
@@ -95,7 +102,7 @@ def test_the_sweep_removes_a_killed_runs_leftovers_and_never_a_live_runs(client)
                                 custom_context=True, rm=True, forcerm=True)
         made[run_id] = {"tag": base_name, "container": container.id}
     try:
-        gone = docker_env.sweep_stale_runs(client, now=now)
+        gone = docker_env.sweep_stale_runs(client, now=now, lock=False)
         assert made[killed]["tag"] in gone
         assert _tags_of(client, killed) == [] and _dangling(client, made[killed]["tag"]) == []
         assert client.containers.list(all=True, filters={"id": made[killed]["container"]}) == []

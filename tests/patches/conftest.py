@@ -104,16 +104,24 @@ def _start_stock_run(folder: Path) -> tuple[subprocess.Popen, Path]:
     here = Path(__file__).resolve().parent
     report = folder / "stock.xml"
     log = open(folder / "stock.log", "wb")  # noqa: SIM115 (the child writes it; closed with the run)
+    # A pytest of its own, not one more xdist worker: the variables pytest-xdist sets in a
+    # worker's environment stay out of it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
          f"--ignore={here / 'test_patch_tests.py'}", str(here)],
-        cwd=here.parent.parent, env={**os.environ, STOCK_ENV: "stock"}, stdout=log, stderr=subprocess.STDOUT)
+        cwd=here.parent.parent, env={**env, STOCK_ENV: "stock"}, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     return proc, report
 
 
 def pytest_collection_finish(session):
     if on_stock() or not any(item.nodeid == STOCK_RUN_TEST for item in session.items):
+        return
+    if hasattr(session.config, "workerinput"):
+        # A pytest-xdist worker: every worker collects every test, and only one of them gets
+        # this test. The test starts the run itself; its worker then waits on it while the
+        # other workers go on, which keeps the cores as busy as the overlap does.
         return
     folder = Path(tempfile.mkdtemp(prefix="sm12x-stock-run-"))
     session.config._sm12x_stock_run = (*_start_stock_run(folder), folder)
@@ -231,13 +239,20 @@ def triton_probe():
     """``triton_probe(tree, *args)``: triton_attention_probe.py's JSON for ``tree``, run by
     Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU; no GPU here)."""
     triton_dir = _triton_dir()
+    # One run per tree and arguments: the probe reads nothing but them, and on the released
+    # trees (the stock run of test_patch_tests.py) the patched test and its baseline ask for
+    # the same one. Each caller gets its own copy.
+    seen: dict[tuple, str] = {}
 
     def run(tree: Path, *args: str) -> dict:
-        env = {**os.environ, "TRITON_INTERPRET": "1",
-               "PYTHONPATH": os.pathsep.join([str(triton_dir), os.environ.get("PYTHONPATH", "")])}
-        done = subprocess.run([sys.executable, str(TRITON_PROBE), str(tree), *args], env=env,
-                              capture_output=True, text=True, timeout=600, check=False)
-        assert done.returncode == 0, done.stderr[-4000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        key = (str(tree), args)
+        if key not in seen:
+            env = {**os.environ, "TRITON_INTERPRET": "1",
+                   "PYTHONPATH": os.pathsep.join([str(triton_dir), os.environ.get("PYTHONPATH", "")])}
+            done = subprocess.run([sys.executable, str(TRITON_PROBE), str(tree), *args], env=env,
+                                  capture_output=True, text=True, timeout=600, check=False)
+            assert done.returncode == 0, done.stderr[-4000:]
+            seen[key] = done.stdout.strip().splitlines()[-1]
+        return json.loads(seen[key])
 
     return run

@@ -32,6 +32,7 @@ CASES = [
     ("test-venv", []),
     ("test", []),
     ("test", ["PYTEST_ARGS=-x -q tests/unit"]),
+    ("test", ["TEST_WORKERS=0", "PYTEST_ARGS=tests/unit"]),
 ]
 
 
