@@ -21,6 +21,8 @@
 #                              (RS_WALK_NVFP4=1: nvfp4-reference beside them)
 #   remote.sh lanes-wait       wait for them (LANES_WAIT_S), report, and bring their records back
 #   remote.sh nvfp4-reference  the offline acceptance walk on the NVFP4 target (W4A4, W4A16)
+#   remote.sh multinode-bg | multinode-wait   issue 54 on two GPUs: two `launcher serve` nodes
+#                              against one process (tests/gpu/multinode_served.py)
 #   remote.sh speedup-frozen | speedup-curve   issue 53: the frozen step-time model, then the
 #                              speed-up curve's batches (tests/gpu/README.md, "When DFlash pays")
 #
@@ -1021,6 +1023,41 @@ engine_check() { # every multi-node plan's node argv (multinode_engine_check.py 
         --require-engine-config 2>&1 | grep -v "^WARNING\|^INFO" | tee "$OUT/multinode-engine-check-$version.txt"
 }
 
+multinode_background() { # issue 54 on a host with two GPUs: multinode_served.py (two `launcher serve`
+    # nodes, one GPU each, against one process with TP 2 and with TP 1) on patched vLLM 0.33.0,
+    # detached, since its servers outlast one 10-minute command; multinode-wait follows it.
+    # MN_SERVERS narrows; MN_MODEL / MN_DRAFTER (default: the trained target, the drafter beside it)
+    [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "multinode needs a host with two GPUs" >&2; return 1; }
+    receive_parts
+    install_v33
+    site_is_current "$SITE33_PATCHED" || patched_site "$SITE33_PATCHED" "" "$SITE33" | tee "$WORK/patch-apply-v33.txt"
+    if [ -f "$WORK/multinode.out" ] && [ ! -f "$WORK/multinode.rc" ]; then
+        echo "multinode already running ($WORK/multinode.out)"; return 0
+    fi
+    rm -f "$WORK/multinode.rc"
+    snapshot_tree "$WORK/multinode-tree"
+    local gpu script
+    gpu="$(nvidia-smi -L | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
+    script="$PY tests/gpu/multinode_served.py --model ${MN_MODEL:-$TRAINED} \
+--drafter ${MN_DRAFTER:-$MODELS_TRAINED/dflash-r5-for-trained} --site $SITE33_PATCHED:$SITE33 --work $WORK/multinode \
+--out $WORK/multinode-out --servers ${MN_SERVERS:-tp1,tp2,nodes2,tp2-dflash,nodes2-dflash} --vllm $V33 \
+--series-hash $(series_hash "$SITE33_PATCHED") --gpu '$gpu'"
+    detached "$WORK/multinode-tree" "$WORK/multinode.out" "$script; echo \$? > $WORK/multinode.rc" \
+        VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0
+    echo "multinode in the background (log: $WORK/multinode.out; remote.sh multinode-wait)"
+}
+
+multinode_wait() { # wait up to MN_WAIT_S (default 480) for multinode-bg; its progress; its record and the
+    # servers' logs into $OUT (whenever asked: a record cut short is still one)
+    local waited=0 limit=${MN_WAIT_S:-480}
+    while [ ! -f "$WORK/multinode.rc" ] && [ "$waited" -lt "$limit" ]; do sleep 10; waited=$((waited + 10)); done
+    grep "^\[" "$WORK/multinode.out" | tail -n 12 || true
+    mkdir -p "$OUT"
+    cp "$WORK"/multinode-out/multinode.* "$OUT/" 2>/dev/null || true
+    tar -C "$WORK" -czf "$OUT/multinode-logs.tar.gz" multinode.out $(cd "$WORK" && ls -d multinode/*.log 2>/dev/null) || true
+    [ -f "$WORK/multinode.rc" ] && echo "multinode ended: rc $(cat "$WORK/multinode.rc")" || echo "multinode still running after ${waited}s"
+}
+
 any_alive() { # any_alive PID...: true while one of them runs
     local p
     for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
@@ -1300,6 +1337,8 @@ case "$cmd" in
     target-bg) target_background ;;
     receive-trained) receive_trained ;;
     engine-check) engine_check ;;
+    multinode-bg) multinode_background ;;
+    multinode-wait) multinode_wait ;;
     target-wait) target_wait ;;
     zlab-reference) zlab_reference ;;
     fast-decode-check) corpus_receive && mkdir -p "$OUT" && PYTHONPATH="$SITE_TRAIN" "$PY" tests/gpu/fast_decode_check.py "$OUT/fast-decode-check.json" ;;
@@ -1320,5 +1359,5 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
 esac

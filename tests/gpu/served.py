@@ -184,12 +184,14 @@ class Launched:
     next call."""
 
     def __init__(self, args: list[str], site: str, cwd: Path, log: Path, timeout: float, force: bool = False,
-                 step_times: Path | None = None):
+                 step_times: Path | None = None, env: dict | None = None):
+        # env: variables of this server alone (CUDA_VISIBLE_DEVICES of one node of several)
         flags = ["--wait", "--timeout", str(int(timeout))] + (["--force"] if force else [])
         self.args = _with_flags(args, *flags)
         self.log_path = log
         self._log = log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.args], env=launcher_env(site, step_times),
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", *self.args],
+                                     env={**launcher_env(site, step_times), **(env or {})},
                                      cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
         self.t0 = time.time()
 
