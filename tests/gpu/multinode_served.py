@@ -12,7 +12,7 @@ given, with the trained target, served.py's --set items and vLLM arguments, and 
 * ``tp2-dflash``, ``nodes2-dflash``: the same two with the drafter.
 
 Each answers the target's gated prompts (prompts.json: token ids, 128 greedy tokens, eos
-ignored) one at a time; ``tp2`` twice, since a reference must reproduce. ``tp1``, ``tp2`` and
+ignored), all in flight at once; ``tp2`` twice, since a reference must reproduce. ``tp1``, ``tp2`` and
 ``nodes2`` then serve the speed levels of bars.yaml (tok/s at 1, 4, 16 in flight), and
 ``nodes2`` ends with its head killed (SIGKILL to node 0's launcher and everything it started):
 what node 1 does, what a client sees, and how long a restarted pair takes to answer again.
@@ -123,9 +123,12 @@ class Pair:
 
 
 def answer(url: str, model: str, prompts: list[dict], tokens: int) -> dict:
-    """Every prompt once, one at a time; acceptance from /metrics around all of them."""
+    """Every prompt once, all in flight together (exact numerics is batch invariant: a token
+    does not depend on what else is in the batch, which is why it is the mode compared here);
+    acceptance from /metrics around all of them."""
     before = served.scrape(url)
-    rows = [served.complete_tokens(url, model, p["token_ids"], tokens) for p in prompts]
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        rows = list(pool.map(lambda p: served.complete_tokens(url, model, p["token_ids"], tokens), prompts))
     return {"rows": rows, "acceptance": report.acceptance(before, served.scrape(url))}
 
 
