@@ -520,7 +520,9 @@ target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once end
     grep -v "^step\|^seq step .* seq " "$WORK/target-bg.out" | tail -n 12 || true
     grep "^step\|^seq step .* seq " "$WORK/target-bg.out" | tail -n 2 || true
     if [ -f "$WORK/train-drafter.log" ]; then
-        echo "drafter:"; grep -v "^step" "$WORK/train-drafter.log" | tail -n 4; grep "^step" "$WORK/train-drafter.log" | tail -n 1
+        # (grep finds no step line before the first one: not a failure of the wait)
+        echo "drafter:"; { grep -v "^step" "$WORK/train-drafter.log" || true; } | tail -n 4
+        { grep "^step" "$WORK/train-drafter.log" || true; } | tail -n 1
     fi
     [ -f "$WORK/target-bg.rc" ] || { echo "target-bg still running after ${waited}s"; return 0; }
     echo "target-bg ended: rc $(cat "$WORK/target-bg.rc")"
