@@ -79,7 +79,7 @@ STAGE_CORPUS = _stage("stage-corpus", "--corpus")
 RECEIVE = _remote("receive")
 OUT = ("OUT", "{work}/out")
 # The trained target: restored from .stage/extras-trained when its parts were staged (checked
-# against its record's target_sha256), trained otherwise.
+# against its record's target_sha256), otherwise the gated recipe (first stage, polish, drafter).
 TRAIN_TARGET = _remote("train-target", ("OUT", "{work}/out/trained"))
 TRAIN_DRAFTER = _remote("train-drafter", ("OUT", "{work}/out/trained"))
 PREPARE = _remote("prepare")
@@ -171,7 +171,7 @@ PAGES: dict[str, tuple[Step, ...]] = {
     # served no-drafter twin and the served drafter, then the judgement.
     "conformance": (
         STAGE_BUNDLE, STAGE_FA2, STAGE_V33, STAGE_CORPUS, RECEIVE,
-        _remote("target-bg", ("CHAIN_DRAFTER", "1")),
+        _remote("target-bg", ("POLISH", "1"), ("CHAIN_DRAFTER", "1")),
         _remote("target-wait", OUT, ("TARGET_WAIT_S", "14400")),
         _remote("zlab-reference", OUT),
         _remote("served-all", OUT, ("SERVED_JOBS", "gemma4-moe-dflash:conformance-twin,conformance:default"),

@@ -433,14 +433,14 @@ train_target() { # the trained target (issue 23): corpus, tokenizer, training, d
         trained_identity_check
         if [ "${TRAIN_REPEAT:-0}" = 1 ]; then train_repeat; fi
     fi
-    if [ ! -f "$MODELS_TRAINED/shapes.json" ]; then
-        # The bundle's transformers 5.13.1 writes the config vLLM 0.21.0 reads.
-        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$MODELS_TRAINED" \
-            ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} ${TRAIN_UNLIKELIHOOD:+--unlikelihood "$TRAIN_UNLIKELIHOOD"} \
-            2>&1 | grep --line-buffered -v "Writing model shards" | tee "$WORK/train.log" \
-            | grep --line-buffered -v "^step" || true
-        grep "^step" "$WORK/train.log" | awk 'NR % 10 == 1' || true
-        cp "$WORK/train.log" "$OUT/"
+    if [ ! -f "$MODELS_TRAINED/shapes.json" ] || ! bash -c "$(json_test "$TRAINED/train-record.json" polished_from)"; then
+        # The gated target's recipe (issue 51): the first stage on the pinned corpus, its polish,
+        # and the drafter for it, as target-bg runs them (with corpus.json's transformers 5.13.1,
+        # which writes the config vLLM 0.21.0 reads); waited for here.
+        POLISH=1 CHAIN_DRAFTER=1 target_background
+        until [ -f "$WORK/target-bg.rc" ]; do sleep 30; done
+        TARGET_WAIT_S=0 target_wait
+        [ "$(cat "$WORK/target-bg.rc")" = 0 ] || { echo "the target recipe failed: $WORK/target-bg.out" >&2; return 1; }
     fi
     [ -f "$TRAINED/train-record.json" ] || { echo "no trained target (train.log)" >&2; return 1; }
     cp "$TRAINED/train-record.json" "$OUT/"
@@ -482,11 +482,12 @@ EXTRA_WHEEL=transformers-5.13.1-py3-none-any.whl  # corpus.json's: the drafter's
 MODELS_POLISHED=${MODELS_POLISHED:-/tmp/models-polished}
 
 target_background() { # train_target.py on the pinned corpus in a session of its own; with
-    # POLISH=1 then its polish stage into $MODELS_POLISHED; with CHAIN_DRAFTER=1 then
-    # train_drafter.py on the last of them (only if its greedy probe passed the gate), the extra
-    # corpus being corpus.json's transformers wheel: no vLLM bundle needed. A target already on
-    # disk (trained, or carried: receive-trained) is kept. target-wait follows it. The verbs after
-    # a polish run on it with MODELS_TRAINED=$MODELS_POLISHED.
+    # POLISH=1 then its polish stage, which then takes $MODELS_TRAINED's place (the first stage
+    # moves to $MODELS_TRAINED-first), so the verbs after it serve the polished target; with
+    # CHAIN_DRAFTER=1 then train_drafter.py on it (only if its greedy probe passes the gate), the
+    # extra corpus being corpus.json's transformers wheel: no vLLM bundle needed. What is on disk
+    # already (trained, or restored by receive-trained: a polished target, a drafter for it) is
+    # kept. target-wait follows it.
     corpus_receive
     mkdir -p "$WORK"
     if [ -f "$WORK/target-bg.out" ] && [ ! -f "$WORK/target-bg.rc" ]; then
@@ -494,27 +495,37 @@ target_background() { # train_target.py on the pinned corpus in a session of its
     fi
     rm -f "$WORK/target-bg.rc"
     snapshot_tree "$WORK/target-tree"
-    local steps="[ -f $TRAINED/train-record.json ] || $PY tests/gpu/train_target.py $MODELS_TRAINED \
+    local rec=$TRAINED/train-record.json name
+    name=$(basename "$TRAINED")
+    local steps="[ -f $rec ] || $PY tests/gpu/train_target.py $MODELS_TRAINED \
 --corpus-wheels $CORPUS_WHEELS ${TRAIN_ARGS:-}"
-    local final=$MODELS_TRAINED
     if [ "${POLISH:-0}" = 1 ]; then
-        # The polish stage (train_target.POLISH) on that target, into a folder of its own.
-        final=$MODELS_POLISHED
-        steps="$steps && { [ -f $final/$(basename "$TRAINED")/train-record.json ] || $PY tests/gpu/train_target.py \
-$final --corpus-wheels $CORPUS_WHEELS --polish $TRAINED; }"
+        steps="$steps && { $(json_test "$rec" polished_from) || { \
+{ [ -f $MODELS_POLISHED/$name/train-record.json ] || $PY tests/gpu/train_target.py $MODELS_POLISHED \
+--corpus-wheels $CORPUS_WHEELS --polish $TRAINED; } && rm -rf $MODELS_TRAINED-first \
+&& mv $MODELS_TRAINED $MODELS_TRAINED-first && mv $MODELS_POLISHED $MODELS_TRAINED; }; }"
     fi
     if [ "${CHAIN_DRAFTER:-0}" = 1 ]; then
-        steps="$steps && $PY tests/gpu/trained_pack.py gate $final/$(basename "$TRAINED")/train-record.json \
-&& PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY tests/gpu/train_drafter.py $final \
+        steps="$steps && $PY tests/gpu/trained_pack.py gate $rec && { $(json_same "$DRAFTER_TRAINED/drafter-train-record.json" \
+"$rec" target_sha256) || PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY tests/gpu/train_drafter.py $MODELS_TRAINED \
 --corpus-wheels $CORPUS_WHEELS --extra-corpus $CORPUS_WHEELS/$EXTRA_WHEEL \
-${DRAFTER_OVERRIDE:+--override '$DRAFTER_OVERRIDE'} > $WORK/train-drafter.log 2>&1"
+${DRAFTER_OVERRIDE:+--override '$DRAFTER_OVERRIDE'} > $WORK/train-drafter.log 2>&1; }"
     fi
     detached "$WORK/target-tree" "$WORK/target-bg.out" "($steps); echo \$? > $WORK/target-bg.rc" \
         CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH="$SITE_TRAIN"
     echo "training in the background (log: $WORK/target-bg.out; remote.sh target-wait)"
 }
 
-target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once ended, its record and log into $OUT
+json_test() { # json_test FILE KEY: a command line, true when FILE is JSON with a truthy KEY
+    echo "$PY -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get(sys.argv[2]) else 1)' $1 $2 2>/dev/null"
+}
+
+json_same() { # json_same A B KEY: a command line, true when JSON files A and B hold the same KEY
+    echo "$PY -c 'import json, sys; a, b = (json.load(open(p)).get(sys.argv[3]) for p in sys.argv[1:3]); \
+sys.exit(0 if a is not None and a == b else 1)' $1 $2 $3 2>/dev/null"
+}
+
+target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once ended, its records and log into $OUT
     local waited=0 limit=${TARGET_WAIT_S:-200}
     while [ ! -f "$WORK/target-bg.rc" ] && [ "$waited" -lt "$limit" ]; do sleep 10; waited=$((waited + 10)); done
     grep -v "^step\|^seq step .* seq " "$WORK/target-bg.out" | tail -n 12 || true
@@ -528,10 +539,16 @@ target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once end
     echo "target-bg ended: rc $(cat "$WORK/target-bg.rc")"
     mkdir -p "$OUT"
     cp "$WORK/target-bg.out" "$OUT/train.log"
-    [ -f "$TRAINED/train-record.json" ] && cp "$TRAINED/train-record.json" "$OUT/"
-    local polished
-    polished=$MODELS_POLISHED/$(basename "$TRAINED")/train-record.json
-    [ -f "$polished" ] && cp "$polished" "$OUT/polish-record.json"
+    # The polished target's record is polish-record.json, the first stage's train-record.json.
+    local first=$MODELS_TRAINED-first/$(basename "$TRAINED")/train-record.json
+    if [ -f "$first" ]; then cp "$first" "$OUT/train-record.json"; fi
+    if [ -f "$TRAINED/train-record.json" ]; then
+        if bash -c "$(json_test "$TRAINED/train-record.json" polished_from)"; then
+            cp "$TRAINED/train-record.json" "$OUT/polish-record.json"
+        else
+            cp "$TRAINED/train-record.json" "$OUT/"
+        fi
+    fi
     [ -f "$WORK/train-drafter.log" ] && cp "$WORK/train-drafter.log" "$OUT/"
     [ -f "$DRAFTER_TRAINED/drafter-train-record.json" ] && cp "$DRAFTER_TRAINED/drafter-train-record.json" "$OUT/"
     return 0

@@ -148,3 +148,86 @@ def test_lanes_wait_on_a_machine_that_ran_no_lanes_fails_and_says_why(tmp_path):
                             capture_output=True, text=True, timeout=30)
     assert waited.returncode == 1
     assert "no lanes on this machine" in waited.stderr and "rerun lanes-bg" in waited.stderr
+
+
+_DISPATCH = """#!/bin/bash
+# PY for the stand-in repository: python3 for `-c` lines, a stand-in script's bash otherwise
+if [ "$1" = -c ]; then exec python3 "$@"; fi
+exec bash "$@"
+"""
+_TRAIN_TARGET = """out=$1; shift; polish=""
+while [ $# -gt 0 ]; do [ "$1" = --polish ] && polish=$2; shift; done
+mkdir -p "$out/trained-a4b-r30" && echo "{}" > "$out/shapes.json"
+if [ -n "$polish" ]; then rec='{"target_sha256": "p2", "polished_from": {"target_sha256": "f1"}}'
+else rec='{"target_sha256": "f1", "polished_from": null}'; fi
+echo "$rec" > "$out/trained-a4b-r30/train-record.json"
+echo "target $(basename "$out")${polish:+ polish}" >> "$WORK/calls.txt"
+"""
+_TRAIN_DRAFTER = """mkdir -p "$1/dflash-r5-trained"
+python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["target_sha256"]; \\
+print(json.dumps({"target_sha256": t}))' "$1/trained-a4b-r30/train-record.json" > "$1/dflash-r5-trained/drafter-train-record.json"
+echo "drafter $(basename "$1")" >> "$WORK/calls.txt"
+"""
+
+
+def _recipe_repo(tmp_path):
+    repo = tmp_path / "repo"
+    gpu = repo / "tests" / "gpu"
+    gpu.mkdir(parents=True)
+    (gpu / "train_target.py").write_text(_TRAIN_TARGET)
+    (gpu / "train_drafter.py").write_text(_TRAIN_DRAFTER)
+    (gpu / "trained_pack.py").write_text("exit 0\n")  # the gate: passes
+    (tmp_path / "py").write_text(_DISPATCH)
+    (tmp_path / "py").chmod(0o755)
+    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
+    script = functions + "\ncorpus_receive() { :; }\nPOLISH=1 CHAIN_DRAFTER=1 target_background && " \
+                         "until [ -f $WORK/target-bg.rc ]; do sleep 0.2; done; TARGET_WAIT_S=0 target_wait\n"
+    (tmp_path / "recipe.sh").write_text(script)
+    return repo
+
+
+def _run_recipe(tmp_path, repo) -> list[str]:
+    work = tmp_path / "work"
+    env = dict(os.environ, WORK=str(work), OUT=str(work / "out"), PY=str(tmp_path / "py"),
+               MODELS_TRAINED=str(tmp_path / "models"), MODELS_POLISHED=str(tmp_path / "polished"))
+    done = subprocess.run(["bash", str(tmp_path / "recipe.sh")], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and (work / "target-bg.rc").read_text().strip() == "0", done.stdout + done.stderr
+    calls = work / "calls.txt"
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def _record(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def test_the_recipe_polishes_into_the_trained_folder_and_trains_the_drafter_once(tmp_path):
+    """POLISH=1 CHAIN_DRAFTER=1 target-bg from nothing: the first stage, its polish, and the drafter
+    on the polished target, which then sits where every later verb looks ($MODELS_TRAINED; the
+    first stage beside it); target-wait returns both records. Run again, it trains nothing."""
+    repo, models = _recipe_repo(tmp_path), tmp_path / "models"
+    assert _run_recipe(tmp_path, repo) == ["target models", "target polished polish", "drafter models"]
+    assert _record(models / "trained-a4b-r30" / "train-record.json")["target_sha256"] == "p2"
+    assert _record(tmp_path / "models-first" / "trained-a4b-r30" / "train-record.json")["target_sha256"] == "f1"
+    assert _record(models / "dflash-r5-trained" / "drafter-train-record.json")["target_sha256"] == "p2"
+    out = tmp_path / "work" / "out"
+    assert _record(out / "polish-record.json")["target_sha256"] == "p2"
+    assert _record(out / "train-record.json")["target_sha256"] == "f1"
+    assert _record(out / "drafter-train-record.json")["target_sha256"] == "p2"
+    (tmp_path / "work" / "calls.txt").unlink()
+    assert _run_recipe(tmp_path, repo) == []
+
+
+def test_a_restored_first_stage_is_polished_and_a_stale_drafter_retrained(tmp_path):
+    """A first-stage target restored from a pack (receive-trained), with a drafter trained for it:
+    the recipe polishes it and trains a drafter for the polished target."""
+    repo, models = _recipe_repo(tmp_path), tmp_path / "models"
+    (models / "trained-a4b-r30").mkdir(parents=True)
+    (models / "shapes.json").write_text("{}")
+    (models / "trained-a4b-r30" / "train-record.json").write_text('{"target_sha256": "f1", "polished_from": null}')
+    (models / "dflash-r5-trained").mkdir()
+    (models / "dflash-r5-trained" / "drafter-train-record.json").write_text('{"target_sha256": "f1"}')
+    assert _run_recipe(tmp_path, repo) == ["target polished polish", "drafter models"]
+    assert _record(models / "dflash-r5-trained" / "drafter-train-record.json")["target_sha256"] == "p2"
