@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the launcher's stamp layout
 from launcher.patching.stamp import read_stamp  # noqa: E402
 from launcher.patching.tree import Tree  # noqa: E402
-import carried  # noqa: E402
+import seeded  # noqa: E402
 import bars  # noqa: E402
 import caveats  # noqa: E402
 import compare  # noqa: E402
@@ -667,7 +667,7 @@ def target_identity(spec: RunSpec, models: Path) -> dict:
                 "target_sha256": rec["target_sha256"]}
     if spec.quant == "modelopt-nvfp4":
         # Each machine may quantize its own copy (remote.sh's trained_nvfp4, in the trained-target
-        # verbs), and a reference carried from another machine must have run the same one.
+        # verbs), and a reference seeded from another host must have run the same one.
         import train_target
 
         identity["quantized_sha256"] = train_target.checkpoint_sha256(models / (TRAINED_TARGET + "-nvfp4"))
@@ -1192,7 +1192,7 @@ def _quant_backends(log_text: str) -> dict:
 
 def _series_of(spec: RunSpec, raw: dict, meta: dict) -> str | None:
     """The hash of the tree a patched run used: the one its tree's stamp named when it ran
-    (run_tree_hash), so a raw record carried to a later machine keeps its own. Raw records
+    (run_tree_hash), so a raw record seeded on a later host keeps its own. Raw records
     written before 2026-11-27 have none: the merge's meta, where mm-prefix runs use the
     series less the text-only patch where remote.sh built one."""
     if raw.get("series_hash"):
@@ -1233,8 +1233,8 @@ def record(spec: RunSpec, raw: dict, reference: dict | None, meta: dict, noise: 
         rec["error"] = (f"loaded compiled graph {found[0]['artifact'][:8]} that {', '.join(found[0]['saved_by'])} "
                         f"saved from another vLLM tree ({', '.join(t[:8] for t in found[0]['trees'])}): "
                         "its target is not this tree's")
-    if raw.get("carried"):
-        rec["carried"] = True
+    if raw.get("seeded"):
+        rec["seeded"] = True
     if raw.get("assert_lines"):
         rec["assert_lines"] = raw["assert_lines"]
     if raw.get("probe") is not None:
@@ -1351,7 +1351,7 @@ def within_batch_noise(reference: dict | None, run: dict, noise: dict | None, no
         return {"run": noise_name, "within": None, "reason": "the run failed"}
     if not reference or not reference.get("ok") or not passes_agree(reference["passes"])["stable"]:
         return {"run": noise_name, "within": None, "reason": "reference not deterministic"}
-    # A carried raw record of another target (or NVFP4 copy) must not set the bound.
+    # A seeded raw record of another target (or NVFP4 copy) must not set the bound.
     if checkpoint_differs(reference, noise) or checkpoint_differs(reference, run):
         return {"run": noise_name, "within": None, "reason": "runs of different targets"}
     noise_moves, own_moves = margin_moves(reference, noise), margin_moves(reference, run)
@@ -1484,7 +1484,7 @@ def _key_value(field: str, value):
 
 def merge(existing: list[dict], new: list[dict]) -> list[dict]:
     """Records with the same configuration (vllm, series, key fields) are replaced, except by a
-    record of a carried raw."""
+    record of a seeded raw."""
     # RunSpec.key()'s fields; a record written before a field existed had its default.
     # compile_backend is in key() only when set, so name it: a -bi-noinductor record must
     # not replace its -bi twin.
@@ -1502,10 +1502,10 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
         return (r.get("vllm"), series, json.dumps(r.get("target"), sort_keys=True), r.get("drafter_layers"),
                 r.get("target_name", RANDOM_TARGET_NAME), drafter,
                 *(_key_value(k, r.get(k, d)) for k, d in defaults.items() if k != "series"))
-    # A record made from a carried raw (remote.sh seed_raw: another machine's reference, an input
+    # A record made from a seeded raw (remote.sh seed_raw: another host's reference, an input
     # here) fills a gap but never replaces the record of its configuration: that one may be newer.
     held = {ident(r) for r in existing}
-    new = [r for r in new if not (r.get("carried") and ident(r) in held)]
+    new = [r for r in new if not (r.get("seeded") and ident(r) in held)]
     fresh = {ident(r) for r in new}
     # A run that failed before it loaded the target has no target fields, so its ident
     # differs from its own rerun's: the rerun of the same name replaces it all the same.
@@ -1837,13 +1837,13 @@ def _with_compile_artifacts(raw: dict, log: Path) -> dict:
 def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
     """The raw records of a folder, by run name, with what the merge reads beside them: compiled
     graphs from the runs' logs where a record predates them, the runs that loaded another tree's
-    graph, the runs carried from another machine (``carried``), and (``walks_dir``) the NVFP4
+    graph, the runs seeded from another host (``seeded``), and (``walks_dir``) the NVFP4
     walks of NVFP4 runs recorded before those existed."""
     raws = {p.name[:-len(".raw.json")]: _with_compile_artifacts(json.loads(p.read_text()),
                                                                  raw_dir / p.name.replace(".raw.json", ".log"))
             for p in sorted(raw_dir.glob("*.raw.json"))}
-    for name in carried_runs(raw_dir) & raws.keys():
-        raws[name] = raws[name] | {"carried": True}
+    for name in seeded_runs(raw_dir) & raws.keys():
+        raws[name] = raws[name] | {"seeded": True}
     for name, found in stale_compile_artifacts(raws).items():
         raws[name] = raws[name] | {"stale_compile_artifacts": found}
     walks = sorted(walks_dir.glob("nvfp4-evaluation*.json")) if walks_dir else []
@@ -1856,9 +1856,9 @@ def load_raws(raw_dir: Path, walks_dir: Path | None = None) -> dict[str, dict]:
     return raws
 
 
-def carried_runs(raw_dir: Path) -> set[str]:
-    """The runs whose raw record in ``raw_dir`` was carried from another machine, not run here."""
-    return {n[:-len(".raw.json")] for n in carried.names(raw_dir) if n.endswith(".raw.json")}
+def seeded_runs(raw_dir: Path) -> set[str]:
+    """The runs whose raw record in ``raw_dir`` was seeded from another host, not run here."""
+    return {n[:-len(".raw.json")] for n in seeded.names(raw_dir) if n.endswith(".raw.json")}
 
 
 def order_runs(names: list[str]) -> list[str]:
@@ -2012,7 +2012,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = run_one(spec, args.models, site, raw_dir, token_limit, min(CHILD_TIMEOUT_S, left + 30))
         raw["series_hash"] = run_tree_hash(site)
         (raw_dir / f"{name}.raw.json").write_text(json.dumps(raw) + "\n")
-        carried.uncarry(raw_dir, f"{name}.raw.json")
+        seeded.unseed(raw_dir, f"{name}.raw.json")
         status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
         print(f"    {time.time() - t0:.0f}s {status}", flush=True)
     # Verdicts use every raw result present (earlier calls on the warm machine too).

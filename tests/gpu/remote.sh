@@ -15,7 +15,7 @@
 #   remote.sh drafter-bg       retrain the drafter (DRAFTER_OVERRIDE) in the background meanwhile
 #   remote.sh drafter-sweep    DRAFTER_SWEEP's recipes, one a GPU, in the background (sweep-wait
 #                              keeps the best); then pack-drafter
-#   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to carry back
+#   remote.sh pack-drafter     that drafter alone into $OUT (extras-update-drafter), to copy back
 #   remote.sh lanes-bg         RS_PARALLEL_21 / RS_PARALLEL_33 lanes of both releases in the background
 #                              (RS_LANE_GPUS_21 / _33: the GPUs their lanes take, round-robin)
 #                              (RS_WALK_NVFP4=1: nvfp4-reference beside them)
@@ -52,7 +52,7 @@ assemble() { # assemble STEM: print STEM's part paths in order, after checking t
     names=$(manifest_field '" ".join(p["name"] for p in m["parts"])' "$stem") || return 1
     local parts=()
     for p in $names; do
-        [ -f "$BUNDLE_DIR/$p" ] || { echo "missing $stem part $p: carry it first (receive)" >&2; return 1; }
+        [ -f "$BUNDLE_DIR/$p" ] || { echo "missing $stem part $p: copy it into .stage/ first (receive)" >&2; return 1; }
         parts+=("$BUNDLE_DIR/$p")
     done
     manifest_field 'm["sha256"] + "  -"' "$stem" > "$BUNDLE_DIR/$stem.whole.sha256"
@@ -61,9 +61,9 @@ assemble() { # assemble STEM: print STEM's part paths in order, after checking t
     printf '%s\n' "${parts[@]}"
 }
 
-receive() { # copy the carried parts of every bundle (bundle.*, extras*.*) to $BUNDLE_DIR
+receive() { # copy the staged parts of every bundle (bundle.*, extras*.*) to $BUNDLE_DIR
     receive_parts
-    [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json carried yet" >&2; return 1; }
+    [ -f "$BUNDLE_DIR/bundle.json" ] || { echo "no $STAGE/bundle.json staged yet" >&2; return 1; }
     parts_held
 }
 
@@ -72,10 +72,10 @@ receive_trained() { # the packed checkpoints alone (extras-trained, no vLLM bund
     receive_parts
     parts_held
     local missing
-    [ -f "$BUNDLE_DIR/extras-trained.json" ] || { echo "no $STAGE/extras-trained.json carried yet" >&2; return 1; }
+    [ -f "$BUNDLE_DIR/extras-trained.json" ] || { echo "no $STAGE/extras-trained.json staged yet" >&2; return 1; }
     missing=$(manifest_field '" ".join(p["name"] for p in m["parts"])' extras-trained | tr ' ' '\n' \
         | while read -r name; do [ -f "$BUNDLE_DIR/$name" ] || echo "$name"; done | wc -l)
-    [ "$missing" = 0 ] || { echo "extras-trained: $missing parts still to carry"; return 0; }
+    [ "$missing" = 0 ] || { echo "extras-trained: $missing parts still to copy"; return 0; }
     extras && trained_identity_check
 }
 
@@ -266,7 +266,7 @@ EOF
 MODELS_RS=${MODELS_RS:-/tmp/models-rs}
 SITE_QUANT=${SITE_QUANT:-/tmp/site-quant}
 
-extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoints into $MODELS_RS
+extras() { # every extras* bundle staged: FA2 into the installed vLLM, checkpoints into $MODELS_RS
     local manifest stem sha parts found=0
     # In name order: extras-update-drafter (remote.sh pack-drafter) lands over extras-trained's drafter.
     for manifest in "$BUNDLE_DIR"/extras*.json; do
@@ -309,7 +309,7 @@ extras() { # every extras* bundle carried: FA2 into the installed vLLM, checkpoi
         mkdir -p "$SITE" && echo "$sha" > "$SITE/.$stem-installed"
         echo "$stem installed"
     done
-    [ "$found" = 1 ] || echo "no extras*.json carried (stage.py --extras): FA2 absent, FLASH_ATTN runs FA3"
+    [ "$found" = 1 ] || echo "no extras*.json staged (stage.py --extras): FA2 absent, FLASH_ATTN runs FA3"
 }
 
 realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM]: date, GPU, versions, series hashes, command
@@ -426,7 +426,7 @@ TRAINED=$MODELS_TRAINED/trained-a4b-r30
 train_target() { # the trained target (issue 23): corpus, tokenizer, training, drafter, prompts
     install
     mkdir -p "$OUT" "$WORK"
-    # A checkpoint carried back from an earlier session (extras-trained, pack-trained) saves
+    # A checkpoint staged from another host (extras-trained, pack-trained) saves
     # the training; TRAIN_REPEAT=1 trains anyway and compares (run-to-run determinism).
     extras
     if [ -f "$MODELS_TRAINED/shapes.json" ]; then
@@ -450,7 +450,7 @@ CORPUS_WHEELS=${CORPUS_WHEELS:-/tmp/corpus-wheels}
 SITE_TRAIN=${SITE_TRAIN:-/tmp/site-train}
 SITE_ZLAB=${SITE_ZLAB:-/tmp/site-zlab}
 
-corpus_receive() { # the carried corpus.json wheels (.stage/corpus/) into $CORPUS_WHEELS, checked by
+corpus_receive() { # the staged corpus.json wheels (.stage/corpus/) into $CORPUS_WHEELS, checked by
     # sha256; transformers 5.13.1 and dflash installed into $SITE_TRAIN (no vLLM bundle needed)
     mkdir -p "$CORPUS_WHEELS"
     [ -d "$STAGE/corpus" ] && cp --update=none "$STAGE"/corpus/*.whl "$CORPUS_WHEELS/"
@@ -461,7 +461,7 @@ m = json.load(open("tests/gpu/corpus.json"))
 for art in m["wheels"] + m["training_wheels"]:
     p = Path(sys.argv[1]) / art["file"]
     if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != art["sha256"]:
-        sys.exit(f"corpus wheel {art['file']} missing or not the pinned bytes: carry .stage/corpus")
+        sys.exit(f"corpus wheel {art['file']} missing or not the pinned bytes: copy .stage/corpus in")
 EOF
     [ -d "$SITE_TRAIN/tokenizers" ] || "$PY" -m pip install -q --upgrade --no-index --no-deps --target "$SITE_TRAIN" \
         "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl
@@ -571,7 +571,7 @@ snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that ou
 
 DRAFTER_NEXT=$WORK/drafter-next  # drafter-bg's models folder: the target linked, the new drafter
 
-drafter_background() { # train-drafter alone in a session of its own, on the carried target
+drafter_background() { # train-drafter alone in a process session of its own, on the staged target
     # (extras-trained), while the next calls serve or run; DRAFTER_GPU_FRACTION caps its memory
     # (unset, it held 68-80 GB of an H100 and a server beside it could not start), and
     # DRAFTER_OVERRIDE / DRAFTER_STEPS pass
@@ -583,7 +583,7 @@ drafter_background() { # train-drafter alone in a session of its own, on the car
     if [ -f "$WORK/drafter-bg.asked" ] && [ ! -f "$WORK/drafter-bg.rc" ]; then
         echo "drafter training already running in the background ($WORK/drafter-bg.out)"; return 0
     fi
-    [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
+    [ -f "$TRAINED/train-record.json" ] || { echo "no target here: stage extras-trained (or train-target)" >&2; return 1; }
     rm -rf "$WORK/drafter-bg.rc" "$WORK/drafter-bg.out" "$DRAFTER_NEXT"
     mkdir -p "$DRAFTER_NEXT" && ln -s "$TRAINED" "$DRAFTER_NEXT/$(basename "$TRAINED")"
     snapshot_tree "$WORK/drafter-bg-tree"
@@ -602,7 +602,7 @@ drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: 
     # the held-out prompts
     install
     extras
-    [ -f "$TRAINED/train-record.json" ] || { echo "no target here: carry extras-trained (or train-target)" >&2; return 1; }
+    [ -f "$TRAINED/train-record.json" ] || { echo "no target here: stage extras-trained (or train-target)" >&2; return 1; }
     local plan i extra override
     plan=$("$PY" tests/gpu/trained_pack.py sweep-plan --gpus "${SWEEP_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}") \
         || return 1
@@ -675,11 +675,11 @@ wait_drafter() { # block until a background drafter training (drafter-bg) has
     cp "$WORK"/train-bg-out/drafter-train-record.json "$OUT/" 2>/dev/null || true
 }
 
-seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records carried from an earlier
+seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records staged from an earlier
     # machine (.stage/RAW, default realshape-raw-trained, files *SUFFIX, default .raw.json) into
     # DEST (default $WORK/RAW) where this machine has none of its own: a DFlash run is judged
     # against them as against its own reference, target_sha256 permitting, and an oracle run
-    # plans from them. DEST/carried.txt names the copies (tests/gpu/carried.py): a merge reads
+    # plans from them. DEST/seeded.txt names the copies (tests/gpu/seeded.py): a merge reads
     # them as inputs, never in place of the newer record of their configuration
     local raw=${1:-realshape-raw-trained} f
     local d=$STAGE/$raw dest=${2:-$WORK/${1:-realshape-raw-trained}} suffix=${3:-.raw.json}
@@ -687,8 +687,8 @@ seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records carried fro
     mkdir -p "$dest"
     for f in "$d"/*"$suffix"; do
         [ -f "$f" ] && [ ! -f "$dest/$(basename "$f")" ] || continue
-        cp "$f" "$dest/" && basename "$f" >> "$dest/carried.txt"
-        echo "carried raw record: $(basename "$f")"
+        cp "$f" "$dest/" && basename "$f" >> "$dest/seeded.txt"
+        echo "seeded raw record: $(basename "$f")"
     done
 }
 
@@ -772,7 +772,7 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     mkdir -p "$OUT" "$WORK"
     [ -f "$TRAINED/train-record.json" ] || { echo "train the target first: remote.sh train-target" >&2; return 1; }
     # DRAFTER_STEPS or DRAFTER_OVERRIDE (DrafterTrainConfig fields as JSON) ask for another
-    # drafter: it replaces a carried one. A recipe with an extra_fraction (the default's 0.5
+    # drafter: it replaces a staged one. A recipe with an extra_fraction (the default's 0.5
     # among them) takes those windows from DRAFTER_EXTRA_CORPUS, by default the bundle's own
     # vllm/ sources (pinned by the bundle's sha256, recorded by their own).
     local corpus

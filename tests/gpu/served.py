@@ -52,7 +52,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-import carried  # noqa: E402
+import seeded  # noqa: E402
 import served_report as report  # noqa: E402
 import served_requests as sr  # noqa: E402
 import speed as speed_mod  # noqa: E402
@@ -457,7 +457,7 @@ class Phase:
 
     def save(self) -> None:
         _write_atomic(self.work / f"{self.name}.json", json.dumps(self.record) + "\n")
-        carried.uncarry(self.work, f"{self.name}.json")
+        seeded.unseed(self.work, f"{self.name}.json")
 
 
 def reference(args) -> None:
@@ -778,7 +778,7 @@ def _assemble(work: Path, out: Path, meta: dict) -> dict:
     earlier = out / "served.json"
     if earlier.exists():
         before = json.loads(earlier.read_text())
-        listed = carried.names(work)
+        listed = seeded.names(work)
         brought = {p for p in phases if f"{p}.json" in listed}
         rows = merge_rows(stamp_models(before.get("servers", []), before.get("meta") or {}), rows,
                           {r["server"] for r in rows if report.ROW_PHASES[r["server"]] & phases.keys() <= brought})
@@ -799,17 +799,17 @@ def stamp_models(rows: list[dict], meta: dict) -> list[dict]:
     return rows
 
 
-def merge_rows(earlier: list[dict], mine: list[dict], carried_servers: set[str] = frozenset()) -> list[dict]:
+def merge_rows(earlier: list[dict], mine: list[dict], seeded_servers: set[str] = frozenset()) -> list[dict]:
     """The record's rows with this folder's in place of the same server of the same vLLM and
     recipe (one work folder per vLLM version and recipe, which may hold only some phases: a
     call that ran the speed phase alone keeps the reference and DFlash rows), new ones last.
-    A row of ``carried_servers`` (made only of phases an earlier machine ran, remote.sh
+    A row of ``seeded_servers`` (made only of phases an earlier machine ran, remote.sh
     seed_raw) fills a gap but replaces no row: the record's may be newer."""
     def key(r: dict) -> tuple:
         return r.get("vllm"), r.get("recipe") or RECIPE, r.get("server")  # rows from before --recipe: the default
 
     held = {key(r) for r in earlier}
-    mine = [r for r in mine if not (r.get("server") in carried_servers and key(r) in held)]
+    mine = [r for r in mine if not (r.get("server") in seeded_servers and key(r) in held)]
     fresh = {key(r): r for r in mine}
     merged = [fresh.pop(key(r), r) for r in earlier]
     return merged + [r for r in mine if key(r) in fresh]

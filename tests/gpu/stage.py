@@ -1,9 +1,9 @@
 """Pack vLLM 0.21.0 and the wheels the GPU image lacks into parts of at most 50 MB.
 
-The device machine has no network and takes at most 64 MiB (working tree
-plus carried files) per call, so the bundle travels one part per call and is
-reassembled there by ``tests/gpu/remote.sh``. Everything is downloaded here,
-with the ordinary PyPI client, for the device's interpreter (cp312,
+For a GPU host without network that takes files in transfers of at most 64 MiB
+(the checkout plus the parts sent with it): the bundle goes one part at a time
+and is reassembled there by ``tests/gpu/remote.sh``. Everything is downloaded
+here, with the ordinary PyPI client, for the GPU host's interpreter (cp312,
 manylinux x86_64).
 
 What is left out of the vLLM wheel and why:
@@ -36,8 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VERSION = "0.21.0"
-# A device call carries 64 MiB (67.1 MB) with the tracked tree (27.4 MB on 2026-11-28 and
-# growing with the results' log archives): 36 MB parts leave the tree 31 MB.
+# One transfer holds 64 MiB (67.1 MB) with the tracked tree (about 22-27 MB, growing with the
+# results' log archives): 36 MB parts leave the tree 31 MB.
 PART_BYTES = 36 * 1000 * 1000
 REQUIREMENTS = Path(__file__).with_name("bundle-requirements.txt")
 PLATFORMS = [
@@ -80,7 +80,7 @@ def requirements_for(version: str) -> Path:
 
 
 def bundle_stem(version: str) -> str:
-    """``bundle`` for 0.21.0 (what the proof's calls carry), ``bundle-<version>`` otherwise."""
+    """``bundle`` for 0.21.0 (the proof's own), ``bundle-<version>`` otherwise."""
     return "bundle" if version == VLLM_VERSION else f"bundle-{version}"
 
 
@@ -181,13 +181,12 @@ def split(tarball: Path, out: Path, stem: str = "bundle", version: str = VLLM_VE
     return manifest
 
 
-CALL_BYTES = 64 * 1024 * 1024  # what one device call carries: the tracked tree and the carried parts
+CALL_BYTES = 64 * 1024 * 1024  # one transfer to the GPU host: the tracked tree and the parts sent with it
 
 
 def tree_bytes(repo: Path = REPO) -> int:
-    """The tree as a device call copies it: tracked files and the untracked ones git does not
-    ignore (two new log archives, not yet committed, made every 36 MB part's call too large on
-    2026-11-28), as they are on disk."""
+    """The tree as a transfer copies it: tracked files and the untracked ones git does not
+    ignore (new log archives not yet committed count too), as they are on disk."""
     names = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                            capture_output=True, check=True).stdout
     return sum((repo / n).stat().st_size for n in names.decode().split("\0") if n and (repo / n).is_file())
@@ -196,7 +195,7 @@ def tree_bytes(repo: Path = REPO) -> int:
 def resplit(out: Path, stem: str, part_bytes: int = PART_BYTES) -> dict:
     """A staged bundle cut again into parts of ``part_bytes`` (the whole file, and so the
     device's sha256 check, unchanged): the parts of an older, larger PART_BYTES no longer fit
-    a call beside the tree."""
+    a transfer beside the tree."""
     manifest = json.loads((out / f"{stem}.json").read_text())
     names = [p["name"] for p in manifest["parts"]]
     tarball = out / names[0].rsplit(".part", 1)[0]
@@ -221,7 +220,7 @@ def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str,
     ``_vllm_fa2_C.abi3.so`` is xz-compressed on its own (190 MB -> ~54 MB); the
     checkpoints (NVFP4 from ``launcher quantize``, which the device cannot
     run: no modelopt there) go in as they are. ``remote.sh extras`` unpacks
-    every ``extras*`` bundle carried: the library into the installed vLLM,
+    every ``extras*`` bundle staged: the library into the installed vLLM,
     the checkpoints into $MODELS_RS.
     """
     work = out / f"{stem}-tree"
@@ -299,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus:
         staged = stage_corpus(out / "corpus")
         print(f"corpus: {sum(p.stat().st_size for p in staged) / 1e6:.1f} MB in {out / 'corpus'} "
-              "(carry .stage/corpus; remote.sh target-bg)")
+              "(copy .stage/corpus to the GPU host; remote.sh target-bg)")
         return 0
     out.mkdir(parents=True, exist_ok=True)
     if args.resplit:

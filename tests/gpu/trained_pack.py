@@ -6,17 +6,17 @@ through the device tool in parts: ``remote.sh pack-trained`` tars
 ``/tmp/models-trained`` into an extras bundle of 15.9 MB parts and puts four of
 them and the manifest into ``$OUT`` per call; here ``collect`` checks each part
 against the manifest and files it under ``.stage/``, where the staging calls
-carry it back like any other extras bundle (``remote.sh receive``, then
+copy it back like any other extras bundle (``remote.sh receive``, then
 ``extras`` unpacks it into ``$MODELS_TRAINED``). ``train-target`` then checks
 the checkpoint against its train record (``target_sha256``) and skips training.
 
 ``repeat`` compares two train records of the same recipe: ``remote.sh
-train-target`` with ``TRAIN_REPEAT=1`` trains again next to a carried
+train-target`` with ``TRAIN_REPEAT=1`` trains again next to a staged
 checkpoint, which is the run-to-run determinism check the recipe claims.
 
 ``remote.sh pack-drafter`` packs a retrained drafter alone (about 11 MB, one part) as the
 ``extras-update-drafter`` bundle: ``extras`` installs bundles in name order, so it lands over
-the drafter that ``extras-trained`` carries.
+the drafter that ``extras-trained`` holds.
 
     python tests/gpu/trained_pack.py manifest PACK_DIR TRAIN_RECORD [--stem S]     (device)
     python tests/gpu/trained_pack.py collect FILES_AT [--stage .stage] [--stem S]  (here)

@@ -85,5 +85,5 @@ def test_the_check_finds_narration_added_to_a_document(phrase):
 
 
 def test_identifiers_and_library_terms_are_not_narration():
-    assert narration("`results/trained/target-2026-11-29/x.log` and `carried.py`; an HTTP session; "
+    assert narration("`results/trained/target-2026-11-29/x.log` and `seeded.py`; an HTTP session; "
                      "call it as `.venv/bin/launcher`; [log](results/served-2026-11-27.log)") == []

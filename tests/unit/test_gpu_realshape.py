@@ -167,30 +167,30 @@ def test_merge_replaces_the_same_configuration_and_keeps_others():
     assert merged[1]["ok"] is True
 
 
-def test_a_carried_reference_fills_a_gap_but_never_replaces_the_record_of_its_configuration():
-    """A machine that ran only DFlash lanes judged them against references carried from an
+def test_a_seeded_reference_fills_a_gap_but_never_replaces_the_record_of_its_configuration():
+    """A machine that ran only DFlash lanes judged them against references seeded from an
     earlier machine (remote.sh seed_raw): merged, those older records must not replace the
     newer ones of the same configuration that the file holds."""
     base = {"vllm": "0.21.0", "series": "patched", "mode": "reference", "target": {"sliding": 25, "full": 5}}
     newer = dict(base, name="ref", series_hash="7430914d", ok=True)
-    carried = dict(base, name="ref", series_hash="21fa5aba", ok=True, carried=True)
-    other = dict(base, name="ref-exact", batch_invariant=True, ok=True, carried=True)
+    seeded = dict(base, name="ref", series_hash="21fa5aba", ok=True, seeded=True)
+    other = dict(base, name="ref-exact", batch_invariant=True, ok=True, seeded=True)
     ran_here = dict(base, name="dflash", mode="dflash", ok=True)
-    merged = rs.merge([newer], [carried, other, ran_here])
+    merged = rs.merge([newer], [seeded, other, ran_here])
     assert merged == [newer, other, ran_here]
     # Without the mark it is a rerun of that configuration, and replaces it.
-    assert rs.merge([newer], [dict(carried, carried=False)]) == [dict(carried, carried=False)]
+    assert rs.merge([newer], [dict(seeded, seeded=False)]) == [dict(seeded, seeded=False)]
 
 
-def test_raws_named_in_carried_txt_are_marked_until_a_run_writes_its_own(tmp_path):
+def test_raws_named_in_seeded_txt_are_marked_until_a_run_writes_its_own(tmp_path):
     for name in ("ref", "dflash"):
         (tmp_path / f"{name}.raw.json").write_text(json.dumps({"name": name, "ok": True}) + "\n")
-    (tmp_path / "carried.txt").write_text("ref.raw.json\nother.raw.json\n")
+    (tmp_path / "seeded.txt").write_text("ref.raw.json\nother.raw.json\n")
     raws = rs.load_raws(tmp_path)
-    assert raws["ref"].get("carried") is True and "carried" not in raws["dflash"]
-    rs.carried.uncarry(tmp_path, "ref.raw.json")  # the reference ran on this machine after all
-    assert rs.carried_runs(tmp_path) == {"other"} and "carried" not in rs.load_raws(tmp_path)["ref"]
-    assert rs.record(rs.RUNS["trained-ref-bf16"], {"ok": False, "carried": True}, None, {})["carried"] is True
+    assert raws["ref"].get("seeded") is True and "seeded" not in raws["dflash"]
+    rs.seeded.unseed(tmp_path, "ref.raw.json")  # the reference ran on this machine after all
+    assert rs.seeded_runs(tmp_path) == {"other"} and "seeded" not in rs.load_raws(tmp_path)["ref"]
+    assert rs.record(rs.RUNS["trained-ref-bf16"], {"ok": False, "seeded": True}, None, {})["seeded"] is True
 
 
 def test_merge_drops_a_failed_start_when_the_same_run_comes_back():
@@ -514,7 +514,7 @@ def test_a_capture_runs_noise_twin_is_its_engine_without_the_drafter_in_its_own_
 
 
 def test_an_nvfp4_run_names_its_quantized_copy_and_is_not_judged_against_another(tmp_path):
-    """The NVFP4 copy is made per machine (remote.sh's trained_nvfp4, in the trained-target verbs); a reference carried from
+    """The NVFP4 copy is made per machine (remote.sh's trained_nvfp4, in the trained-target verbs); a reference seeded from
     another machine may have run another copy under the same target_sha256."""
     tt = _load("train_target")
     target = tmp_path / rs.TRAINED_TARGET

@@ -619,27 +619,27 @@ def test_each_finished_phase_comes_back_raw_for_the_next_machine(model_dir, monk
     assert not (out / "served-raw" / "dflash.json").exists()
 
 
-def test_remote_sh_seeds_carried_served_phases_without_replacing_its_own(tmp_path):
+def test_remote_sh_seeds_staged_served_phases_without_replacing_its_own(tmp_path):
     import subprocess
 
     stage, work = tmp_path / "stage", tmp_path / "work"
     (stage / "served-raw").mkdir(parents=True)
-    (stage / "served-raw" / "reference.json").write_text("carried")
-    (stage / "served-raw" / "dflash.json").write_text("carried")
+    (stage / "served-raw" / "reference.json").write_text("seeded")
+    (stage / "served-raw" / "dflash.json").write_text("seeded")
     (work / "served").mkdir(parents=True)
     (work / "served" / "dflash.json").write_text("this machine's")
     text = (GPU_DIR / "remote.sh").read_text()
     body = text[text.index("\nseed_raw() {"):text.index("\n}\n", text.index("\nseed_raw() {")) + 3]
     script = f'STAGE={stage}\nWORK={work}\n{body}\nseed_raw served-raw "$WORK/served" .json\n'
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
-    assert (work / "served" / "reference.json").read_text() == "carried"
+    assert (work / "served" / "reference.json").read_text() == "seeded"
     assert (work / "served" / "dflash.json").read_text() == "this machine's"
-    assert "carried raw record: reference.json" in done.stdout
-    # carried.txt names the copies only: realshape.merge never lets one replace a newer record
-    assert (work / "served" / "carried.txt").read_text() == "reference.json\n"
+    assert "seeded raw record: reference.json" in done.stdout
+    # seeded.txt names the copies only: realshape.merge never lets one replace a newer record
+    assert (work / "served" / "seeded.txt").read_text() == "reference.json\n"
     assert "dflash.json" not in done.stdout
     subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)  # a second seed
-    assert (work / "served" / "carried.txt").read_text() == "reference.json\n"
+    assert (work / "served" / "seeded.txt").read_text() == "reference.json\n"
 
 
 def test_the_text_only_recipe_is_sent_only_requests_without_images(model_dir, made):
@@ -682,9 +682,9 @@ def test_a_folders_rows_replace_the_same_servers_in_place():
                                                            ("speed", None)]
 
 
-def test_a_row_made_only_of_carried_phases_replaces_no_row(model_dir, tmp_path):
-    """The served twin of realshape's carried-reference rule: a reference phase carried from an
-    earlier machine (seed_raw lists it in carried.txt) judges this call's DFlash phase, but its row
+def test_a_row_made_only_of_seeded_phases_replaces_no_row(model_dir, tmp_path):
+    """The served twin of realshape's seeded-reference rule: a reference phase seeded from an
+    earlier machine (seed_raw lists it in seeded.txt) judges this call's DFlash phase, but its row
     must not replace the record's reference row, which a later machine may have written."""
     reqs, vision, _ = served.inputs(model_dir, 2560)
     phases = _phases(reqs, vision)
@@ -695,16 +695,16 @@ def test_a_row_made_only_of_carried_phases_replaces_no_row(model_dir, tmp_path):
     (out / "served.json").write_text(json.dumps({"servers": [newer]}))
     for name in ("reference", "dflash"):
         (work / f"{name}.json").write_text(json.dumps(phases[name]))
-    (work / "carried.txt").write_text("reference.json\n")
+    (work / "seeded.txt").write_text("reference.json\n")
     doc = served.assemble(work, out, {})
     assert [r["server"] for r in doc["servers"]] == ["reference", "dflash"]
-    assert doc["servers"][0].get("newer") is True  # kept, not replaced by the carried phase's row
+    assert doc["servers"][0].get("newer") is True  # kept, not replaced by the seeded phase's row
     # Run here, the same phase is this machine's (Phase.save takes it off the list), and replaces it.
     phase = served.Phase.__new__(served.Phase)  # save() needs only its name, folder and record
     phase.name, phase.work, phase.record = "reference", work, phases["reference"]
     phase.save()
     doc = served.assemble(work, out, {})
-    assert "newer" not in doc["servers"][0] and (work / "carried.txt").read_text() == ""
+    assert "newer" not in doc["servers"][0] and (work / "seeded.txt").read_text() == ""
 
 
 def test_the_record_names_the_trained_drafter_it_served(model_dir, tmp_path):
@@ -801,19 +801,19 @@ def test_rows_kept_from_an_earlier_call_keep_the_drafter_that_call_served(tmp_pa
     assert served.stamp_models([dict(rows[0])], {"drafter_sha256": "ffff"})[0]["drafter_sha256"] == "0d50"
 
 
-def test_phases_saving_side_by_side_each_take_their_name_off_the_carried_list(tmp_path):
+def test_phases_saving_side_by_side_each_take_their_name_off_the_seeded_list(tmp_path):
     """served.py --parallel saves phases from threads in one folder: no name a phase took off
     may come back, none left on may go."""
     import threading
 
     names = [f"p{i}.json" for i in range(16)]
-    (tmp_path / "carried.txt").write_text("".join(f"{n}\n" for n in names + ["kept.json"]))
-    threads = [threading.Thread(target=served.carried.uncarry, args=(tmp_path, n)) for n in names]
+    (tmp_path / "seeded.txt").write_text("".join(f"{n}\n" for n in names + ["kept.json"]))
+    threads = [threading.Thread(target=served.seeded.unseed, args=(tmp_path, n)) for n in names]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert served.carried.names(tmp_path) == {"kept.json"}
+    assert served.seeded.names(tmp_path) == {"kept.json"}
 
 
 def test_the_served_table_marks_stale_rows_and_consults_the_gate():
