@@ -118,10 +118,10 @@ gpu-proof: gpu-stage
 ## make gpu-evidence: every results page below, each by its fixed step list (tests/gpu/evidence.py):
 ## staging, training (or restoring the checkpoints staged as parts), the runs, every merge, the report.
 ## On a GPU host with network and this checkout; a host without network runs the same steps split:
-## WHERE=network on a machine with network, the .stage/ parts carried over, then WHERE=gpu,cpu
+## WHERE=network on a machine with network, the .stage/ parts copied over, then WHERE=gpu,cpu
 ## on the GPU host (tests/gpu/README.md, "A GPU host without network"). `python tests/gpu/evidence.py
 ## plan PAGE` prints a page's steps.
-.PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance gpu-speedup
+.PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance gpu-speedup gpu-multinode
 EVIDENCE := $(BIN)/python tests/gpu/evidence.py run $(if $(WHERE),--where $(WHERE))
 gpu-evidence: venv
 	$(EVIDENCE) all
@@ -149,6 +149,10 @@ gpu-conformance: venv
 ## make gpu-speedup: results/speedup-curve.md (the frozen step-time model, then the speed-up curve's batches)
 gpu-speedup: venv
 	$(EVIDENCE) speedup
+
+## make gpu-multinode: results/multinode.md (a host with two GPUs: two `launcher serve` nodes, TP 2 across them)
+gpu-multinode: venv
+	$(EVIDENCE) multinode
 
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time
 ## benchmark at Gemma 4 26B-A4B widths, write tests/gpu/results/bench.{json,md} (tests/gpu/README.md)

@@ -182,6 +182,15 @@ PAGES: dict[str, tuple[Step, ...]] = {
               "--served", "{work}/served-v33/conformance.json", "--out", "{results}"),
              writes=("conformance.json",)),
     ),
+    # multinode.md (a host with two GPUs): the gated target, then two `launcher serve` nodes against
+    # one process with TP 2 and with TP 1, with and without the drafter (multinode_served.py).
+    "multinode": (
+        STAGE_BUNDLE, STAGE_V33, STAGE_CORPUS, RECEIVE, TRAIN_TARGET,
+        _remote("multinode-bg"),
+        _remote("multinode-wait", OUT, ("MN_WAIT_S", "14400")),
+        Step("publish-multinode", "cpu", ("cp", "{work}/out/multinode.json", "{work}/out/multinode.md", "{results}/"),
+             writes=("multinode.json",)),
+    ),
     # speedup-curve.md: the frozen step-time model (committed before the curve), then the curve's
     # batches of 0.33.0 and the 0.21.0 spot check, each batch committing the record, then the report.
     "speedup": (
@@ -199,7 +208,7 @@ PAGES: dict[str, tuple[Step, ...]] = {
 }
 # make gpu-evidence: every page, in an order where each report finds the pages it reads
 # (fullsize reads acceptance.json).
-ORDER = ("realshape", "served", "acceptance", "fullsize", "conformance", "speedup")
+ORDER = ("realshape", "served", "acceptance", "fullsize", "conformance", "speedup", "multinode")
 
 
 def sequence(pages: list[str], where: tuple[str, ...] = WHERE) -> list[Step]:

@@ -1045,7 +1045,7 @@ engine_check() { # every multi-node plan's node argv (multinode_engine_check.py 
 multinode_background() { # issue 54 on a host with two GPUs: multinode_served.py (two `launcher serve`
     # nodes, one GPU each, against one process with TP 2 and with TP 1) on patched vLLM 0.33.0,
     # detached, since its servers outlast one 10-minute command; multinode-wait follows it.
-    # MN_SERVERS narrows; MN_MODEL / MN_DRAFTER (default: the trained target, the drafter beside it)
+    # MN_SERVERS narrows; MN_MODEL / MN_DRAFTER (default: the trained target and its drafter)
     [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "multinode needs a host with two GPUs" >&2; return 1; }
     receive_parts
     install_v33
@@ -1055,10 +1055,14 @@ multinode_background() { # issue 54 on a host with two GPUs: multinode_served.py
     fi
     rm -f "$WORK/multinode.rc"
     snapshot_tree "$WORK/multinode-tree"
-    local gpu script
+    local gpu script drafter=${MN_DRAFTER:-}
+    # The trained drafter where there is one for this target (drafts accepted and rejected), else the random one
+    if [ -z "$drafter" ]; then
+        if drafter_is_current; then drafter=$DRAFTER_TRAINED; else drafter=$MODELS_TRAINED/dflash-r5-for-trained; fi
+    fi
     gpu="$(nvidia-smi -L | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
     script="$PY tests/gpu/multinode_served.py --model ${MN_MODEL:-$TRAINED} \
---drafter ${MN_DRAFTER:-$MODELS_TRAINED/dflash-r5-for-trained} --site $SITE33_PATCHED:$SITE33 --work $WORK/multinode \
+--drafter $drafter --site $SITE33_PATCHED:$SITE33 --work $WORK/multinode \
 --out $WORK/multinode-out --servers ${MN_SERVERS:-tp1,tp2,nodes2,tp2-dflash,nodes2-dflash} --vllm $V33 \
 --series-hash $(series_hash "$SITE33_PATCHED") --gpu '$gpu'"
     detached "$WORK/multinode-tree" "$WORK/multinode.out" "$script; echo \$? > $WORK/multinode.rc" \
