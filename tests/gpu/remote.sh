@@ -1171,8 +1171,10 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     for item in ${SERVED_VLLM_ARGS:-}; do extra+=("--vllm-arg=$item"); done
     # SERVED_EXACT=1: batch-invariant servers without inductor, the numerics the real-shape proofs use.
     [ "${SERVED_EXACT:-0}" = 1 ] && extra+=(--exact-numerics)
-    # The conformance phase's prefixes come from z-lab's record (remote.sh zlab-reference).
-    [ -f "$OUT/zlab-reference.json" ] && extra+=(--zlab "$OUT/zlab-reference.json")
+    # The conformance phase's prefixes come from z-lab's record (remote.sh zlab-reference), or
+    # SERVED_ZLAB's (a committed one, e.g. results/trained/target-*/zlab-reference-*.json)
+    local zlab=${SERVED_ZLAB:-$OUT/zlab-reference.json}
+    [ -f "$zlab" ] && extra+=(--zlab "$zlab")
     local rc=0
     PYTHONPATH=.:$site "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
         --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
