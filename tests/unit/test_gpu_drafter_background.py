@@ -1,5 +1,5 @@
 """tests/gpu/remote.sh drafter-bg: the drafter retrained in a session of its own while later calls
-run. Runs the script's own functions; `install` and `extras` (the bundle and the carried target,
+run. Runs the script's own functions; `install` and `extras` (the bundle and the staged target,
 which cannot exist here) and the snapshot's `remote.sh` (the training itself, GPU only) are
 stand-ins that record what they were given."""
 
@@ -58,7 +58,7 @@ def test_the_drafter_trains_in_the_background_with_the_override_and_runs_wait_fo
     said = (work / "stand-in.txt").read_text()
     assert said.startswith("verb=train-drafter ") and 'override={"steps": 2400}' in said
     assert f"out={work}/train-bg-out" in said  # where wait_drafter collects the record from
-    # It trains beside the carried drafter, not over it: servers started meanwhile load that one whole.
+    # It trains beside the staged drafter, not over it: servers started meanwhile load that one whole.
     assert f"models={work}/drafter-next" in said
     assert (work / "drafter-next" / "trained-a4b-r30").resolve() == (tmp_path / "models" / "trained-a4b-r30")
     assert (tmp_path / "models" / "dflash-r5-trained" / "model.safetensors").read_text() == "old\n"
@@ -78,5 +78,5 @@ def test_the_drafter_trains_in_the_background_with_the_override_and_runs_wait_fo
 def test_without_a_target_it_refuses_and_starts_nothing(tmp_path):
     tree = _tree(tmp_path)
     done = _run(tmp_path, tree, {})
-    assert done.returncode != 0 and "carry extras-trained" in done.stderr
+    assert done.returncode != 0 and "stage extras-trained" in done.stderr
     assert not (tmp_path / "work" / "drafter-bg.asked").exists()

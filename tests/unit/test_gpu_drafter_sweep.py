@@ -1,7 +1,7 @@
 """tests/gpu/remote.sh drafter-sweep / sweep-wait: several drafter recipes trained at once, one a
 GPU, and the one that accepts most on the held-out prompts kept. Runs the script's own functions
 and the real trained_pack.py (the plan's checks, the choice); `install` and `extras` (the bundle
-and the carried target) and the snapshot's `remote.sh train-drafter` (the training, GPU only)
+and the staged target) and the snapshot's `remote.sh train-drafter` (the training, GPU only)
 are stand-ins, and SWEEP_GPUS stands for the GPUs this machine lacks."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_each_recipe_trains_on_its_own_gpu_and_the_best_is_kept(tmp_path):
     # one that names none has the default's 0.5.
     assert f"extra={tmp_path}/site/vllm " in given[1] and f"extra={tmp_path}/site/vllm " in given[3]
     assert "extra=none " in given[0] and "extra=none " in given[2] and "gpu=2 " in given[2]
-    # Each trains beside the carried drafter, in its own models folder, the target linked.
+    # Each trains beside the staged drafter, in its own models folder, the target linked.
     assert f"models={tmp_path}/work/drafter-sweep/0/models" in given[0]
     assert _kept(tmp_path) == "old\n"
 
@@ -118,7 +118,7 @@ def test_each_recipe_trains_on_its_own_gpu_and_the_best_is_kept(tmp_path):
             "2/drafter-train-record.json"} <= names
 
 
-def test_a_sweep_no_better_than_the_carried_drafter_keeps_it(tmp_path):
+def test_a_sweep_no_better_than_the_staged_drafter_keeps_it(tmp_path):
     _target(tmp_path, old_acceptance=3.5)
     _sweep_to_the_end(tmp_path, '[{"steps": 2500}, {"steps": 3000}]', 2)
     assert _kept(tmp_path) == "old\n"
