@@ -19,9 +19,12 @@ SERVER = textwrap.dedent("""\
     from http.server import BaseHTTPRequestHandler, HTTPServer
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])
-    with open(os.environ["FAKE_RECORD"], "w") as fh:
+    # Written whole, then renamed into place: a test that waits for the file reads it at once,
+    # and on a loaded machine it found it half-written (JSONDecodeError).
+    with open(os.environ["FAKE_RECORD"] + ".part", "w") as fh:
         json.dump({"argv": argv, "env": dict(os.environ), "python": sys.executable,
                    "version": VERSION, "pid": os.getpid()}, fh)
+    os.replace(os.environ["FAKE_RECORD"] + ".part", os.environ["FAKE_RECORD"])
     if os.environ.get("FAKE_EXIT"):
         sys.exit(int(os.environ["FAKE_EXIT"]))
     if os.environ.get("FAKE_NEVER_READY"):
