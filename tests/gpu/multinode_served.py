@@ -42,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bars  # noqa: E402
+import conformance  # noqa: E402
 import gate  # noqa: E402
 import served  # noqa: E402
 import served_report as report  # noqa: E402
@@ -162,32 +163,23 @@ def first_part(x: list[int], y: list[int]) -> int | None:
     return next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), None)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ranked = sorted(values)
-    return ranked[min(len(ranked) - 1, max(0, int(round(q / 100 * (len(ranked) - 1)))))]
-
-
 def within_noise(ref: list[dict], cand: list[dict]) -> dict:
-    """``cand`` (TP=2) against ``ref`` (TP=1): the bound is the NOISE_PERCENTILE of |margin
-    move| over every position before the two part (all prompts); a prompt that parts is within
-    noise when ref's margin where it parts is at most the bound."""
-    moves, parts = [], []
+    """``cand`` (TP=2) against ``ref`` (TP=1), by the procedure conformance.py applies to z-lab:
+    the bound is the NOISE_PERCENTILE (nearest rank) of |margin move| over every position before
+    the two part; a prompt that parts is within noise when ref's margin there is at most the bound."""
+    answered = [(r, c) for r, c in zip(ref, cand) if r.get("token_ids") and c.get("token_ids")]
+    moves = conformance.margin_moves([r for r, _ in answered], [c for _, c in answered])
+    bound = conformance.percentile(moves, NOISE_PERCENTILE) if moves else None
+    parts = []
     for i, (r, c) in enumerate(zip(ref, cand)):
-        rt, ct = r.get("token_ids") or [], c.get("token_ids") or []
-        j = first_part(rt, ct)
-        end = len(rt) if j is None else j
-        rm, cm = r.get("margins") or [], c.get("margins") or []
-        moves += [abs(rm[k] - cm[k]) for k in range(min(end, len(rm), len(cm))) if rm[k] is not None
-                  and cm[k] is not None]
+        j = first_part(r.get("token_ids") or [], c.get("token_ids") or [])
         if j is not None:
-            parts.append({"prompt": i, "position": j, "margin": rm[j] if j < len(rm) else None})
-    bound = percentile(moves, NOISE_PERCENTILE)
-    for p in parts:
-        p["within_noise"] = p["margin"] is not None and bound is not None and p["margin"] <= bound
+            margin = (r.get("margins") or [])[j] if j < len(r.get("margins") or []) else None
+            parts.append({"prompt": i, "position": j, "margin": margin,
+                          "within_noise": margin is not None and bound is not None and margin <= bound})
     n = min(len(ref), len(cand))
-    inside = n - sum(1 for p in parts if not p["within_noise"])
+    # a prompt either side did not answer is not within noise: it is not compared at all
+    inside = len(answered) - sum(1 for p in parts if not p["within_noise"])
     return {"bound": bound, "positions": len(moves), "parts": parts, "within_noise": inside, "prompts": n,
             "fraction": round(inside / max(1, n), 4)}
 

@@ -107,3 +107,11 @@ def test_the_verdicts_hold_only_on_every_prompt_and_the_page_says_so(args):
     page = mn.markdown({**rec, "verdicts": v})
     assert "| nodes2 vs tp2 | 3/4 | False |" in page
     assert "exited by itself after 12.0 s" in page and "100.0, 300.0, 900.0" in page
+
+
+def test_a_prompt_without_an_answer_is_never_within_noise():
+    ref = _rows([1, 2, 3], [4, 5, 6])
+    cand = [{"error": "URLError: refused"}, _rows([4, 5, 6])[0]]
+    v = mn.within_noise(ref, cand)
+    assert v["parts"] == [] and v["positions"] == 3 and (v["within_noise"], v["prompts"]) == (1, 2)
+    assert mn.identical(ref, cand)["identical"] == 1  # the strict count is where the error shows
