@@ -747,10 +747,7 @@ pack_drafter() { # a retrained drafter alone (about 11 MB, one part) as the extr
 }
 
 drafter_is_current() { # the trained drafter exists and was trained for the target now on disk
-    [ -f "$DRAFTER_TRAINED/drafter-train-record.json" ] && "$PY" -c 'import json, sys
-d = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2]))
-sys.exit(0 if d["target_sha256"] == t["target_sha256"] else 1)' \
-        "$DRAFTER_TRAINED/drafter-train-record.json" "$TRAINED/train-record.json" 2>/dev/null
+    bash -c "$(json_same "$DRAFTER_TRAINED/drafter-train-record.json" "$TRAINED/train-record.json" target_sha256)"
 }
 
 drafter_extra_corpus() { # the extra corpus the recipe (the defaults with DRAFTER_OVERRIDE) asks for, if any
