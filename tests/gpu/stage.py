@@ -210,7 +210,13 @@ def resplit(out: Path, stem: str, part_bytes: int = PART_BYTES) -> dict:
         raise SystemExit(f"{stem}: the staged parts do not make the whole its manifest names")
     new = split(tarball, out, stem, manifest.get("vllm", VLLM_VERSION), part_bytes)
     tarball.unlink()
-    return new
+    # Only the cut changes: what else the manifest said (an extras bundle's target_sha256, its
+    # lack of a vllm field) stays as it was.
+    kept = {k: v for k, v in manifest.items() if k not in ("parts", "vllm")} | {"parts": new["parts"]}
+    if "vllm" in manifest:
+        kept["vllm"] = manifest["vllm"]
+    (out / f"{stem}.json").write_text(json.dumps(kept, indent=2) + "\n")
+    return kept
 
 
 def pack_extras(wheel: Path | None, models: list[Path], out: Path, stem: str,
@@ -292,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-fa2", action="store_true",
                         help="keep _vllm_fa2_C in the bundle (instead of an extras-fa2 bundle)")
     parser.add_argument("--resplit", nargs="+", metavar="STEM",
-                        help="cut these staged bundles again into parts of PART_BYTES (nothing downloaded)")
+                        help="cut these staged bundles again into parts of --part-mb (nothing downloaded)")
+    parser.add_argument("--part-mb", type=float, default=PART_BYTES / 1e6,
+                        help="--resplit's part size in MB (default %(default).0f): CALL_BYTES less the tree "
+                             "is what one transfer can take beside it")
     args = parser.parse_args(argv)
     out: Path = args.out
     if args.corpus:
@@ -303,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.resplit:
         for stem in args.resplit:
-            manifest = resplit(out, stem)
-            print(f"{stem}: {len(manifest['parts'])} parts of at most {PART_BYTES / 1e6:.0f} MB")
+            manifest = resplit(out, stem, int(args.part_mb * 1e6))
+            print(f"{stem}: {len(manifest['parts'])} parts of at most {args.part_mb:.1f} MB")
         return 0
     if args.extras is not None:
         if not args.extras_name.startswith("extras"):

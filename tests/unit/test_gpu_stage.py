@@ -56,6 +56,26 @@ def test_resplit_cuts_staged_parts_again_and_keeps_the_whole(tmp_path):
     assert json.loads((tmp_path / "bundle.json").read_text()) == new and not tarball.exists()
 
 
+def test_resplit_keeps_what_else_an_extras_manifest_says(tmp_path):
+    """extras-trained's manifest names its target (target_sha256) and no vLLM release: a re-cut
+    changes the parts alone (it once dropped the one field and added the other)."""
+    import json
+
+    tarball = tmp_path / "extras-trained.tar"
+    tarball.write_bytes(b"w" * 9000)
+    stage.split(tarball, tmp_path, "extras-trained", part_bytes=4000)
+    tarball.unlink()
+    manifest_path = tmp_path / "extras-trained.json"
+    before = json.loads(manifest_path.read_text())
+    del before["vllm"]
+    before["target_sha256"] = "ab" * 32
+    manifest_path.write_text(json.dumps(before))
+    after = stage.resplit(tmp_path, "extras-trained", part_bytes=3000)
+    assert json.loads(manifest_path.read_text()) == after
+    assert {k: v for k, v in after.items() if k != "parts"} == {k: v for k, v in before.items() if k != "parts"}
+    assert [p["bytes"] for p in after["parts"]] == [3000] * 3
+
+
 def test_resplit_refuses_parts_that_do_not_make_their_whole(tmp_path):
     tarball = tmp_path / "extras.tar"
     tarball.write_bytes(b"x" * 5000)
