@@ -145,16 +145,21 @@ install_v33() {
     install_bundle "bundle-$V33" "$SITE33" "tests/gpu/bundle-requirements-$V33.txt"
 }
 
+launcher_path() { # the launcher's imports (unidiff, typer): from 0.21.0's site, or 0.33.0's where
+    # only its bundle was received (multinode-bg needs no other)
+    echo ".:$SITE:$SITE33"
+}
+
 patched_site() { # patched_site [DEST [PATCHES_ROOT [FROM_SITE]]]: a copy of vLLM with the series applied
     local dest=${1:-$SITE_PATCHED} root=${2:-} from=${3:-$SITE}
     rm -rf "$dest" && mkdir -p "$dest"
     cp -a "$from/vllm" "$from"/vllm-*.dist-info "$dest/"
     if [ -z "$root" ]; then
         # The series as a user applies it (issue 26): the launcher's own command on the site.
-        PYTHONPATH=.:$SITE "$PY" -m launcher patch apply --target "$dest"
+        PYTHONPATH=$(launcher_path) "$PY" -m launcher patch apply --target "$dest"
         return
     fi
-    PYTHONPATH=.:$SITE "$PY" - "$dest" "$root" <<'EOF'
+    PYTHONPATH=$(launcher_path) "$PY" - "$dest" "$root" <<'EOF'
 import sys
 from launcher.patching.engine import apply
 r = apply(sys.argv[1], patches_root=sys.argv[2] or None)
@@ -166,11 +171,11 @@ EOF
 }
 
 series_hash() { # series_hash [SITE [PATCHES_ROOT]]: the hash stamped into SITE when it was patched
-    PYTHONPATH=.:$SITE "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); print((s.stamp or {}).get("series_hash") or "")' "${1:-$SITE_PATCHED}" "${2:-}" 2>/dev/null || true
+    PYTHONPATH=$(launcher_path) "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); print((s.stamp or {}).get("series_hash") or "")' "${1:-$SITE_PATCHED}" "${2:-}" 2>/dev/null || true
 }
 
 site_is_current() { # site_is_current SITE [PATCHES_ROOT]: patched with this checkout's series
-    [ -d "$1/vllm" ] && PYTHONPATH=.:$SITE "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); sys.exit(0 if s.stamp and s.stamp.get("series_hash") == s.series_hash else 1)' "$1" "${2:-}" 2>/dev/null
+    [ -d "$1/vllm" ] && PYTHONPATH=$(launcher_path) "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); sys.exit(0 if s.stamp and s.stamp.get("series_hash") == s.series_hash else 1)' "$1" "${2:-}" 2>/dev/null
 }
 
 SITE_PATCHED_MM=${SITE_PATCHED_MM:-/tmp/site-patched-mm}
@@ -1246,7 +1251,7 @@ full_launcher() { # the launcher command fullsize_serve.py completes: --test-gpu
     # (FIT_LAUNCHER replaces it, e.g. to add --force when a preflight check refuses the test GPU)
     [ -n "${FIT_LAUNCHER:-}" ] && { echo "$FIT_LAUNCHER"; return; }
     local sets="--set intent.sampler=pytorch"  # the bundle carries no FlashInfer
-    if PYTHONPATH=.:$SITE "$PY" -m launcher serve --help 2>/dev/null | grep -q -- '--test-gpu'; then
+    if PYTHONPATH=$(launcher_path) "$PY" -m launcher serve --help 2>/dev/null | grep -q -- '--test-gpu'; then
         echo "$PY -m launcher serve --test-gpu $sets"
     else  # a launcher without --test-gpu (branch served): force past sm_90 and put the FP4 knobs on Marlin
         echo "$PY -m launcher serve --force --set intent.moe_fp4_backend=marlin --set intent.nvfp4_gemm_backend=marlin $sets"
