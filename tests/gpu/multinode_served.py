@@ -42,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bars  # noqa: E402
+import caveats  # noqa: E402
 import conformance  # noqa: E402
 import gate  # noqa: E402
 import served  # noqa: E402
@@ -70,6 +71,11 @@ def serve_args(name: str, args, port: int) -> list[str]:
     # from a cache hit, in another batch shape (served.REFERENCE_SETS says why that matters).
     sets = list(args.set) + served.REFERENCE_SETS[1:] + ([] if drafter else ["drafter=null"])
     more = [f"--kv-cache-memory-bytes={KV_BYTES}", *served.REFERENCE_EXTRA, *served.EXACT_ARGS]
+    if name.startswith(("tp2", "nodes2")):
+        # vLLM's custom all-reduce opens CUDA IPC handles, which fail on hosts that refuse them
+        # ("custom_all_reduce.cuh:164 'invalid argument'", H200 x2, 2026-11-29); NCCL serves
+        # both layouts alike, and with two ranks a sum is the same in either order.
+        more += ["--disable-custom-all-reduce"]
     if name.startswith("tp2"):
         more += ["--tensor-parallel-size", "2"]
     if name.startswith("nodes2"):
@@ -281,6 +287,32 @@ def meta(args) -> dict:
             "sets": served.SETS + list(args.set), "node_sets": NODE_SETS, "node_flags": NODE_FLAGS}
 
 
+def merged(records: list[dict]) -> dict:
+    """One record from runs on the same host and checkout state (same target, series and bars):
+    each server as the latest run that got it answering has it, else as the latest run that
+    tried it. Each server names its run; verdicts are computed again by the same procedure."""
+    keys = ("target_sha256", "series", "bars", "vllm", "tokens", "numerics")
+    for r in records[1:]:
+        if [r["meta"].get(k) for k in keys] != [records[0]["meta"].get(k) for k in keys]:
+            raise SystemExit("these runs differ in " + ", ".join(
+                k for k in keys if r["meta"].get(k) != records[0]["meta"].get(k)) + ": not one record")
+    servers: dict = {}
+    for i, r in enumerate(records):
+        for name, entry in r["servers"].items():
+            if entry.get("passes") or not (servers.get(name) or {}).get("passes"):
+                servers[name] = {**entry, "run": i}
+    return {"meta": {**records[-1]["meta"], "runs": [r["meta"] for r in records]},
+            "prompts": records[-1]["prompts"], "servers": servers}
+
+
+def runs_in(paths: list[Path]) -> list[dict]:
+    """The records named, a folder standing for its multinode*.json; oldest first (meta date)."""
+    files = [f for p in paths for f in (sorted(p.glob("multinode*.json")) if p.is_dir() else [p])]
+    if not files:
+        raise SystemExit("no multinode*.json in " + ", ".join(map(str, paths)))
+    return sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["meta"]["date"])
+
+
 def save(rec: dict, out: Path) -> None:
     rec["verdicts"] = verdicts(rec)
     out.mkdir(parents=True, exist_ok=True)
@@ -293,7 +325,14 @@ def markdown(rec: dict) -> str:
     lines = ["# Two nodes, one model: `launcher serve --nnodes 2` on two GPUs", "",
              f"{m['date']}, {m['gpu']}, vLLM {m['vllm']} patched (series {m['series']}), "
              f"target {str(m['target_sha256'])[:8]}, {m['numerics']}, {m['tokens']} tokens per prompt.", "",
-             "| comparison | identical (strict) | holds |", "|---|---|---|"]
+             "Regenerate: `make gpu-multinode` on a host with two GPUs.", ""]
+    if m.get("vllm") == "0.33.0":
+        lines += [caveats.TORCH_0_33_0, ""]
+    if len(m.get("runs", [])) > 1:
+        lines += [f"Servers from {len(m['runs'])} runs on this host, one after the other: "
+                  + "; ".join(f"run {i} at {r['date']}: " + ", ".join(n for n, e in s.items() if e.get("run") == i)
+                              for i, r in enumerate(m["runs"])) + ".", ""]
+    lines += ["| comparison | identical (strict) | holds |", "|---|---|---|"]
     for key, val in v.items():
         if key.endswith("_vs_tp2") or key == "nodes2-dflash_vs_tp2-dflash":
             lines.append(f"| {key.replace('_vs_', ' vs ')} | {val['identical']}/{val['prompts']} | {val['holds']} |")
@@ -344,10 +383,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm", default="")
     p.add_argument("--series-hash", default=None)
     p.add_argument("--command", default="bash tests/gpu/remote.sh multinode-bg")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="RECORD",
+                   help="no servers: one record (--out) from these multinode.json runs (a folder: its multinode*.json)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--merge" in (argv if argv is not None else sys.argv[1:]):
+        p = argparse.ArgumentParser()
+        p.add_argument("--merge", nargs="+", type=Path, required=True)
+        p.add_argument("--out", type=Path, required=True)
+        a = p.parse_args(argv)
+        save(merged(runs_in(a.merge)), a.out)
+        return 0
     args = build_parser().parse_args(argv)
     for key in ("model", "drafter", "work", "out"):
         setattr(args, key, getattr(args, key).resolve())

@@ -1063,7 +1063,7 @@ multinode_background() { # issue 54 on a host with two GPUs: multinode_served.py
         if drafter_is_current; then drafter=$DRAFTER_TRAINED; else drafter=$MODELS_TRAINED/dflash-r5-for-trained; fi
     fi
     gpu="$(nvidia-smi -L | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
-    script="$PY tests/gpu/multinode_served.py --model ${MN_MODEL:-$TRAINED} \
+    script="PYTHONPATH=$(launcher_path) $PY tests/gpu/multinode_served.py --model ${MN_MODEL:-$TRAINED} \
 --drafter $drafter --site $SITE33_PATCHED:$SITE33 --work $WORK/multinode \
 --out $WORK/multinode-out --servers ${MN_SERVERS:-tp1,tp2,nodes2,tp2-dflash,nodes2-dflash} --vllm $V33 \
 --series-hash $(series_hash "$SITE33_PATCHED") --gpu '$gpu'"

@@ -51,6 +51,8 @@ def test_the_two_nodes_hold_one_model_with_tensor_parallel_2_and_one_gpu_each(ar
         assert "--speculative-config" in argv and "--no-enable-prefix-caching" in argv
     assert "--headless" in worker and "--headless" not in head
     assert _value(head, "--port") == str(args.port)
+    # vLLM's custom all-reduce needs CUDA IPC, which the two-GPU host refused: NCCL on both sides
+    assert "--disable-custom-all-reduce" in head and "--disable-custom-all-reduce" in worker
 
 
 def test_the_one_process_servers_differ_from_the_nodes_only_in_the_layout(args, tmp_path):
@@ -115,3 +117,43 @@ def test_a_prompt_without_an_answer_is_never_within_noise():
     v = mn.within_noise(ref, cand)
     assert v["parts"] == [] and v["positions"] == 3 and (v["within_noise"], v["prompts"]) == (1, 2)
     assert mn.identical(ref, cand)["identical"] == 1  # the strict count is where the error shows
+
+
+def _run(date: str, servers: dict, **meta) -> dict:
+    base = {"date": date, "target_sha256": "t", "series": "s", "bars": "b", "vllm": "0.33.0", "tokens": 3,
+            "numerics": "exact", "gpu": "2 x H200"}
+    return {"meta": {**base, **meta}, "prompts": 2, "servers": servers}
+
+
+def test_runs_merge_into_one_record_with_each_server_from_the_run_that_answered():
+    rows = _rows([1, 2, 3], [4, 5, 6])
+    first = _run("d0", {"tp1": {"passes": [{"rows": rows}]}, "tp2": {"error": "not ready"},
+                        "tp2-dflash": {"error": "not ready"}})
+    second = _run("d1", {"tp2": {"passes": [{"rows": rows}, {"rows": rows}]}, "nodes2": {"passes": [{"rows": rows}]}})
+    rec = mn.merged([first, second])
+    assert {n: e["run"] for n, e in rec["servers"].items()} == {"tp1": 0, "tp2": 1, "tp2-dflash": 0, "nodes2": 1}
+    assert [r["date"] for r in rec["meta"]["runs"]] == ["d0", "d1"]
+    v = mn.verdicts(rec)
+    assert v["tp2_vs_tp1"]["strict"]["identical"] == 2 and v["nodes2_vs_tp2"]["holds"] is True
+    page = mn.markdown({**rec, "verdicts": v})
+    assert "run 0 at d0: tp1, tp2-dflash; run 1 at d1: tp2, nodes2" in page
+    # a later failure never replaces an earlier answer
+    third = _run("d2", {"tp1": {"error": "not ready"}})
+    assert mn.merged([first, second, third])["servers"]["tp1"]["run"] == 0
+
+
+def test_runs_of_another_target_or_series_do_not_merge():
+    with pytest.raises(SystemExit, match="differ in target_sha256, series"):
+        mn.merged([_run("d0", {}), _run("d1", {}, target_sha256="u", series="z")])
+
+
+def test_merge_from_the_command_line_writes_both_files(tmp_path):
+    rows = _rows([1, 2, 3], [4, 5, 6])
+    paths = []
+    for i, servers in enumerate(({"tp1": {"passes": [{"rows": rows}]}}, {"tp2": {"passes": [{"rows": rows}]}})):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(_run(f"d{i}", servers)))
+    assert mn.main(["--merge", *map(str, paths), "--out", str(tmp_path / "out")]) == 0
+    rec = json.loads((tmp_path / "out" / "multinode.json").read_text())
+    assert rec["verdicts"]["tp2_vs_tp1"]["strict"]["identical"] == 2
+    assert "| tp2 vs tp1 | 2/2 |" in (tmp_path / "out" / "multinode.md").read_text()
