@@ -43,22 +43,13 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # Keep NVLink multicast off, as the device machines require.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-manifest_field() { # manifest_field PYEXPR [STEM]: evaluate with m = the bundle (or STEM) manifest
-    "$PY" -c "import json,sys; m=json.load(open(sys.argv[1])); print($1)" "$BUNDLE_DIR/${2:-bundle}.json"
+parts() { # tests/gpu/parts.py on $BUNDLE_DIR: parts held, missing, the whole's sha256, assembled
+    local cmd=$1; shift
+    "$PY" tests/gpu/parts.py "$cmd" "$BUNDLE_DIR" "$@"
 }
 
-assemble() { # assemble STEM: print STEM's part paths in order, after checking the whole sha256
-    local stem=$1 names p
-    names=$(manifest_field '" ".join(p["name"] for p in m["parts"])' "$stem") || return 1
-    local parts=()
-    for p in $names; do
-        [ -f "$BUNDLE_DIR/$p" ] || { echo "missing $stem part $p: copy it into .stage/ first (receive)" >&2; return 1; }
-        parts+=("$BUNDLE_DIR/$p")
-    done
-    manifest_field 'm["sha256"] + "  -"' "$stem" > "$BUNDLE_DIR/$stem.whole.sha256"
-    cat "${parts[@]}" | sha256sum -c "$BUNDLE_DIR/$stem.whole.sha256" >/dev/null || {
-        echo "$stem: reassembled parts do not match the manifest's sha256" >&2; return 1; }
-    printf '%s\n' "${parts[@]}"
+assemble() { # assemble STEM: STEM's part paths in order, after checking the whole's sha256
+    parts assemble "$1"
 }
 
 receive() { # copy the staged parts of every bundle (bundle.*, extras*.*) to $BUNDLE_DIR
@@ -73,44 +64,17 @@ receive_trained() { # the packed checkpoints alone (extras-trained, no vLLM bund
     parts_held
     local missing
     [ -f "$BUNDLE_DIR/extras-trained.json" ] || { echo "no $STAGE/extras-trained.json staged yet" >&2; return 1; }
-    missing=$(manifest_field '" ".join(p["name"] for p in m["parts"])' extras-trained | tr ' ' '\n' \
-        | while read -r name; do [ -f "$BUNDLE_DIR/$name" ] || echo "$name"; done | wc -l)
+    missing=$(parts missing extras-trained | grep -c . || true)
     [ "$missing" = 0 ] || { echo "extras-trained: $missing parts still to copy"; return 0; }
     extras && trained_identity_check
 }
 
 receive_parts() {
-    mkdir -p "$BUNDLE_DIR"
-    local manifest stem part
-    for manifest in "$STAGE"/bundle*.json "$STAGE"/extras*.json; do
-        [ -f "$manifest" ] || continue
-        cp "$manifest" "$BUNDLE_DIR/"
-        stem=$(basename "$manifest" .json)
-        for part in "$STAGE"/"$stem".tar*.part*; do
-            # A part already received stays as it is: a background extras may be reading it, and
-            # rewriting it under that reader failed the whole sha256 (2026-11-28).
-            [ -f "$part" ] && ! cmp -s "$part" "$BUNDLE_DIR/$(basename "$part")" && cp "$part" "$BUNDLE_DIR/"
-        done
-    done
-    return 0
+    "$PY" tests/gpu/parts.py receive "$STAGE" "$BUNDLE_DIR"
 }
 
 parts_held() { # per bundle manifest in $BUNDLE_DIR: the parts held (a part failing its sha256 is dropped)
-    "$PY" - "$BUNDLE_DIR" <<'EOF'
-import hashlib, json, sys
-from pathlib import Path
-d = Path(sys.argv[1])
-for manifest in sorted(d.glob("*.json")):
-    m = json.loads(manifest.read_text())
-    have = []
-    for p in m["parts"]:
-        f = d / p["name"]
-        if f.exists() and hashlib.sha256(f.read_bytes()).hexdigest() == p["sha256"]:
-            have.append(p["name"])
-        elif f.exists():
-            f.unlink(); print(f"bad checksum, dropped: {p['name']}")
-    print(f"{manifest.stem} parts held: {len(have)}/{len(m['parts'])} {have}")
-EOF
+    parts held
 }
 
 install_bundle() { # install_bundle STEM SITE REQUIREMENTS: one staged vLLM into its own folder (once)
@@ -278,7 +242,7 @@ extras() { # every extras* bundle staged: FA2 into the installed vLLM, checkpoin
         [ -f "$manifest" ] || continue
         found=1
         stem=$(basename "$manifest" .json)
-        sha=$(manifest_field 'm["sha256"]' "$stem")
+        sha=$(parts sha "$stem")
         if [ "$(cat "$SITE/.$stem-installed" 2>/dev/null)" = "$sha" ]; then
             echo "$stem already installed"; continue
         fi
