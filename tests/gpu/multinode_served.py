@@ -45,6 +45,7 @@ import bars  # noqa: E402
 import caveats  # noqa: E402
 import conformance  # noqa: E402
 import gate  # noqa: E402
+import headline  # noqa: E402
 import served  # noqa: E402
 import served_report as report  # noqa: E402
 
@@ -320,9 +321,31 @@ def save(rec: dict, out: Path) -> None:
     (out / "multinode.md").write_text(markdown(rec))
 
 
+def headline_rows(rec: dict) -> list[tuple]:
+    """What a reader needs first: each verdict against its bar, strict counts as the key number."""
+    m, v = rec["meta"], rec.get("verdicts", {})
+    series = headline.series_cell([{"series": m.get("series"), "vllm": m.get("vllm")}])
+    row = lambda what, verdict, key: (what, m.get("vllm"), series, verdict, key)  # noqa: E731
+    rows = []
+    for a, b, what in (("nodes2", "tp2", "two nodes vs one TP 2 process"),
+                       ("nodes2-dflash", "tp2-dflash", "two nodes vs one TP 2 process, with the drafter")):
+        got = v.get(f"{a}_vs_{b}")
+        rows.append(row(what, ("holds" if got["holds"] else "misses") if got else "not run",
+                        f"{got['identical']}/{got['prompts']} identical" if got else "-"))
+    if "tp2_vs_tp1" in v:
+        st, no = v["tp2_vs_tp1"]["strict"], v["tp2_vs_tp1"]["noise"]
+        rows.append(row("TP 2 vs TP 1", "holds" if no["holds"] else "misses",
+                        f"{st['identical']}/{st['prompts']} identical, {no['within_noise']}/{no['prompts']} within noise"))
+    if "gate" in v:
+        rows.append(row("gate on TP 2's outputs", "fails" if v["gate_failures"] else "passes",
+                        f"{v['gate']['looping_sequences']}/{v['gate']['sequences']} looping"))
+    return rows
+
+
 def markdown(rec: dict) -> str:
     m, v, s = rec["meta"], rec.get("verdicts", {}), rec["servers"]
     lines = ["# Two nodes, one model: `launcher serve --nnodes 2` on two GPUs", "",
+             *headline.table(headline_rows(rec)),
              f"{m['date']}, {m['gpu']}, vLLM {m['vllm']} patched (series {m['series']}), "
              f"target {str(m['target_sha256'])[:8]}, {m['numerics']}, {m['tokens']} tokens per prompt.", "",
              "Regenerate: `make gpu-multinode` on a host with two GPUs.", ""]

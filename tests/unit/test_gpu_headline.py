@@ -34,7 +34,7 @@ def test_every_results_page_opens_with_a_table_of_at_most_8_columns():
 
 def test_the_generated_pages_open_with_the_headline_columns():
     header = "| " + " | ".join(hl.COLUMNS) + " |"
-    for name in ("realshape.md", "served.md", "fullsize.md", "rejudge.md"):
+    for name in ("realshape.md", "served.md", "fullsize.md", "rejudge.md", "multinode.md"):
         first = next(line for line in (RESULTS / name).read_text().splitlines() if line.startswith("|"))
         assert first == header, name
 

@@ -108,6 +108,9 @@ def test_the_verdicts_hold_only_on_every_prompt_and_the_page_says_so(args):
     assert "gate_failures" in v and v["gate_failures"]  # 4 prompts of 3 tokens: far under the gate
     page = mn.markdown({**rec, "verdicts": v})
     assert "| nodes2 vs tp2 | 3/4 | False |" in page
+    assert page.splitlines()[2] == "| what | vLLM | series | verdict | key number |"  # the headline first
+    assert "| two nodes vs one TP 2 process |" in page and "| misses | 3/4 identical |" in page
+    assert "| two nodes vs one TP 2 process, with the drafter |" in page and "| not run | - |" in page
     assert "exited by itself after 12.0 s" in page and "100.0, 300.0, 900.0" in page
 
 
