@@ -12,6 +12,8 @@ its bundle folder and asks this module what it holds:
     parts.py sha DIR STEM          the whole's sha256 as the manifest names it
     parts.py assemble DIR STEM     every part's path in order, once all are there and their bytes
                                    together make the whole's sha256; else exit 1 and say which
+    parts.py corpus DIR            the trained target's pinned wheels (corpus.json) are in DIR with
+                                   their pinned bytes; else exit 1 and name the first that is not
 
 Parts can arrive a few at a time (a host reached through a size-limited copy), so every command
 answers for what is there now and changes nothing it was not asked to.
@@ -26,6 +28,7 @@ import sys
 from pathlib import Path
 
 PATTERNS = ("bundle*.json", "extras*.json")
+CORPUS = Path(__file__).resolve().parent / "corpus.json"
 
 
 def manifest(folder: Path, stem: str) -> dict:
@@ -103,17 +106,30 @@ def assemble(folder: Path, stem: str) -> list[Path]:
     return paths
 
 
+def corpus(folder: Path, pins: Path = CORPUS) -> None:
+    """Every wheel corpus.json pins (the corpus and the training wheels) in ``folder``, byte-exact."""
+    m = json.loads(pins.read_text())
+    for art in m["wheels"] + m["training_wheels"]:
+        path = folder / art["file"]
+        if not path.is_file() or _sha256(path) != art["sha256"]:
+            raise SystemExit(f"corpus wheel {art['file']} missing or not the pinned bytes: copy .stage/corpus in")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: parts.py receive STAGE DIR | held DIR | missing DIR STEM | sha DIR STEM | assemble DIR STEM"
+    usage = ("usage: parts.py receive STAGE DIR | held DIR | missing DIR STEM | sha DIR STEM | assemble DIR STEM"
+             " | corpus DIR")
     if not args:
         raise SystemExit(usage)
     cmd, rest = args[0], args[1:]
-    arity = {"receive": 2, "held": 1, "missing": 2, "sha": 2, "assemble": 2}
+    arity = {"receive": 2, "held": 1, "missing": 2, "sha": 2, "assemble": 2, "corpus": 1}
     if cmd not in arity or len(rest) != arity[cmd]:
         raise SystemExit(usage)
     if cmd == "receive":
         receive(Path(rest[0]), Path(rest[1]))
+        return 0
+    if cmd == "corpus":
+        corpus(Path(rest[0]))
         return 0
     folder = Path(rest[0])
     if cmd == "held":

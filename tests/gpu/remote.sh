@@ -423,15 +423,7 @@ corpus_receive() { # the staged corpus.json wheels (.stage/corpus/) into $CORPUS
     # sha256; transformers 5.13.1 and dflash installed into $SITE_TRAIN (no vLLM bundle needed)
     mkdir -p "$CORPUS_WHEELS"
     [ -d "$STAGE/corpus" ] && cp --update=none "$STAGE"/corpus/*.whl "$CORPUS_WHEELS/"
-    "$PY" - "$CORPUS_WHEELS" <<'EOF'
-import hashlib, json, sys
-from pathlib import Path
-m = json.load(open("tests/gpu/corpus.json"))
-for art in m["wheels"] + m["training_wheels"]:
-    p = Path(sys.argv[1]) / art["file"]
-    if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != art["sha256"]:
-        sys.exit(f"corpus wheel {art['file']} missing or not the pinned bytes: copy .stage/corpus in")
-EOF
+    "$PY" tests/gpu/parts.py corpus "$CORPUS_WHEELS"
     [ -d "$SITE_TRAIN/tokenizers" ] || "$PY" -m pip install -q --upgrade --no-index --no-deps --target "$SITE_TRAIN" \
         "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl
     # z-lab's loop runs on the image's own transformers (5.15+): dflash alone in its own folder.
@@ -486,12 +478,11 @@ ${DRAFTER_OVERRIDE:+--override '$DRAFTER_OVERRIDE'} > $WORK/train-drafter.log 2>
 }
 
 json_test() { # json_test FILE KEY: a command line, true when FILE is JSON with a truthy KEY
-    echo "$PY -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get(sys.argv[2]) else 1)' $1 $2 2>/dev/null"
+    echo "$PY tests/gpu/trained_pack.py has $1 $2"
 }
 
 json_same() { # json_same A B KEY: a command line, true when JSON files A and B hold the same KEY
-    echo "$PY -c 'import json, sys; a, b = (json.load(open(p)).get(sys.argv[3]) for p in sys.argv[1:3]); \
-sys.exit(0 if a is not None and a == b else 1)' $1 $2 $3 2>/dev/null"
+    echo "$PY tests/gpu/trained_pack.py same $1 $2 $3"
 }
 
 target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once ended, its records and log into $OUT
@@ -662,12 +653,7 @@ seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records staged from
 }
 
 trained_identity_check() { # the checkpoint on disk is the one its train record names
-    local want got
-    want=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["target_sha256"])' "$TRAINED/train-record.json")
-    got=$(cd tests/gpu && "$PY" -c 'import sys; from pathlib import Path; import train_target as t
-print(t.checkpoint_sha256(Path(sys.argv[1])))' "$TRAINED")
-    [ "$want" = "$got" ] || { echo "trained target on disk ($got) is not its record's ($want)" >&2; return 1; }
-    echo "trained target $got (matches its train record)"
+    "$PY" tests/gpu/trained_pack.py identity "$TRAINED"
 }
 
 train_repeat() { # train again from scratch into a second folder: the same target_sha256 or not

@@ -173,6 +173,28 @@ def probe_gate(record: dict) -> int:
     return 0 if not why else 3
 
 
+def _field(path: Path, key: str):
+    """``key`` of the JSON object in ``path``; None where the file is missing or not JSON."""
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def identity(trained: Path) -> int:
+    """0 when the checkpoint in ``trained`` hashes to the target_sha256 its train record names."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import train_target
+
+    want = _field(trained / "train-record.json", "target_sha256")
+    got = train_target.checkpoint_sha256(trained)
+    if want != got:
+        print(f"trained target on disk ({got}) is not its record's ({want})", file=sys.stderr)
+        return 1
+    print(f"trained target {got} (matches its train record)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -194,7 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--gpus", type=int, required=True)
     g = sub.add_parser("gate", help="exit 0 when a target's train record passes the gate (its greedy probe)")
     g.add_argument("record", type=Path)
+    h = sub.add_parser("has", help="exit 0 when RECORD is a JSON object whose KEY is truthy")
+    h.add_argument("record", type=Path)
+    h.add_argument("key")
+    s = sub.add_parser("same", help="exit 0 when records A and B hold the same KEY, and it is set")
+    s.add_argument("a", type=Path)
+    s.add_argument("b", type=Path)
+    s.add_argument("key")
+    i = sub.add_parser("identity", help="exit 0 when a trained checkpoint is the one its train record names")
+    i.add_argument("trained", type=Path)
     args = parser.parse_args(argv)
+    if args.cmd == "has":
+        return 0 if _field(args.record, args.key) else 1
+    if args.cmd == "same":
+        a = _field(args.a, args.key)
+        return 0 if a is not None and a == _field(args.b, args.key) else 1
+    if args.cmd == "identity":
+        return identity(args.trained)
     if args.cmd == "gate":
         return probe_gate(json.loads(args.record.read_text()))
     if args.cmd == "manifest":

@@ -84,3 +84,24 @@ def test_remote_sh_receive_trained_reports_through_parts_py(staged, tmp_path):
     assert not (tmp_path / "models").exists()
     want = hashlib.sha256(DATA).hexdigest()
     assert parts.manifest(tmp_path / "bundles", "extras-trained")["sha256"] == want
+
+
+def test_corpus_wants_every_pinned_wheel_with_its_pinned_bytes(tmp_path):
+    import json
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pins = tmp_path / "corpus.json"
+    arts = {"a-1.0-py3-none-any.whl": b"alpha", "b-2.0-py3-none-any.whl": b"beta"}
+    for name, data in arts.items():
+        (wheels / name).write_bytes(data)
+    entry = lambda n: {"file": n, "sha256": hashlib.sha256(arts[n]).hexdigest()}  # noqa: E731
+    pins.write_text(json.dumps({"wheels": [entry("a-1.0-py3-none-any.whl")],
+                                "training_wheels": [entry("b-2.0-py3-none-any.whl")]}))
+    parts.corpus(wheels, pins)
+    (wheels / "b-2.0-py3-none-any.whl").write_bytes(b"other")
+    with pytest.raises(SystemExit, match="corpus wheel b-2.0-py3-none-any.whl missing or not the pinned bytes"):
+        parts.corpus(wheels, pins)
+    (wheels / "a-1.0-py3-none-any.whl").unlink()
+    with pytest.raises(SystemExit, match="corpus wheel a-1.0"):
+        parts.corpus(wheels, pins)

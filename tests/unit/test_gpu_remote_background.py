@@ -176,7 +176,9 @@ def _recipe_repo(tmp_path):
     gpu.mkdir(parents=True)
     (gpu / "train_target.py").write_text(_TRAIN_TARGET)
     (gpu / "train_drafter.py").write_text(_TRAIN_DRAFTER)
-    (gpu / "trained_pack.py").write_text("exit 0\n")  # the gate: passes
+    # The gate passes; the record questions (has, same) go to the real trained_pack.py.
+    real = REMOTE.parent / "trained_pack.py"
+    (gpu / "trained_pack.py").write_text(f'[ "$1" = gate ] && exit 0\nexec python3 {real} "$@"\n')
     (tmp_path / "py").write_text(_DISPATCH)
     (tmp_path / "py").chmod(0o755)
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]

@@ -255,3 +255,30 @@ def test_the_chain_trains_a_drafter_only_for_a_target_that_passes_the_gate(tmp_p
     # too few prompts of 128 tokens, and a record with no probe at all
     assert pack.main(["gate", record("short", {"greedy_probe": _probe(0, full=31)})]) == 3
     assert pack.main(["gate", record("none", {})]) == 3
+
+
+def test_has_and_same_read_records_and_say_no_for_a_missing_or_broken_file(tmp_path):
+    a, b, broken = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "broken.json"
+    a.write_text(json.dumps({"target_sha256": "t1", "polished_from": "x", "empty": ""}))
+    b.write_text(json.dumps({"target_sha256": "t1"}))
+    broken.write_text("{not json")
+    assert pack.main(["has", str(a), "polished_from"]) == 0
+    assert pack.main(["has", str(a), "empty"]) == 1 and pack.main(["has", str(b), "polished_from"]) == 1
+    assert pack.main(["has", str(tmp_path / "none.json"), "x"]) == 1 and pack.main(["has", str(broken), "x"]) == 1
+    assert pack.main(["same", str(a), str(b), "target_sha256"]) == 0
+    b.write_text(json.dumps({"target_sha256": "t2"}))
+    assert pack.main(["same", str(a), str(b), "target_sha256"]) == 1
+    assert pack.main(["same", str(a), str(b), "drafter_sha256"]) == 1  # unset on both is not "the same"
+
+
+def test_identity_checks_the_checkpoint_against_its_record(tmp_path, capsys):
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / "model.safetensors").write_bytes(b"weights")
+    (trained / "config.json").write_text("{}")
+    (trained / "train-record.json").write_text(json.dumps({"target_sha256": tt.checkpoint_sha256(trained)}))
+    assert pack.main(["identity", str(trained)]) == 0
+    assert "(matches its train record)" in capsys.readouterr().out
+    (trained / "model.safetensors").write_bytes(b"other weights")
+    assert pack.main(["identity", str(trained)]) == 1
+    assert "is not its record's" in capsys.readouterr().err
