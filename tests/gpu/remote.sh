@@ -123,23 +123,16 @@ patched_site() { # patched_site [DEST [PATCHES_ROOT [FROM_SITE]]]: a copy of vLL
         PYTHONPATH=$(launcher_path) "$PY" -m launcher patch apply --target "$dest"
         return
     fi
-    PYTHONPATH=$(launcher_path) "$PY" - "$dest" "$root" <<'EOF'
-import sys
-from launcher.patching.engine import apply
-r = apply(sys.argv[1], patches_root=sys.argv[2] or None)
-print(r.message)
-print("series hash", r.series_hash)
-for p in r.results:
-    print(" ", p.outcome, p.name)
-EOF
+    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/sites.py apply "$dest" --patches-root "$root"
 }
 
 series_hash() { # series_hash [SITE [PATCHES_ROOT]]: the hash stamped into SITE when it was patched
-    PYTHONPATH=$(launcher_path) "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); print((s.stamp or {}).get("series_hash") or "")' "${1:-$SITE_PATCHED}" "${2:-}" 2>/dev/null || true
+    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/sites.py stamp "${1:-$SITE_PATCHED}" --patches-root "${2:-}" \
+        2>/dev/null || true
 }
 
 site_is_current() { # site_is_current SITE [PATCHES_ROOT]: patched with this checkout's series
-    [ -d "$1/vllm" ] && PYTHONPATH=$(launcher_path) "$PY" -c 'import sys; from launcher.patching.engine import status; s = status(sys.argv[1], patches_root=sys.argv[2] or None); sys.exit(0 if s.stamp and s.stamp.get("series_hash") == s.series_hash else 1)' "$1" "${2:-}" 2>/dev/null
+    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/sites.py current "$1" --patches-root "${2:-}" 2>/dev/null
 }
 
 SITE_PATCHED_MM=${SITE_PATCHED_MM:-/tmp/site-patched-mm}
@@ -212,19 +205,9 @@ proof() {
     done
     local hash=""
     [ -d "$SITE_PATCHED/vllm" ] && hash=$(series_hash)
-    PYTHONPATH=$SITE "$PY" - "$WORK/meta.json" "$WORK/gpu.txt" "$hash" <<'EOF'
-import datetime, json, sys
-import torch, vllm
-meta = {
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    "gpu": open(sys.argv[2]).read().strip(),
-    "vllm": vllm.__version__,
-    "torch": torch.__version__,
-    "series": ("patches/vllm/0.21.0 sha256 " + sys.argv[3]) if sys.argv[3] else None,
-    "command": "bash tests/gpu/remote.sh proof (see tests/gpu/README.md)",
-}
-json.dump(meta, open(sys.argv[1], "w"), indent=1)
-EOF
+    PYTHONPATH=$SITE "$PY" tests/gpu/sites.py meta "$WORK/meta.json" --gpu-file "$WORK/gpu.txt" \
+        --series-label "${hash:+patches/vllm/0.21.0 sha256 $hash}" \
+        --command "bash tests/gpu/remote.sh proof (see tests/gpu/README.md)"
     "$PY" tests/gpu/compare.py "${have[@]}" --meta "$WORK/meta.json" \
         --json "$OUT/results.json" --md "$OUT/results.md"
     local logs=()
@@ -283,19 +266,9 @@ extras() { # every extras* bundle staged: FA2 into the installed vLLM, checkpoin
 
 realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM]: date, GPU, versions, series hashes, command
     local site=${2:-$SITE} hash=${3-$(series_hash)} hash_mm=${4-$(series_hash "$SITE_PATCHED_MM" "$MM_PATCHES")}
-    PYTHONPATH=$site "$PY" - "$1" "$WORK/gpu.txt" "$hash" "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
-        "$hash_mm" <<'EOF'
-import datetime, json, sys
-import torch, vllm
-json.dump({
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    "gpu": open(sys.argv[2]).read().strip(), "vllm": vllm.__version__, "torch": torch.__version__,
-    "series_hash": sys.argv[3] or None,
-    "series_hash_mm": sys.argv[5] or None,
-    "post_norm_scale": sys.argv[4] or None,
-    "command": "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')",
-}, open(sys.argv[1], "w"), indent=1)
-EOF
+    PYTHONPATH=$site "$PY" tests/gpu/sites.py meta "$1" --gpu-file "$WORK/gpu.txt" --series-hash "$hash" \
+        --series-hash-mm "$hash_mm" --post-norm-scale "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
+        --command "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')"
 }
 
 realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it

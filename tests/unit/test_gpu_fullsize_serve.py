@@ -277,7 +277,7 @@ STUB_PY = textwrap.dedent("""\
         fh.write(json.dumps(args) + "\\n")
     if args[:4] == ["-m", "launcher", "serve", "--help"]:
         print("  --test-gpu   plan on a Hopper test GPU" if os.environ.get("STUB_TEST_GPU") else "  --force")
-    if args[:1] == ["-c"] and "print((s.stamp" in args[1]:  # remote.sh series_hash: the site's stamp
+    if args[:2] == ["tests/gpu/sites.py", "stamp"]:  # remote.sh series_hash: the site's stamp
         print("ab" * 32)
 """)
 
@@ -320,7 +320,7 @@ def test_remote_sh_passes_the_harness_what_it_needs(tmp_path, verb, test_gpu):
     assert opt["--drafter"] == "/m/dflash-26b-a4b" and opt["--model"] == "/m/gemma4-26b-a4b-nvfp4"
     assert opt["--concurrency"] == ("max" if verb == "fit" else "1,4,16,max")
     # The record names the series the patched site was stamped with.
-    stamp_call = next(c for c in calls if c[:1] == ["-c"] and "print((s.stamp" in c[1])
+    stamp_call = next(c for c in calls if c[:2] == ["tests/gpu/sites.py", "stamp"])
     assert stamp_call[2] == str(patched) and opt["--series-hash"] == "ab" * 32
     assert [a for a in serve if a.startswith("--vllm-arg")] == [
         "--vllm-arg=--mm-processor-cache-gb", "--vllm-arg=0", "--vllm-arg=--attention-config",
