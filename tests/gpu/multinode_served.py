@@ -73,9 +73,9 @@ def serve_args(name: str, args, port: int) -> list[str]:
     sets = list(args.set) + served.REFERENCE_SETS[1:] + ([] if drafter else ["drafter=null"])
     more = [f"--kv-cache-memory-bytes={KV_BYTES}", *served.REFERENCE_EXTRA, *served.EXACT_ARGS]
     if name.startswith(("tp2", "nodes2")):
-        # vLLM's custom all-reduce opens CUDA IPC handles, which fail on hosts that refuse them
-        # ("custom_all_reduce.cuh:164 'invalid argument'", H200 x2, 2026-11-29); NCCL serves
-        # both layouts alike, and with two ranks a sum is the same in either order.
+        # vLLM's custom all-reduce opens CUDA IPC handles, which fail on a host that refuses them
+        # ("custom_all_reduce.cuh:164 'invalid argument'" on a two-H200 host); NCCL serves both
+        # layouts alike, and with two ranks a sum is the same in either order.
         more += ["--disable-custom-all-reduce"]
     if name.startswith("tp2"):
         more += ["--tensor-parallel-size", "2"]
