@@ -392,10 +392,10 @@ def markdown(rec: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--drafter", type=Path, required=True)
-    p.add_argument("--site", required=True, help="PYTHONPATH of the patched vLLM (and its own site)")
-    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--model", type=Path)
+    p.add_argument("--drafter", type=Path)
+    p.add_argument("--site", help="PYTHONPATH of the patched vLLM (and its own site)")
+    p.add_argument("--work", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--servers", default=",".join(SERVERS))
     p.add_argument("--tokens", type=int, default=gate.MIN_GENERATED_TOKENS)
@@ -412,14 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "--merge" in (argv if argv is not None else sys.argv[1:]):
-        p = argparse.ArgumentParser()
-        p.add_argument("--merge", nargs="+", type=Path, required=True)
-        p.add_argument("--out", type=Path, required=True)
-        a = p.parse_args(argv)
-        save(merged(runs_in(a.merge)), a.out)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.merge:
+        save(merged(runs_in(args.merge)), args.out)
         return 0
-    args = build_parser().parse_args(argv)
+    missing = [f"--{k}" for k in ("model", "drafter", "site", "work") if getattr(args, k) is None]
+    if missing:
+        parser.error("the servers need " + ", ".join(missing) + " (or --merge RECORD...)")
     for key in ("model", "drafter", "work", "out"):
         setattr(args, key, getattr(args, key).resolve())
     args.work.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,8 @@ def manifest(folder: Path, stem: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """A file's sha256, read in blocks (parts are tens of MB)."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 22):
@@ -56,7 +57,7 @@ def receive(stage: Path, folder: Path) -> list[str]:
         shutil.copyfile(path, folder / path.name)
         for part in sorted(stage.glob(f"{path.stem}.tar*.part*")):
             dest = folder / part.name
-            if dest.exists() and dest.stat().st_size == part.stat().st_size and _sha256(dest) == _sha256(part):
+            if dest.exists() and dest.stat().st_size == part.stat().st_size and sha256(dest) == sha256(part):
                 continue
             shutil.copyfile(part, dest)
             copied.append(part.name)
@@ -76,7 +77,7 @@ def held(folder: Path) -> list[str]:
             f = folder / p["name"]
             if not f.exists():
                 continue
-            if _sha256(f) == p["sha256"]:
+            if sha256(f) == p["sha256"]:
                 have.append(p["name"])
             else:
                 f.unlink()
@@ -111,7 +112,7 @@ def corpus(folder: Path, pins: Path = CORPUS) -> None:
     m = json.loads(pins.read_text())
     for art in m["wheels"] + m["training_wheels"]:
         path = folder / art["file"]
-        if not path.is_file() or _sha256(path) != art["sha256"]:
+        if not path.is_file() or sha256(path) != art["sha256"]:
             raise SystemExit(f"corpus wheel {art['file']} missing or not the pinned bytes: copy .stage/corpus in")
 
 

@@ -48,12 +48,8 @@ STEM = "extras-trained"
 DRAFTER_STEM = "extras-update-drafter"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parts import sha256 as _sha256  # noqa: E402  (the one hasher of staged parts)
 
 
 def write_manifest(pack: Path, record: dict, stem: str = STEM) -> dict:

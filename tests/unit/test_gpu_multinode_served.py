@@ -160,3 +160,9 @@ def test_merge_from_the_command_line_writes_both_files(tmp_path):
     rec = json.loads((tmp_path / "out" / "multinode.json").read_text())
     assert rec["verdicts"]["tp2_vs_tp1"]["strict"]["identical"] == 2
     assert "| tp2 vs tp1 | 2/2 |" in (tmp_path / "out" / "multinode.md").read_text()
+
+
+def test_servers_without_their_folders_are_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        mn.main(["--out", str(tmp_path / "out"), "--model", str(tmp_path)])
+    assert "the servers need --drafter, --site, --work (or --merge RECORD...)" in capsys.readouterr().err
