@@ -32,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bars  # noqa: E402
+import gate  # noqa: E402
 
 ACCEPTANCE_GAP = 0.05  # issue 50's Done-when: pooled acceptance within 5 % of z-lab's
 
@@ -129,43 +130,132 @@ def pooled(rows: list[dict]) -> dict:
     return out
 
 
-def judge(zlab: dict, twin: dict, served: dict) -> dict:
-    """The conformance verdict of one served release against z-lab's record."""
+def identical_rows(rows: list[dict] | None, twin_rows: list[dict]) -> dict:
+    """Lossless, strict: how many of ``rows`` carry exactly the twin's tokens (an error or a
+    missing row is not identical)."""
+    rows = rows or []
+    same = [bool(r) and "token_ids" in r and r["token_ids"] == t.get("token_ids") for r, t in zip(rows, twin_rows)]
+    return {"identical": sum(same), "of": len(twin_rows), "holds": len(rows) == len(twin_rows) and all(same),
+            "first_differing": next((i for i, ok in enumerate(same) if not ok), None)}
+
+
+def window_binding(zlab: dict, served: dict, window: int | None) -> dict | None:
+    """The share of z-lab's draft steps in which a sliding layer's window cuts off context: a
+    block starting at position c (the last verified token, then B - 1 masks) spans c..c+B-1, a
+    query at p sees keys after p - window, so position 0 falls out once c + B - 1 >= window.
+    Each step moves c by its acceptance length (prompt lengths from the served record)."""
+    lengths = [r.get("prompt_tokens") for r in served["rows"]]
+    if not window or None in lengths:
+        return None
+    block, steps, binding = zlab["block_size"], 0, 0
+    for n, z in zip(lengths, zlab["rows"]):
+        c = n  # the first block starts with the prefill's token, at position n (z-lab's ``start``)
+        for a in z["acceptance_lengths"]:
+            steps += 1
+            binding += c + block - 1 >= window
+            c += a
+    return {"window": window, "block_size": block, "steps": steps, "binding": binding,
+            "share": round(binding / steps, 4) if steps else None}
+
+
+def label(served: dict) -> str:
+    return served.get("vllm") + (f" ({served['variant']})" if served.get("variant") else "")
+
+
+def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> dict:
+    """The conformance verdict of one served release against z-lab's record, beside the
+    served drafter's lossless check against its own no-drafter twin."""
     bound = noise_bound(zlab["rows"], twin["rows"])
     rows = [compare_prompt(z, s, bound) for z, s in zip(zlab["rows"], served["rows"])]
     pool = pooled(rows)
+    twin_gate = gate.nondegenerate([{"token_ids": r.get("token_ids") or []} for r in twin["rows"]])
+    twin_gate["passes"] = gate.passes(twin_gate)
     identical = sum(1 for r in rows if r["identical_over_prefix"])
     teeth = {"zlab_reproduces": zlab.get("passes_identical") is True,
              "zlab_gate_passes": (zlab.get("gate") or {}).get("passes") is True,
              "drafts_accepted_and_rejected": bool(zlab["acceptance"]["steps_none_accepted"])
              and any(a > 1 for r in zlab["rows"] for a in r["acceptance_lengths"])}
     return {
-        "vllm": served.get("vllm"), "series": served.get("series"), "noise_bound": round(bound, 5),
+        "vllm": served.get("vllm"), "variant": served.get("variant"), "label": label(served),
+        "series": served.get("series"), "twin_series": twin.get("series"),
+        "numerics": served.get("numerics"), "noise_bound": round(bound, 5),
         "noise_percentile": bars.get("noise", "margin_move_percentile"),
         "prompts": len(rows), "identical_over_prefix": identical,
         "outputs_identical": identical == len(rows),
         "acceptance": pool, "teeth": teeth,
+        # Lossless, strict (bars.yaml lossless): the drafter's outputs against its own twin, one at
+        # a time and with every prompt in flight; the twin's outputs through the gate.
+        "lossless_one_at_a_time": identical_rows(served["rows"], twin["rows"]),
+        "lossless_batched": identical_rows(served.get("batched_rows"), twin["rows"]),
+        "twin_gate": twin_gate,
+        "window_binding": window_binding(zlab, served, window),
         "holds": identical == len(rows) and bool(pool.get("within")) and all(teeth.values())
         and len(rows) >= bars.get("gate", "min_prompts"),
         "rows": rows,
     }
 
 
+def served_acceptance(served: dict) -> dict:
+    """The served drafter's acceptance over whole requests (1 + accepted over drafts, every
+    prompt once): what issue 50's item 5 compares across trees on the same prompts."""
+    acc = [r.get("acceptance") or {} for r in served["rows"] if r]
+    drafts = sum(a.get("drafts") or 0 for a in acc)
+    accepted = sum(a.get("accepted_tokens") or 0 for a in acc)
+    return {"requests": sum(1 for a in acc if a.get("drafts")), "drafts": drafts, "accepted_tokens": accepted,
+            "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None}
+
+
+def twins_reproduce(twins: list[dict]) -> dict:
+    """The no-drafter twins of one vLLM release (one per served job) must answer alike: the
+    reference reproduces. {vllm: identical prompts out of all}, over releases with two or more."""
+    out = {}
+    for v in sorted({t.get("vllm") for t in twins}):
+        same = [t for t in twins if t.get("vllm") == v]
+        if len(same) > 1:
+            out[v] = identical_rows(same[1]["rows"], same[0]["rows"]) | {"twins": len(same)}
+    return out
+
+
+def _window_cell(w: dict | None) -> str:
+    return "n/a" if not w else f"{w['binding']}/{w['steps']} steps ({w['share']}), window {w['window']}"
+
+
+def _mark(ok) -> str:
+    return "**yes**" if ok else "**no**"
+
+
+def _summary_lines(doc: dict) -> list[str]:
+    lines = ["| vLLM | series | numerics | prompts | identical over prefix | z-lab acceptance | vLLM acceptance | "
+             "gap | noise bound | teeth | holds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for v in doc["releases"]:
+        a = v["acceptance"]
+        lines.append(f"| {v['label']} | {(v['series'] or '')[:8]} | {v.get('numerics')} | {v['prompts']} | "
+                     f"{v['identical_over_prefix']}/{v['prompts']} | {a.get('zlab_acceptance')} | "
+                     f"{a.get('vllm_acceptance')} | {a.get('gap')} | {v['noise_bound']} (p{v['noise_percentile']}) | "
+                     f"{', '.join(k for k, ok in v['teeth'].items() if not ok) or 'all'} | {_mark(v['holds'])} |")
+    lines += ["", "Lossless, strict: the drafter's outputs against the same server without a drafter "
+              "(one prompt at a time), and the twin's outputs through the gate.", "",
+              "| vLLM | one at a time | all in flight | twin gate (looping / constant / median distinct) | "
+              "whole-request acceptance | window binds |", "|---|---|---|---|---|---|"]
+    for v in doc["releases"]:
+        one, many, g, w = v["lossless_one_at_a_time"], v["lossless_batched"], v["twin_gate"], v["window_binding"]
+        lines.append(f"| {v['label']} | {one['identical']}/{one['of']} {_mark(one['holds'])} | "
+                     f"{many['identical']}/{many['of']} {_mark(many['holds'])} | "
+                     f"{g.get('looping_sequences')} / {g.get('constant_sequences')} / "
+                     f"{g.get('median_distinct_fraction')} {_mark(g.get('passes'))} | "
+                     f"{v['served_acceptance']['mean_acceptance_length']} | "
+                     f"{_window_cell(w)} |")
+    for v, r in doc["twins_reproduce"].items():
+        lines.append(f"\nThe no-drafter twins of {v} ({r['twins']}) agree on {r['identical']}/{r['of']} prompts.")
+    return lines
+
+
 def markdown(doc: dict) -> str:
     lines = ["# The served drafter against z-lab's loop (issue 50)", "",
              f"Oracle: {doc['oracle']}. Deviation: {doc['deviation']}.", "",
-             "Generated by `python tests/gpu/conformance.py`; do not edit.", "",
-             "| vLLM | series | prompts | identical over prefix | z-lab acceptance | vLLM acceptance | gap | "
-             "noise bound | teeth | holds |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "Generated by `python tests/gpu/conformance.py`; do not edit.", "", *_summary_lines(doc)]
     for v in doc["releases"]:
-        a = v["acceptance"]
-        lines.append(f"| {v['vllm']} | {v['series']} | {v['prompts']} | {v['identical_over_prefix']}/{v['prompts']} | "
-                     f"{a.get('zlab_acceptance')} | {a.get('vllm_acceptance')} | {a.get('gap')} | "
-                     f"{v['noise_bound']} (p{v['noise_percentile']}) | "
-                     f"{', '.join(k for k, ok in v['teeth'].items() if not ok) or 'all'} | "
-                     f"{'**yes**' if v['holds'] else '**no**'} |")
-    for v in doc["releases"]:
-        lines += ["", f"## vLLM {v['vllm']}: per prompt", "",
+        lines += ["", f"## vLLM {v['label']}: per prompt", "",
                   "| # | prefix | identical | first difference | z-lab | vLLM | gap |", "|---|---|---|---|---|---|---|"]
         for i, r in enumerate(v["rows"]):
             lines.append(f"| {i} | {r['prefix']} | {r['identical_over_prefix']} | {r['first_difference']} | "
@@ -176,21 +266,33 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zlab", type=Path, required=True)
-    parser.add_argument("--twin", type=Path, required=True, help="the no-drafter server's record")
+    parser.add_argument("--twin", type=Path, action="append", required=True,
+                        help="the no-drafter server's record: once for every --served, or once per --served")
     parser.add_argument("--served", type=Path, action="append", required=True,
-                        help="a served record with the drafter (one per vLLM release)")
+                        help="a served record with the drafter (one per vLLM release or series variant)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if len(args.twin) not in (1, len(args.served)):
+        parser.error(f"{len(args.twin)} --twin for {len(args.served)} --served: give one, or one per --served")
     zlab = json.loads(args.zlab.read_text())
-    twin = json.loads(args.twin.read_text())
+    twins = [json.loads(p.read_text()) for p in args.twin]
+    twins = twins * len(args.served) if len(twins) == 1 else twins
+    releases = []
+    for twin, path in zip(twins, args.served):
+        served = json.loads(path.read_text())
+        release = judge(zlab, twin, served, served.get("drafter_window"))
+        release["served_acceptance"] = served_acceptance(served)
+        releases.append(release)
     doc = {"oracle": zlab["oracle"], "deviation": zlab["deviation"], "target_sha256": zlab["target_sha256"],
            "drafter_sha256": zlab["drafter_sha256"], "bars": bars.blob_hash(),
-           "releases": [judge(zlab, twin, json.loads(p.read_text())) for p in args.served]}
+           "twins_reproduce": twins_reproduce([json.loads(p.read_text()) for p in args.twin]),
+           "releases": releases}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "conformance.json").write_text(json.dumps(doc, indent=1) + "\n")
     (args.out / "conformance.md").write_text(markdown(doc))
     print(markdown(doc).split("\n## ")[0])
-    return 0 if all(v["holds"] for v in doc["releases"]) else 1
+    # A series less one patch is measured beside the releases, not judged (issue 50, item 5).
+    return 0 if all(v["holds"] for v in releases if not v.get("variant")) else 1
 
 
 if __name__ == "__main__":

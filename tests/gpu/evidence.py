@@ -71,6 +71,12 @@ def _stage(name: str, *args: str) -> Step:
     return Step(name, "network", ("{py}", "tests/gpu/stage.py", *args))
 
 
+# 0.21.0's backport of the drafter's per-layer attention (issue 50, item 5)
+PER_LAYER = "dflash-drafter-per-layer-attention"
+# The conformance run's raw records: each job's folder ({work}/served*/conformance*.json) and z-lab's
+# record as out/zlab-reference.json
+CONFORMANCE_ARCHIVE = "conformance/served-raw.tar.xz"
+
 STAGE_BUNDLE = _stage("stage-bundle")
 STAGE_FA2 = _stage("stage-fa2", "--extras", "--extras-name", "extras-fa2")
 STAGE_QUANT = _stage("stage-quant", "--extras", "--extras-name", "extras-quant", "--no-fa2", "--quant-wheels")
@@ -177,12 +183,17 @@ PAGES: dict[str, tuple[Step, ...]] = {
         _remote("target-bg", ("POLISH", "1"), ("CHAIN_DRAFTER", "1")),
         _remote("target-wait", OUT, ("TARGET_WAIT_S", "14400")),
         _remote("zlab-reference", OUT),
-        _remote("served-all", OUT, ("SERVED_JOBS", "gemma4-moe-dflash:conformance-twin,conformance:default"),
+        # Exact numerics, one prompt at a time (issue 50, item 4); 0.21.0 also on its series less
+        # the per-layer drafter attention (item 5). Each job serves its own no-drafter twin.
+        _remote("served-all", OUT, ("SERVED_JOBS", "gemma4-moe-dflash:conformance-twin,conformance:exact"),
+                ("SERVED_VERSIONS", f"0.21.0 0.33.0 0.21.0-without-{PER_LAYER}"),
                 name="served-conformance"),
         Step("conformance-report", "cpu",
              ("{py}", "tests/gpu/conformance.py", "--zlab", "{work}/out/zlab-reference.json",
               "--twin", "{work}/served/conformance-twin.json", "--served", "{work}/served/conformance.json",
-              "--served", "{work}/served-v33/conformance.json", "--out", "{results}"),
+              "--twin", "{work}/served-v33/conformance-twin.json", "--served", "{work}/served-v33/conformance.json",
+              "--twin", f"{{work}}/served-0.21.0-without-{PER_LAYER}/conformance-twin.json",
+              "--served", f"{{work}}/served-0.21.0-without-{PER_LAYER}/conformance.json", "--out", "{results}"),
              writes=("conformance.json",)),
     ),
     # multinode.md (a host with two GPUs): the gated target, then two `launcher serve` nodes against

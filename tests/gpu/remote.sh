@@ -144,14 +144,18 @@ reverted_sites() { # reverted_sites RUN_NAMES VERSION FROM_SITE: for each patch 
     # (issue 25's ablation, the trace run without 0014), FROM_SITE's vLLM with VERSION's series
     # less that patch under $REVERTED_SITES/VERSION/<id> (its stamp names that series' hash,
     # which realshape.py records for each run from the tree it ran on)
-    local v=$2 from=$3 ids id root
+    local v=$2 from=$3 ids id
     ids=$("$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --vllm "$v" --reverts-of "$1") || return 1
-    for id in $ids; do
-        root=$WORK/patches-$v-without-$id
-        patches_without "$root" "$v" "$id"
-        site_is_current "$REVERTED_SITES/$v/$id" "$root" \
-            || patched_site "$REVERTED_SITES/$v/$id" "$root" "$from" > "$WORK/patch-apply-$v-without-$id.txt"
-    done
+    for id in $ids; do reverted_site "$v" "$id" "$from"; done
+}
+
+reverted_site() { # reverted_site VERSION ID [FROM_SITE]: $REVERTED_SITES/VERSION/ID, VERSION's vLLM
+    # (FROM_SITE, default the installed one) with this checkout's series less patch ID
+    local v=$1 id=$2 from=${3:-} root=$WORK/patches-$1-without-$2
+    [ -n "$from" ] || { if [ "$v" = 0.21.0 ]; then from=$SITE; else from=$SITE33; fi; }
+    patches_without "$root" "$v" "$id" || return 1
+    site_is_current "$REVERTED_SITES/$v/$id" "$root" \
+        || patched_site "$REVERTED_SITES/$v/$id" "$root" "$from" > "$WORK/patch-apply-$v-without-$id.txt"
 }
 
 patches_without() { # patches_without DEST VERSION ID: this checkout's patches/ less VERSION's patch ID
@@ -1032,13 +1036,22 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     if [ "$(sort <<< "$recipes" | uniq -d)" != "" ]; then
         echo "SERVED_JOBS names a recipe twice (one folder per recipe and version): $jobs" >&2; return 2
     fi
-    # A speed measurement needs the GPU to itself.
+    # SERVED_GPUS="0,1" (a host of several GPUs): job i runs on the i-th, round-robin.
+    local gpus=()
+    [ -n "${SERVED_GPUS:-}" ] && IFS=',' read -r -a gpus <<< "$SERVED_GPUS"
+    # A speed measurement needs its GPU to itself: one job and version per GPU.
     case " $jobs " in
         *:speed:*|*":speed "*)
-            if [ "$(wc -w <<< "$jobs $versions")" -gt 2 ]; then
-                echo "the speed phase runs alone: one job, one version (SERVED_VERSIONS=0.21.0)" >&2; return 2
+            if [ "$(( $(wc -w <<< "$jobs") * $(wc -w <<< "$versions") ))" -gt "$(( ${#gpus[@]} > 1 ? ${#gpus[@]} : 1 ))" ]; then
+                echo "the speed phase runs alone: one job and version per GPU (SERVED_VERSIONS=0.21.0, or SERVED_GPUS)" >&2
+                return 2
             fi ;;
     esac
+    # A version "V-without-ID" serves V's series less patch ID (issue 50: 0.21.0 without
+    # dflash-drafter-per-layer-attention): its tree is built here, before the jobs start side by side.
+    for v in $versions; do
+        case "$v" in *-without-*) reverted_site "${v%%-without-*}" "${v#*-without-}" || return 1 ;; esac
+    done
     export SERVED_COMMAND="SERVED_JOBS='$jobs' SERVED_VERSIONS='$versions' SERVED_DEADLINE_S=${SERVED_DEADLINE_S:-540} bash tests/gpu/remote.sh served-all"
     export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.1}"
     export SERVED_VLLM_ARGS="${SERVED_VLLM_ARGS:-} --kv-cache-memory-bytes=$kv"
@@ -1052,8 +1065,15 @@ served_all() { # served and served-v33 side by side, each with its phases side b
             (
                 export SERVED_RECIPE=$recipe SERVED_PHASES=$phases SERVED_PORT_BASE=$((8000 + 100 * i))
                 case "${numerics:-}" in exact) export SERVED_EXACT=1 ;; default) export SERVED_EXACT=0 ;; esac
-                if [ "$v" = 0.21.0 ]; then served_run "$SITE" "$SITE_PATCHED" served
-                else served_run "$SITE33" "$SITE33_PATCHED" served-v33; fi
+                [ "${#gpus[@]}" -gt 0 ] && export CUDA_VISIBLE_DEVICES=${gpus[$((i % ${#gpus[@]}))]}
+                case "$v" in
+                    0.21.0) served_run "$SITE" "$SITE_PATCHED" served ;;
+                    *-without-*)
+                        local base=${v%%-without-*} id=${v#*-without-} from=$SITE
+                        [ "$base" = 0.21.0 ] || from=$SITE33
+                        SERVED_VARIANT="without $id" served_run "$from" "$REVERTED_SITES/$base/$id" "served-$v" ;;
+                    *) served_run "$SITE33" "$SITE33_PATCHED" served-v33 ;;
+                esac
             ) > "${logs[-1]}" 2>&1 &
             pids+=($!); i=$((i + 1))
             sleep "${SERVED_JOB_STAGGER_S:-20}"
@@ -1067,6 +1087,10 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     echo "== GPU memory used, every 30 s: $(tr '\n' ' ' < "$WORK/served-all-memory.log")"
     # $OUT brings back 8 files: the logs in one archive (the phases' raw records are in NAME-logs)
     tar -C "$WORK" -czf "$OUT/served-all-logs.tar.gz" "${logs[@]##*/}" served-all-memory.log
+    # More than two jobs leave more raw folders than come back: they travel as one archive.
+    if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+        (cd "$OUT" && tar -czf served-raw-all.tar.gz ./*-raw && rm -rf ./*-raw)
+    fi
     return $rc
 }
 
@@ -1106,6 +1130,7 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
         --series-hash "$(series_hash "$patched")" --work "$work" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
         --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" --recipe "$recipe" \
         --port-base "${SERVED_PORT_BASE:-8000}" ${SERVED_PARALLEL:+--parallel} "${extra[@]}" \
+        ${SERVED_VARIANT:+--variant "$SERVED_VARIANT"} \
         --command "${SERVED_COMMAND:-bash tests/gpu/remote.sh served}" || rc=$?
     # The logs come back whatever served.py did: a failed call is when they are needed.
     tar -C "$work" -czf "$OUT/$name-logs.tar.gz" --exclude=./cwd . || true

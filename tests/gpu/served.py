@@ -407,6 +407,8 @@ class Phase:
         self.serve = serve_args(SERVES.get(name, name), str(args.model), str(args.drafter),
                                 self.port, args.set, args.vllm_arg, args.recipe)
         self.record: dict = {"server": name, "series": "stock" if name == "stock" else args.series_hash,
+                             # e.g. "without dflash-drafter-per-layer-attention": a series less one patch
+                             **({"variant": args.variant} if args.variant else {}),
                              # the criteria this record is judged by (bars.yaml's blob hash)
                              "bars": report.bars.blob_hash(),
                              "numerics": "exact" if args.exact_numerics else "default",
@@ -547,8 +549,41 @@ def conformance_rows(ph: Phase, model: str, prompts: list[dict], max_tokens=None
         before = scrape(ph.url)
         row = complete_tokens(ph.url, model, p["token_ids"], n)
         row["acceptance"] = report.acceptance(before, scrape(ph.url))
+        row["prompt_tokens"] = len(p["token_ids"])  # where the drafter's sliding window binds
         rows.append(row)
     return rows
+
+
+def batched_rows(ph: Phase, model: str, prompts: list[dict]) -> list[dict]:
+    """Every prompt in flight at once: under exact numerics the outputs must still equal the
+    one-at-a-time twin's (lossless with the drafter at the batch a busy server sees)."""
+    if time.time() > ph.last_request:
+        return [{"error": "skipped: deadline"} for _ in prompts]
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        return list(pool.map(lambda p: complete_tokens(ph.url, model, p["token_ids"], p["max_tokens"]), prompts))
+
+
+def drafter_window(drafter: Path) -> int | None:
+    """The sliding window of the drafter's sliding layers as vLLM reads it (None: no such layer)."""
+    from launcher.checkpoint import drafter_sliding_layers
+
+    layers, window = drafter_sliding_layers(json.loads((drafter / "config.json").read_text()))
+    return window if layers else None
+
+
+def wait_for_twin(args, twin_path: Path, ph: Phase) -> bool:
+    """The twin's record of this call, where the twin runs beside this phase (--parallel): its
+    margins set the noise bound the prefix requests need. A record from before this call is
+    not it; a twin of an earlier call (seeded) is, when this call does not run one."""
+    if "conformance-twin" not in args.phases.split(","):
+        return twin_path.exists()
+    while time.time() < ph.last_request:
+        if twin_path.exists() and twin_path.stat().st_mtime >= args.started:
+            twin = json.loads(twin_path.read_text())
+            if twin.get("rows") or twin.get("error") or twin.get("skipped") or twin.get("started") is False:
+                return bool(twin.get("rows"))
+        time.sleep(5)
+    return False
 
 
 def conformance_phase(args, name: str) -> None:
@@ -564,10 +599,15 @@ def conformance_phase(args, name: str) -> None:
         if not ph.start():
             return
         model = served_name(plan)
+        if name == "conformance":
+            ph.record["drafter_window"] = drafter_window(args.drafter)
         ph.record["rows"] = conformance_rows(ph, model, prompts)
         ph.save()
+        if name == "conformance":
+            ph.record["batched_rows"] = batched_rows(ph, model, prompts)
+            ph.save()
         twin_path = args.work / "conformance-twin.json"
-        if name == "conformance" and args.zlab and twin_path.exists():
+        if name == "conformance" and args.zlab and wait_for_twin(args, twin_path, ph):
             zlab = json.loads(args.zlab.read_text())
             bound = conformance.noise_bound(zlab["rows"], json.loads(twin_path.read_text())["rows"])
             cut = [conformance.common_prefix(z["margins"], bound) for z in zlab["rows"]]
@@ -806,7 +846,8 @@ def merge_rows(earlier: list[dict], mine: list[dict], seeded_servers: set[str] =
     A row of ``seeded_servers`` (made only of phases an earlier machine ran, remote.sh
     seed_raw) fills a gap but replaces no row: the record's may be newer."""
     def key(r: dict) -> tuple:
-        return r.get("vllm"), r.get("recipe") or RECIPE, r.get("server")  # rows from before --recipe: the default
+        # rows from before --recipe: the default; a series less one patch is a row of its own
+        return r.get("vllm"), r.get("recipe") or RECIPE, r.get("server"), r.get("variant")
 
     held = {key(r) for r in earlier}
     mine = [r for r in mine if not (r.get("server") in seeded_servers and key(r) in held)]
@@ -915,6 +956,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the record's regeneration command (remote.sh passes the verb that ran)")
     parser.add_argument("--assemble-only", action="store_true")
     parser.add_argument("--zlab", type=Path, help="zlab_reference.py's record: the conformance phase's prefixes")
+    parser.add_argument("--variant", default=None,
+                        help="what sets --site-patched apart from the whole series (e.g. \"without ID\"), recorded")
     return parser
 
 
@@ -925,7 +968,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("model", "drafter", "work", "out"):
         setattr(args, key, getattr(args, key).resolve())
     args.work.mkdir(parents=True, exist_ok=True)
-    args.deadline = time.time() + args.deadline_s
+    args.started = time.time()
+    args.deadline = args.started + args.deadline_s
     names = [] if args.assemble_only else [p for p in args.phases.split(",") if p]
     for name in names:
         if name not in PHASES:

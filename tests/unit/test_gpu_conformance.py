@@ -71,3 +71,70 @@ def test_a_prefix_shorter_than_the_output_takes_the_request_stopped_there(monkey
     row = conf.compare_prompt(z, s, bound=0.5)
     assert row["prefix"] == 3 and row["identical_over_prefix"]
     assert (row["zlab_tokens"], row["zlab_steps"]) == (2, 1) and row["vllm_acceptance"] == 2.0
+
+
+def test_lossless_is_strict_token_identity_with_the_twin_and_a_missing_row_is_not_identical():
+    twin = [{"token_ids": [1, 2, 3]}, {"token_ids": [4, 5, 6]}]
+    assert conf.identical_rows([{"token_ids": [1, 2, 3]}, {"token_ids": [4, 5, 6]}], twin)["holds"]
+    one_off = conf.identical_rows([{"token_ids": [1, 2, 3]}, {"token_ids": [4, 5, 7]}], twin)
+    assert (one_off["identical"], one_off["holds"], one_off["first_differing"]) == (1, False, 1)
+    failed = conf.identical_rows([{"token_ids": [1, 2, 3]}, {"error": "skipped: deadline"}], twin)
+    assert failed["identical"] == 1 and not failed["holds"]
+    assert conf.identical_rows(None, twin) == {"identical": 0, "of": 2, "holds": False, "first_differing": None}
+
+
+def test_the_window_binds_once_a_block_reaches_past_the_window():
+    # window 8, blocks of 4: a block starting at c binds when c + 3 >= 8. Prompt of 3 tokens: the
+    # first block starts at 3 (the prefill's token), then 3 + 2 = 5, then 5 + 1 = 6.
+    zlab = {"block_size": 4, "rows": [{"acceptance_lengths": [2, 1, 3]}, {"acceptance_lengths": [1]}]}
+    served = {"rows": [{"prompt_tokens": 3}, {"prompt_tokens": 20}]}
+    w = conf.window_binding(zlab, served, 8)
+    assert (w["steps"], w["binding"]) == (4, 3) and w["share"] == 0.75  # 5 and 6 bind, 3 not; the long prompt
+    assert conf.window_binding(zlab, served, None) is None  # no sliding layer
+    assert conf.window_binding(zlab, {"rows": [{}, {"prompt_tokens": 3}]}, 8) is None  # lengths not recorded
+
+
+def test_twins_of_one_release_must_agree_and_a_release_with_one_twin_is_not_listed():
+    a = {"vllm": "0.21.0", "rows": [{"token_ids": [1, 2]}, {"token_ids": [3, 4]}]}
+    b = {"vllm": "0.21.0", "rows": [{"token_ids": [1, 2]}, {"token_ids": [3, 9]}]}
+    c = {"vllm": "0.33.0", "rows": [{"token_ids": [1, 2]}]}
+    got = conf.twins_reproduce([a, b, c])
+    assert list(got) == ["0.21.0"] and got["0.21.0"]["identical"] == 1 and not got["0.21.0"]["holds"]
+
+
+def _write(path, doc):
+    import json
+
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_the_report_judges_releases_each_against_its_own_twin_and_a_variant_only_beside_them(tmp_path, monkeypatch):
+    toks = [[5, 6, 7, 8, 9 + i] for i in range(2)]
+    z = {**_zlab([{"token_ids": t, "margins": [2.0] * 5, "acceptance_lengths": [2, 2]} for t in toks]),
+         "oracle": "dflash 0.1.0", "deviation": "normalizer", "target_sha256": "t", "drafter_sha256": "d",
+         "block_size": 4}
+    twin = {"vllm": "0.21.0", "series": "s", "rows": [{"token_ids": t, "margins": [1.9] * 5} for t in toks]}
+    acc = {"drafts": 2, "accepted_tokens": 2, "mean_acceptance_length": 2.0}
+    good = {"vllm": "0.21.0", "series": "s", "numerics": "exact", "drafter_window": 8,
+            "rows": [{"token_ids": t, "acceptance": acc, "prompt_tokens": 3} for t in toks],
+            "batched_rows": [{"token_ids": t} for t in toks]}
+    without = {**good, "variant": "without dflash-drafter-per-layer-attention",
+               "rows": [{"token_ids": t, "acceptance": {**acc, "accepted_tokens": 0}, "prompt_tokens": 3} for t in toks]}
+    monkeypatch.setattr(conf.bars, "get", lambda s, k: {"margin_move_percentile": 99, "min_prompts": 2}[k])
+    args = ["--zlab", _write(tmp_path / "z.json", z), "--out", str(tmp_path / "out")]
+    t = _write(tmp_path / "t.json", twin)
+    assert conf.main([*args, "--twin", t, "--served", _write(tmp_path / "g.json", good),
+                      "--served", _write(tmp_path / "w.json", without)]) == 0  # the variant misses, beside
+    import json
+
+    doc = json.loads((tmp_path / "out" / "conformance.json").read_text())
+    g, w = doc["releases"]
+    assert g["holds"] and g["lossless_one_at_a_time"]["holds"] and g["lossless_batched"]["holds"]
+    assert not w["holds"] and w["label"] == "0.21.0 (without dflash-drafter-per-layer-attention)"
+    assert (g["served_acceptance"]["mean_acceptance_length"], w["served_acceptance"]["mean_acceptance_length"]) == (2.0, 1.0)
+    assert g["window_binding"]["window"] == 8
+    md = (tmp_path / "out" / "conformance.md").read_text()
+    assert "| 0.21.0 (without dflash-drafter-per-layer-attention) |" in md and "all in flight" in md
+    with pytest.raises(SystemExit):  # two twins for three served records
+        conf.main([*args, "--twin", t, "--twin", t, "--served", t, "--served", t, "--served", t])

@@ -559,7 +559,7 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     assert "    served) served ;;" in text and "    served-all) served_all ;;" in text
     # Both releases go through the one runner, each with its own site, patched copy and folder.
     assert 'served_run "$SITE" "$SITE_PATCHED" served\n' in text
-    assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33; fi\n' in text
+    assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33 ;;\n' in text
     # served-all: every job on its own port base (8000 + 100 i), wider than a job's phase ports.
     both = text[text.index("\nserved_all() {"):text.index("\nserved_run() {")]
     step = int(re.search(r"SERVED_PORT_BASE=\$\(\(8000 \+ (\d+) \* i\)\)", both).group(1))
@@ -739,7 +739,8 @@ def test_numerics_are_read_off_records_that_did_not_keep_them():
     assert report.stock_row({"server": "stock", "plan": plan, "argv": exact_argv, "numerics": "default"})["numerics"] == "default"
 
 
-def _served_all_script(tmp_path, jobs: str, versions: str | None = None) -> subprocess.CompletedProcess:
+def _served_all_script(tmp_path, jobs: str, versions: str | None = None,
+                       gpus: str | None = None) -> subprocess.CompletedProcess:
     """remote.sh's served_all with its collaborators stubbed (prepare, served_run record their
     arguments): the job checks and the runs it starts, without vLLM."""
     text = (GPU_DIR / "remote.sh").read_text()
@@ -751,12 +752,14 @@ def _served_all_script(tmp_path, jobs: str, versions: str | None = None) -> subp
     site = tmp_path / "site" / "vllm" / "vllm_flash_attn"
     site.mkdir(parents=True)
     (site / "_vllm_fa2_C.abi3.so").write_text("")
-    stubs = ('prepare() { :; }\nrequire_fa2() { :; }\n'
-             'served_run() { echo "run $3 $SERVED_RECIPE $SERVED_PHASES ${SERVED_EXACT:-unset} $SERVED_PORT_BASE" '
+    stubs = ('prepare() { :; }\nrequire_fa2() { :; }\nreverted_site() { echo "revert $1 $2" >> "$WORK/reverted"; }\n'
+             'served_run() { echo "run $3 $SERVED_RECIPE $SERVED_PHASES ${SERVED_EXACT:-unset} $SERVED_PORT_BASE'
+             '${SERVED_VARIANT:+ [$SERVED_VARIANT] $1 $2}${CUDA_VISIBLE_DEVICES:+ gpu$CUDA_VISIBLE_DEVICES}" '
              '>> "$WORK/runs"; }\n')
     env = (f'WORK={tmp_path}/work\nOUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n'
-           'SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33\n')
+           'SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33 REVERTED_SITES=/rev\n')
     env += f"SERVED_JOBS='{jobs}'\n" + (f"SERVED_VERSIONS='{versions}'\n" if versions else "")
+    env += f"SERVED_GPUS='{gpus}'\n" if gpus else ""
     script = "set -euo pipefail\n" + env + "mkdir -p $WORK\n" + stubs + fn("served_all") + "served_all\n"
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
 
@@ -779,6 +782,28 @@ def test_served_all_refuses_jobs_that_would_collide_or_share_a_speed_measurement
     done = _served_all_script(tmp_path, jobs, versions)
     assert done.returncode == 2 and why in done.stderr
     assert not (tmp_path / "work" / "runs").exists()
+
+
+def test_served_all_serves_a_series_less_one_patch_from_a_tree_built_before_the_jobs(tmp_path):
+    done = _served_all_script(tmp_path, "gemma4-moe-dflash:conformance-twin,conformance:exact",
+                              "0.21.0 0.21.0-without-dflash-drafter-per-layer-attention")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "work" / "reverted").read_text() == "revert 0.21.0 dflash-drafter-per-layer-attention\n"
+    site = tmp_path / "site"
+    assert sorted((tmp_path / "work" / "runs").read_text().splitlines()) == [
+        "run served gemma4-moe-dflash conformance-twin,conformance 1 8000",
+        "run served-0.21.0-without-dflash-drafter-per-layer-attention gemma4-moe-dflash conformance-twin,conformance "
+        f"1 8100 [without dflash-drafter-per-layer-attention] {site} /rev/0.21.0/dflash-drafter-per-layer-attention"]
+
+
+def test_served_all_puts_each_job_on_its_gpu_and_then_speed_runs_once_per_gpu(tmp_path):
+    done = _served_all_script(tmp_path, "gemma4-moe-dflash:speed:default", "0.21.0 0.33.0", gpus="0,1")
+    assert done.returncode == 0, done.stderr
+    assert sorted((tmp_path / "work" / "runs").read_text().splitlines()) == [
+        "run served gemma4-moe-dflash speed 0 8000 gpu0", "run served-v33 gemma4-moe-dflash speed 0 8100 gpu1"]
+    crowded = _served_all_script(tmp_path / "crowded", "gemma4-moe-dflash:speed:default",
+                                 "0.21.0 0.33.0 0.21.0-without-dflash-drafter-per-layer-attention", gpus="0,1")
+    assert crowded.returncode == 2 and "one job and version per GPU" in crowded.stderr
 
 
 def test_served_all_runs_the_speed_phase_alone_on_one_release(tmp_path):
