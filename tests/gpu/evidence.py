@@ -187,7 +187,7 @@ PAGES: dict[str, tuple[Step, ...]] = {
         # the per-layer drafter attention (item 5). Each job serves its own no-drafter twin.
         _remote("served-all", OUT, ("SERVED_JOBS", "gemma4-moe-dflash:conformance-twin,conformance:exact"),
                 ("SERVED_VERSIONS", f"0.21.0 0.33.0 0.21.0-without-{PER_LAYER}"),
-                name="served-conformance"),
+                name="served-conformance", replay=(CONFORMANCE_ARCHIVE,)),
         Step("conformance-report", "cpu",
              ("{py}", "tests/gpu/conformance.py", "--zlab", "{work}/out/zlab-reference.json",
               "--twin", "{work}/served/conformance-twin.json", "--served", "{work}/served/conformance.json",

@@ -125,7 +125,7 @@ def test_the_report_judges_releases_each_against_its_own_twin_and_a_variant_only
     args = ["--zlab", _write(tmp_path / "z.json", z), "--out", str(tmp_path / "out")]
     t = _write(tmp_path / "t.json", twin)
     assert conf.main([*args, "--twin", t, "--served", _write(tmp_path / "g.json", good),
-                      "--served", _write(tmp_path / "w.json", without)]) == 0  # the variant misses, beside
+                      "--served", _write(tmp_path / "w.json", without)]) == 0  # written; the variant misses
     import json
 
     doc = json.loads((tmp_path / "out" / "conformance.json").read_text())
@@ -138,3 +138,19 @@ def test_the_report_judges_releases_each_against_its_own_twin_and_a_variant_only
     assert "| 0.21.0 (without dflash-drafter-per-layer-attention) |" in md and "all in flight" in md
     with pytest.raises(SystemExit):  # two twins for three served records
         conf.main([*args, "--twin", t, "--twin", t, "--served", t, "--served", t, "--served", t])
+
+
+def test_the_crossing_step_counted_whole_stands_beside_the_truncated_verdict(monkeypatch):
+    # Prefix 4: need 3 tokens after the prefill's; z-lab's steps give 2 then 5 (the second crosses).
+    z = {"token_ids": [5, 6, 7, 8, 9, 10, 11, 12], "margins": [2.0, 2.0, 2.0, 2.0, 0.0, 2.0, 2.0, 2.0],
+         "acceptance_lengths": [2, 5]}
+    # vLLM stopped at the prefix counts what its second step accepted past the stop: 2 drafts, 5 accepted
+    s = {"token_ids": z["token_ids"], "prefix_acceptance": {"drafts": 2, "accepted_tokens": 5,
+                                                           "mean_acceptance_length": 3.5}}
+    row = conf.compare_prompt(z, s, bound=0.5)
+    assert (row["prefix"], row["zlab_tokens"], row["zlab_steps"]) == (4, 3, 2)
+    assert row["zlab_tokens_whole_steps"] == 7 and row["same_steps"]
+    pool = conf.pooled([row])
+    assert pool["zlab_acceptance"] == 1.5 and pool["vllm_acceptance"] == 3.5 and pool["within"] is False
+    assert pool["zlab_acceptance_whole_steps"] == 3.5 and pool["within_whole_steps"] is True
+    assert pool["prompts_same_steps"] == 1 and pool["zlab_steps"] == 2
