@@ -115,8 +115,9 @@ ACCEPTANCE_REPORT = Step("acceptance-report", "cpu",
 # name, memory and driver) that remote.sh wrote beside it is the one input replay writes in.
 FULLSIZE_GPU = "NVIDIA H200, 143771 MiB, 580.159.04"
 FULLSIZE_ARCHIVE = "fullsize-raw-2026-11-27-h200.tar.xz"
-# The two runs of 2026-11-29 on two H200s (out/multinode-*.json: the first's TP=1, the second's
-# TP=2 and two nodes, after the first's TP=2 servers failed on custom all-reduce)
+# The three runs of 2026-11-29 on two H200s (out/multinode-*.json: the first's TP=1, the second's
+# TP=2 and two nodes, after the first's TP=2 servers failed on custom all-reduce; the third's
+# TP=2 and two nodes with the drafter)
 MULTINODE_ARCHIVE = "multinode/served-raw-2026-11-29-h200x2.tar.xz"
 FULLSIZE_CHECKPOINTS = _remote("full-size-checkpoints", ("OUT", "{work}/out"), replay=(FULLSIZE_ARCHIVE,),
                                replay_files=(("fullsize-raw/gpu.txt", FULLSIZE_GPU + "\n"),))

@@ -424,6 +424,18 @@ def gate_failures(nd: dict | None) -> list[str]:
     return gate.failures(nd)
 
 
+def _speed_key(row: dict) -> str | None:
+    """The concurrency-1 speed-up beside its step-time projection, judged by bars.yaml's
+    speed.max_projection_gap (issue 25, item 5; issue 51's re-established claim)."""
+    one = next((s for s in row.get("speed") or [] if s.get("concurrency") == 1), None)
+    if not one or one.get("measured_speedup") is None:
+        return None
+    ratio, gap = one.get("measured_over_projected"), bars.get("speed", "max_projection_gap")
+    judged = "no projection" if ratio is None else \
+        f"projected {one['projected_speedup']:.2f}x, within {gap:.0%}: {'yes' if abs(ratio - 1) <= gap else 'no'}"
+    return f"speed-up at 1 in flight {one['measured_speedup']:.2f}x ({judged})"
+
+
 def _headline(rows: list[dict]) -> list[str]:
     """One row per recipe and release: the series of its servers, whether their output passes
     the gate, and the drafter's acceptance length where a server measured one."""
@@ -433,8 +445,9 @@ def _headline(rows: list[dict]) -> list[str]:
         judged = [r for r in mine if isinstance(r.get("nondegenerate"), dict)]
         failing = sum(bool(gate_failures(r["nondegenerate"])) for r in judged)
         verdict = "not proof" if failing or not judged else "passes the gate"
-        key = ", ".join(f"{r['server']} acceptance {r['acceptance_length']:.2f}" for r in mine
-                        if isinstance(r.get("acceptance_length"), (int, float))) or "-"
+        key = ", ".join([f"{r['server']} acceptance {r['acceptance_length']:.2f}" for r in mine
+                         if isinstance(r.get("acceptance_length"), (int, float))]
+                        + [_speed_key(r) for r in mine if r.get("server") == "speed" and _speed_key(r)]) or "-"
         out.append((f"{recipe}: {', '.join(r.get('server') or '?' for r in mine)}", vllm,
                     headline.series_cell(mine), f"{verdict} ({failing} of {len(judged)} fail the gate)", key))
     return headline.table(out)
