@@ -55,6 +55,20 @@ def get(section: str, key: str):
     return load()[section][key]
 
 
+def at(blob: str | None) -> dict:
+    """The criteria as the version ``blob`` (a record's ``bars``) had them: a record keeps the
+    verdict of the file it was made under. The current file where the blob is this one or none is
+    named; a blob no git history here holds is an error, never the current file in its place."""
+    if not blob or blob == blob_hash():
+        return load()
+    import subprocess
+
+    try:
+        return parse(_git(BARS_FILE.parents[2], "cat-file", "-p", blob))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ValueError(f"bars.yaml version {blob} is not in this checkout's git history") from exc
+
+
 def blob_hash(path: Path = BARS_FILE) -> str:
     """``git hash-object`` of the file, computed without git (the GPU host has a copy of the tree,
     not always its .git): sha1 of "blob <size>\\0" and the bytes."""

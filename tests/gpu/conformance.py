@@ -187,6 +187,7 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
     bound = noise_bound(zlab["rows"], twin["rows"])
     rows = [compare_prompt(z, s, bound) for z, s in zip(zlab["rows"], served["rows"])]
     pool = pooled(rows)
+    count = (bars.at(served.get("bars")).get("conformance") or {}).get("acceptance_count", "cut")
     twin_gate = gate.nondegenerate([{"token_ids": r.get("token_ids") or []} for r in twin["rows"]])
     twin_gate["passes"] = gate.passes(twin_gate)
     identical = sum(1 for r in rows if r["identical_over_prefix"])
@@ -208,9 +209,12 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         "lossless_batched": identical_rows(served.get("batched_rows"), twin["rows"]),
         "twin_gate": twin_gate,
         "window_binding": window_binding(zlab, served, window),
-        "holds": identical == len(rows) and bool(pool.get("within")) and all(teeth.values())
-        and len(rows) >= bars.get("gate", "min_prompts"),
-        # Beside the verdict, never in its place: z-lab's crossing step counted whole, as vLLM counts.
+        # The verdict counts as the bars file the served record was made under says: z-lab's
+        # steps cut at the prefix (the first version), or its crossing step whole, as vLLM counts.
+        "acceptance_count": count,
+        "holds": identical == len(rows) and bool(pool.get("within" if count == "cut" else "within_whole_steps"))
+        and all(teeth.values()) and len(rows) >= bars.get("gate", "min_prompts"),
+        # Beside the verdict, never in its place
         "holds_whole_steps": identical == len(rows) and bool(pool.get("within_whole_steps"))
         and all(teeth.values()) and len(rows) >= bars.get("gate", "min_prompts"),
         "rows": rows,
@@ -320,7 +324,8 @@ def _headline(doc: dict) -> list[str]:
             continue
         rows += [("tokens over the common prefixes", v["label"], cell,
                   "holds" if v["outputs_identical"] else "misses", f"{v['identical_over_prefix']}/{v['prompts']}"),
-                 ("pooled prefix acceptance, as set", v["label"], cell, "holds" if v["holds"] else "misses",
+                 (f"pooled prefix acceptance (z-lab's steps {v['acceptance_count']})", v["label"], cell,
+                  "holds" if v["holds"] else "misses",
                   f"{a.get('vllm_acceptance')} vs {a.get('zlab_acceptance')}; counted alike "
                   f"{a.get('zlab_acceptance_whole_steps')}"),
                  ("lossless vs its own twin", v["label"], cell, "holds" if one["holds"] and many["holds"] else "misses",
@@ -355,14 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     zlab = json.loads(args.zlab.read_text())
     twins = [json.loads(p.read_text()) for p in args.twin]
     twins = twins * len(args.served) if len(twins) == 1 else twins
-    releases = []
+    releases, made_under = [], set()
     for twin, path in zip(twins, args.served):
         served = json.loads(path.read_text())
+        made_under.add(served.get("bars") or bars.blob_hash())
         release = judge(zlab, twin, served, served.get("drafter_window"))
         release["served_acceptance"] = served_acceptance(served)
         releases.append(release)
     doc = {"oracle": zlab["oracle"], "deviation": zlab["deviation"], "target_sha256": zlab["target_sha256"],
-           "drafter_sha256": zlab["drafter_sha256"], "bars": bars.blob_hash(),
+           # the bars version the served records were made under (each release is judged by its own)
+           "drafter_sha256": zlab["drafter_sha256"], "bars": made_under.pop() if len(made_under) == 1 else None,
            "twins_reproduce": twins_reproduce([json.loads(p.read_text()) for p in args.twin]),
            "releases": releases, "whole_request_vs": whole_request_vs(releases)}
     args.out.mkdir(parents=True, exist_ok=True)

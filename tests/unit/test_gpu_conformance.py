@@ -154,3 +154,34 @@ def test_the_crossing_step_counted_whole_stands_beside_the_truncated_verdict(mon
     assert pool["zlab_acceptance"] == 1.5 and pool["vllm_acceptance"] == 3.5 and pool["within"] is False
     assert pool["zlab_acceptance_whole_steps"] == 3.5 and pool["within_whole_steps"] is True
     assert pool["prompts_same_steps"] == 1 and pool["zlab_steps"] == 2
+
+
+def test_a_record_keeps_the_count_of_the_bars_file_it_was_made_under(monkeypatch):
+    # The first bars.yaml with a conformance section counts z-lab's crossing step whole; a served
+    # record that names the version before it keeps the cut count, and so its miss.
+    import subprocess
+
+    repo = conf.HERE.parents[1]
+    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%H", "--", "tests/gpu/bars.yaml"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    blobs = [subprocess.run(["git", "-C", str(repo), "rev-parse", f"{c}:tests/gpu/bars.yaml"], capture_output=True,
+                            text=True, check=True).stdout.strip() for c in log]
+    texts = {b: conf.bars.parse(subprocess.run(["git", "-C", str(repo), "cat-file", "-p", b], capture_output=True,
+                                               text=True, check=True).stdout) for b in blobs}
+    before = next(b for b in blobs if "conformance" not in texts[b])
+    assert conf.bars.at(before).get("conformance") is None
+    z = {"token_ids": [5, 6, 7, 8, 9, 10, 11, 12], "margins": [2.0, 2.0, 2.0, 2.0, 0.0, 2.0, 2.0, 2.0],
+         "acceptance_lengths": [2, 5]}
+    zlab = _zlab([z] * 2)
+    twin = {"rows": [{"token_ids": z["token_ids"], "margins": [1.9, 1.9, 1.9, 1.9, 1.9, 1.9, 1.9, 0.1]}] * 2}
+    row = {"token_ids": z["token_ids"], "prefix_acceptance": {"drafts": 2, "accepted_tokens": 5,
+                                                              "mean_acceptance_length": 3.5}}
+    monkeypatch.setattr(conf, "noise_bound", lambda *a: 0.5)
+    monkeypatch.setattr(conf.bars, "get", lambda s, k: {"margin_move_percentile": 99, "min_prompts": 2}[k])
+    old = conf.judge(zlab, twin, {"vllm": "0.33.0", "bars": before, "rows": [row] * 2})
+    assert old["acceptance_count"] == "cut" and not old["holds"] and old["holds_whole_steps"]
+    assert conf.bars.load()["conformance"]["acceptance_count"] == "whole_steps"  # the current file counts whole
+    now = conf.judge(zlab, twin, {"vllm": "0.33.0", "rows": [row] * 2})
+    assert now["acceptance_count"] == "whole_steps" and now["holds"]
+    with pytest.raises(ValueError, match="not in this checkout's git history"):
+        conf.bars.at("0" * 40)
