@@ -864,3 +864,52 @@ def test_the_served_table_marks_stale_rows_and_consults_the_gate():
     assert "| current |" in ref_line and "| passes |" in ref_line
     assert "| **stale** |" in dfl_line and "**not proof**: reference: loops not counted" in dfl_line
     assert "**1 of 2 rows are stale**" in md and "**1 of 2 rows with output fail the gate" in md
+
+
+def _conformance_ph(tmp_path, last_request: float):
+    """A stand-in for served.Phase with only what the conformance helpers read (no server here)."""
+    import types
+
+    return types.SimpleNamespace(url="http://127.0.0.1:9", last_request=last_request, work=tmp_path)
+
+
+def test_the_batched_pass_skips_every_prompt_after_the_deadline(tmp_path):
+    import time
+
+    prompts = [{"token_ids": [1, 2], "max_tokens": 4}] * 3
+    rows = served.batched_rows(_conformance_ph(tmp_path, time.time() - 1), "gemma4", prompts)
+    assert rows == [{"error": "skipped: deadline"}] * 3
+
+
+def test_the_conformance_phase_waits_for_this_calls_twin_and_not_an_older_one(tmp_path):
+    import time
+    import types
+
+    twin = tmp_path / "conformance-twin.json"
+    twin.write_text(json.dumps({"rows": [{"token_ids": [1]}]}))
+    args = types.SimpleNamespace(phases="conformance", started=time.time() + 3600)
+    # A twin this call does not run: an earlier one (seeded) is the one to use
+    assert served.wait_for_twin(args, twin, _conformance_ph(tmp_path, time.time() + 60))
+    # A twin this call runs: a record older than the call is not it (no wait past the deadline)
+    args.phases = "conformance-twin,conformance"
+    assert not served.wait_for_twin(args, twin, _conformance_ph(tmp_path, time.time() - 1))
+    args.started = 0.0
+    assert served.wait_for_twin(args, twin, _conformance_ph(tmp_path, time.time() + 60))
+    twin.write_text(json.dumps({"started": False}))  # this call's twin never started: no prefixes
+    assert not served.wait_for_twin(args, twin, _conformance_ph(tmp_path, time.time() + 60))
+
+
+def test_the_drafters_window_is_read_as_vllm_reads_it(tmp_path):
+    cfg = {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert served.drafter_window(tmp_path) == 256
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "layer_types": ["full_attention"] * 2}))
+    assert served.drafter_window(tmp_path) is None
+
+
+def test_a_series_variant_is_recorded_and_keys_its_own_row():
+    rows = served.merge_rows([{"vllm": "0.21.0", "recipe": "gemma4-moe-dflash", "server": "speed", "old": 1}],
+                             [{"vllm": "0.21.0", "recipe": "gemma4-moe-dflash", "server": "speed",
+                               "variant": "without dflash-drafter-per-layer-attention"}])
+    assert [r.get("variant") for r in rows] == [None, "without dflash-drafter-per-layer-attention"]
+    assert "--variant" in {o for a in served.build_parser()._actions for o in a.option_strings}
