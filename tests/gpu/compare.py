@@ -47,8 +47,7 @@ def is_tie(top1: float, top2: float) -> bool:
 
 
 def _ranked(position: list) -> tuple[list | None, list | None]:
-    """The first entry of rank 1 and the first of rank 2, in the position's order (one pass:
-    the gate runs this on every position of every raw record)."""
+    """The first entry of rank 1 and the first of rank 2, in the position's order."""
     first = second = None
     for e in position:
         if e[2] == 1:

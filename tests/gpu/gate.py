@@ -9,7 +9,6 @@ a verdict counts as proof only when the block passes.
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -84,12 +83,9 @@ def nondegenerate(outputs: list[dict], prompt_keys: list | None = None) -> dict:
     near = nan = 0
     for o in outputs:
         for pos in o.get("top") or []:
-            if any(isinstance(e[1], float) and math.isnan(e[1]) for e in pos):
-                nan += 1
-                continue
-            first, second = compare._ranked(pos)
-            if first is not None and second is not None and compare.is_tie(first[1], second[1]):
-                near += 1
+            counted = _position(pos)
+            nan += counted == "nan"
+            near += counted == "tie"
     return {
         "sequences": len(seqs),
         "constant_sequences": sum(1 for s in seqs if len(set(s)) == 1),
@@ -101,6 +97,31 @@ def nondegenerate(outputs: list[dict], prompt_keys: list | None = None) -> dict:
         "prompts_full_length": len(full),
         "min_generated_tokens": min((len(s) for s in seqs), default=0),
     }
+
+
+# A bf16 step at magnitude m is at most m * 2**-7 (compare.bf16_step): a wider top-1/top-2 gap
+# is no tie, without computing the step. The gate runs over every position of every raw record.
+_TIE_BOUND = 2.0 ** -compare.BF16_MANTISSA_BITS * (1.0 + 1e-6)
+
+
+def _position(pos: list) -> str | None:
+    """"nan" where a raw logit of the position is NaN, "tie" where its first rank-1 and rank-2
+    entries are a bf16 tie (compare.is_tie), else None; one pass over the entries."""
+    first = second = None
+    for e in pos:
+        value = e[1]
+        if value != value:  # NaN, the one value unequal to itself
+            return "nan"
+        if e[2] == 1:
+            if first is None:
+                first = value
+        elif e[2] == 2 and second is None:
+            second = value
+    if first is None or second is None:
+        return None
+    if first - second > max(abs(first), abs(second)) * _TIE_BOUND:
+        return None
+    return "tie" if compare.is_tie(first, second) else None
 
 
 def failures(block: dict | None) -> list[str]:

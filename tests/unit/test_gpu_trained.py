@@ -409,3 +409,30 @@ def test_the_realshape_table_marks_stale_records_and_applies_the_gate_as_it_stan
     row = next(ln for ln in md.splitlines() if ln.startswith("| trained-dflash-fa2-cg-bf16 |"))
     assert "| **stale** |" in row and "**not proof**: loops not counted" in row
     assert "**1 of 1 records are stale**" in md
+
+
+def test_the_gates_one_pass_position_check_equals_the_two_pass_definition():
+    """gate._position (NaN first, then compare.is_tie on the first rank-1 and rank-2 entries) on
+    random positions, near ties and non-finite logits included, against the plain definition."""
+    import compare
+
+    def plain(pos):
+        if any(isinstance(e[1], float) and math.isnan(e[1]) for e in pos):
+            return "nan"
+        first, second = compare._ranked(pos)
+        if first is not None and second is not None and compare.is_tie(first[1], second[1]):
+            return "tie"
+        return None
+
+    rng = random.Random(7)
+    specials = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0]
+    seen = set()
+    for _ in range(20000):
+        base = rng.choice([rng.uniform(-40, 40), rng.choice(specials)])
+        step = compare.bf16_step(base) if math.isfinite(base) else 0.0
+        second = base - rng.choice([0.0, step, step * 1.5, step * 2, rng.uniform(0, 5), rng.choice(specials)])
+        pos = [[1, base, 1], [2, second, 2], [3, rng.uniform(-40, 40), rng.choice([1, 2, 3])]]
+        rng.shuffle(pos)
+        assert gate._position(pos) == plain(pos), pos
+        seen.add(plain(pos))
+    assert seen == {"nan", "tie", None}
