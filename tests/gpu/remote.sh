@@ -1087,9 +1087,12 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     echo "== GPU memory used, every 30 s: $(tr '\n' ' ' < "$WORK/served-all-memory.log")"
     # $OUT brings back 8 files: the logs in one archive (the phases' raw records are in NAME-logs)
     tar -C "$WORK" -czf "$OUT/served-all-logs.tar.gz" "${logs[@]##*/}" served-all-memory.log
-    # More than two jobs leave more raw folders than come back: they travel as one archive.
+    # At most 8 files come back from $OUT: past that, all but the record and its page travel as
+    # one archive (raw folders, logs, benchmark files).
     if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-        (cd "$OUT" && tar -czf served-raw-all.tar.gz ./*-raw && rm -rf ./*-raw)
+        (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name served.json ! -name served.md ! -name served-out.tar.gz \
+            -printf '%P\n' | sort > "$WORK/served-out.list" \
+            && tar -czf served-out.tar.gz -T "$WORK/served-out.list" && xargs rm -rf < "$WORK/served-out.list")
     fi
     return $rc
 }

@@ -913,3 +913,29 @@ def test_a_series_variant_is_recorded_and_keys_its_own_row():
                                "variant": "without dflash-drafter-per-layer-attention"}])
     assert [r.get("variant") for r in rows] == [None, "without dflash-drafter-per-layer-attention"]
     assert "--variant" in {o for a in served.build_parser()._actions for o in a.option_strings}
+
+
+def test_served_all_leaves_at_most_eight_files_in_out_keeping_the_record_apart(tmp_path):
+    # The stub runs write what real jobs leave: raw folders, logs, benchmark files.
+    text = (GPU_DIR / "remote.sh").read_text()
+    start = text.index("\nserved_all() {")
+    body = text[start:text.index("\n}\n", start) + 3]
+    site = tmp_path / "site" / "vllm" / "vllm_flash_attn"
+    site.mkdir(parents=True)
+    (site / "_vllm_fa2_C.abi3.so").write_text("")
+    stubs = ('prepare() { :; }\nrequire_fa2() { :; }\n'
+             'served_run() { mkdir -p "$OUT/$3-raw"; for f in a.json a.log b.json b.log; do echo x > "$OUT/$3-raw/$f"; done; '
+             'echo x > "$OUT/$3-logs.tar.gz"; echo x > "$OUT/served-bench-$3.json"; echo r > "$OUT/served.json"; '
+             'echo m > "$OUT/served.md"; }\n')
+    env = (f"WORK={tmp_path}/work\nOUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n"
+           "SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33\nSERVED_JOBS='gemma4-moe-dflash:conformance:exact'\n")
+    script = "set -euo pipefail\n" + env + "mkdir -p $WORK $OUT\n" + stubs + body + "served_all\n"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["served-out.tar.gz", "served.json", "served.md"]
+    import tarfile
+
+    with tarfile.open(out / "served-out.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"served-raw/a.json", "served-v33-raw/b.log", "served-bench-served.json", "served-all-logs.tar.gz"} <= names
