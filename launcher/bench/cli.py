@@ -35,6 +35,7 @@ def bench(
     baseline_result: Annotated[Optional[Path], typer.Option("--baseline-result", help="Or: the JSON of an earlier `launcher bench` run against such a server.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request (built-in client) or per run (vllm bench).")] = 600.0,
     concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Run every workload at these levels instead of the recipe's, e.g. 1,4,16,max ('max': the profile's max_num_seqs).")] = None,
+    min_requests: Annotated[Optional[int], typer.Option("--min-requests", help="At least this many measured requests per level (default: the level's concurrency x the workload's prompts_per_stream).")] = None,
 ) -> None:
     """Benchmark a running server with the recipe's workloads: output tok/s, TTFT, TPOT, and the
     drafter's acceptance rate/length from /metrics; writes JSON."""
@@ -49,6 +50,8 @@ def bench(
     from launcher.bench import workload as workloads
 
     levels = workloads.parse_levels(concurrency) if concurrency is not None else None
+    if min_requests is not None and min_requests < 1:
+        raise LauncherError(f"--min-requests {min_requests}: at least 1 request per level")
     if (baseline_url or baseline_result) and not compare_without_drafter:
         raise LauncherError("--baseline-url/--baseline-result need --compare-without-drafter")
     if compare_without_drafter:
@@ -63,7 +66,7 @@ def bench(
     earlier = _read_baseline(baseline_result) if compare_without_drafter and baseline_result else None
     key = api_key or os.environ.get("VLLM_API_KEY") or None
     tok = tokenizer or _local_model(rec)
-    kwargs = dict(levels=levels, model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
+    kwargs = dict(levels=levels, min_requests=min_requests, model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
                   tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok))
     # Each finished run is written at once, so an error or Ctrl-C later loses none of it.
     doc = runner.bench(rec, base_url=url, on_run=lambda partial: _save_progress(path, partial), **kwargs)

@@ -83,11 +83,11 @@ def pick_client(choice: str) -> str:
 def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None, profile: str | None,
           only: list[str] | None, client_choice: str, tokenizer: str | None, timeout: float, echo: Echo,
           on_run: Callable[[dict], None] | None = None, vocab_size: int | None = None,
-          levels: list[int | str] | None = None) -> dict:
+          levels: list[int | str] | None = None, min_requests: int | None = None) -> dict:
     """Every run of the recipe's workloads (at ``levels`` where given, else at each workload's
     own concurrency list); ``on_run`` gets the document after each run (partial results)."""
     base_url = base_url.rstrip("/")
-    runs = workload.runs(rec, profile=profile, only=only, levels=levels)
+    runs = workload.runs(rec, profile=profile, only=only, levels=levels, min_requests=min_requests)
     kind = pick_client(client_choice)
     served = server_models(base_url, api_key)
     target = Target(base_url, choose_model(rec, served, model), api_key)
@@ -218,6 +218,8 @@ def compare(with_drafter: dict, without: dict) -> list[dict]:
         speedup = mine / theirs if mine is not None and theirs else None
         rows.append({
             "workload": run["workload"], "concurrency": run["concurrency"],
+            # how many requests each side's figures rest on
+            "requests": {"with_drafter": run.get("completed"), "without": other.get("completed")},
             "output_tok_s": {"with_drafter": mine, "without": theirs},
             "speedup": speedup,
             "ttft_ms_mean": {"with_drafter": metric(run, "mean", "ttft"), "without": metric(other, "mean", "ttft")},

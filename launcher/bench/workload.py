@@ -67,8 +67,10 @@ def parse_levels(text: str) -> list[int | str]:
 
 
 def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
-         levels: list[int | str] | None = None) -> list[Run]:
-    """The measured levels: each workload at its own concurrency list, or at ``levels`` for all."""
+         levels: list[int | str] | None = None, min_requests: int | None = None) -> list[Run]:
+    """The measured levels: each workload at its own concurrency list, or at ``levels`` for all.
+    Each level sends ``concurrency x prompts_per_stream`` requests, or ``min_requests`` where that
+    is more: at concurrency 1 the recipe's 4 requests let one slow first request move the mean."""
     known = [w.name for w in rec.bench.workloads]
     unknown = sorted(set(only or []) - set(known))
     if unknown:
@@ -82,7 +84,7 @@ def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
         # 'max' needs the profile's max_num_seqs; levels given as numbers do not
         top = max_concurrency(rec, profile)[0] if "max" in asked else None
         wanted = sorted({top if c == "max" else c for c in asked})
-        out += [Run(w, c, c * w.prompts_per_stream) for c in wanted]
+        out += [Run(w, c, max(c * w.prompts_per_stream, min_requests or 0)) for c in wanted]
     return out
 
 

@@ -701,7 +701,10 @@ def speed(args) -> None:
         if not all(ready.get(n) for n in pair):
             dfl.record["speed_skipped"] = "not started: " + ", ".join(n for n in pair if not ready.get(n))
         else:
-            levels = ["--workload", "prompts", "--concurrency", SPEED_LEVELS]
+            # At least the curve's requests per point (bars.yaml speedup_curve): at concurrency 1 the
+            # recipe's 4 let one slow first request move the tok/s ratio.
+            levels = ["--workload", "prompts", "--concurrency", SPEED_LEVELS,
+                      "--min-requests", str(report.bars.get("speedup_curve", "min_requests"))]
             baseline = bench(base, served_name(base.record["plan"]), levels, "-speed-no-drafter")
             if baseline is not None:
                 bench(dfl, served_name(dfl.record["plan"]),

@@ -390,7 +390,7 @@ def _speed_entry(c: dict, projection: dict | None) -> dict:
     bench_report's projection from those step times (speed.served_pair)."""
     entry = {"concurrency": c["concurrency"], "output_tok_s": c["output_tok_s"],
              "measured_speedup": c["speedup"], "mean_acceptance_length": c["mean_acceptance_length"],
-             "tpot_ms_mean": c["tpot_ms_mean"]}
+             "tpot_ms_mean": c["tpot_ms_mean"], **({"requests": c["requests"]} if "requests" in c else {})}
     if projection:
         entry.update({k: projection.get(k) for k in (
             "measured_tpot_speedup", "projected_speedup", "measured_over_projected",
@@ -433,7 +433,8 @@ def _speed_key(row: dict) -> str | None:
     ratio, gap = one.get("measured_over_projected"), bars.get("speed", "max_projection_gap")
     judged = "no projection" if ratio is None else \
         f"projected {one['projected_speedup']:.2f}x, within {gap:.0%}: {'yes' if abs(ratio - 1) <= gap else 'no'}"
-    return f"speed-up at 1 in flight {one['measured_speedup']:.2f}x ({judged})"
+    n = (one.get("requests") or {}).get("with_drafter")
+    return f"speed-up at 1 in flight {one['measured_speedup']:.2f}x{f' over {n} requests' if n else ''} ({judged})"
 
 
 def _headline(rows: list[dict]) -> list[str]:

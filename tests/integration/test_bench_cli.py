@@ -118,6 +118,20 @@ def test_concurrency_levels_given_on_the_command_line_replace_the_recipes(tmp_pa
     assert [(r["concurrency"], r["num_prompts"], r["completed"]) for r in runs] == [(2, 4, 4), (4, 8, 8)]
     assert bad.returncode == 2 and "--concurrency '2,x': 'x' is not a positive integer" in bad.stderr
 
+def test_min_requests_raises_a_levels_request_count_and_never_lowers_it(tmp_path):
+    recipe = small_recipe(tmp_path)
+    with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as server:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "m.json",
+                         "--concurrency", "1,8", "--min-requests", "6"], tmp_path)
+        bad = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--min-requests", "0"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads((tmp_path / "m.json").read_text())["runs"]
+    # prompts_per_stream 2: level 1 would send 2, raised to 6; level 8 sends its own 16
+    assert [(r["concurrency"], r["num_prompts"], r["completed"]) for r in runs] == [(1, 6, 6), (8, 16, 16)]
+    assert bad.returncode == 2 and "--min-requests 0" in bad.stderr
+    assert server.completions == 6 + 16 + 1 + 1 + 8  # the measured requests and the warm-ups (one, then one per level)
+
+
 def test_compare_from_an_earlier_result_and_a_baseline_that_drafts_is_flagged(tmp_path):
     recipe = small_recipe(tmp_path)
     with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as server:

@@ -237,6 +237,8 @@ def test_the_speed_phase_benches_the_recipe_without_and_with_its_drafter(openai_
     assert row["concurrency"] == [1, 4, 16] and row["numerics"] == "default"
     assert [s["concurrency"] for s in row["speed"]] == [1, 4, 16]
     assert all(s["output_tok_s"]["with_drafter"] and s["output_tok_s"]["without"] for s in row["speed"])
+    # At least the curve's 32 requests per level on both sides (the recipe alone sends 4 at 1 in flight)
+    assert [s["requests"] for s in row["speed"]] == [{"with_drafter": n, "without": n} for n in (32, 32, 64)]
     baseline = json.loads((out / "served-bench-0.21.0-speed-no-drafter.json").read_text())
     assert baseline["speculative_decoding"] is False and {r["workload"] for r in baseline["runs"]} == {"prompts"}
     assert row["bench"] == "tests/gpu/results/served-bench-0.21.0-speed-dflash.json"
