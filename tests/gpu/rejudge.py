@@ -98,31 +98,63 @@ def load_raw(logs: Path, source: str) -> dict:
 def raw_index(logs: Path) -> list[dict]:
     """Every raw run record in the tarballs under ``logs``: its identity, outputs and the old
     gate's counts. Duplicates (a run copied into several tarballs) stay: matching picks one."""
-    found = []
-    for source, member, raw in _json_members(logs):
-        if not isinstance(raw, dict) or not raw.get("name") or not raw.get("ok") \
-                or not (raw.get("passes") or raw.get("groups")):
-            continue
-        outs, keys = _outputs(raw)
-        block = gate.nondegenerate(outs, keys)
-        found.append({
-            "name": raw["name"], "source": f"{source}!{member}",
+    return [entry for path in sorted(logs.glob("*.tar.*")) for entry in _archive_index(path)]
+
+
+# What an archive's index is computed from besides its bytes: a change to any of them is a new key.
+_INDEX_INPUTS = ("rejudge.py", "gate.py", "compare.py", "bars.py", "bars.yaml")
+
+
+def _archive_index(path: Path) -> list[dict]:
+    """raw_index of one tarball, kept in the cache under a key of its bytes and of the code that
+    indexes it: decoding the raw records' logits takes about 20 s, and acceptance_report.py and
+    this script index the same archives one after the other."""
+    import hashlib
+    import os
+    import pickle
+
+    digest = hashlib.sha256(path.read_bytes())
+    for name in _INDEX_INPUTS:
+        digest.update((HERE / name).read_bytes())
+    root = os.environ.get("VLLM_SM12X_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "vllm-sm12x")
+    cached = Path(root) / "raw-index" / f"{digest.hexdigest()}.pickle"
+    if cached.exists():
+        return pickle.loads(cached.read_bytes())
+    found = [_index_entry(source, member, raw) for source, member, raw in _archive_members(path)
+             if isinstance(raw, dict) and raw.get("name") and raw.get("ok") and (raw.get("passes") or raw.get("groups"))]
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
+        tmp.write_bytes(pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, cached)  # a reader beside this one sees the whole file or none
+    except OSError:
+        pass  # no writable cache: computed each time, as before
+    return found
+
+
+def _index_entry(source: str, member: str, raw: dict) -> dict:
+    outs, keys = _outputs(raw)
+    return {"name": raw["name"], "source": f"{source}!{member}",
             "series": raw.get("series_hash"), "target_sha256": raw.get("target_sha256"),
             "drafter_sha256": raw.get("drafter_sha256"),
-            "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys, "block": block,
-        })
-    return found
+            "tokens": [o.get("token_ids") or [] for o in outs], "keys": keys, "block": gate.nondegenerate(outs, keys)}
+
+
+def _archive_members(path: Path):
+    """(tarball, member, parsed JSON) for every JSON file in one tarball."""
+    with tarfile.open(path) as tf:
+        for source, member, data in _members(tf, path.name):
+            try:
+                yield source, member, json.loads(data)
+            except ValueError:
+                continue
 
 
 def _json_members(root: Path):
     """(tarball, member, parsed JSON) for every JSON file in the tarballs under ``root``."""
     for path in sorted(root.glob("*.tar.*")):
-        with tarfile.open(path) as tf:
-            for source, member, data in _members(tf, path.name):
-                try:
-                    yield source, member, json.loads(data)
-                except ValueError:
-                    continue
+        yield from _archive_members(path)
 
 
 def _same_run(stored: dict | None, raw: dict, name: str, rec: dict) -> bool:

@@ -13,6 +13,8 @@ import random
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from tests.unit.gpu_scripts import load as _load
 
 gate = _load("gate")
@@ -173,3 +175,22 @@ def test_served_rows_are_judged_from_their_phases(tmp_path):
     report = rj.rejudge(_served_folder(tmp_path / "22", 22))
     assert [r["verdict"] for r in report["served"]] == ["not proof", "not proof"]
     assert any("22 prompts" in w for w in report["served"][1]["why"])
+
+
+def test_an_archives_index_is_cached_by_its_bytes_and_recomputed_when_they_change(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_SM12X_CACHE", str(tmp_path / "cache"))
+    results = _folder(tmp_path, [list(range(i, i + 128)) for i in range(4)], [[list(range(128))]])
+    archive = results / "realshape-logs" / "run.tar.xz"
+    first = rj.raw_index(results / "realshape-logs")
+    assert sorted(e["name"] for e in first) == ["trained-dflash-trained-fa2-cg-bf16", "trained-ref-bf16"]
+    assert len(list((tmp_path / "cache" / "raw-index").glob("*.pickle"))) == 1
+
+    def no_decoding(path):
+        raise AssertionError("decoded again although the archive did not change")
+
+    monkeypatch.setattr(rj, "_archive_members", no_decoding)
+    assert rj.raw_index(results / "realshape-logs") == first  # from the cache
+    _tar(archive, {"raw/trained-ref-bf16.raw.json": {"name": "trained-ref-bf16", "ok": True, "target_sha256": SHA,
+                                                     "passes": [[{"token_ids": [7] * 128}]]}})
+    with pytest.raises(AssertionError, match="decoded again"):  # new bytes: a new key, decoded afresh
+        rj.raw_index(results / "realshape-logs")
