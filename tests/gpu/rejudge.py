@@ -113,12 +113,12 @@ def _archive_index(path: Path) -> list[dict]:
     import os
     import pickle
 
+    from launcher.paths import cache_dir
+
     digest = hashlib.sha256(path.read_bytes())
     for name in _INDEX_INPUTS:
         digest.update((HERE / name).read_bytes())
-    root = os.environ.get("VLLM_SM12X_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "vllm-sm12x")
-    cached = Path(root) / "raw-index" / f"{digest.hexdigest()}.pickle"
+    cached = cache_dir() / "raw-index" / f"{digest.hexdigest()}.pickle"
     if cached.exists():
         return pickle.loads(cached.read_bytes())
     found = [_index_entry(source, member, raw) for source, member, raw in _archive_members(path)

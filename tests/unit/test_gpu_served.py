@@ -740,9 +740,10 @@ def test_numerics_are_read_off_records_that_did_not_keep_them():
 
 
 def _served_all_script(tmp_path, jobs: str, versions: str | None = None,
-                       gpus: str | None = None) -> subprocess.CompletedProcess:
+                       gpus: str | None = None, served_run: str | None = None) -> subprocess.CompletedProcess:
     """remote.sh's served_all with its collaborators stubbed (prepare, served_run record their
-    arguments): the job checks and the runs it starts, without vLLM."""
+    arguments, or ``served_run`` is the stub's body): the job checks and the runs it starts,
+    without vLLM."""
     text = (GPU_DIR / "remote.sh").read_text()
 
     def fn(name):
@@ -752,10 +753,10 @@ def _served_all_script(tmp_path, jobs: str, versions: str | None = None,
     site = tmp_path / "site" / "vllm" / "vllm_flash_attn"
     site.mkdir(parents=True)
     (site / "_vllm_fa2_C.abi3.so").write_text("")
+    record = ('echo "run $3 $SERVED_RECIPE $SERVED_PHASES ${SERVED_EXACT:-unset} $SERVED_PORT_BASE'
+              '${SERVED_VARIANT:+ [$SERVED_VARIANT] $1 $2}${CUDA_VISIBLE_DEVICES:+ gpu$CUDA_VISIBLE_DEVICES}" >> "$WORK/runs";')
     stubs = ('prepare() { :; }\nrequire_fa2() { :; }\nreverted_site() { echo "revert $1 $2" >> "$WORK/reverted"; }\n'
-             'served_run() { echo "run $3 $SERVED_RECIPE $SERVED_PHASES ${SERVED_EXACT:-unset} $SERVED_PORT_BASE'
-             '${SERVED_VARIANT:+ [$SERVED_VARIANT] $1 $2}${CUDA_VISIBLE_DEVICES:+ gpu$CUDA_VISIBLE_DEVICES}" '
-             '>> "$WORK/runs"; }\n')
+             f'served_run() {{ {served_run or record} }}\n')
     env = (f'WORK={tmp_path}/work\nOUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n'
            'SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33 REVERTED_SITES=/rev\n')
     env += f"SERVED_JOBS='{jobs}'\n" + (f"SERVED_VERSIONS='{versions}'\n" if versions else "")
@@ -917,20 +918,10 @@ def test_a_series_variant_is_recorded_and_keys_its_own_row():
 
 def test_served_all_leaves_at_most_eight_files_in_out_keeping_the_record_apart(tmp_path):
     # The stub runs write what real jobs leave: raw folders, logs, benchmark files.
-    text = (GPU_DIR / "remote.sh").read_text()
-    start = text.index("\nserved_all() {")
-    body = text[start:text.index("\n}\n", start) + 3]
-    site = tmp_path / "site" / "vllm" / "vllm_flash_attn"
-    site.mkdir(parents=True)
-    (site / "_vllm_fa2_C.abi3.so").write_text("")
-    stubs = ('prepare() { :; }\nrequire_fa2() { :; }\n'
-             'served_run() { mkdir -p "$OUT/$3-raw"; for f in a.json a.log b.json b.log; do echo x > "$OUT/$3-raw/$f"; done; '
-             'echo x > "$OUT/$3-logs.tar.gz"; echo x > "$OUT/served-bench-$3.json"; echo r > "$OUT/served.json"; '
-             'echo m > "$OUT/served.md"; }\n')
-    env = (f"WORK={tmp_path}/work\nOUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n"
-           "SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33\nSERVED_JOBS='gemma4-moe-dflash:conformance:exact'\n")
-    script = "set -euo pipefail\n" + env + "mkdir -p $WORK $OUT\n" + stubs + body + "served_all\n"
-    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    leaves = ('mkdir -p "$OUT/$3-raw"; for f in a.json a.log b.json b.log; do echo x > "$OUT/$3-raw/$f"; done; '
+              'echo x > "$OUT/$3-logs.tar.gz"; echo x > "$OUT/served-bench-$3.json"; echo r > "$OUT/served.json"; '
+              'echo m > "$OUT/served.md";')
+    done = _served_all_script(tmp_path, "gemma4-moe-dflash:conformance:exact", served_run=leaves)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["served-out.tar.gz", "served.json", "served.md"]
