@@ -124,6 +124,9 @@ def compare_prompt(z: dict, served: dict, bound: float) -> dict:
         row["gap"] = round(row["vllm_acceptance"] / row["zlab_acceptance"] - 1, 4)
     # Beside: the crossing step whole, and step for step (vLLM's drafts are its verify steps).
     row["zlab_tokens_whole_steps"] = zlab_prefix_steps_whole(z["acceptance_lengths"], prefix)
+    # And both sides cut at the prefix: vLLM's output tokens after the prefill's (its request
+    # stopped at the prefix) over its verify steps, as z-lab's are counted above.
+    row["vllm_tokens_cut"] = max(0, min(prefix, len(served["token_ids"])) - 1)
     if steps and row["vllm_drafts"] is not None:
         row["same_steps"] = row["vllm_drafts"] == steps \
             and row["vllm_drafts"] + row["vllm_accepted"] == row["zlab_tokens_whole_steps"]
@@ -137,16 +140,22 @@ def pooled(rows: list[dict]) -> dict:
     z_tokens, z_steps = sum(r["zlab_tokens"] for r in both), sum(r["zlab_steps"] for r in both)
     v_acc, v_drafts = sum(r["vllm_accepted"] for r in both), sum(r["vllm_drafts"] for r in both)
     z_whole = sum(r["zlab_tokens_whole_steps"] for r in both)
+    v_cut = sum(r.get("vllm_tokens_cut", 0) for r in both)
     out = {"prompts": len(both), "zlab_steps": z_steps,
            "zlab_acceptance": round(z_tokens / z_steps, 4) if z_steps else None,
            "vllm_acceptance": round(1 + v_acc / v_drafts, 4) if v_drafts else None,
            "zlab_acceptance_whole_steps": round(z_whole / z_steps, 4) if z_steps else None,
            "prompts_same_steps": sum(1 for r in both if r.get("same_steps"))}
+    if all("vllm_tokens_cut" in r for r in both):
+        out["vllm_acceptance_cut"] = round(v_cut / v_drafts, 4) if v_drafts else None
     if out["zlab_acceptance"] and out["vllm_acceptance"]:
         out["gap"] = round(out["vllm_acceptance"] / out["zlab_acceptance"] - 1, 4)
         out["within"] = abs(out["gap"]) <= ACCEPTANCE_GAP
         out["gap_whole_steps"] = round(out["vllm_acceptance"] / out["zlab_acceptance_whole_steps"] - 1, 4)
         out["within_whole_steps"] = abs(out["gap_whole_steps"]) <= ACCEPTANCE_GAP
+    if out.get("vllm_acceptance_cut") and out["zlab_acceptance"]:
+        out["gap_cut_both"] = round(out["vllm_acceptance_cut"] / out["zlab_acceptance"] - 1, 4)
+        out["within_cut_both"] = abs(out["gap_cut_both"]) <= ACCEPTANCE_GAP
     return out
 
 
@@ -218,6 +227,8 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         # Beside the verdict, never in its place
         "holds_whole_steps": identical == len(rows) and bool(pool.get("within_whole_steps"))
         and all(teeth.values()) and len(rows) >= bars.get("gate", "min_prompts"),
+        "holds_cut_both": identical == len(rows) and bool(pool.get("within_cut_both"))
+        and all(teeth.values()) and len(rows) >= bars.get("gate", "min_prompts"),
         "rows": rows,
     }
 
@@ -287,6 +298,14 @@ def _summary_lines(doc: dict) -> list[str]:
         lines.append(f"| {v['label']} | {a.get('zlab_steps')} | {a.get('zlab_acceptance_whole_steps')} | "
                      f"{a.get('vllm_acceptance')} | {a.get('gap_whole_steps')} | "
                      f"{a.get('prompts_same_steps')}/{a.get('prompts')} | {_mark(v.get('holds_whole_steps'))} |")
+    if any("vllm_acceptance_cut" in v["acceptance"] for v in doc["releases"]):
+        lines += ["", "And both sides cut at the prefix, as the issue words it (acceptance over the prefix): "
+                  "vLLM's output tokens after the prefill's over its verify steps, z-lab's as in the verdict.", "",
+                  "| vLLM | z-lab acceptance, cut | vLLM acceptance, cut | gap | within 5 % |", "|---|---|---|---|---|"]
+        for v in doc["releases"]:
+            a = v["acceptance"]
+            lines.append(f"| {v['label']} | {a.get('zlab_acceptance')} | {a.get('vllm_acceptance_cut')} | "
+                         f"{a.get('gap_cut_both')} | {_mark(a.get('within_cut_both'))} |")
     lines += ["", "Lossless, strict: the drafter's outputs against the same server without a drafter "
               "(one prompt at a time), and the twin's outputs through the gate.", "",
               "| vLLM | one at a time | all in flight | twin gate (looping / constant / median distinct) | "

@@ -154,6 +154,20 @@ def test_the_crossing_step_counted_whole_stands_beside_the_truncated_verdict(mon
     assert pool["zlab_acceptance"] == 1.5 and pool["vllm_acceptance"] == 3.5 and pool["within"] is False
     assert pool["zlab_acceptance_whole_steps"] == 3.5 and pool["within_whole_steps"] is True
     assert pool["prompts_same_steps"] == 1 and pool["zlab_steps"] == 2
+    # Both sides cut at the prefix: vLLM's 3 tokens after the prefill's over its 2 steps, as z-lab's
+    assert row["vllm_tokens_cut"] == 3
+    assert pool["vllm_acceptance_cut"] == 1.5 and pool["gap_cut_both"] == 0.0 and pool["within_cut_both"] is True
+
+
+def test_both_sides_cut_at_the_prefix_misses_when_vllm_needs_more_steps():
+    # The same prefix, but vLLM took 3 verify steps for the 3 tokens z-lab produced in 2
+    z = {"token_ids": [5, 6, 7, 8, 9, 10, 11, 12], "margins": [2.0, 2.0, 2.0, 2.0, 0.0, 2.0, 2.0, 2.0],
+         "acceptance_lengths": [2, 5]}
+    s = {"token_ids": z["token_ids"], "prefix_acceptance": {"drafts": 3, "accepted_tokens": 1,
+                                                           "mean_acceptance_length": 4 / 3}}
+    pool = conf.pooled([conf.compare_prompt(z, s, bound=0.5)])
+    assert pool["vllm_acceptance_cut"] == 1.0 and pool["gap_cut_both"] == round(1.0 / 1.5 - 1, 4)
+    assert pool["within_cut_both"] is False
 
 
 def test_a_record_keeps_the_count_of_the_bars_file_it_was_made_under(monkeypatch):
