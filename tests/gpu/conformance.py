@@ -270,6 +270,46 @@ def twins_reproduce(twins: list[dict]) -> dict:
     return out
 
 
+# What each count compares, for a reader of a verdict made under it
+COUNTS = {
+    "cut": "z-lab's step that crosses the prefix end cut at it, against vLLM's counters, which count its "
+           "last verify step whole: unlike counts",
+    "whole_steps": "z-lab's step that crosses the prefix end counted whole, as vLLM's counters count its last "
+                   "verify step",
+}
+
+
+def counted(release: dict) -> tuple:
+    """(z-lab's pooled acceptance, vLLM's gap to it) as the release's verdict counts z-lab's steps."""
+    a = release["acceptance"]
+    if release.get("acceptance_count", "cut") == "cut":
+        return a.get("zlab_acceptance"), a.get("gap")
+    return a.get("zlab_acceptance_whole_steps"), a.get("gap_whole_steps")
+
+
+def _earlier_lines(earlier: list[tuple[str, dict]]) -> list[str]:
+    """Earlier runs of this procedure, each with the verdict of the bars file it was made under:
+    a miss stays on the page beside the newer run."""
+    if not earlier:
+        return []
+    lines = ["", "## Earlier runs", "",
+             "Each judged by the bars file its records were made under; a verdict there stands as it was.", "",
+             "| record | vLLM | bars | count | z-lab acceptance | vLLM acceptance | gap | identical over prefix | "
+             "holds |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, doc in earlier:
+        for v in doc["releases"]:
+            if v.get("variant"):
+                continue
+            zlab, gap = counted(v)
+            lines.append(f"| {name} | {v['label']} | {(doc.get('bars') or '')[:8]} | {v.get('acceptance_count', 'cut')} "
+                         f"| {zlab} | {v['acceptance'].get('vllm_acceptance')} | {gap} | "
+                         f"{v['identical_over_prefix']}/{v['prompts']} | {_mark(v['holds'])} |")
+    lines.append("")
+    lines += [f"- {count}: {COUNTS[count]}." for count in sorted({v.get("acceptance_count", "cut")
+                                                                   for _, d in earlier for v in d["releases"]})]
+    return lines
+
+
 def _window_cell(w: dict | None) -> str:
     return "n/a" if not w else f"{w['binding']}/{w['steps']} steps ({w['share']}), window {w['window']}"
 
@@ -279,13 +319,15 @@ def _mark(ok) -> str:
 
 
 def _summary_lines(doc: dict) -> list[str]:
-    lines = ["| vLLM | series | numerics | prompts | identical over prefix | z-lab acceptance | vLLM acceptance | "
-             "gap | noise bound | teeth | holds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| vLLM | series | numerics | prompts | identical over prefix | z-lab acceptance (z-lab's steps counted "
+             "as the verdict counts) | vLLM acceptance | gap | noise bound | teeth | holds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in doc["releases"]:
         a = v["acceptance"]
+        zlab, gap = counted(v)
         lines.append(f"| {v['label']} | {(v['series'] or '')[:8]} | {v.get('numerics')} | {v['prompts']} | "
-                     f"{v['identical_over_prefix']}/{v['prompts']} | {a.get('zlab_acceptance')} | "
-                     f"{a.get('vllm_acceptance')} | {a.get('gap')} | {v['noise_bound']} (p{v['noise_percentile']}) | "
+                     f"{v['identical_over_prefix']}/{v['prompts']} | {zlab} ({v['acceptance_count']}) | "
+                     f"{a.get('vllm_acceptance')} | {gap} | {v['noise_bound']} (p{v['noise_percentile']}) | "
                      f"{', '.join(k for k, ok in v['teeth'].items() if not ok) or 'all'} | {_mark(v['holds'])} |")
     lines += ["", "Beside the verdict, not in its place: z-lab's step that crosses the prefix end counted "
               "whole, as vLLM's spec-decode counters count a request stopped at max_tokens (they count every "
@@ -346,10 +388,17 @@ def _headline(doc: dict) -> list[str]:
                   "holds" if v["outputs_identical"] else "misses", f"{v['identical_over_prefix']}/{v['prompts']}"),
                  (f"pooled prefix acceptance (z-lab's steps {v['acceptance_count']})", v["label"], cell,
                   "holds" if v["holds"] else "misses",
-                  f"{a.get('vllm_acceptance')} vs {a.get('zlab_acceptance')}; counted alike "
-                  f"{a.get('zlab_acceptance_whole_steps')}"),
+                  f"{a.get('vllm_acceptance')} vs {counted(v)[0]}; both cut at the prefix "
+                  f"{a.get('vllm_acceptance_cut')} vs {a.get('zlab_acceptance')}"),
                  ("lossless vs its own twin", v["label"], cell, "holds" if one["holds"] and many["holds"] else "misses",
                   f"{one['identical']}/{one['of']} alone, {many['identical']}/{many['of']} in flight")]
+    for name, earlier in doc.get("earlier") or []:
+        for v in earlier["releases"]:
+            if not v.get("variant"):
+                rows.append((f"pooled prefix acceptance, earlier run {name} ({v.get('acceptance_count', 'cut')} count)",
+                             v["label"], headline.series_cell([{"vllm": v["vllm"], "series": v["series"]}]),
+                             "holds" if v["holds"] else "misses",
+                             f"{v['acceptance'].get('vllm_acceptance')} vs {counted(v)[0]} (Earlier runs)"))
     return headline.table(rows)
 
 
@@ -358,7 +407,7 @@ def markdown(doc: dict) -> str:
              f"Oracle: {doc['oracle']}. Deviation: {doc['deviation']}.", "",
              "Generated by `python tests/gpu/conformance.py`; do not edit.", "",
              *([caveats.TORCH_0_33_0, ""] if any(v["vllm"] == "0.33.0" for v in doc["releases"]) else []),
-             *_summary_lines(doc)]
+             *_summary_lines(doc), *_earlier_lines(doc.get("earlier") or [])]
     for v in doc["releases"]:
         lines += ["", f"## vLLM {v['label']}: per prompt", "",
                   "| # | prefix | identical | first difference | z-lab | vLLM | gap |", "|---|---|---|---|---|---|---|"]
@@ -375,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the no-drafter server's record: once for every --served, or once per --served")
     parser.add_argument("--served", type=Path, action="append", required=True,
                         help="a served record with the drafter (one per vLLM release or series variant)")
+    parser.add_argument("--earlier", type=Path, action="append", default=[],
+                        help="an earlier run's conformance.json, listed with its own verdict")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if len(args.twin) not in (1, len(args.served)):
@@ -394,10 +445,12 @@ def main(argv: list[str] | None = None) -> int:
            "drafter_sha256": zlab["drafter_sha256"], "bars": made_under.pop() if len(made_under) == 1 else None,
            "twins_reproduce": twins_reproduce([json.loads(p.read_text()) for p in args.twin]),
            "releases": releases, "whole_request_vs": whole_request_vs(releases)}
+    earlier = [(p.name, json.loads(p.read_text())) for p in args.earlier]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "conformance.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (args.out / "conformance.md").write_text(markdown(doc))
-    print(markdown(doc).split("\n## ")[0])
+    page = markdown(doc | {"earlier": earlier})
+    (args.out / "conformance.md").write_text(page)
+    print(page.split("\n## ")[0])
     # The verdict is the record's; the exit status says whether it was written. A series less one
     # patch is measured beside the releases, not judged (issue 50, item 5).
     judged = [v for v in releases if not v.get("variant")]

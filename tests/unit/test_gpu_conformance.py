@@ -199,3 +199,19 @@ def test_a_record_keeps_the_count_of_the_bars_file_it_was_made_under(monkeypatch
     assert now["acceptance_count"] == "whole_steps" and now["holds"]
     with pytest.raises(ValueError, match="not in this checkout's git history"):
         conf.bars.at("0" * 40)
+
+
+def test_an_earlier_run_keeps_its_miss_on_the_page_beside_a_newer_run():
+    # The earlier record was judged by the cut count and missed; the newer one holds. The page
+    # lists both, each with its own verdict, and the earlier miss in the headline table.
+    rel = {"vllm": "0.33.0", "variant": None, "label": "0.33.0", "series": "s" * 64, "holds": False,
+           "acceptance_count": "cut", "identical_over_prefix": 36, "prompts": 36,
+           "acceptance": {"zlab_acceptance": 2.4571, "vllm_acceptance": 2.9714, "gap": 0.2093,
+                          "zlab_acceptance_whole_steps": 2.9714, "gap_whole_steps": 0.0}}
+    lines = conf._earlier_lines([("first.json", {"bars": "b" * 40, "releases": [rel]})])
+    row = next(line for line in lines if line.startswith("| first.json"))
+    assert "| cut | 2.4571 | 2.9714 | 0.2093 |" in row and row.endswith("**no** |")
+    assert any(line.startswith("- cut: ") and "unlike counts" in line for line in lines)
+    now = dict(rel, holds=True, acceptance_count="whole_steps")
+    assert conf.counted(now) == (2.9714, 0.0) and conf.counted(rel) == (2.4571, 0.2093)
+    assert conf._earlier_lines([]) == []
