@@ -219,6 +219,9 @@ def assemble(req: Request, ctx: Context) -> Plan:
     rec = _sets_beat_profile(rec, profile, field_sets)
     built = _built_image(req, rec, profile, ctx) if req.runtime == "docker" else None
     version, version_source = _choose_version(req, rec, ctx, reasons, built)
+    rec, since = _serve_for_release(rec, profile, version, field_sets)
+    if since:
+        profile_source += f"; {since}"
 
     override = rec.profiles.get(profile)
     env, sources = _recipe_env(rec, override, ctx.host.wsl, version, warnings)
@@ -316,6 +319,22 @@ def _sets_beat_profile(rec, profile: str, field_sets: dict[str, str]):
         if head == "serve" and key in override:
             rec = recipes.set_field(rec, f"profiles.{profile}.serve.{key}", value)
     return rec
+
+
+def _serve_for_release(rec, profile: str, version: str, field_sets: dict[str, str]):
+    """The profile's ``serve_since`` settings for ``version`` in place of its own (a ``--set
+    serve.X`` still wins), and a line saying which, for the plan's profile source."""
+    entry = rec.serve_since(profile, version)
+    if entry is None:
+        return rec, ""
+    since, values = entry
+    applied = {k: v for k, v in values.items()
+               if f"serve.{k}" not in field_sets and f"profiles.{profile}.serve.{k}" not in field_sets}
+    for key, value in applied.items():
+        rec = recipes.set_field(rec, f"profiles.{profile}.serve.{key}", str(value))
+    if not applied:
+        return rec, ""
+    return rec, ", ".join(f"serve.{k}={v}" for k, v in applied.items()) + f" from vLLM {since} on (serve_since)"
 
 
 def _choose_profile(req: Request, rec, host: HostInfo, reasons: list[Reason]) -> tuple[str, str]:

@@ -217,6 +217,11 @@ class Cluster(_Strict):
 
 class Override(_Strict):
     serve: ServeOverride = Field(default_factory=ServeOverride)
+    # Serve settings measured to differ from a vLLM release on: {release: settings}. The newest
+    # release at or below the one that runs replaces the profile's own values (a --set still
+    # wins). Why: the same card holds a different KV cache under another release (its drafter's
+    # KV layout and activation peak), so a context that starts on one fails on the next.
+    serve_since: dict[str, ServeOverride] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     # Multi-node profiles only (PROFILES[name].nodes > 1): required there, refused elsewhere.
     cluster: Cluster | None = None
@@ -347,6 +352,28 @@ class Recipe(_Strict):
         if extra:
             raise ValueError(f"patches lists versions {extra} that are not in vllm_versions {self.vllm_versions}")
         return self
+
+    @model_validator(mode="after")
+    def _serve_since_per_supported_version(self) -> "Recipe":
+        for name, override in self.profiles.items():
+            extra = sorted(set(override.serve_since) - set(self.vllm_versions))
+            if extra:
+                raise ValueError(f"profiles.{name}.serve_since lists versions {extra} that are not in "
+                                 f"vllm_versions {self.vllm_versions}")
+        return self
+
+    def serve_since(self, profile: str, version) -> tuple[str, dict] | None:
+        """(release, settings) of ``profile``'s ``serve_since`` entry that applies to ``version``:
+        the newest release at or below it; None where none does."""
+        from launcher.vllm_compat import parse_version
+
+        entries = self.profiles[profile].serve_since
+        wanted = parse_version(str(version))
+        applies = [key for key in entries if parse_version(key) <= wanted]
+        if not applies:
+            return None
+        since = max(applies, key=parse_version)
+        return since, entries[since].model_dump(exclude_none=True)
 
     def patches_for(self, version: str) -> list[str]:
         from launcher.vllm_compat import parse_version
