@@ -293,6 +293,8 @@ def run(args) -> dict:
         bench_argv = [sys.executable, "-m", "launcher", "bench", "--recipe", str(recipe_copy), "--url", base,
                       "--profile", args.profile, "--client", "builtin", "--out", str(bench_out),
                       "--timeout", str(args.request_timeout_s)]
+        if args.min_requests:
+            bench_argv += ["--min-requests", str(args.min_requests)]
         remaining = deadline - now() - STOP_GRACE_S - 15
         try:
             subprocess.run(bench_argv, cwd=REPO, env={**os.environ, "PYTHONPATH": server_env()["PYTHONPATH"]},
@@ -375,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout-s", type=float, default=420)
     parser.add_argument("--bench-reserve-s", type=float, default=60, help="time kept for the bench after start")
     parser.add_argument("--request-timeout-s", type=float, default=300)
+    parser.add_argument("--min-requests", type=int, help="launcher bench --min-requests: requests a level at least")
     parser.add_argument("--debug-log", action="store_true",
                         help="VLLM_LOGGING_LEVEL=DEBUG: the worker's activation / non-torch split (fit runs; "
                              "left off where speed is measured)")

@@ -97,6 +97,7 @@ install_bundle() { # install_bundle STEM SITE REQUIREMENTS: one staged vLLM into
 
 install() { # vLLM 0.21.0 and its wheels into $SITE
     install_bundle bundle "$SITE" tests/gpu/bundle-requirements.txt
+    host_deps
 }
 
 # vLLM 0.33.0 on the image's torch 2.11 (issue 12): its own folder, only the wheels the
@@ -107,11 +108,25 @@ SITE33_PATCHED=${SITE33_PATCHED:-/tmp/site-$V33-patched}
 
 install_v33() {
     install_bundle "bundle-$V33" "$SITE33" "tests/gpu/bundle-requirements-$V33.txt"
+    host_deps
 }
 
 launcher_path() { # the launcher's imports (unidiff, typer): from 0.21.0's site, or 0.33.0's where
     # only its bundle was received (multinode-bg needs no other)
     echo ".:$SITE:$SITE33"
+}
+
+host_deps() { # reports run on plain "$PY" and name the current series (headline -> series_now ->
+    # launcher.patching), whose one import the host's Python lacks is unidiff (pure Python): link it
+    # from an installed bundle into a folder of its own, so no vLLM comes with it onto PYTHONPATH
+    local d=$WORK/host-deps s
+    for s in "$SITE" "$SITE33"; do
+        [ -d "$s/unidiff" ] || continue
+        mkdir -p "$d" && ln -sfn "$s/unidiff" "$d/unidiff"
+        case ":${PYTHONPATH:-}:" in *":$d:"*) ;; *) export PYTHONPATH="$d${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+        return 0
+    done
+    return 0  # no bundle installed yet (receive): nothing to link
 }
 
 patched_site() { # patched_site [DEST [PATCHES_ROOT [FROM_SITE]]]: a copy of vLLM with the series applied
@@ -1298,6 +1313,7 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
 
 cmd=${1:-}
 shift || true
+host_deps  # a bundle installed by an earlier verb on this machine
 case "$cmd" in
     receive) receive ;;
     install) install ;;

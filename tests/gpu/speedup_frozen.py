@@ -34,8 +34,10 @@ import fullsize_serve  # noqa: E402
 import speedup_model as sm  # noqa: E402
 from served import STEP_TIMES_ENV, STEP_TIMES_PLUGIN, read_steps  # noqa: E402
 
-# A server start, its bench at 1 and 4 and its stop take about this long on an H200.
-SERVER_S = 420
+# A server start, its bench at 1 and 4 and its stop, on an H200 with vLLM 0.33.0: 201 s with 4
+# and 16 requests (results/fullsize-0.33.0/, the start alone 184 s); at 32 requests a level the
+# bench adds about 50 s.
+SERVER_S = 270
 
 
 def steps_file(out: Path, k: int | None) -> Path:
@@ -53,7 +55,8 @@ def measured(out: Path, k: int | None) -> bool:
 def serve_argv(args, k: int | None, deadline_s: float) -> list[str]:
     argv = ["--label", sm.server_label(k), "--out", str(args.out), "--profile", sm.PROFILE,
             "--recipe", args.recipe, "--launcher", args.launcher, "--model", str(args.model),
-            "--concurrency", ",".join(map(str, sm.CONCURRENCY)), "--deadline-s", str(int(deadline_s))]
+            "--concurrency", ",".join(map(str, sm.CONCURRENCY)), "--deadline-s", str(int(deadline_s)),
+            "--min-requests", str(bars.get("speedup_curve", "min_requests"))]
     if args.series_hash:
         argv += ["--series-hash", args.series_hash]
     argv += ["--no-drafter"] if k is None else ["--drafter", str(args.drafter),

@@ -142,7 +142,7 @@ def runs(tmp_path_factory):
     try:
         out = {"dflash": _run(tmp, "rtx5090-dflash", "--drafter", str(tmp / "d"), "--debug-log",
                                 "--series-hash", "cd" * 32, monkeypatch=mp),
-               "nodrafter": _run(tmp, "rtx5090-nodrafter", "--no-drafter", monkeypatch=mp,
+               "nodrafter": _run(tmp, "rtx5090-nodrafter", "--no-drafter", "--min-requests", "12", monkeypatch=mp,
                                  env={"FAKE_PREEMPTIONS": "2"})}
     finally:
         mp.undo()
@@ -183,6 +183,21 @@ def test_a_served_run_records_memory_bench_and_verdict(runs):
 
     copy = yaml.safe_load((runs["dir"] / "gemma4-moe-dflash-bench.yaml").read_text())
     assert [(w["dataset"], w["concurrency"]) for w in copy["bench"]["workloads"]] == [("random", [1, "max"])]
+
+
+def test_min_requests_reaches_launcher_bench(runs):
+    # 4 requests a stream at concurrency 1 unless asked for more (the frozen model's servers ask 32)
+    assert runs["dflash"]["bench"]["1"]["successful"] == 4
+    assert runs["nodrafter"]["bench"]["1"]["successful"] == 12
+
+
+def test_the_frozen_models_servers_ask_the_bars_request_count(tmp_path):
+    import speedup_frozen
+
+    args = type("A", (), {"recipe": "gemma4-moe-dflash", "launcher": "x", "model": tmp_path, "drafter": tmp_path,
+                          "out": tmp_path, "series_hash": None, "vllm_arg": []})()
+    argv = speedup_frozen.serve_argv(args, 3, 300)
+    assert argv[argv.index("--min-requests") + 1] == str(speedup_frozen.bars.get("speedup_curve", "min_requests"))
 
 
 def test_preemptions_fail_the_fit(runs):
