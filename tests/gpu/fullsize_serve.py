@@ -158,7 +158,10 @@ def bench_recipe(path: str, concurrency: list, out: Path) -> Path:
     random_wl = next(w for w in data["bench"]["workloads"] if w.get("dataset") == "random")
     data["bench"]["workloads"] = [{**random_wl, "concurrency": list(concurrency)}]
     target = out / f"{data['name']}-bench.yaml"
-    target.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    # Servers of one host may write it at once (speedup_frozen --gpus): each sees a whole file
+    part = target.with_suffix(f".{os.getpid()}.part")
+    part.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    os.replace(part, target)
     return target
 
 

@@ -1284,7 +1284,7 @@ speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_froz
     PYTHONPATH=.:$patched:$site "$PY" tests/gpu/speedup_frozen.py --out "$WORK/speedup-frozen" \
         --json "$OUT/speedup-frozen.json" --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" \
         --drafter "$MODELS_FULL/dflash-26b-a4b" --launcher "$(full_launcher)" --series-hash "$(series_hash "$patched")" \
-        --vllm "$v" --gpu-file "$WORK/gpu.txt" "${vargs[@]}" \
+        --vllm "$v" --gpu-file "$WORK/gpu.txt" ${SPEEDUP_GPUS:+--gpus "$SPEEDUP_GPUS"} "${vargs[@]}" \
         --deadline-s $(( ${SPEEDUP_BUDGET_S:-3600} - (SECONDS - t0) )) || rc=$?
     tar -C "$WORK" --exclude='*.server.log' -czf "$OUT/speedup-frozen-raw.tar.gz" speedup-frozen
     [ "$rc" = 0 ] || return "$rc"

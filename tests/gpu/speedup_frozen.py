@@ -9,12 +9,15 @@ weights accept next to nothing; a verify step forwards c * (K + 1) tokens whatev
 so its time is what the model needs.
 
 Each server's steps are kept in ``OUT/frozen-<label>-steps.jsonl`` beside its fullsize record; a
-rerun starts only the servers whose steps are missing (one call may not hold all four), and the
+rerun starts only the servers whose steps are missing (a deadline may cut the four short), and the
 record is written once all four are there (``speedup_model.frozen_record``). The record then
 belongs in ``results/`` and is committed before any curve point is measured.
 
 ``python tests/gpu/speedup_frozen.py --out DIR --json FILE --model M --drafter D --launcher CMD
---series-hash H --vllm V --gpu-file F [--vllm-arg ARG].. [--deadline-s S]``
+--series-hash H --vllm V --gpu-file F [--vllm-arg ARG].. [--deadline-s S] [--gpus 0,1]``
+
+With ``--gpus`` the servers run as many at once as GPUs are named, one a GPU of the host (the record
+says how many at once); without it, one after another.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,27 +70,47 @@ def serve_argv(args, k: int | None, deadline_s: float) -> list[str]:
     return argv
 
 
-def run_server(args, k: int | None, deadline_s: float) -> int:
-    """One server through fullsize_serve, the step-time plugin on (its environment is inherited)."""
+# The harness each server runs in (a constant, so a test can put a stand-in in its place)
+FULLSIZE_SERVE = HERE / "fullsize_serve.py"
+PORT = 8011
+
+
+def start_server(args, k: int | None, deadline_s: float, gpu: str | None, port: int) -> subprocess.Popen:
+    """One server through fullsize_serve in a process of its own, the step-time plugin on, on
+    ``gpu`` (CUDA_VISIBLE_DEVICES; its memory blocker inherits it) where one is named."""
     path = steps_file(args.out, k)
     path.unlink(missing_ok=True)  # an earlier, cut run's steps are not this server's
-    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", STEP_TIMES_ENV)}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [saved["PYTHONPATH"], str(STEP_TIMES_PLUGIN)]))
-    os.environ[STEP_TIMES_ENV] = str(path)
-    try:
-        return fullsize_serve.main(serve_argv(args, k, deadline_s))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(STEP_TIMES_PLUGIN)]))
+    env[STEP_TIMES_ENV] = str(path)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return subprocess.Popen([sys.executable, str(FULLSIZE_SERVE), *serve_argv(args, k, deadline_s),
+                             "--port", str(port)], env=env)
+
+
+def run_waves(args, pending: list, gpus: list, t0: float) -> int:
+    """The pending servers, as many at once as GPUs are named (each on its own); 3 when the
+    time left is under a server's before a wave starts, else 0."""
+    while pending:
+        left = args.deadline_s - (time.monotonic() - t0)
+        if left < SERVER_S:
+            print(f"{sm.server_label(pending[0])}: {left:.0f} s left, under a server's {SERVER_S}: run again", flush=True)
+            return 3
+        wave, pending = pending[:len(gpus)], pending[len(gpus):]
+        procs = [start_server(args, k, min(left, 2 * SERVER_S), gpu, PORT + i)
+                 for i, (k, gpu) in enumerate(zip(wave, gpus))]
+        for proc in procs:
+            proc.wait()
+    return 0
 
 
 def meta(args) -> dict:
     gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
     return {"series": args.series_hash, "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": gpu,
             "vllm": args.vllm, "bars": bars.blob_hash(), "profile": sm.PROFILE,
+            # servers at once, one a GPU of one host (1: one after another)
+            "servers_at_once": len(args.gpus.split(",")) if args.gpus else 1,
             "checkpoint": Path(args.model).name, "emulation": fullsize_serve.EMULATION,
             "command": args.command}
 
@@ -110,17 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-arg", action="append", default=[])
     parser.add_argument("--deadline-s", type=float, default=3600)
     parser.add_argument("--command", default="bash tests/gpu/remote.sh speedup-frozen")
+    parser.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): that many servers at once, one a GPU")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    for k in (None, *sm.KS):
-        if measured(args.out, k):
-            continue
-        left = args.deadline_s - (time.monotonic() - t0)
-        if left < SERVER_S:
-            print(f"{sm.server_label(k)}: {left:.0f} s left, under a server's {SERVER_S}: run again", flush=True)
-            return 3
-        run_server(args, k, min(left, 2 * SERVER_S))
+    pending = [k for k in (None, *sm.KS) if not measured(args.out, k)]
+    code = run_waves(args, pending, args.gpus.split(",") if args.gpus else [None], t0)
+    if code:
+        return code
     record = build(args)
     gaps = sm.missing(record)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -487,3 +487,43 @@ def test_the_series_line_counts_runs_on_a_current_series():
            "profile_attempts": [{"series": None}]}
     line = fr._series_line(doc)
     assert "not recorded in 1 of 3" in line and "**1 of 3 on a current series**" in line
+
+
+STAND_IN = """import json, os, sys
+argv = sys.argv[1:]
+label, out = argv[argv.index("--label") + 1], argv[argv.index("--out") + 1]
+with open(os.path.join(out, "placed.txt"), "a") as f:
+    f.write(f"{label} gpu={os.environ.get('CUDA_VISIBLE_DEVICES')} port={argv[argv.index('--port') + 1]} "
+            f"steps={os.path.basename(os.environ['STEP_TIMES_OUT'])}\\n")
+json.dump({"started": True}, open(os.path.join(out, label + ".json"), "w"))
+open(os.environ["STEP_TIMES_OUT"], "w").write("")
+"""
+
+
+def test_the_frozen_servers_run_a_wave_per_gpu_set_and_a_rerun_starts_only_the_missing(tmp_path, monkeypatch):
+    # A stand-in for fullsize_serve.py (a full-size server cannot run here): it notes the GPU,
+    # port and step file each server was given, and leaves the record a measured server leaves.
+    import speedup_frozen as sf
+
+    (tmp_path / "serve.py").write_text(STAND_IN.replace("STEP_TIMES_OUT", sf.STEP_TIMES_ENV))
+    monkeypatch.setattr(sf, "FULLSIZE_SERVE", tmp_path / "serve.py")
+    args = type("A", (), {"recipe": "r", "launcher": "x", "model": tmp_path, "drafter": tmp_path, "out": tmp_path,
+                          "series_hash": None, "vllm_arg": [], "deadline_s": 10 * sf.SERVER_S})()
+    labels = [sf.sm.server_label(k) for k in (None, *sf.sm.KS)]
+    assert sf.run_waves(args, [None, *sf.sm.KS], ["0", "1"], sf.time.monotonic()) == 0
+    placed = (tmp_path / "placed.txt").read_text().splitlines()
+    # two waves of two: the second starts after the first has finished
+    assert sorted(p.split()[0] for p in placed[:2]) == sorted(labels[:2])
+    assert sorted(p.split()[0] for p in placed[2:]) == sorted(labels[2:])
+    assert sorted(p.split()[1:3] for p in placed) == sorted([["gpu=0", "port=8011"], ["gpu=1", "port=8012"]] * 2)
+    assert all(f"{p.split()[0]}-steps.jsonl" in p for p in placed)
+    assert all(sf.measured(tmp_path, k) for k in (None, *sf.sm.KS))
+    # One server's steps lost: only it runs again
+    sf.steps_file(tmp_path, 7).unlink()
+    (tmp_path / "placed.txt").unlink()
+    pending = [k for k in (None, *sf.sm.KS) if not sf.measured(tmp_path, k)]
+    assert pending == [7] and sf.run_waves(args, pending, ["0", "1"], sf.time.monotonic()) == 0
+    assert [p.split()[:2] for p in (tmp_path / "placed.txt").read_text().splitlines()] == [[labels[2], "gpu=0"]]
+    # Under a server's time left: nothing starts, 3 says run again
+    args.deadline_s = sf.SERVER_S - 1
+    assert sf.run_waves(args, [3], ["0"], sf.time.monotonic()) == 3
