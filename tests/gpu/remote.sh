@@ -25,6 +25,7 @@
 #                              against one process (tests/gpu/multinode_served.py)
 #   remote.sh speedup-frozen | speedup-curve   issue 53: the frozen step-time model, then the
 #                              speed-up curve's batches (tests/gpu/README.md, "When DFlash pays")
+#   remote.sh bg VERB | bg-wait VERB   any verb detached, past one command's 600 s; then collected
 #
 # Files in /tmp survive between calls on a warm device machine, so the parts
 # can arrive one call at a time and each round can run in its own call.
@@ -513,6 +514,35 @@ detached() { # detached DIR LOG SCRIPT [VAR=VALUE ...]: bash -c SCRIPT in DIR wi
     local dir=$1 log=$2 script=$3
     shift 3
     (cd "$dir" && exec setsid nohup env "$@" bash -c "$script") > "$log" 2>&1 < /dev/null &
+}
+
+background_verb() { # bg VERB: remote.sh VERB detached, from a snapshot of this tree, so that it outlives a
+    # command's 600 s (a machine's hold still bounds it); the calling environment goes with it
+    # (SERVED_*, SPEEDUP_*, ...), its $OUT is $WORK/bg-VERB/out, and bg-wait VERB collects
+    local verb=${1:?bg VERB} dir
+    dir=$WORK/bg-$verb
+    if [ -f "$dir/run.log" ] && [ ! -f "$dir/rc" ]; then
+        echo "$verb already running in the background ($dir/run.log)"; return 0
+    fi
+    rm -rf "$dir" && mkdir -p "$dir/out"
+    : > "$dir/run.log"  # before the job starts, so that a second bg at once sees it running
+    snapshot_tree "$dir/tree"
+    detached "$dir/tree" "$dir/run.log" "bash tests/gpu/remote.sh $verb; echo \$? > $dir/rc" OUT="$dir/out"
+    echo "$verb in the background (log: $dir/run.log; remote.sh bg-wait $verb)"
+}
+
+background_wait() { # bg-wait VERB: wait up to BG_WAIT_S (default 540) for bg VERB, print its log's tail, and
+    # put what its $OUT holds into this command's $OUT, ended or not (a run cut short still has records)
+    local verb=${1:?bg-wait VERB} dir waited=0
+    dir=$WORK/bg-$verb
+    [ -f "$dir/run.log" ] || { echo "no bg $verb on this machine ($dir/run.log): run remote.sh bg $verb" >&2; return 1; }
+    while [ ! -f "$dir/rc" ] && [ "$waited" -lt "${BG_WAIT_S:-540}" ]; do sleep 5; waited=$((waited + 5)); done
+    tail -n "${BG_TAIL:-20}" "$dir/run.log"
+    mkdir -p "$OUT"
+    cp -r "$dir/out/." "$OUT/"
+    # $OUT brings back 8 files: the log goes along only where there is room
+    [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -lt 8 ] && cp "$dir/run.log" "$OUT/bg-$verb.log"
+    if [ -f "$dir/rc" ]; then echo "bg $verb ended: rc $(cat "$dir/rc")"; else echo "bg $verb still running after ${waited}s"; fi
 }
 
 snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that outlives the call (the
@@ -1353,5 +1383,7 @@ case "$cmd" in
     nvfp4-reference) nvfp4_reference ;;
     lanes-bg) lanes_background ;;
     lanes-wait) lanes_wait ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference" >&2; exit 2 ;;
+    bg) background_verb "$@" ;;
+    bg-wait) background_wait "$@" ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference|bg VERB|bg-wait VERB" >&2; exit 2 ;;
 esac
