@@ -1336,7 +1336,7 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
         --series-hash "$(series_hash "$patched")" --gpu-file "$WORK/gpu.txt" \
         --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" --drafter "$MODELS_FULL/dflash-26b-a4b" \
         --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/speedup" \
-        --batches "${SPEEDUP_BATCHES:-0}" "${vargs[@]}" || echo "speedup_curve.py exited $?" >&2
+        --batches "${SPEEDUP_BATCHES:-0}" ${SPEEDUP_GPUS:+--gpus "$SPEEDUP_GPUS"} "${vargs[@]}" || echo "speedup_curve.py exited $?" >&2
     cp tests/gpu/results/speedup-curve.json "$OUT/" 2>/dev/null || true
     tar -C "$WORK" -czf "$OUT/speedup-refs.tar.gz" speedup-refs
 }

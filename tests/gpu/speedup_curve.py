@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -218,6 +220,60 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     return done
 
 
+def lane_batches(batches: list, lane: str | None) -> list:
+    """``I/N``: the I-th of every N batches in order (a lane's share; None: all). The servers
+    without the drafter come first in the order, so each lane makes references before it drafts;
+    a DFlash point whose reference another lane has not made yet waits for a rerun."""
+    if not lane:
+        return batches
+    i, n = (int(x) for x in lane.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"--lane {lane}: I/N with 0 <= I < N")
+    return batches[i::n]
+
+
+def lane_commands(argv: list[str], gpus: list[str], work: Path, port: int) -> list[tuple[list[str], dict]]:
+    """One ``run`` per GPU: this command's arguments less ``--gpus`` and ``--commit``, with its lane,
+    a record of its own under ``work``, a port of its own, and CUDA_VISIBLE_DEVICES."""
+    base, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--gpus", "--record", "--port"):
+            skip = True
+            continue
+        if a == "--commit" or a.startswith(("--gpus=", "--record=", "--port=")):
+            continue
+        base.append(a)
+    n = len(gpus)
+    return [([sys.executable, str(Path(__file__).resolve()), *base, "--lane", f"{i}/{n}",
+              "--record", str(work / f"lane-{i}.json"), "--port", str(port + 10 * i)],
+             {"CUDA_VISIBLE_DEVICES": g}) for i, g in enumerate(gpus)]
+
+
+def run_lanes(args, argv: list[str]) -> int:
+    """The release's pending batches on several GPUs at once, a lane each, then their records
+    merged into ``--record`` (and committed with ``--commit``)."""
+    gpus = args.gpus.split(",")
+    lanes = lane_commands(argv, gpus, args.work, args.port)
+    for i in range(len(gpus)):  # each lane starts from what the curve holds
+        if args.record.is_file():
+            shutil.copyfile(args.record, args.work / f"lane-{i}.json")
+    procs = [subprocess.Popen(cmd, env={**os.environ, **env}) for cmd, env in lanes]
+    codes = [p.wait() for p in procs]
+    record = srec.load(args.record, args.frozen)
+    for i in range(len(gpus)):
+        lane = args.work / f"lane-{i}.json"
+        if lane.is_file():
+            srec.merge(record, json.loads(lane.read_text()))
+    srec.save(record, args.record)
+    print(f"lanes on GPUs {args.gpus}: exit {codes}; record {args.record}", flush=True)
+    if args.commit:
+        commit(args.record, f"speedup-curve: lanes on {len(gpus)} GPUs (vLLM {args.vllm})")
+    return max(codes)
+
+
 def commit(record_path: Path, message: str) -> None:
     """Commit the record alone, where the checkout has git (a GPU host's copy may not)."""
     if subprocess.run(["git", "-C", str(REPO), "rev-parse", "--git-dir"], capture_output=True).returncode != 0:
@@ -263,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--start-timeout-s", type=float, default=600)
     p_run.add_argument("--commit", action="store_true", help="git commit the record after each batch")
     p_run.add_argument("--blocker", default=shlex.join([sys.executable, str(HERE / "mem_blocker.py")]))
+    p_run.add_argument("--lane", help="I/N: the I-th of every N pending batches (run_lanes starts them)")
+    p_run.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): a lane each, records merged after")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.frozen.is_file():
         parser.error(f"{args.frozen}: measure and commit the frozen model first (remote.sh speedup-frozen)")
@@ -275,10 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     if not frozen_committed(args.frozen):
         parser.error(f"{args.frozen} is not committed: commit the frozen model before the curve")
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.gpus and len(args.gpus.split(",")) > 1:
+        return run_lanes(args, argv)
     gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
-    meta = {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    meta = {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            # a lane ran beside others, one a GPU of the same host
+            **({"lane": args.lane} if args.lane else {})}
     ran = 0
-    for batch in (b for b in sg.batches() if b.vllm == args.vllm):
+    for batch in lane_batches([b for b in sg.batches() if b.vllm == args.vllm], args.lane):
         done = run_batch(args, batch, record, meta)
         if not done:
             continue

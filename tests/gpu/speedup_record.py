@@ -90,6 +90,23 @@ def put(record: dict, point: sg.Point, phase: str, measurement: dict) -> dict:
     return record
 
 
+def merge(record: dict, lane: dict) -> dict:
+    """``lane``'s measurements into ``record`` (a lane's record started as a copy of it): a phase
+    the lane holds valid where the record does not replaces it; the lane's batches are added.
+    Refused when the two name other frozen records."""
+    if (lane.get("frozen") or {}).get("blob") != (record.get("frozen") or {}).get("blob"):
+        raise ValueError("a lane's record names another frozen record than the curve's")
+    for pid, row in (lane.get("points") or {}).items():
+        mine = record.setdefault("points", {}).setdefault(pid, {k: v for k, v in row.items() if k not in PHASES})
+        for phase in PHASES:
+            if row.get(phase) and (valid(row[phase], phase) or not mine.get(phase)) and not valid(mine.get(phase), phase):
+                mine[phase] = row[phase]
+    seen = {(b.get("id"), tuple(b.get("measured") or ())) for b in record.get("batches", [])}
+    record.setdefault("batches", []).extend(b for b in lane.get("batches", [])
+                                            if (b.get("id"), tuple(b.get("measured") or ())) not in seen)
+    return record
+
+
 def save(record: dict, path: Path) -> None:
     """Write the record whole (a temporary file renamed over it)."""
     path = Path(path)

@@ -253,6 +253,74 @@ def test_a_rerun_measures_only_what_the_saved_record_lacks(tmp_path):
     assert srec.pending(kb, again, has_ref) == list(kb.points[1:])
 
 
+def test_lanes_share_the_batches_and_their_records_merge_into_the_curve(tmp_path):
+    curve = load("speedup_curve")
+    mine = [b for b in sg.batches() if b.vllm == sg.MAIN_VLLM]
+    lanes = [curve.lane_batches(mine, f"{i}/2") for i in range(2)]
+    assert sorted(b.id for lane in lanes for b in lane) == sorted(b.id for b in mine)  # each batch once
+    assert not {b.id for b in lanes[0]} & {b.id for b in lanes[1]}
+    assert all(lane[0].server == "nodrafter" for lane in lanes)  # references before drafts in each lane
+    assert curve.lane_batches(mine, None) == mine
+    with pytest.raises(ValueError, match="0 <= I < N"):
+        curve.lane_batches(mine, "2/2")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    record = srec.new(frozen)
+    a, b = mine[0].points[0], mine[1].points[0]
+    srec.put(record, a, "baseline", _measure(successful=20))  # short: counts as missing
+    lane0, lane1 = json.loads(json.dumps(record)), json.loads(json.dumps(record))
+    srec.put(lane0, a, "baseline", _measure())
+    lane0["batches"].append({"id": mine[0].id, "measured": [a.id]})
+    srec.put(lane1, b, "baseline", _measure())
+    srec.put(lane1, a, "baseline", _measure(successful=10))  # invalid: never replaces a valid one
+    lane1["batches"].append({"id": mine[1].id, "measured": [b.id]})
+    for lane in (lane0, lane1, lane0):
+        srec.merge(record, lane)
+    assert srec.missing(record, a) == ["dflash"] and srec.missing(record, b) == ["dflash"]
+    assert [x["id"] for x in record["batches"]] == [mine[0].id, mine[1].id]  # a lane merged twice adds once
+    with pytest.raises(ValueError, match="another frozen record"):
+        srec.merge(record, {**lane0, "frozen": {"blob": "0" * 40}})
+
+
+def test_a_run_on_two_gpus_starts_a_lane_each_with_its_own_record_and_port(tmp_path):
+    curve = load("speedup_curve")
+    argv = ["run", "--vllm", "0.33.0", "--gpus", "0,1", "--commit", "--record", "r.json", "--port=8021", "--batches", "2"]
+    cmds = curve.lane_commands(argv, ["0", "1"], tmp_path, 8021)
+    assert [env for _, env in cmds] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    for i, (cmd, _) in enumerate(cmds):
+        assert "--gpus" not in cmd and "--commit" not in cmd and "r.json" not in cmd
+        assert cmd[cmd.index("--lane") + 1] == f"{i}/2" and cmd[cmd.index("--port") + 1] == str(8021 + 10 * i)
+        assert cmd[cmd.index("--record") + 1] == str(tmp_path / f"lane-{i}.json")
+        assert cmd[cmd.index("--batches") + 1] == "2" and cmd[cmd.index("run") + 1] == "--vllm"
+
+
+def test_run_lanes_merges_what_each_lane_measured_into_the_curve(tmp_path, monkeypatch):
+    # The lanes themselves need a GPU and a server: a stand-in process writes what a lane leaves,
+    # its record with one point measured (vLLM and the servers cannot exist here).
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    points = [b.points[0] for b in sg.batches()[:2]]
+
+    class Lane:
+        def __init__(self, cmd, env):
+            self.record, self.lane = Path(cmd[cmd.index("--record") + 1]), int(cmd[cmd.index("--lane") + 1][0])
+            self.gpu = env["CUDA_VISIBLE_DEVICES"]
+
+        def wait(self):
+            rec = json.loads(self.record.read_text()) if self.record.is_file() else srec.new(frozen)
+            srec.put(rec, points[self.lane], "baseline", _measure())
+            srec.save(rec, self.record)
+            return self.lane  # lane 1 "fails": its exit code is the run's
+
+    monkeypatch.setattr(curve.subprocess, "Popen", Lane)
+    args = type("A", (), {"gpus": "0,1", "work": tmp_path, "port": 8021, "record": tmp_path / "curve.json",
+                          "frozen": frozen, "commit": False, "vllm": "0.33.0"})()
+    assert curve.run_lanes(args, ["run", "--vllm", "0.33.0", "--gpus", "0,1"]) == 1
+    merged = json.loads((tmp_path / "curve.json").read_text())
+    assert all(srec.missing(merged, p) == ["dflash"] for p in points)
+
+
 def test_a_record_started_from_another_frozen_model_is_refused(tmp_path):
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
