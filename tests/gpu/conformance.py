@@ -201,10 +201,16 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
     twin_gate = gate.nondegenerate([{"token_ids": r.get("token_ids") or []} for r in twin["rows"]])
     twin_gate["passes"] = gate.passes(twin_gate)
     identical = sum(1 for r in rows if r["identical_over_prefix"])
+
     teeth = {"zlab_reproduces": zlab.get("passes_identical") is True,
              "zlab_gate_passes": (zlab.get("gate") or {}).get("passes") is True,
              "drafts_accepted_and_rejected": bool(zlab["acceptance"]["steps_none_accepted"])
              and any(a > 1 for r in zlab["rows"] for a in r["acceptance_lengths"])}
+
+    def passes(within) -> bool:
+        return identical == len(rows) and bool(within) and all(teeth.values()) \
+            and len(rows) >= bars.get("gate", "min_prompts")
+
     return {
         "vllm": served.get("vllm"), "variant": served.get("variant"), "label": label(served),
         "series": served.get("series"), "twin_series": twin.get("series"),
@@ -222,13 +228,9 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         # The verdict counts as the bars file the served record was made under says: z-lab's
         # steps cut at the prefix (the first version), or its crossing step whole, as vLLM counts.
         "acceptance_count": count,
-        "holds": identical == len(rows) and bool(pool.get("within" if count == "cut" else "within_whole_steps"))
-        and all(teeth.values()) and len(rows) >= bars.get("gate", "min_prompts"),
+        "holds": passes(pool.get(COUNT_KEYS[count][2])),
         # Beside the verdict, never in its place
-        "holds_whole_steps": identical == len(rows) and bool(pool.get("within_whole_steps"))
-        and all(teeth.values()) and len(rows) >= bars.get("gate", "min_prompts"),
-        "holds_cut_both": identical == len(rows) and bool(pool.get("within_cut_both"))
-        and all(teeth.values()) and len(rows) >= bars.get("gate", "min_prompts"),
+        "holds_whole_steps": passes(pool.get("within_whole_steps")),
         "rows": rows,
     }
 
@@ -270,6 +272,9 @@ def twins_reproduce(twins: list[dict]) -> dict:
     return out
 
 
+# Per count: the pooled keys of z-lab's acceptance, vLLM's gap to it, and whether that is within the bar
+COUNT_KEYS = {"cut": ("zlab_acceptance", "gap", "within"),
+              "whole_steps": ("zlab_acceptance_whole_steps", "gap_whole_steps", "within_whole_steps")}
 # What each count compares, for a reader of a verdict made under it
 COUNTS = {
     "cut": "z-lab's step that crosses the prefix end cut at it, against vLLM's counters, which count its "
@@ -281,10 +286,8 @@ COUNTS = {
 
 def counted(release: dict) -> tuple:
     """(z-lab's pooled acceptance, vLLM's gap to it) as the release's verdict counts z-lab's steps."""
-    a = release["acceptance"]
-    if release.get("acceptance_count", "cut") == "cut":
-        return a.get("zlab_acceptance"), a.get("gap")
-    return a.get("zlab_acceptance_whole_steps"), a.get("gap_whole_steps")
+    zlab, gap, _ = COUNT_KEYS[release.get("acceptance_count", "cut")]
+    return release["acceptance"].get(zlab), release["acceptance"].get(gap)
 
 
 def _earlier_lines(earlier: list[tuple[str, dict]]) -> list[str]:
