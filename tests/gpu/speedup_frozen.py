@@ -38,10 +38,14 @@ import fullsize_serve  # noqa: E402
 import speedup_model as sm  # noqa: E402
 from served import STEP_TIMES_ENV, STEP_TIMES_PLUGIN, read_steps  # noqa: E402
 
-# A server start, its bench at 1 and 4 and its stop, on an H200 with vLLM 0.33.0: 201 s with 4
-# and 16 requests (results/fullsize-0.33.0/, the start alone 184 s); at 32 requests a level the
-# bench adds about 50 s.
-SERVER_S = 270
+# A server start, its bench at 1 and 4 (32 requests a level) and its stop, on an H200 with vLLM
+# 0.33.0, two servers at once: 317 s without the drafter (ready after 260 s); with the drafter at
+# K 3 the start alone took about 425 s (torch.compile of both models, CUDA graphs captured twice
+# for the memory estimate, the V2 runner's kernel warmup).
+SERVER_S = 480
+# fullsize_serve's own start limit (420 s) is under that drafter start: a server waits for
+# readiness until its deadline less the bench's reserve instead.
+BENCH_RESERVE_S = 90
 
 
 def steps_file(out: Path, k: int | None) -> Path:
@@ -60,7 +64,8 @@ def serve_argv(args, k: int | None, deadline_s: float) -> list[str]:
     argv = ["--label", sm.server_label(k), "--out", str(args.out), "--profile", sm.PROFILE,
             "--recipe", args.recipe, "--launcher", args.launcher, "--model", str(args.model),
             "--concurrency", ",".join(map(str, sm.CONCURRENCY)), "--deadline-s", str(int(deadline_s)),
-            "--min-requests", str(bars.get("speedup_curve", "min_requests"))]
+            "--min-requests", str(bars.get("speedup_curve", "min_requests")),
+            "--bench-reserve-s", str(BENCH_RESERVE_S), "--start-timeout-s", str(int(deadline_s))]
     if args.series_hash:
         argv += ["--series-hash", args.series_hash]
     argv += ["--no-drafter"] if k is None else ["--drafter", str(args.drafter),

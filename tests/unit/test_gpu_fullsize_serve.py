@@ -198,6 +198,10 @@ def test_the_frozen_models_servers_ask_the_bars_request_count(tmp_path):
                           "out": tmp_path, "series_hash": None, "vllm_arg": []})()
     argv = speedup_frozen.serve_argv(args, 3, 300)
     assert argv[argv.index("--min-requests") + 1] == str(speedup_frozen.bars.get("speedup_curve", "min_requests"))
+    # A drafter server on 0.33.0 took about 425 s to start: fullsize_serve's own 420 s limit does not
+    # cut it, the server's deadline does
+    assert argv[argv.index("--start-timeout-s") + 1] == "300"
+    assert argv[argv.index("--bench-reserve-s") + 1] == str(speedup_frozen.BENCH_RESERVE_S)
 
 
 def test_preemptions_fail_the_fit(runs):
