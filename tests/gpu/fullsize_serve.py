@@ -119,17 +119,32 @@ def metrics_counters(base: str) -> dict[str, float] | None:
     return memfit.parse_metrics(text) if status == 200 else None
 
 
-def profile_settings(recipe: str, profile: str) -> dict:
-    """The profile's serve values and the recipe file (the launcher's own reading of it)."""
+def served_release() -> str | None:
+    """The vLLM release this process would serve (the one on its path), without importing it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def profile_settings(recipe: str, profile: str, release: str | None = None) -> dict:
+    """The profile's serve values and the recipe file (the launcher's own reading of it), with the
+    profile's ``serve_since`` entry for ``release`` over them, as the plan applies it."""
     from launcher import recipe as recipes
 
     rec = recipes.load(recipe)
-    serve = rec.profiles[profile].serve
-    return {"path": str(recipes.available().get(recipe, recipe)),
-            "gpu_memory_utilization": serve.gpu_memory_utilization or rec.serve.gpu_memory_utilization,
-            "max_num_seqs": serve.max_num_seqs or rec.serve.max_num_seqs,
-            "max_model_len": serve.max_model_len or rec.serve.max_model_len,
-            "max_num_batched_tokens": serve.max_num_batched_tokens or rec.serve.max_num_batched_tokens}
+    serve = rec.profiles[profile].serve.model_dump()
+    since = rec.serve_since(profile, release) if release else None
+    if since:
+        serve.update(since[1])
+    out = {"path": str(recipes.available().get(recipe, recipe))}
+    for key in ("gpu_memory_utilization", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+        out[key] = serve.get(key) or getattr(rec.serve, key)
+    if since:
+        out["serve_since"] = since[0]
+    return out
 
 
 def keep_earlier(out: Path, label: str, settings: dict, extra_sets: list) -> Path | None:
@@ -244,7 +259,7 @@ def run(args) -> dict:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     card = memfit.CARDS[args.card or args.profile]
-    settings = profile_settings(args.recipe, args.profile)
+    settings = profile_settings(args.recipe, args.profile, served_release())
     record: dict = {"label": args.label, "emulation": EMULATION, "recipe": args.recipe, "profile": args.profile,
                     "drafter": None if args.no_drafter else str(args.drafter), "profile_settings": settings,
                     "extra_sets": list(args.set), "series": args.series_hash,

@@ -143,7 +143,7 @@ class Server:
     def __enter__(self):
         a = self.args
         card = memfit.CARDS[a.profile]
-        settings = fsv.profile_settings(a.recipe, a.profile)
+        settings = fsv.profile_settings(a.recipe, a.profile, fsv.served_release())
         self.blocker = subprocess.Popen(shlex.split(a.blocker) + ["--leave-free", str(card.total_bytes)],
                                         stdout=subprocess.PIPE, text=True, start_new_session=True)
         events = fsv.read_json_lines(self.blocker.stdout, 2, fsv.now() + 120)

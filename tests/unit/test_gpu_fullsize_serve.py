@@ -531,3 +531,19 @@ def test_the_frozen_servers_run_a_wave_per_gpu_set_and_a_rerun_starts_only_the_m
     # Under a server's time left: nothing starts, 3 says run again
     args.deadline_s = sf.SERVER_S - 1
     assert sf.run_waves(args, [3], ["0"], sf.time.monotonic()) == 3
+
+
+def test_the_record_states_the_profile_the_release_serves():
+    # On 0.33.0 the rtx5090 profile serves a shorter context (serve_since): the record of a
+    # full-size server there must say so, not the profile's own 49,152 (its first 0.33.0
+    # records did). The values come from the recipe file, read here with yaml, not the launcher.
+    import yaml
+
+    data = yaml.safe_load((GPU_DIR.parents[1] / "recipes" / "gemma4-moe-dflash.yaml").read_text())
+    profile = data["profiles"]["rtx5090"]
+    later = fsv.profile_settings("gemma4-moe-dflash", "rtx5090", "0.33.0")
+    assert later["max_model_len"] == profile["serve_since"]["0.33.0"]["max_model_len"] != profile["serve"]["max_model_len"]
+    assert later["serve_since"] == "0.33.0"
+    earlier = fsv.profile_settings("gemma4-moe-dflash", "rtx5090", "0.21.0")
+    assert earlier["max_model_len"] == profile["serve"]["max_model_len"] and "serve_since" not in earlier
+    assert fsv.profile_settings("gemma4-moe-dflash", "rtx5090") == earlier
