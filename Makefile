@@ -107,7 +107,7 @@ build-proof: venv
 
 ## make gpu-stage: pack vLLM 0.21.0 + missing runtime wheels into .stage/ parts (<= 50 MB each)
 gpu-stage: venv
-	$(BIN)/python tests/gpu/stage.py
+	$(BIN)/python tests/gpu/staging/stage.py
 
 ## make gpu-proof: on a GPU host (torch 2.11, Python 3.12): stage, install, run stock and
 ## patched rounds, write tests/gpu/results/ (tests/gpu/README.md: a host without network too)
@@ -115,14 +115,14 @@ gpu-proof: gpu-stage
 	bash tests/gpu/remote.sh receive
 	OUT=tests/gpu/results bash tests/gpu/remote.sh proof stock patched
 
-## make gpu-evidence: every results page below, each by its fixed step list (tests/gpu/evidence.py):
+## make gpu-evidence: every results page below, each by its fixed step list (tests/gpu/reports/evidence.py):
 ## staging, training (or restoring the checkpoints staged as parts), the runs, every merge, the report.
 ## On a GPU host with network and this checkout; a host without network runs the same steps split:
 ## WHERE=network on a machine with network, the .stage/ parts copied over, then WHERE=gpu,cpu
-## on the GPU host (tests/gpu/README.md, "A GPU host without network"). `python tests/gpu/evidence.py
+## on the GPU host (tests/gpu/README.md, "A GPU host without network"). `python tests/gpu/reports/evidence.py
 ## plan PAGE` prints a page's steps.
 .PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance gpu-speedup gpu-multinode
-EVIDENCE := $(BIN)/python tests/gpu/evidence.py run $(if $(WHERE),--where $(WHERE))
+EVIDENCE := $(BIN)/python tests/gpu/reports/evidence.py run $(if $(WHERE),--where $(WHERE))
 gpu-evidence: venv
 	$(EVIDENCE) all
 

@@ -42,7 +42,7 @@ PROFILES: dict[str, HardwareProfile] = {
         memory_gib=32.0,
         unified_memory=False,
         platform="linux/amd64",
-        cuda_total_bytes=33_668_857_856,  # 31.36 GiB (nvidia-smi: 32607 MiB); tests/gpu/memfit.py has the sources
+        cuda_total_bytes=33_668_857_856,  # 31.36 GiB (nvidia-smi: 32607 MiB); tests/gpu/judging/memfit.py has the sources
     ),
     "dgx-spark": HardwareProfile(
         name="dgx-spark",

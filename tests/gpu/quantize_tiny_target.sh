@@ -4,7 +4,7 @@
 # nvidia-modelopt and no network: quantize here, carry the result there.
 #
 # Usage: bash tests/gpu/quantize_tiny_target.sh CHECKPOINTS_DIR
-#   CHECKPOINTS_DIR is what `python tests/gpu/make_checkpoints.py CHECKPOINTS_DIR` wrote
+#   CHECKPOINTS_DIR is what `python tests/gpu/models/make_checkpoints.py CHECKPOINTS_DIR` wrote
 #   (run here first when it holds no shapes.json). For every target T it writes
 #   CHECKPOINTS_DIR/T-nvfp4 (random calibration ids: the tiny targets have no tokenizer),
 #   then checks each drafter against its target's NVFP4 copy with launcher.checkpoint,
@@ -17,7 +17,7 @@ venv="${VENV:-$repo/.venv}"
 out="${1:?usage: quantize_tiny_target.sh CHECKPOINTS_DIR}"
 
 if [[ ! -f "$out/shapes.json" ]]; then
-    "$venv/bin/python" "$repo/tests/gpu/make_checkpoints.py" "$out"
+    "$venv/bin/python" "$repo/tests/gpu/models/make_checkpoints.py" "$out"
 fi
 
 targets="$("$venv/bin/python" -c 'import json, sys

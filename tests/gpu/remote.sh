@@ -22,7 +22,7 @@
 #   remote.sh lanes-wait       wait for them (LANES_WAIT_S), report, and bring their records back
 #   remote.sh nvfp4-reference  the offline acceptance walk on the NVFP4 target (W4A4, W4A16)
 #   remote.sh multinode-bg | multinode-wait   issue 54 on two GPUs: two `launcher serve` nodes
-#                              against one process (tests/gpu/multinode_served.py)
+#                              against one process (tests/gpu/runs/multinode_served.py)
 #   remote.sh speedup-frozen | speedup-curve   issue 53: the frozen step-time model, then the
 #                              speed-up curve's batches (tests/gpu/README.md, "When DFlash pays")
 #   remote.sh bg VERB | bg-wait VERB   any verb detached, past one command's 600 s; then collected
@@ -44,9 +44,9 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # Keep NVLink multicast off, as the device machines require.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-parts() { # tests/gpu/parts.py on $BUNDLE_DIR: parts held, missing, the whole's sha256, assembled
+parts() { # tests/gpu/staging/parts.py on $BUNDLE_DIR: parts held, missing, the whole's sha256, assembled
     local cmd=$1; shift
-    "$PY" tests/gpu/parts.py "$cmd" "$BUNDLE_DIR" "$@"
+    "$PY" tests/gpu/staging/parts.py "$cmd" "$BUNDLE_DIR" "$@"
 }
 
 assemble() { # assemble STEM: STEM's part paths in order, after checking the whole's sha256
@@ -71,7 +71,7 @@ receive_trained() { # the packed checkpoints alone (extras-trained, no vLLM bund
 }
 
 receive_parts() {
-    "$PY" tests/gpu/parts.py receive "$STAGE" "$BUNDLE_DIR"
+    "$PY" tests/gpu/staging/parts.py receive "$STAGE" "$BUNDLE_DIR"
 }
 
 parts_held() { # per bundle manifest in $BUNDLE_DIR: the parts held (a part failing its sha256 is dropped)
@@ -139,16 +139,16 @@ patched_site() { # patched_site [DEST [PATCHES_ROOT [FROM_SITE]]]: a copy of vLL
         PYTHONPATH=$(launcher_path) "$PY" -m launcher patch apply --target "$dest"
         return
     fi
-    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/sites.py apply "$dest" --patches-root "$root"
+    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/staging/sites.py apply "$dest" --patches-root "$root"
 }
 
 series_hash() { # series_hash [SITE [PATCHES_ROOT]]: the hash stamped into SITE when it was patched
-    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/sites.py stamp "${1:-$SITE_PATCHED}" --patches-root "${2:-}" \
+    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/staging/sites.py stamp "${1:-$SITE_PATCHED}" --patches-root "${2:-}" \
         2>/dev/null || true
 }
 
 site_is_current() { # site_is_current SITE [PATCHES_ROOT]: patched with this checkout's series
-    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/sites.py current "$1" --patches-root "${2:-}" 2>/dev/null
+    PYTHONPATH=$(launcher_path) "$PY" tests/gpu/staging/sites.py current "$1" --patches-root "${2:-}" 2>/dev/null
 }
 
 SITE_PATCHED_MM=${SITE_PATCHED_MM:-/tmp/site-patched-mm}
@@ -161,7 +161,7 @@ reverted_sites() { # reverted_sites RUN_NAMES VERSION FROM_SITE: for each patch 
     # less that patch under $REVERTED_SITES/VERSION/<id> (its stamp names that series' hash,
     # which realshape.py records for each run from the tree it ran on)
     local v=$2 from=$3 ids id
-    ids=$("$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --vllm "$v" --reverts-of "$1") || return 1
+    ids=$("$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --vllm "$v" --reverts-of "$1") || return 1
     for id in $ids; do reverted_site "$v" "$id" "$from"; done
 }
 
@@ -198,7 +198,7 @@ proof() {
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     if ! grep -q t12-unscaled "$MODELS/shapes.json" 2>/dev/null; then
-        PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS" 2>&1 | grep -v "Writing model shards" || true
+        PYTHONPATH=$SITE "$PY" tests/gpu/models/make_checkpoints.py "$MODELS" 2>&1 | grep -v "Writing model shards" || true
         [ -f "$MODELS/shapes.json" ] || { echo "checkpoint generation failed" >&2; return 1; }
     fi
     local r site
@@ -213,7 +213,7 @@ proof() {
             patched) patched_site | tee "$WORK/patch-apply.txt"; site=$SITE_PATCHED:$SITE ;;
             *) echo "unknown round $r (stock|patched)" >&2; return 2 ;;
         esac
-        "$PY" tests/gpu/run_modes.py --models "$MODELS" --site "$site" --label "$r$suffix" \
+        "$PY" tests/gpu/runs/run_modes.py --models "$MODELS" --site "$site" --label "$r$suffix" \
             --out "$WORK/$r$suffix.json" --logs "$WORK/logs-$r$suffix" \
             --deadline-s "${ROUND_DEADLINE_S:-540}" "${extra[@]}"
         # Each finished round goes to $OUT at once, so a call cut short keeps it.
@@ -225,10 +225,10 @@ proof() {
     done
     local hash=""
     [ -d "$SITE_PATCHED/vllm" ] && hash=$(series_hash)
-    PYTHONPATH=$SITE "$PY" tests/gpu/sites.py meta "$WORK/meta.json" --gpu-file "$WORK/gpu.txt" \
+    PYTHONPATH=$SITE "$PY" tests/gpu/staging/sites.py meta "$WORK/meta.json" --gpu-file "$WORK/gpu.txt" \
         --series-label "${hash:+patches/vllm/0.21.0 sha256 $hash}" \
         --command "bash tests/gpu/remote.sh proof (see tests/gpu/README.md)"
-    "$PY" tests/gpu/compare.py "${have[@]}" --meta "$WORK/meta.json" \
+    "$PY" tests/gpu/judging/compare.py "${have[@]}" --meta "$WORK/meta.json" \
         --json "$OUT/results.json" --md "$OUT/results.md"
     local logs=()
     for r in "$WORK"/logs-* "$WORK"/patch-apply.txt; do [ -e "$r" ] && logs+=("$(basename "$r")"); done
@@ -286,12 +286,12 @@ extras() { # every extras* bundle staged: FA2 into the installed vLLM, checkpoin
 
 realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM]: date, GPU, versions, series hashes, command
     local site=${2:-$SITE} hash=${3-$(series_hash)} hash_mm=${4-$(series_hash "$SITE_PATCHED_MM" "$MM_PATCHES")}
-    PYTHONPATH=$site "$PY" tests/gpu/sites.py meta "$1" --gpu-file "$WORK/gpu.txt" --series-hash "$hash" \
+    PYTHONPATH=$site "$PY" tests/gpu/staging/sites.py meta "$1" --gpu-file "$WORK/gpu.txt" --series-hash "$hash" \
         --series-hash-mm "$hash_mm" --post-norm-scale "$(cat "$WORK/rs-scale" 2>/dev/null || true)" \
         --command "make gpu-realshape (tests/gpu/README.md, 'Real-shape proof')"
 }
 
-realshape() { # the real-shape proof (tests/gpu/realshape.py); RUNS narrows it
+realshape() { # the real-shape proof (tests/gpu/runs/realshape.py); RUNS narrows it
     install
     extras
     mkdir -p "$OUT" "$WORK"
@@ -316,7 +316,7 @@ realshape_py() { # realshape_py RAW_DIR META ARGS..: realshape.py's runs (RUNS n
         cp tests/gpu/results/realshape.json "$OUT/"
     fi
     [ -n "${RUNS:-}" ] && extra+=(--runs "$RUNS")
-    "$PY" tests/gpu/realshape.py --models "$MODELS_RS" --raw-dir "$WORK/$raw" --meta "$WORK/$meta" \
+    "$PY" tests/gpu/runs/realshape.py --models "$MODELS_RS" --raw-dir "$WORK/$raw" --meta "$WORK/$meta" \
         --out "$OUT/realshape.json" --md "$OUT/realshape.md" --deadline-s "${ROUND_DEADLINE_S:-540}" \
         "$@" "${extra[@]}"
 }
@@ -346,7 +346,7 @@ rs_models() { # the real-shape checkpoints on the device (RS_POST_NORM overrides
         local extra=()
         local scale=${RS_POST_NORM:-$(cat "$WORK/rs-scale" 2>/dev/null || true)}
         [ -n "$scale" ] && extra+=(--post-norm-scale "$scale")
-        PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$MODELS_RS" --set realshape "${extra[@]}" 2>&1 \
+        PYTHONPATH=$SITE "$PY" tests/gpu/models/make_checkpoints.py "$MODELS_RS" --set realshape "${extra[@]}" 2>&1 \
             | grep -v "Writing model shards" || true
     fi
 }
@@ -358,9 +358,9 @@ stability() { # bf16 vs fp32 greedy agreement of candidate real-shape targets, o
     : > "$WORK/stability.txt"
     for scale in ${RS_SCALES:-0.3 0.15 0.08}; do
         dir=/tmp/models-stab-$scale
-        [ -f "$dir/shapes.json" ] || PYTHONPATH=$SITE "$PY" tests/gpu/make_checkpoints.py "$dir" --set realshape \
+        [ -f "$dir/shapes.json" ] || PYTHONPATH=$SITE "$PY" tests/gpu/models/make_checkpoints.py "$dir" --set realshape \
             --post-norm-scale "$scale" 2>&1 | grep -v "Writing model shards" || true
-        line=$(PYTHONPATH=$SITE "$PY" tests/gpu/bf16_stability.py "$dir" --device cuda 2>&1 | tail -1)
+        line=$(PYTHONPATH=$SITE "$PY" tests/gpu/models/bf16_stability.py "$dir" --device cuda 2>&1 | tail -1)
         echo "post_norm_scale $scale: $line" | tee -a "$WORK/stability.txt"
         read -r agree total near < <(echo "$line" | sed -E 's/.*agree at ([0-9]+)\/([0-9]+); fp32 near-ties ([0-9]+)/\1 \2 \3/')
         if [ -z "$best" ] && [ "$agree" = "$total" ] && [ "$near" = 0 ]; then best=$scale; fi
@@ -416,7 +416,7 @@ corpus_receive() { # the staged corpus.json wheels (.stage/corpus/) into $CORPUS
     # sha256; transformers 5.13.1 and dflash installed into $SITE_TRAIN (no vLLM bundle needed)
     mkdir -p "$CORPUS_WHEELS"
     [ -d "$STAGE/corpus" ] && cp --update=none "$STAGE"/corpus/*.whl "$CORPUS_WHEELS/"
-    "$PY" tests/gpu/parts.py corpus "$CORPUS_WHEELS"
+    "$PY" tests/gpu/staging/parts.py corpus "$CORPUS_WHEELS"
     [ -d "$SITE_TRAIN/tokenizers" ] || "$PY" -m pip install -q --upgrade --no-index --no-deps --target "$SITE_TRAIN" \
         "$CORPUS_WHEELS"/transformers-*.whl "$CORPUS_WHEELS"/tokenizers-*.whl
     # z-lab's loop runs on the image's own transformers (5.15+): dflash alone in its own folder.
@@ -427,7 +427,7 @@ corpus_receive() { # the staged corpus.json wheels (.stage/corpus/) into $CORPUS
 zlab_reference() { # z-lab's dflash_generate on the trained target and drafter (zlab_reference.py)
     corpus_receive
     mkdir -p "$OUT"
-    PYTHONPATH="$SITE_ZLAB" "$PY" tests/gpu/zlab_reference.py "$MODELS_TRAINED" \
+    PYTHONPATH="$SITE_ZLAB" "$PY" tests/gpu/models/zlab_reference.py "$MODELS_TRAINED" \
         --drafter "${ZLAB_DRAFTER:-$(basename "$DRAFTER_TRAINED")}" --out "$OUT/zlab-reference.json"
 }
 
@@ -451,17 +451,17 @@ target_background() { # train_target.py on the pinned corpus in a session of its
     snapshot_tree "$WORK/target-tree"
     local rec=$TRAINED/train-record.json name
     name=$(basename "$TRAINED")
-    local steps="[ -f $rec ] || $PY tests/gpu/train_target.py $MODELS_TRAINED \
+    local steps="[ -f $rec ] || $PY tests/gpu/models/train_target.py $MODELS_TRAINED \
 --corpus-wheels $CORPUS_WHEELS ${TRAIN_ARGS:-}"
     if [ "${POLISH:-0}" = 1 ]; then
         steps="$steps && { $(json_test "$rec" polished_from) || { \
-{ [ -f $MODELS_POLISHED/$name/train-record.json ] || $PY tests/gpu/train_target.py $MODELS_POLISHED \
+{ [ -f $MODELS_POLISHED/$name/train-record.json ] || $PY tests/gpu/models/train_target.py $MODELS_POLISHED \
 --corpus-wheels $CORPUS_WHEELS --polish $TRAINED; } && rm -rf $MODELS_TRAINED-first \
 && mv $MODELS_TRAINED $MODELS_TRAINED-first && mv $MODELS_POLISHED $MODELS_TRAINED; }; }"
     fi
     if [ "${CHAIN_DRAFTER:-0}" = 1 ]; then
-        steps="$steps && $PY tests/gpu/trained_pack.py gate $rec && { $(json_same "$DRAFTER_TRAINED/drafter-train-record.json" \
-"$rec" target_sha256) || PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY tests/gpu/train_drafter.py $MODELS_TRAINED \
+        steps="$steps && $PY tests/gpu/staging/trained_pack.py gate $rec && { $(json_same "$DRAFTER_TRAINED/drafter-train-record.json" \
+"$rec" target_sha256) || PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY tests/gpu/models/train_drafter.py $MODELS_TRAINED \
 --corpus-wheels $CORPUS_WHEELS --extra-corpus $CORPUS_WHEELS/$EXTRA_WHEEL \
 ${DRAFTER_OVERRIDE:+--override '$DRAFTER_OVERRIDE'} > $WORK/train-drafter.log 2>&1; }"
     fi
@@ -471,11 +471,11 @@ ${DRAFTER_OVERRIDE:+--override '$DRAFTER_OVERRIDE'} > $WORK/train-drafter.log 2>
 }
 
 json_test() { # json_test FILE KEY: a command line, true when FILE is JSON with a truthy KEY
-    echo "$PY tests/gpu/trained_pack.py has $1 $2"
+    echo "$PY tests/gpu/staging/trained_pack.py has $1 $2"
 }
 
 json_same() { # json_same A B KEY: a command line, true when JSON files A and B hold the same KEY
-    echo "$PY tests/gpu/trained_pack.py same $1 $2 $3"
+    echo "$PY tests/gpu/staging/trained_pack.py same $1 $2 $3"
 }
 
 target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once ended, its records and log into $OUT
@@ -586,7 +586,7 @@ drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: 
     extras
     [ -f "$TRAINED/train-record.json" ] || { echo "no target here: stage extras-trained (or train-target)" >&2; return 1; }
     local plan i extra override
-    plan=$("$PY" tests/gpu/trained_pack.py sweep-plan --gpus "${SWEEP_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}") \
+    plan=$("$PY" tests/gpu/staging/trained_pack.py sweep-plan --gpus "${SWEEP_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}") \
         || return 1
     rm -rf "$SWEEP" && mkdir -p "$SWEEP"
     snapshot_tree "$SWEEP/tree"
@@ -636,7 +636,7 @@ adopt_drafter() { # adopt_drafter DIR: a newly trained drafter replaces $DRAFTER
     # swapped in. Returns 0 either way; nothing happens where DIR holds no train record.
     local next=$1
     [ -f "$next/drafter-train-record.json" ] || return 0
-    if [ ! -f "$DRAFTER_TRAINED/drafter-train-record.json" ] || "$PY" tests/gpu/trained_pack.py better \
+    if [ ! -f "$DRAFTER_TRAINED/drafter-train-record.json" ] || "$PY" tests/gpu/staging/trained_pack.py better \
             "$next/drafter-train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json"; then
         rm -rf "$DRAFTER_TRAINED" && mv "$next" "$DRAFTER_TRAINED"
         echo "the new drafter ($next) replaces $DRAFTER_TRAINED"
@@ -661,7 +661,7 @@ seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records staged from
     # machine (.stage/RAW, default realshape-raw-trained, files *SUFFIX, default .raw.json) into
     # DEST (default $WORK/RAW) where this machine has none of its own: a DFlash run is judged
     # against them as against its own reference, target_sha256 permitting, and an oracle run
-    # plans from them. DEST/seeded.txt names the copies (tests/gpu/seeded.py): a merge reads
+    # plans from them. DEST/seeded.txt names the copies (tests/gpu/staging/seeded.py): a merge reads
     # them as inputs, never in place of the newer record of their configuration
     local raw=${1:-realshape-raw-trained} f
     local d=$STAGE/$raw dest=${2:-$WORK/${1:-realshape-raw-trained}} suffix=${3:-.raw.json}
@@ -675,16 +675,16 @@ seed_raw() { # seed_raw [RAW [DEST [SUFFIX]]]: raw reference records staged from
 }
 
 trained_identity_check() { # the checkpoint on disk is the one its train record names
-    "$PY" tests/gpu/trained_pack.py identity "$TRAINED"
+    "$PY" tests/gpu/staging/trained_pack.py identity "$TRAINED"
 }
 
 train_repeat() { # train again from scratch into a second folder: the same target_sha256 or not
     local again=$WORK/models-retrain
     rm -rf "$again"
-    CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_target.py "$again" \
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/models/train_target.py "$again" \
         ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} ${TRAIN_UNLIKELIHOOD:+--unlikelihood "$TRAIN_UNLIKELIHOOD"} \
         > "$WORK/retrain.log" 2>&1 || true
-    "$PY" tests/gpu/trained_pack.py repeat "$TRAINED/train-record.json" \
+    "$PY" tests/gpu/staging/trained_pack.py repeat "$TRAINED/train-record.json" \
         "$again/trained-a4b-r30/train-record.json" | tee "$OUT/train-repeat.json"
 }
 
@@ -699,7 +699,7 @@ pack_trained() { # the trained checkpoints as an extras bundle; PACK_PARTS="0 1 
         # Top folder models-trained/: extras() unpacks it into $MODELS_TRAINED.
         tar -C "$(dirname "$MODELS_TRAINED")" --transform "s,^$(basename "$MODELS_TRAINED"),models-trained," \
             -cf - "$(basename "$MODELS_TRAINED")" | split -d -a 2 -b "$PACK_PART_BYTES" - "$pack/extras-trained.tar.part"
-        "$PY" tests/gpu/trained_pack.py manifest "$pack" "$TRAINED/train-record.json"
+        "$PY" tests/gpu/staging/trained_pack.py manifest "$pack" "$TRAINED/train-record.json"
     fi
     cp "$pack/extras-trained.json" "$OUT/"
     for i in ${PACK_PARTS:-}; do
@@ -719,7 +719,7 @@ pack_drafter() { # a retrained drafter alone (about 11 MB, one part) as the extr
     tar -C "$(dirname "$MODELS_TRAINED")" --transform "s,^$(basename "$MODELS_TRAINED"),models-trained," \
         -cf - "$(basename "$MODELS_TRAINED")/$(basename "$DRAFTER_TRAINED")" \
         | split -d -a 2 -b "$PACK_PART_BYTES" - "$pack/$stem.tar.part"
-    "$PY" tests/gpu/trained_pack.py manifest "$pack" "$TRAINED/train-record.json" --stem "$stem"
+    "$PY" tests/gpu/staging/trained_pack.py manifest "$pack" "$TRAINED/train-record.json" --stem "$stem"
     cp "$pack"/* "$OUT/"
 }
 
@@ -731,7 +731,7 @@ drafter_extra_corpus() { # the extra corpus the recipe (the defaults with DRAFTE
     local override=${DRAFTER_OVERRIDE:-} plan
     [ -n "$override" ] || override='{}'
     # sweep-plan reads the recipe as train_drafter.py does, and refuses a bad one before the GPU.
-    plan=$(DRAFTER_SWEEP="[$override]" "$PY" tests/gpu/trained_pack.py sweep-plan --gpus 1) || return 1
+    plan=$(DRAFTER_SWEEP="[$override]" "$PY" tests/gpu/staging/trained_pack.py sweep-plan --gpus 1) || return 1
     extra_corpus_if "$(cut -f2 <<< "$plan")"
 }
 
@@ -759,7 +759,7 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
         # segments: capped at 0.62 of an H100 the training went out of memory with 12 GB reserved
         # but unallocated; with them it fit in 0.7 (peak 42.7 GB) and made the same weights.
         PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/train_drafter.py "$MODELS_TRAINED" \
+        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/models/train_drafter.py "$MODELS_TRAINED" \
             ${DRAFTER_STEPS:+--steps "$DRAFTER_STEPS"} ${DRAFTER_OVERRIDE:+--override "$DRAFTER_OVERRIDE"} \
             ${corpus:+--extra-corpus "$corpus"} \
             ${DRAFTER_GPU_FRACTION:+--gpu-fraction "$DRAFTER_GPU_FRACTION"} 2>&1 \
@@ -780,7 +780,7 @@ nvfp4_reference() { # issue 25: the offline walk on the NVFP4 target (nvfp4_refe
     mkdir -p "$OUT"
     local numerics
     for numerics in "" --weights-only; do
-        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/nvfp4_reference.py "$MODELS_TRAINED" \
+        CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$SITE "$PY" tests/gpu/models/nvfp4_reference.py "$MODELS_TRAINED" \
             $numerics 2>&1 | grep -v "Loading weights" | tail -3
     done
     cp "$DRAFTER_TRAINED"/nvfp4-evaluation*.json "$OUT/"
@@ -852,7 +852,7 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
         # An oracle run (issue 24) makes its plan from its reference's raw record: refuse
         # lanes where that record may be absent or rewritten while the oracle run starts.
         # RS_LANE_GPUS="0,1,2,3" (a machine of several GPUs): lane i runs on the i-th, round-robin.
-        "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" \
+        "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" \
             --check-lanes "$RS_PARALLEL" --vllm "$v" ${RS_LANE_GPUS:+--lane-gpus "$RS_LANE_GPUS"} || return 1
         IFS=';' read -r -a lanes <<< "$RS_PARALLEL"
         local gpus=()
@@ -861,7 +861,7 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
             # shellcheck disable=SC2046
             env $([ "${#gpus[@]}" -gt 0 ] && echo "CUDA_VISIBLE_DEVICES=${gpus[$((i % ${#gpus[@]}))]}") \
             RS_GPU_UTIL=${RS_GPU_UTIL:-0.25} RS_KV_CACHE_GIB=${RS_KV_CACHE_GIB:-6} \
-                "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$v" \
+                "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$v" \
                 --deadline-s "${ROUND_DEADLINE_S:-540}" --runs "$lane" "$@" \
                 > "$WORK/$raw-lane-$i.log" 2>&1 &
             pids+=($!); i=$((i + 1)); sleep "${RS_LANE_STAGGER_S:-20}"
@@ -870,17 +870,17 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
         for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/$raw-lane-$i.log" | tail -12 || true; done
     else
         local names
-        names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained and s.vllm == sys.argv[1]))' "$v")}
+        names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import gpu_paths, realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained and s.vllm == sys.argv[1]))' "$v")}
         MODELS_RS=$MODELS_TRAINED RUNS=$names realshape_py "$raw" "$meta" --vllm "$v" "$@"
     fi
     # The reference walk along each DFlash run's own text (seconds on the GPU), then the merge
     # that puts it beside vLLM's acceptance (the runs' records as they were otherwise). Its log
     # lives with the raw records, so the logs tarball and lanes.tgz bring it back.
-    "$PY" tests/gpu/walk_along.py --models "$MODELS_TRAINED" --raw "$WORK/$raw" --device cuda --write \
+    "$PY" tests/gpu/runs/walk_along.py --models "$MODELS_TRAINED" --raw "$WORK/$raw" --device cuda --write \
         > "$WORK/$raw/walk-along.log" 2>&1 || tail -5 "$WORK/$raw/walk-along.log"
     MODELS_RS=$MODELS_TRAINED realshape_py "$raw" "$meta" --vllm "$v" --merge-only "$@"
     tar -C "$WORK" -czf "$OUT/${raw/realshape-raw/realshape-logs}.tar.gz" "$raw"
-    [ -f "$OUT/realshape.json" ] && "$PY" tests/gpu/acceptance_report.py --realshape "$OUT/realshape.json" --out-dir "$OUT"
+    [ -f "$OUT/realshape.json" ] && "$PY" tests/gpu/reports/acceptance_report.py --realshape "$OUT/realshape.json" --out-dir "$OUT"
     return 0
 }
 
@@ -925,7 +925,7 @@ lanes_check() { # both releases' lanes checked as their verbs will check them (r
         raw=realshape-raw-trained release=0.21.0
         [ "$v" = 33 ] && raw=realshape-raw-v33-trained release=$V33
         seed_raw "$raw" > /dev/null   # as the verb will, so a carried reference counts
-        "$PY" tests/gpu/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$release" \
+        "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$release" \
             --check-lanes "${!lanes}" ${!gpus:+--lane-gpus "${!gpus}"} > "$WORK/lanes-check-$v.txt" \
             || { sed "s/^/RS_PARALLEL_$v: /" "$WORK/lanes-check-$v.txt" >&2; return 1; }
     done
@@ -973,7 +973,7 @@ lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say
 }
 
 served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images, `launcher bench`
-    # (tests/gpu/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a 10-minute
+    # (tests/gpu/runs/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a 10-minute
     # bound holds about two of them. Raw phases stay in $WORK/served between runs, and every run
     # re-renders served.json / served.md from all of them.
     prepare
@@ -1035,7 +1035,7 @@ multinode_background() { # issue 54 on a host with two GPUs: multinode_served.py
         if drafter_is_current; then drafter=$DRAFTER_TRAINED; else drafter=$MODELS_TRAINED/dflash-r5-for-trained; fi
     fi
     gpu="$(nvidia-smi -L | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)"
-    script="PYTHONPATH=$(launcher_path) $PY tests/gpu/multinode_served.py --model ${MN_MODEL:-$TRAINED} \
+    script="PYTHONPATH=$(launcher_path) $PY tests/gpu/runs/multinode_served.py --model ${MN_MODEL:-$TRAINED} \
 --drafter $drafter --site $SITE33_PATCHED:$SITE33 --work $WORK/multinode \
 --out $WORK/multinode-out --servers ${MN_SERVERS:-tp1,tp2,nodes2,tp2-dflash,nodes2-dflash} --vllm $V33 \
 --series-hash $(series_hash "$SITE33_PATCHED") --gpu '$gpu'"
@@ -1173,7 +1173,7 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     local zlab=${SERVED_ZLAB:-$OUT/zlab-reference.json}
     [ -f "$zlab" ] && extra+=(--zlab "$zlab")
     local rc=0
-    PYTHONPATH=.:$site "$PY" tests/gpu/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
+    PYTHONPATH=.:$site "$PY" tests/gpu/runs/served.py --phases "${SERVED_PHASES:-reference,dflash,stock}" \
         --model "$TRAINED" --drafter "$drafter" --site-patched "$patched:$site" --site-stock "$site" \
         --series-hash "$(series_hash "$patched")" --work "$work" --out "$OUT" --gpu "$(cat "$WORK/gpu.txt")" \
         --deadline-s "${SERVED_DEADLINE_S:-540}" --raw-name "$name-raw" --recipe "$recipe" \
@@ -1185,7 +1185,7 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
     return $rc
 }
 
-bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results under $OUT
+bench_run() { # the step-time benchmark (tests/gpu/runs/bench_steps.py); results under $OUT
     local t0=$SECONDS budget=${BENCH_BUDGET_S:-525}
     install
     mkdir -p "$OUT" "$WORK/bench"
@@ -1193,13 +1193,13 @@ bench_run() { # the step-time benchmark (tests/gpu/bench_steps.py); results unde
     [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ] \
         || echo "warning: no _vllm_fa2_C.abi3.so in $SITE: the FA2 runs will fail" >&2
     if [ ! -f "$MODELS/bench/bench-shapes.json" ]; then
-        PYTHONPATH=$SITE "$PY" tests/gpu/make_bench_checkpoints.py "$MODELS/bench"
+        PYTHONPATH=$SITE "$PY" tests/gpu/models/make_bench_checkpoints.py "$MODELS/bench"
     fi
     local extra=()
     [ -n "${BENCH_RUNS:-}" ] && extra+=(--runs "$BENCH_RUNS")
     # Several calls on one warm machine add up to one report (bench_steps.py --keep-earlier)
     [ "${BENCH_KEEP:-1}" = 1 ] && extra+=(--keep-earlier)
-    "$PY" tests/gpu/bench_steps.py --models "$MODELS/bench" --site "$SITE_PATCHED:$SITE" \
+    "$PY" tests/gpu/runs/bench_steps.py --models "$MODELS/bench" --site "$SITE_PATCHED:$SITE" \
         --out "$WORK/bench" --deadline-s $((budget - (SECONDS - t0))) --series-hash "$(series_hash)" "${extra[@]}" \
         || echo "bench_steps.py exited $?" >&2
     cp "$WORK/bench/bench.json" "$WORK/bench/bench.md" "$OUT/" 2>/dev/null || true
@@ -1221,7 +1221,7 @@ full_site() { # vLLM 0.21.0, FA2 when carried, and the patched copy the served r
 full_report() { # fullsize.json / .md from every record on this machine, and the raw records in one archive
     # The GPU line travels inside the archive: the report is made again from the archive alone.
     cp "$WORK/gpu.txt" "$FULL_RAW/gpu.txt"
-    "$PY" tests/gpu/fullsize_report.py --shapes "$FULL_RAW/fullsize-shapes.json" --runs "$FULL_RAW" \
+    "$PY" tests/gpu/reports/fullsize_report.py --shapes "$FULL_RAW/fullsize-shapes.json" --runs "$FULL_RAW" \
         --attempts "$FULL_RAW/attempts" \
         --roofline "$FULL_RAW/roofline.json" --bandwidth "$FULL_RAW/bandwidth.json" \
         --bench-json tests/gpu/results/bench.json --gpu-file "$FULL_RAW/gpu.txt" \
@@ -1233,11 +1233,11 @@ full_report() { # fullsize.json / .md from every record on this machine, and the
 full_size_checkpoints() { # issue 27: the full-size checkpoints, the copy bandwidth and the roofline
     full_site
     if [ ! -f "$MODELS_FULL/fullsize-shapes.json" ]; then
-        PYTHONPATH=$SITE "$PY" tests/gpu/make_fullsize_checkpoints.py "$MODELS_FULL"
+        PYTHONPATH=$SITE "$PY" tests/gpu/models/make_fullsize_checkpoints.py "$MODELS_FULL"
     fi
     cp "$MODELS_FULL/fullsize-shapes.json" "$FULL_RAW/"
-    PYTHONPATH=$SITE "$PY" tests/gpu/copy_bandwidth.py --json "$FULL_RAW/bandwidth.json"
-    "$PY" tests/gpu/roofline.py --target "$MODELS_FULL/gemma4-26b-a4b-nvfp4" \
+    PYTHONPATH=$SITE "$PY" tests/gpu/runs/copy_bandwidth.py --json "$FULL_RAW/bandwidth.json"
+    "$PY" tests/gpu/reports/roofline.py --target "$MODELS_FULL/gemma4-26b-a4b-nvfp4" \
         --drafter "$MODELS_FULL/dflash-26b-a4b" --context 1024 --json "$FULL_RAW/roofline.json"
     df -h "$MODELS_FULL" | tail -1
     full_report
@@ -1273,7 +1273,7 @@ fit() { # one served run in the emulated card's memory: FIT_PROFILE, FIT_DRAFTER
     if [ -f "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" ]; then
         vargs+=(--vllm-arg=--attention-config '--vllm-arg={"flash_attn_version": 2}')
     fi
-    PYTHONPATH=.:$SITE_PATCHED:$SITE "$PY" tests/gpu/fullsize_serve.py --label "$label" --out "$FULL_RAW" \
+    PYTHONPATH=.:$SITE_PATCHED:$SITE "$PY" tests/gpu/runs/fullsize_serve.py --label "$label" --out "$FULL_RAW" \
         --profile "$profile" --recipe "${FIT_RECIPE:-gemma4-moe-dflash}" --launcher "$(full_launcher)" \
         --series-hash "$(series_hash)" \
         --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" "${dargs[@]}" "${sets[@]}" --concurrency "${FIT_CONCURRENCY:-max}" \
@@ -1311,7 +1311,7 @@ speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_froz
     mkdir -p "$OUT" "$WORK/speedup-frozen"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     mapfile -t vargs < <(speedup_vllm_args "$site")
-    PYTHONPATH=.:$patched:$site "$PY" tests/gpu/speedup_frozen.py --out "$WORK/speedup-frozen" \
+    PYTHONPATH=.:$patched:$site "$PY" tests/gpu/runs/speedup_frozen.py --out "$WORK/speedup-frozen" \
         --json "$OUT/speedup-frozen.json" --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" \
         --drafter "$MODELS_FULL/dflash-26b-a4b" --launcher "$(full_launcher)" --series-hash "$(series_hash "$patched")" \
         --vllm "$v" --gpu-file "$WORK/gpu.txt" ${SPEEDUP_GPUS:+--gpus "$SPEEDUP_GPUS"} "${vargs[@]}" \
@@ -1332,7 +1332,7 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
     mkdir -p "$OUT" "$WORK/speedup" "$WORK/speedup-refs"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     mapfile -t vargs < <(speedup_vllm_args "$site")
-    PYTHONPATH=.:$patched:$site "$PY" tests/gpu/speedup_curve.py run --vllm "$v" --commit \
+    PYTHONPATH=.:$patched:$site "$PY" tests/gpu/runs/speedup_curve.py run --vllm "$v" --commit \
         --series-hash "$(series_hash "$patched")" --gpu-file "$WORK/gpu.txt" \
         --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" --drafter "$MODELS_FULL/dflash-26b-a4b" \
         --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/speedup" \
@@ -1365,7 +1365,7 @@ case "$cmd" in
     multinode-wait) multinode_wait ;;
     target-wait) target_wait ;;
     zlab-reference) zlab_reference ;;
-    fast-decode-check) corpus_receive && mkdir -p "$OUT" && PYTHONPATH="$SITE_TRAIN" "$PY" tests/gpu/fast_decode_check.py "$OUT/fast-decode-check.json" ;;
+    fast-decode-check) corpus_receive && mkdir -p "$OUT" && PYTHONPATH="$SITE_TRAIN" "$PY" tests/gpu/models/fast_decode_check.py "$OUT/fast-decode-check.json" ;;
     check-trained) trained_identity_check ;;
     realshape-trained) realshape_trained ;;
     full-size-checkpoints) full_size_checkpoints ;;

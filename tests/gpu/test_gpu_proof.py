@@ -63,7 +63,7 @@ def test_dflash_on_gemma4_shaped_target(tmp_path):
     import run_modes
 
     models = tmp_path / "models"
-    subprocess.run([sys.executable, str(HERE / "make_checkpoints.py"), str(models)], check=True,
+    subprocess.run([sys.executable, str(HERE / "models" / "make_checkpoints.py"), str(models)], check=True,
                    env={**os.environ, **({"PYTHONPATH": site} if site else {})})
     patched = (pkg / ".sm12x-patches.json").exists()
     label = "patched" if patched else "stock"

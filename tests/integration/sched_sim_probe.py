@@ -90,6 +90,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import gpu_paths  # noqa: E402,F401  (the harness's group folders)
 
 from tests.integration import series_0_21_0_probe as probe  # noqa: E402
 from tests.integration import sliding_window_async_probe as swp  # noqa: E402

@@ -6,7 +6,7 @@ with vLLM 0.21.0's speculative-decoding counters.
 
 Chat answers are greedy-like: the token ids are a function of the request's
 messages alone (a different image gives other tokens, the same request the
-same tokens on every server), so tests/gpu/served.py's verdicts can be run here.
+same tokens on every server), so tests/gpu/runs/served.py's verdicts can be run here.
 
 Its behaviour is set, so tests know the truth to compare against: the first
 chunk comes after ``ttft_s``, then one chunk every ``chunk_s`` carrying

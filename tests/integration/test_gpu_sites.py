@@ -1,4 +1,4 @@
-"""tests/gpu/sites.py on the released vLLM 0.21.0 tree (the engine's test series): what remote.sh
+"""tests/gpu/staging/sites.py on the released vLLM 0.21.0 tree (the engine's test series): what remote.sh
 asks of the vLLM folders on the GPU host, answered by the launcher's patch engine."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.unit.gpu_scripts import load
 
 sites = load("sites")
 BACKEND = "vllm/v1/attention/backend.py"
-SITES = Path(__file__).resolve().parents[1] / "gpu" / "sites.py"
+SITES = Path(__file__).resolve().parents[1] / "gpu" / "staging" / "sites.py"
 
 
 def test_a_tree_is_current_only_once_this_series_is_applied(tmp_path):

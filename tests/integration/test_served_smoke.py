@@ -1,4 +1,4 @@
-"""tests/gpu/served.py end to end on this machine, with stand-ins for what needs a GPU.
+"""tests/gpu/runs/served.py end to end on this machine, with stand-ins for what needs a GPU.
 
 vLLM cannot serve here, so a stand-in ``vllm`` package in a plain folder (the way
 the device puts a vLLM site on ``PYTHONPATH``) answers as ``vllm serve``: its
@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import gpu_paths  # noqa: E402,F401  (the harness's group folders)
 
 import served  # noqa: E402
 

@@ -16,7 +16,7 @@ patch: the text-only recipe sets vLLM's own ``backend_per_kind`` there
 (tests/integration/test_series_0_33_0.py).
 What a GPU run
 adds (FLASH_ATTN really selected for the sliding layers, the decode speed-up,
-lossless tokens) is tests/gpu/bench_steps.py's ``per_layer_backend`` record.
+lossless tokens) is tests/gpu/runs/bench_steps.py's ``per_layer_backend`` record.
 """
 
 from __future__ import annotations

@@ -4,7 +4,14 @@ test_doctor.py, where it must report the missing driver cleanly)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# The GPU harness's modules (tests/gpu/<group>/) import one another by name: every group on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+import gpu_paths  # noqa: E402,F401
 
 from launcher.hardware import GpuInfo, HostInfo
 from launcher.plan import Context

@@ -1,4 +1,4 @@
-"""Load the GPU harness scripts (tests/gpu/*.py, not a package) as modules for CPU tests."""
+"""Load the GPU harness scripts (tests/gpu/<group>/*.py, not a package) as modules for CPU tests."""
 
 from __future__ import annotations
 
@@ -15,8 +15,26 @@ from pathlib import Path
 GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
 
 
+def script(name: str) -> Path:
+    """The harness script ``name`` (e.g. "served"), in whichever group folder holds it."""
+    found = sorted(GPU_DIR.glob(f"*/{name}.py"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{len(found)} harness scripts named {name}.py under {GPU_DIR}")
+    return found[0]
+
+
+def copy_harness(dest: Path) -> Path:
+    """The harness's Python and bars.yaml into ``dest`` (a tests/gpu of a stand-in tree), each
+    module in its group folder, as remote.sh finds them; returns ``dest``."""
+    for f in [*GPU_DIR.glob("*.py"), *GPU_DIR.glob("*/*.py"), GPU_DIR / "bars.yaml"]:
+        target = dest / f.relative_to(GPU_DIR)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(f.read_bytes())
+    return dest
+
+
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU_DIR / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", script(name))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

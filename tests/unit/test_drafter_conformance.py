@@ -1,7 +1,7 @@
 """The DFlash drafter judged by z-lab's own reference, ``dflash`` 0.1.0 (issue 50), on the CPU.
 
 z-lab's torch ``DFlashDraftModel`` (``dflash.model``) is the oracle: the project's
-reference (tests/gpu/dflash_reference.py) must compute what it computes, in every
+reference (tests/gpu/models/dflash_reference.py) must compute what it computes, in every
 semantics the reference models for a vLLM release with the series; each covered
 release's own ``qwen3_dflash.py`` must give each drafter layer the attention z-lab's
 gives it; and each drafter-side convention is pinned against z-lab's code. For Gemma 4

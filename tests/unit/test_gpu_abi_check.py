@@ -1,4 +1,4 @@
-"""tests/gpu/abi_check.py on shared libraries compiled here with gcc (no wheel, no GPU).
+"""tests/gpu/staging/abi_check.py on shared libraries compiled here with gcc (no wheel, no GPU).
 
 A "torch" library exports one symbol; an "extension" imports it, one symbol
 nothing exports, and symbols of the two families resolved elsewhere at load

@@ -1,4 +1,4 @@
-"""tests/gpu/acceptance_report.py: issue 25's acceptance.json rows from realshape records."""
+"""tests/gpu/reports/acceptance_report.py: issue 25's acceptance.json rows from realshape records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lossless verdict of the GPU proof (tests/gpu/compare.py), on hand-made runs.
+"""The lossless verdict of the GPU proof (tests/gpu/judging/compare.py), on hand-made runs.
 
 No GPU and no torch: the runs are written here the way run_modes.py records
 them (token ids, and per position [token, value, rank] entries for the top
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "gpu" / "compare.py"
+_PATH = Path(__file__).resolve().parents[1] / "gpu" / "judging" / "compare.py"
 _spec = importlib.util.spec_from_file_location("gpu_compare", _PATH)
 compare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(compare)

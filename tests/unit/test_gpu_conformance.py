@@ -1,4 +1,4 @@
-"""tests/gpu/conformance.py: the verdict of a served drafter against z-lab's loop (pure parts)."""
+"""tests/gpu/judging/conformance.py: the verdict of a served drafter against z-lab's loop (pure parts)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tests/gpu/draft_capture.py without vLLM or a GPU: the capture's bookkeeping on a propose
+"""tests/gpu/runs/draft_capture.py without vLLM or a GPU: the capture's bookkeeping on a propose
 call's arguments (CPU tensors in vLLM's layout), and the equivalence verdict against
 dflash_reference.py's drafter on a small random geometry (on CPU)."""
 

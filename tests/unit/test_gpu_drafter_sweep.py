@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+
+from tests.unit.gpu_scripts import copy_harness
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "tests" / "gpu"
@@ -41,9 +42,7 @@ printf 'target loaded\nstep 1 loss 1.0\n' > "$WORK/train-drafter.log"
 
 def _tree(tmp_path: Path) -> Path:
     tree = tmp_path / "tree"
-    (tree / "tests" / "gpu").mkdir(parents=True)
-    for f in [*GPU.glob("*.py"), GPU / "bars.yaml"]:  # the gate reads its thresholds from bars.yaml
-        shutil.copy(f, tree / "tests" / "gpu" / f.name)
+    copy_harness(tree / "tests" / "gpu")  # the gate reads its thresholds from bars.yaml
     (tree / "tests" / "gpu" / "remote.sh").write_text(TRAIN_STAND_IN)
     return tree
 
@@ -179,8 +178,8 @@ if __name__ == "__main__":
 def _train_drafter_argv(tmp_path, **env) -> list[str]:
     _target(tmp_path, old_acceptance=None)
     gpu = _tree(tmp_path) / "tests" / "gpu"
-    (gpu / "train_drafter.py").rename(gpu / "train_drafter_real.py")
-    (gpu / "train_drafter.py").write_text(TRAIN_DRAFTER_STAND_IN)
+    (gpu / "models" / "train_drafter.py").rename(gpu / "models" / "train_drafter_real.py")
+    (gpu / "models" / "train_drafter.py").write_text(TRAIN_DRAFTER_STAND_IN)
     res = _run(tmp_path, "train_drafter", **env)
     assert res.returncode == 0, res.stderr
     return json.loads((tmp_path / "argv.json").read_text())

@@ -4,7 +4,7 @@ vLLM's own drafter cannot run here: importing ``vllm.model_executor.models.qwen3
 from the released 0.21.0 tree needs vLLM's runtime dependencies (zmq first) and its
 compiled CUDA ops (``ops.rms_norm``, ``ops.rotary_embedding`` in the context-K/V
 precompute), and its attention layer needs a forward context and a KV cache backend.
-So the reference forward (tests/gpu/dflash_reference.py, batched: many blocks per
+So the reference forward (tests/gpu/models/dflash_reference.py, batched: many blocks per
 sequence with position masks) is checked against ``_vllm_021_drafts`` below: an
 independent re-derivation that follows the released code's *structure* step by step, one
 block at a time (fused context-KV weight and its view/permute layout, a position-keyed

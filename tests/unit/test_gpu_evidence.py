@@ -1,4 +1,4 @@
-"""tests/gpu/evidence.py: the step lists behind `make gpu-evidence`, the split for a GPU host
+"""tests/gpu/reports/evidence.py: the step lists behind `make gpu-evidence`, the split for a GPU host
 without network, and the CPU replay of every page from the committed raw records."""
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ def test_each_page_has_a_make_target_that_runs_it():
 
 
 def test_plan_prints_the_side_of_each_step_and_refuses_an_unknown_side():
-    proc = subprocess.run([sys.executable, str(GPU_DIR / "evidence.py"), "plan", "fullsize", "--where", "network"],
+    proc = subprocess.run([sys.executable, str(GPU_DIR / "reports" / "evidence.py"), "plan", "fullsize", "--where", "network"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0
     assert proc.stdout and all(line.startswith("network ") for line in proc.stdout.splitlines())
-    proc = subprocess.run([sys.executable, str(GPU_DIR / "evidence.py"), "plan", "fullsize", "--where", "gpux"],
+    proc = subprocess.run([sys.executable, str(GPU_DIR / "reports" / "evidence.py"), "plan", "fullsize", "--where", "gpux"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "gpux" in proc.stderr
 

@@ -1,4 +1,4 @@
-"""fast_decode (tests/gpu/fast_decode.py) against transformers' own greedy decoding, on the CPU.
+"""fast_decode (tests/gpu/models/fast_decode.py) against transformers' own greedy decoding, on the CPU.
 
 The CUDA graph itself needs a GPU (remote.sh fast-decode-check compares it with the same step
 run eagerly); what runs here is that step, eagerly: in float64, so no rounding can flip an

@@ -296,7 +296,7 @@ STUB_PY = textwrap.dedent("""\
         fh.write(json.dumps(args) + "\\n")
     if args[:4] == ["-m", "launcher", "serve", "--help"]:
         print("  --test-gpu   plan on a Hopper test GPU" if os.environ.get("STUB_TEST_GPU") else "  --force")
-    if args[:2] == ["tests/gpu/sites.py", "stamp"]:  # remote.sh series_hash: the site's stamp
+    if args[:2] == ["tests/gpu/staging/sites.py", "stamp"]:  # remote.sh series_hash: the site's stamp
         print("ab" * 32)
 """)
 
@@ -331,7 +331,7 @@ def test_remote_sh_passes_the_harness_what_it_needs(tmp_path, verb, test_gpu):
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-    serve = next(c for c in calls if c and c[0] == "tests/gpu/fullsize_serve.py")
+    serve = next(c for c in calls if c and c[0] == "tests/gpu/runs/fullsize_serve.py")
     opt = {serve[i]: serve[i + 1] for i in range(1, len(serve) - 1) if serve[i].startswith("--")
            and not serve[i].startswith("--vllm-arg")}
     assert opt["--profile"] == "rtx5090"
@@ -339,7 +339,7 @@ def test_remote_sh_passes_the_harness_what_it_needs(tmp_path, verb, test_gpu):
     assert opt["--drafter"] == "/m/dflash-26b-a4b" and opt["--model"] == "/m/gemma4-26b-a4b-nvfp4"
     assert opt["--concurrency"] == ("max" if verb == "fit" else "1,4,16,max")
     # The record names the series the patched site was stamped with.
-    stamp_call = next(c for c in calls if c[:2] == ["tests/gpu/sites.py", "stamp"])
+    stamp_call = next(c for c in calls if c[:2] == ["tests/gpu/staging/sites.py", "stamp"])
     assert stamp_call[2] == str(patched) and opt["--series-hash"] == "ab" * 32
     assert [a for a in serve if a.startswith("--vllm-arg")] == [
         "--vllm-arg=--mm-processor-cache-gb", "--vllm-arg=0", "--vllm-arg=--attention-config",
@@ -350,7 +350,7 @@ def test_remote_sh_passes_the_harness_what_it_needs(tmp_path, verb, test_gpu):
     assert launcher[-2:] == ["--set", "intent.sampler=pytorch"]
     assert 400 < float(opt["--deadline-s"]) <= 555
     assert ("--debug-log" in serve) == (verb == "fit")
-    assert any(c and c[0] == "tests/gpu/fullsize_report.py" for c in calls)
+    assert any(c and c[0] == "tests/gpu/reports/fullsize_report.py" for c in calls)
     assert (tmp_path / "out" / "fullsize-raw.tar.gz").is_file()
 
 

@@ -1,4 +1,4 @@
-"""Every results page opens with a headline table of at most 8 columns (tests/gpu/headline.py)."""
+"""Every results page opens with a headline table of at most 8 columns (tests/gpu/reports/headline.py)."""
 
 from __future__ import annotations
 

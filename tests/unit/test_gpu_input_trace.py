@@ -1,4 +1,4 @@
-"""tests/gpu/input_trace.py's pure parts: recording a runner's inputs and checking a divergent
+"""tests/gpu/runs/input_trace.py's pure parts: recording a runner's inputs and checking a divergent
 request's against its reference sequence, without vLLM or a GPU (the runner is a stand-in with
 the buffers the hook reads, as CPU tensors)."""
 

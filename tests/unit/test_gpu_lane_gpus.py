@@ -25,6 +25,7 @@ A, B, C = "trained-ref-bf16", "trained-ref-nvfp4", "trained-dflash-trained-fa2-c
 # The stand-in: the lane check is realshape.py's own; a run notes CUDA_VISIBLE_DEVICES and --runs.
 STAND_IN = f'''import os, sys
 sys.path.insert(0, {str(GPU)!r})
+import gpu_paths
 import realshape
 if "--check-lanes" in sys.argv or "--merge-only" in sys.argv:
     sys.exit(realshape.main(sys.argv[1:]) if "--check-lanes" in sys.argv else 0)
@@ -36,8 +37,8 @@ with open(os.path.join(os.environ["WORK"], "placed.txt"), "a") as f:
 
 def _lanes(tmp_path: Path, parallel: str, stand_in: str = STAND_IN, **env_extra) -> subprocess.CompletedProcess:
     tree = tmp_path / "tree"
-    (tree / "tests" / "gpu").mkdir(parents=True, exist_ok=True)
-    (tree / "tests" / "gpu" / "realshape.py").write_text(stand_in)
+    (tree / "tests" / "gpu" / "runs").mkdir(parents=True, exist_ok=True)
+    (tree / "tests" / "gpu" / "runs" / "realshape.py").write_text(stand_in)
     functions = (GPU / "remote.sh").read_text().split("\ncmd=${1:-}\n")[0]
     (tmp_path / "f.sh").write_text(functions + '\ntrained_lanes 0.21.0 raw meta.json\n')
     env = dict(os.environ, WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"), PY=sys.executable,
@@ -127,7 +128,8 @@ def test_the_walk_along_each_runs_output_comes_after_the_lanes_and_before_the_me
         f'({note.format(repr("merge"))}, sys.exit(0))')
     assert merging != STAND_IN
     walk_note = note.format('"walk " + " ".join(sys.argv[1:])')
-    (tree / "walk_along.py").write_text(f"import os, sys\n{walk_note}\nprint('walked along')\n")
+    (tree / "runs").mkdir(parents=True, exist_ok=True)
+    (tree / "runs" / "walk_along.py").write_text(f"import os, sys\n{walk_note}\nprint('walked along')\n")
     done = _lanes(tmp_path, f"{A};{B}", merging)
     assert done.returncode == 0, done.stdout + done.stderr
     order = (tmp_path / "work" / "order.txt").read_text().split("\n")[:-1]

@@ -1,4 +1,4 @@
-"""tests/gpu/lm_files.py: the stdlib corpus, the trained tokenizer and the Gemma 4
+"""tests/gpu/models/lm_files.py: the stdlib corpus, the trained tokenizer and the Gemma 4
 processor files, loaded for real by transformers 5.13 (the test venv) and 5.17.
 
 The processor loads run in subprocesses: Gemma4Processor needs Pillow and
@@ -33,7 +33,7 @@ sys.path.insert(0, str(GPU_DIR))
 import lm_files as lm  # noqa: E402
 
 
-# tests/gpu/make_checkpoints.py's vision tower.
+# tests/gpu/models/make_checkpoints.py's vision tower.
 VISION = {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32, "patch_size": 16,
           "pooling_kernel_size": 3, "position_embedding_size": 1024}
@@ -175,7 +175,7 @@ def test_training_is_deterministic(corpus, tokenizer, tmp_path):
     assert again.to_str() == tokenizer.to_str()
     # and in another process (the trainer's hash maps are seeded per process)
     (tmp_path / "texts.json").write_text(json.dumps([text for _, text in corpus["train"]]))
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import lm_files; "
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import gpu_paths, lm_files; "
               "texts = json.load(open(sys.argv[2])); "
               "print(lm_files.train_tokenizer(texts, int(sys.argv[3])).to_str())")
     proc = subprocess.run([sys.executable, "-c", script, str(GPU_DIR), str(tmp_path / "texts.json"), str(SMALL_VOCAB)],

@@ -1,4 +1,4 @@
-"""tests/gpu/multinode_served.py on the CPU: the servers' launcher arguments as the real launcher
+"""tests/gpu/runs/multinode_served.py on the CPU: the servers' launcher arguments as the real launcher
 plans them, and the verdicts over made-up outputs (the servers themselves need two GPUs)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import gpu_paths  # noqa: E402,F401  (the harness's group folders)
 
 import multinode_served as mn  # noqa: E402
 

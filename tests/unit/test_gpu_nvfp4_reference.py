@@ -1,4 +1,4 @@
-"""tests/gpu/nvfp4_reference.py: the NVFP4 target in PyTorch, checked against ModelOpt's own NVFP4
+"""tests/gpu/models/nvfp4_reference.py: the NVFP4 target in PyTorch, checked against ModelOpt's own NVFP4
 tensors (the quantizer that exports the checkpoint, in the test venv) on the CPU.
 
 What cannot run here: the offline walk on the trained target (a GPU host's job, `remote.sh

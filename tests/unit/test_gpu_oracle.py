@@ -1,4 +1,4 @@
-"""tests/gpu/oracle.py on CPU (issue 24): the planner, the draft builder, the histogram
+"""tests/gpu/runs/oracle.py on CPU (issue 24): the planner, the draft builder, the histogram
 from vLLM's per-position counters, the runtime bookkeeping against a simulated engine
 (batching, prefill chunks, preemption, trimmed drafts), and the hook points in the
 released vLLM sources. The hooks themselves need vLLM on a GPU host: not run here."""
@@ -273,7 +273,7 @@ def test_install_refuses_unknown_releases_and_a_missing_log(tmp_path, monkeypatc
 
 def test_module_imports_without_torch_or_vllm():
     code = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('o', {str(GPU_DIR / 'oracle.py')!r})\n"
+            f"spec = importlib.util.spec_from_file_location('o', {str(GPU_DIR / 'runs' / 'oracle.py')!r})\n"
             "m = importlib.util.module_from_spec(spec); sys.modules['o'] = m\n"
             "spec.loader.exec_module(m)\n"
             "assert 'torch' not in sys.modules and 'vllm' not in sys.modules\n")

@@ -1,4 +1,4 @@
-"""tests/gpu/parts.py, and remote.sh's receive through it: staged parts copied to the GPU host's
+"""tests/gpu/staging/parts.py, and remote.sh's receive through it: staged parts copied to the GPU host's
 bundle folder, held parts counted, a part cut short dropped, the whole put back together only when
 its bytes make the manifest's sha256. Real parts, cut by stage.py's own split()."""
 
@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import gpu_paths  # noqa: E402,F401  (the harness's group folders)
 
 import parts  # noqa: E402
 import stage  # noqa: E402

@@ -1,4 +1,4 @@
-"""The real-shape GPU proof's pure parts (tests/gpu/realshape.py), without torch or a GPU.
+"""The real-shape GPU proof's pure parts (tests/gpu/runs/realshape.py), without torch or a GPU.
 
 The shapes must be the 26B-A4B's (layer mix, head dims, KV heads per layer
 kind, experts) and the public drafter's (5 layers, 4 sliding + 1 full); the
@@ -430,7 +430,7 @@ def test_offline_acceptance_is_judged_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, 'tests/gpu'); import realshape as rs; "
+    code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, 'tests/gpu'); import gpu_paths; import realshape as rs; "
             "print(rs.offline_acceptance({'per_prompt_steps': [[3, 0], [15]]}, (1, 2))['mean_acceptance_length'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2])

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.unit.gpu_scripts import copy_harness
+
 REMOTE = Path(__file__).resolve().parents[1] / "gpu" / "remote.sh"
 A, B = "trained-ref-bf16", "trained-ref-nvfp4"  # two runs of 0.21.0's lanes
 
@@ -20,13 +22,13 @@ def test_target_bg_returns_through_a_pipe_and_trains_from_a_snapshot(tmp_path):
     """target-bg (remote.sh target_background, through the `detached` helper that lanes-bg and
     drafter-bg share): the training runs in a session of its own from a snapshot of the tree,
     less .stage/, and the call returns at once even when its output goes through a pipe. The
-    stand-in "training" (PY=bash runs tests/gpu/train_target.py as a script) notes its process
+    stand-in "training" (PY=bash runs tests/gpu/models/train_target.py as a script) notes its process
     and directory, then sleeps far longer than the call."""
     repo, work = tmp_path / "repo", tmp_path / "work"
-    (repo / "tests" / "gpu").mkdir(parents=True)
+    (repo / "tests" / "gpu" / "models").mkdir(parents=True)
     (repo / ".stage").mkdir()
     (repo / ".stage" / "bundle.tar.xz.part00").write_text("not copied")
-    (repo / "tests" / "gpu" / "train_target.py").write_text(
+    (repo / "tests" / "gpu" / "models" / "train_target.py").write_text(
         f"echo $$ > {work}/bg.pid\npwd > {work}/cwd.txt\nsleep 60\n")
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
     script = functions + "\ncorpus_receive() { :; }\ntarget_background\n"
@@ -48,8 +50,8 @@ def test_target_bg_returns_through_a_pipe_and_trains_from_a_snapshot(tmp_path):
         # caller's tree changes under it.
         assert (work / "cwd.txt").read_text().strip() == str(work / "target-tree")
         assert not (work / "target-tree" / ".stage").exists()
-        (repo / "tests" / "gpu" / "train_target.py").unlink()
-        assert (work / "target-tree" / "tests" / "gpu" / "train_target.py").exists()
+        (repo / "tests" / "gpu" / "models" / "train_target.py").unlink()
+        assert (work / "target-tree" / "tests" / "gpu" / "models" / "train_target.py").exists()
         # A second call while it runs starts nothing new.
         again = subprocess.run(["bash", str(tmp_path / "remote-functions.sh")], cwd=repo, env=env,
                                capture_output=True, text=True, timeout=45)
@@ -95,8 +97,7 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
     repo, work = tmp_path / "repo", tmp_path / "work"
     (repo / "tests" / "gpu").mkdir(parents=True)
     # realshape.py's own lane check runs first (lanes_check): the real module, real run names.
-    for f in [*REMOTE.parent.glob("*.py"), REMOTE.parent / "bars.yaml"]:  # gate.py reads bars.yaml
-        (repo / "tests" / "gpu" / f.name).write_text(f.read_text())
+    copy_harness(repo / "tests" / "gpu")  # gate.py reads bars.yaml
     (repo / ".stage" / "realshape-raw-trained").mkdir(parents=True)
     (repo / ".stage" / "realshape-raw-trained" / "trained-ref-bf16.raw.json").write_text("{}")
     (repo / "tests" / "gpu" / "remote.sh").write_text(
@@ -173,12 +174,13 @@ echo "drafter $(basename "$1")" >> "$WORK/calls.txt"
 def _recipe_repo(tmp_path):
     repo = tmp_path / "repo"
     gpu = repo / "tests" / "gpu"
-    gpu.mkdir(parents=True)
-    (gpu / "train_target.py").write_text(_TRAIN_TARGET)
-    (gpu / "train_drafter.py").write_text(_TRAIN_DRAFTER)
+    (gpu / "models").mkdir(parents=True)
+    (gpu / "staging").mkdir()
+    (gpu / "models" / "train_target.py").write_text(_TRAIN_TARGET)
+    (gpu / "models" / "train_drafter.py").write_text(_TRAIN_DRAFTER)
     # The gate passes; the record questions (has, same) go to the real trained_pack.py.
-    real = REMOTE.parent / "trained_pack.py"
-    (gpu / "trained_pack.py").write_text(f'[ "$1" = gate ] && exit 0\nexec python3 {real} "$@"\n')
+    real = REMOTE.parent / "staging" / "trained_pack.py"
+    (gpu / "staging" / "trained_pack.py").write_text(f'[ "$1" = gate ] && exit 0\nexec python3 {real} "$@"\n')
     (tmp_path / "py").write_text(_DISPATCH)
     (tmp_path / "py").chmod(0o755)
     functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]

@@ -37,7 +37,7 @@ def _names(text: str, verb: str) -> bool:
 
 
 def _sources() -> list[str]:
-    return [(GPU / "evidence.py").read_text(), (ROOT / "Makefile").read_text(), (GPU / "README.md").read_text(),
+    return [(GPU / "reports" / "evidence.py").read_text(), (ROOT / "Makefile").read_text(), (GPU / "README.md").read_text(),
             (ROOT / "README.md").read_text(), *(p.read_text() for p in sorted((GPU / "plans").glob("*.sh")))]
 
 

@@ -1,4 +1,4 @@
-"""The pure parts of tests/gpu/served.py (issue 26): images, requests, the chunk-boundary
+"""The pure parts of tests/gpu/runs/served.py (issue 26): images, requests, the chunk-boundary
 arithmetic, output parsing, verdicts, acceptance from /metrics, the record.
 
 The image and template arithmetic is also checked against transformers' own Gemma 4
@@ -453,7 +453,7 @@ def test_the_straddle_needs_a_chunk_of_the_largest_multimodal_item():
 CHECK = textwrap.dedent(r'''
     import io, json, sys, types
     sys.path.insert(0, sys.argv[3])
-    import served_requests as sr
+    import gpu_paths, served_requests as sr
 
     sys.path.insert(0, sys.argv[4])
     from torchvision_cpu import torchvision_without_ops
@@ -549,7 +549,7 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
 
     text = (GPU_DIR / "remote.sh").read_text()
     body = text[text.index("\nserved_run() {"):text.index("\n}\n", text.index("\nserved_run() {"))]
-    call = body[body.index('"$PY" tests/gpu/served.py'):body.index("\n    tar ")]
+    call = body[body.index('"$PY" tests/gpu/runs/served.py'):body.index("\n    tar ")]
     # The call, and the flags the body adds to it through extra+=(...).
     added = " ".join(line for line in body.splitlines() if "extra+=" in line)
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", call + " " + added))

@@ -1,4 +1,4 @@
-"""tests/gpu/spec_probe.py's check, on CPU tensors (its hooks need vLLM on a GPU host).
+"""tests/gpu/runs/spec_probe.py's check, on CPU tensors (its hooks need vLLM on a GPU host).
 
 The probe must report every id or position outside its table, negative ones
 included (Inductor's gather asserts 0 <= index < rows), and stay silent on

@@ -1,4 +1,4 @@
-"""What the device bundles (tests/gpu/stage.py) carry, per vLLM release, without downloading."""
+"""What the device bundles (tests/gpu/staging/stage.py) carry, per vLLM release, without downloading."""
 
 from __future__ import annotations
 

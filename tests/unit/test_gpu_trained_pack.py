@@ -1,4 +1,4 @@
-"""Carrying the trained checkpoints between sessions (tests/gpu/trained_pack.py, remote.sh
+"""Carrying the trained checkpoints between sessions (tests/gpu/staging/trained_pack.py, remote.sh
 pack-trained / receive / extras / check-trained), run for real on CPU with a small stand-in
 checkpoint: the real tar, split, manifest, checksum and unpack paths, only the weights are
 a few made-up bytes instead of a trained model."""

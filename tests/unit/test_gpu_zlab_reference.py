@@ -1,4 +1,4 @@
-"""tests/gpu/zlab_reference.py: z-lab's dflash_generate run for real, on the CPU, on a tiny target.
+"""tests/gpu/models/zlab_reference.py: z-lab's dflash_generate run for real, on the CPU, on a tiny target.
 
 ``dflash_generate`` needs transformers 5.15+ (``DynamicCache.activate_past_recording``); the
 launcher venv has 5.13.1, so the runner runs in a subprocess with transformers 5.17.0 put first
@@ -53,7 +53,7 @@ def record(models):
     out = root / "zlab.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(transformers_517()), str(GPU_DIR), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(GPU_DIR / "zlab_reference.py"), str(root), "--drafter", "drafter",
+    proc = subprocess.run([sys.executable, str(GPU_DIR / "models" / "zlab_reference.py"), str(root), "--drafter", "drafter",
                            "--out", str(out), "--device", "cpu", "--max-tokens", str(MAX_TOKENS)],
                           capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -246,7 +246,7 @@ def test_a_failure_after_the_start_stops_the_child(envs, record, models, monkeyp
 
 
 def test_a_vllm_site_on_pythonpath_is_inspected_and_run_on_loopback(tmp_path, record):
-    """The GPU harness's way (tests/gpu/served.py): vLLM pip-installed with --target into a
+    """The GPU harness's way (tests/gpu/runs/served.py): vLLM pip-installed with --target into a
     folder, that folder on PYTHONPATH; `launcher serve` inspects and starts it with its own
     Python, on 127.0.0.1 unless told otherwise."""
     from pathlib import Path

@@ -1,6 +1,6 @@
 """The GPU numbers the READMEs quote, against the records they cite (issue 51, item 6).
 
-tests/gpu/readme_numbers.py reads the marks around each quoted number; these tests check every
+tests/gpu/reports/readme_numbers.py reads the marks around each quoted number; these tests check every
 mark of README.md and tests/gpu/README.md against the committed records, and check that the
 checker catches an edited number, a number the record no longer holds, and a broken mark.
 """

@@ -1,4 +1,4 @@
-"""A vLLM general plugin that installs the oracle proposer (tests/gpu/oracle.py) in a served vLLM.
+"""A vLLM general plugin that installs the oracle proposer (tests/gpu/runs/oracle.py) in a served vLLM.
 
 vLLM loads ``vllm.general_plugins`` entry points in every process; the drafter's module is
 imported only in the worker. So nothing is imported here: when ``ORACLE_PLAN`` is set, a finder

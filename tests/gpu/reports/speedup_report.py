@@ -1,0 +1,205 @@
+"""The speed-up curve's report (issue 53): break-even per K and concurrency against the frozen model, speedup-curve.md, its PNG, the launcher's table.
+
+From ``results/speedup-curve.json`` and ``results/speedup-frozen.json`` alone:
+
+* per (release, K, concurrency), the measured points (acceptance from ``/metrics``, output tok/s
+  and TPOT with and without the drafter, their ratio) and the break-even acceptance read off them
+  (``launcher.bench.breakeven.interpolate``), beside the frozen model's (``speedup_model``); a
+  relative gap over bars.yaml's ``speedup_curve.max_break_even_gap`` is flagged;
+* the ``logprobs`` and ``long`` points against the plain point they vary;
+* ``speedup-curve.md`` (headline first), ``speedup-curve.png`` (speed-up against measured
+  acceptance, one colour per K and concurrency, the frozen prediction dashed, 1.0 dashed black),
+  and the launcher's table (``launcher/bench/breakeven.json``).
+
+``python tests/gpu/reports/speedup_report.py --curve C --frozen F --md M --png P --table T``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]  # tests/gpu
+sys.path.insert(0, str(HERE))
+import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
+sys.path.insert(1, str(HERE.parents[1]))
+
+import bars  # noqa: E402
+import headline  # noqa: E402
+import png_plot  # noqa: E402
+import speedup_grid as sg  # noqa: E402
+import speedup_model as sm  # noqa: E402
+import speedup_record as srec  # noqa: E402
+from launcher.bench import breakeven  # noqa: E402
+
+COLORS = {(3, 1): (31, 119, 180), (3, 4): (158, 202, 225), (7, 1): (214, 39, 40), (7, 4): (252, 146, 114),
+          (15, 1): (44, 160, 44), (15, 4): (161, 217, 155)}
+SPOT_COLOR = (148, 103, 189)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def point_rows(curve: dict) -> list[dict]:
+    """Every point with both phases valid: measured acceptance, speed-up, TPOT ratio."""
+    rows = []
+    for pid, row in sorted(curve.get("points", {}).items()):
+        base, dfl = row.get("baseline"), row.get("dflash")
+        if not (srec.valid(base, "baseline") and srec.valid(dfl, "dflash")):
+            continue
+        rows.append({"id": pid, "vllm": row["vllm"], "k": row["k"], "concurrency": row["concurrency"],
+                     "level": row["level"], "variant": row["variant"],
+                     "acceptance": dfl["acceptance"]["mean_acceptance_length"],
+                     "tok_s": {"dflash": dfl["output_tok_s"], "no_drafter": base["output_tok_s"]},
+                     "tpot_ms": {"dflash": dfl.get("tpot_ms_mean"), "no_drafter": base.get("tpot_ms_mean")},
+                     "speedup": ratio(dfl["output_tok_s"], base["output_tok_s"]),
+                     "tpot_speedup": ratio(base.get("tpot_ms_mean"), dfl.get("tpot_ms_mean")),
+                     "successful": min(base["successful"], dfl["successful"]),
+                     "series": dfl.get("series")})
+    return rows
+
+
+def break_evens(rows: list[dict], frozen: dict) -> list[dict]:
+    """Per (release, K, concurrency) of the plain points: measured and predicted break-even."""
+    gap_bar = bars.get("speedup_curve", "max_break_even_gap")
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["variant"] == "base":
+            groups.setdefault((r["vllm"], r["k"], r["concurrency"]), []).append(r)
+    out = []
+    for (vllm, k, c), members in sorted(groups.items(), key=lambda kv: (kv[0][0] != sg.MAIN_VLLM, kv[0])):
+        got = breakeven.interpolate([(m["acceptance"], m["speedup"]) for m in members])
+        try:
+            predicted = sm.break_even(frozen, k, c)
+        except KeyError:
+            predicted = None
+        gap = (abs(got["acceptance"] - predicted) / predicted
+               if got["acceptance"] is not None and predicted else None)
+        out.append({"vllm": vllm, "k": k, "concurrency": c, "break_even": got["acceptance"], "status": got["status"],
+                    "measured_range": got["measured_range"], "points": got["points"], "predicted": predicted,
+                    "relative_gap": gap, "over_bar": gap is not None and gap > gap_bar})
+    return out
+
+
+def variants(rows: list[dict]) -> list[dict]:
+    """Each variant point beside the plain point of the same release, K, concurrency and level."""
+    plain = {(r["vllm"], r["k"], r["concurrency"], r["level"]): r for r in rows if r["variant"] == "base"}
+    out = []
+    for r in rows:
+        if r["variant"] == "base":
+            continue
+        b = plain.get((r["vllm"], r["k"], r["concurrency"], r["level"]))
+        out.append({"id": r["id"], "variant": r["variant"], "speedup": r["speedup"],
+                    "plain_speedup": b["speedup"] if b else None, "acceptance": r["acceptance"],
+                    "plain_acceptance": b["acceptance"] if b else None})
+    return out
+
+
+def launcher_table(curve: dict | None, frozen: dict | None) -> dict:
+    """What launcher/bench/breakeven.json holds: the measured break-evens (no rows without a curve)."""
+    if not curve or not frozen:
+        return {"source": None, "note": "no speed-up curve is committed yet: no measured break-even", "rows": []}
+    table = break_evens(point_rows(curve), frozen)
+    return {"source": srec.CURVE_PATH, "frozen": curve.get("frozen"),
+            "rows": [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"], "acceptance": r["break_even"],
+                      "status": r["status"], "measured_range": r["measured_range"]} for r in table]}
+
+
+def _f(x, digits=2, suffix=""):
+    return "-" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> str:
+    rows = point_rows(curve)
+    table = break_evens(rows, frozen)
+    problems = srec.grid_problems(curve)
+    records = [{"vllm": r["vllm"], "series": r["series"]} for r in rows]
+    verdict = lambda b: ("over the 15 % bar" if b["over_bar"] else "within 15 %") if b["relative_gap"] is not None \
+        else b["status"]  # noqa: E731
+    head = [(f"break-even K={b['k']} c={b['concurrency']}", b["vllm"],
+             headline.series_cell([r for r in records if r["vllm"] == b["vllm"]]),
+             verdict(b), f"{_f(b['break_even'])} measured / {_f(b['predicted'])} frozen") for b in table]
+    head = head or [("speed-up curve", sg.MAIN_VLLM, "unrecorded", "no point measured", "-")]
+    lines = ["# When DFlash pays: the measured speed-up curve (issue 53)", "", *headline.table(head)]
+    lines += [f"Grid: {'complete' if not problems else f'{len(problems)} gaps'} "
+              f"({len(rows)} of {len(sg.GRID)} points measured with both phases). Frozen model: "
+              f"`speedup-frozen.json` (blob {curve['frozen']['blob'][:12]}, {frozen.get('date')}, "
+              f"{frozen.get('gpu')}, vLLM {frozen.get('vllm')}), prediction `{sm.FORMULA}`, never fitted to "
+              "this curve.", "",
+              "An emulation on a Hopper GPU (Marlin for the FP4 kernels, the rtx5090 profile's memory); "
+              "random weights, the oracle proposer setting acceptance while the drafter's forward runs.", "",
+              f"![speed-up against measured acceptance]({png_name})", "",
+              "The chart: x = measured mean acceptance length (grid line every 1), y = output tok/s with "
+              "the drafter over without (grid line every 1, dashed black at 1.0). Colours: "
+              "K=3 blue, K=7 red, K=15 green (dark: concurrency 1, light: 4), 0.21.0 purple; dashed in "
+              "the same colour: the frozen prediction.", "",
+              "## Break-even per K and concurrency", "",
+              "| vLLM | K | c | measured break-even | frozen prediction | gap | points | measured acceptance |",
+              "|---|---|---|---|---|---|---|---|"]
+    for b in table:
+        lines.append(f"| {b['vllm']} | {b['k']} | {b['concurrency']} | {_f(b['break_even'])} ({b['status']}) | "
+                     f"{_f(b['predicted'])} | {_f(None if b['relative_gap'] is None else 100 * b['relative_gap'], 1, ' %')}"
+                     f"{' **over the bar**' if b['over_bar'] else ''} | {b['points']} | "
+                     f"{_f(b['measured_range'][0])}-{_f(b['measured_range'][1])} |")
+    lines += ["", "## Points", "", "| point | acceptance | tok/s with / without | speed-up | TPOT with / without ms | "
+              "requests |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['id']} | {_f(r['acceptance'])} | {_f(r['tok_s']['dflash'], 1)} / "
+                     f"{_f(r['tok_s']['no_drafter'], 1)} | {_f(r['speedup'])}x | {_f(r['tpot_ms']['dflash'])} / "
+                     f"{_f(r['tpot_ms']['no_drafter'])} | {r['successful']} |")
+    var = variants(rows)
+    if var:
+        lines += ["", "## What logprobs and long prompts cost", "",
+                  "| point | speed-up | the plain point's | acceptance / plain |", "|---|---|---|---|"]
+        for v in var:
+            lines.append(f"| {v['id']} | {_f(v['speedup'])}x | {_f(v['plain_speedup'])}x | "
+                         f"{_f(v['acceptance'])} / {_f(v['plain_acceptance'])} |")
+    if problems:
+        lines += ["", "## Gaps in the grid", "", *[f"- {p}" for p in problems[:60]]]
+        if len(problems) > 60:
+            lines.append(f"- ... and {len(problems) - 60} more")
+    return "\n".join(lines) + "\n"
+
+
+def chart(curve: dict, frozen: dict) -> bytes:
+    rows = point_rows(curve)
+    series = []
+    for (k, c), color in COLORS.items():
+        pts = [(r["acceptance"], r["speedup"]) for r in rows
+               if r["variant"] == "base" and r["vllm"] == sg.MAIN_VLLM and (r["k"], r["concurrency"]) == (k, c)]
+        if pts:
+            series.append({"points": pts, "color": color})
+            try:
+                series.append({"points": [(a, sm.predict(frozen, a, k, c)) for a in (1.0, k + 1.0)],
+                               "color": color, "dashed": True})
+            except KeyError:
+                pass
+    spot = [(r["acceptance"], r["speedup"]) for r in rows if r["vllm"] == sg.SPOT_VLLM]
+    if spot:
+        series.append({"points": spot, "color": SPOT_COLOR})
+    ys = [y for s in series for _, y in s["points"]] or [1.0]
+    return png_plot.chart(series, x_range=(0.0, max(sg.KS) + 1.0), y_range=(0.0, max(2.0, float(int(max(ys)) + 1))),
+                          reference_y=1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--curve", type=Path, required=True)
+    parser.add_argument("--frozen", type=Path, required=True)
+    parser.add_argument("--md", type=Path, required=True)
+    parser.add_argument("--png", type=Path, required=True)
+    parser.add_argument("--table", type=Path, help="the launcher's break-even table to write")
+    args = parser.parse_args(argv)
+    curve, frozen = json.loads(args.curve.read_text()), json.loads(args.frozen.read_text())
+    args.md.write_text(markdown(curve, frozen, args.png.name))
+    args.png.write_bytes(chart(curve, frozen))
+    if args.table:
+        args.table.write_text(json.dumps(launcher_table(curve, frozen), indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Measure the speed-up curve on the GPU host, a batch at a time, into ``speedup-curve.json`` (issue 53).
+
+Each batch (``speedup_grid.batches``) starts one server of the full-size random-weight checkpoint
+through ``launcher serve`` (the rtx5090 profile inside the card's memory, as ``fullsize_serve.py``
+does: the memory blocker, the scaled fraction) and measures the batch's pending points on it
+(``speedup_record.pending``), saving the record after every measurement:
+
+* the server without the drafter: each point's baseline (a warm-up round with a cache salt, then
+  the point's prompts at its concurrency, greedy, ``ignore_eos``; output tok/s and TPOT from
+  ``launcher.bench.client``), then each prompt's reference continuation one request at a time
+  (``output_len + 15`` token ids, kept in ``--refs``: the oracle's plan needs them);
+* a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with a plan of every
+  pending point's prompts, references and first-wrong pattern (``speedup_grid.f_cycle``), its
+  log off (``ORACLE_LOG=off``): the drafter's forward runs, its proposals are replaced. Each
+  point: the same warm-up and timed run, and the acceptance from ``/metrics`` around the run.
+
+A batch ends with the record written to ``--record`` (and, with ``--commit``, committed there);
+a rerun reads it and measures only what is missing. The record must name the frozen record
+(``--frozen``) it started from.
+
+``python tests/gpu/runs/speedup_curve.py plan``  the batches and what each still has to measure
+``python tests/gpu/runs/speedup_curve.py run --vllm V --site-label L ...``  the pending batches of release V
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import types
+import urllib.request
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]  # tests/gpu
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
+sys.path.insert(1, str(REPO))
+
+import fullsize_serve as fsv  # noqa: E402
+import memfit  # noqa: E402
+import speedup_grid as sg  # noqa: E402
+import speedup_record as srec  # noqa: E402
+
+ORACLE_PLUGIN = HERE / "oracle_plugin"
+REFERENCE_EXTRA = max(sg.KS)  # tokens past output_len: a verify may accept drafts past max_tokens
+WARM_UP_TOKENS = 16
+
+
+# ------------------------------------------------------------------ one measurement
+
+
+def _run(concurrency: int, output_len: int):
+    """What launcher.bench.client.run_level reads of a workload run."""
+    return types.SimpleNamespace(concurrency=concurrency, workload=types.SimpleNamespace(output_len=output_len))
+
+
+def measure(base: str, model: str, point: sg.Point, prompts: list, *, with_drafter: bool, meta: dict,
+            timeout: float = 600.0) -> dict:
+    """One timed run of the point's prompts at its concurrency, after an unmeasured warm-up
+    round; the acceptance is the /metrics counters' difference around the timed run."""
+    from launcher.bench import client, metrics
+
+    target = client.Target(base, model, None)
+    run = _run(point.concurrency, sg.OUTPUT_LEN)
+    common = dict(temperature=0.0, seed=0, ignore_eos=True, timeout=timeout)
+    client.run_level(target, run, prompts[:point.concurrency], max_tokens=WARM_UP_TOKENS,
+                     extra={**point.extra, "cache_salt": f"speedup-warm-up-{uuid.uuid4().hex}"}, **common)
+    before = metrics.scrape(base)
+    res = client.run_level(target, run, prompts, extra=point.extra or None, **common)
+    after = metrics.scrape(base)
+    return {**meta, "with_drafter": with_drafter, "successful": res["completed"], "failed": res["failed"],
+            "errors": res["errors"], "output_tok_s": res["output_throughput"], "duration_s": res["duration"],
+            "tpot_ms_mean": res["mean_tpot_ms"], "tpot_ms_p99": res["p99_tpot_ms"],
+            "ttft_ms_mean": res["mean_ttft_ms"], "output_tokens": res["total_output_tokens"],
+            "acceptance": metrics.acceptance(before, after) if with_drafter else None}
+
+
+def reference(base: str, model: str, prompt: list[int], max_tokens: int, timeout: float = 600.0) -> list[int]:
+    """The server's greedy continuation of ``prompt`` as token ids (``return_token_ids``, else
+    the logprobs' ``token_id:N`` strings)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "return_token_ids": True, "logprobs": 1, "return_tokens_as_token_ids": True}
+    req = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        choice = json.loads(resp.read())["choices"][0]
+    return token_ids(choice)
+
+
+def token_ids(choice: dict) -> list[int]:
+    if isinstance(choice.get("token_ids"), list):
+        return [int(t) for t in choice["token_ids"]]
+    tokens = (choice.get("logprobs") or {}).get("tokens") or []
+    if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens) or not tokens:
+        raise ValueError("the server returned neither token_ids nor token_id:N logprob tokens")
+    return [int(t.split(":", 1)[1]) for t in tokens]
+
+
+# ------------------------------------------------------------------ references
+
+
+def ref_path(refs: Path, point: sg.Point) -> Path:
+    return refs / f"{point.id}.json"
+
+
+def has_reference(refs: Path):
+    return lambda point: ref_path(refs, point).is_file()
+
+
+def oracle_plan(path: Path, points: list[sg.Point], refs: Path, k: int, vocab_size: int) -> dict:
+    """One plan for a DFlash server: every point's prompts, references and first-wrong pattern."""
+    import oracle
+
+    prompts, references, max_tokens, cycles = [], [], [], []
+    for p in points:
+        data = json.loads(ref_path(refs, p).read_text())
+        cycle = sg.f_cycle(p.level, k)
+        for prompt, ref in zip(data["prompts"], data["references"]):
+            prompts.append(prompt)
+            references.append(ref)
+            max_tokens.append(sg.OUTPUT_LEN)
+            cycles.append(cycle)
+    return oracle.make_plan_file(path, prompts, references, max_tokens, vocab_size, k=k, f_cycles=cycles)
+
+
+# ------------------------------------------------------------------ a server
+
+
+class Server:
+    """The memory blocker and ``launcher serve`` (fullsize_serve's helpers), stopped on exit."""
+
+    def __init__(self, args, label: str, k: int | None, env: dict):
+        self.args, self.label, self.k, self.env = args, label, k, env
+        self.blocker = self.proc = None
+        self.base = f"http://127.0.0.1:{args.port}"
+
+    def __enter__(self):
+        a = self.args
+        card = memfit.CARDS[a.profile]
+        settings = fsv.profile_settings(a.recipe, a.profile, fsv.served_release())
+        self.blocker = subprocess.Popen(shlex.split(a.blocker) + ["--leave-free", str(card.total_bytes)],
+                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        events = fsv.read_json_lines(self.blocker.stdout, 2, fsv.now() + 120)
+        if len(events) < 2:
+            raise RuntimeError(f"the memory blocker did not report ({events})")
+        fraction = memfit.plan(card, settings["gpu_memory_utilization"], events[0]["total"])["scaled_fraction"]
+        ns = types.SimpleNamespace(launcher=a.launcher, recipe=a.recipe, profile=a.profile, model=a.model,
+                                   port=a.port, no_drafter=self.k is None, drafter=a.drafter,
+                                   set=[] if self.k is None else [f"drafter.num_speculative_tokens={self.k}"],
+                                   vllm_arg=a.vllm_arg)
+        env = {**fsv.server_env(), **self.env}
+        log = open(Path(a.work) / f"{self.label}.server.log", "w")
+        self.proc = subprocess.Popen(fsv.server_argv(ns, fraction), stdout=log, stderr=subprocess.STDOUT,
+                                     env=env, cwd=REPO, start_new_session=True)
+        problem = fsv.wait_healthy(self.base, self.proc, fsv.now() + a.start_timeout_s)
+        if problem:
+            raise RuntimeError(f"{self.label}: server {problem} (log {log.name})")
+        from launcher.bench.runner import server_models
+
+        self.model = server_models(self.base, None)[0]
+        return self
+
+    def __exit__(self, *exc):
+        fsv.stop_group(self.proc)
+        fsv.stop_group(self.blocker)
+        return False
+
+
+# ------------------------------------------------------------------ batches
+
+
+def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
+    """Measure the batch's pending points; the record is saved after each. Returns their ids."""
+    refs = Path(args.refs)
+    refs.mkdir(parents=True, exist_ok=True)
+    todo = srec.pending(batch, record, has_reference(refs))
+    if not todo:
+        return []
+    from launcher.bench import workload
+
+    vocab = workload.vocab_size(args.model)
+    done = []
+    if batch.server == "nodrafter":
+        with Server(args, f"{batch.id}", None, {}) as server:
+            for p in todo:
+                prompts = sg.prompts(p, vocab)
+                if "baseline" in srec.missing(record, p):
+                    srec.put(record, p, "baseline", measure(server.base, server.model, p, prompts, with_drafter=False,
+                                                            meta=meta))
+                    srec.save(record, args.record)
+                if "dflash" in srec.missing(record, p) and not ref_path(refs, p).is_file():
+                    outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA) for q in prompts]
+                    ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs}))
+                done.append(p.id)
+        return done
+    k = int(batch.server[1:])
+    ready = [p for p in todo if ref_path(refs, p).is_file()]
+    for p in set(todo) - set(ready):
+        print(f"{p.id}: no reference continuation here; the server without the drafter makes it first", flush=True)
+    if not ready:
+        return []
+    plan = Path(args.work) / f"{batch.id}.plan.json"
+    oracle_plan(plan, ready, refs, k, vocab)
+    env = {"ORACLE_PLAN": str(plan), "ORACLE_LOG": "off", "ORACLE_RELEASE": args.vllm}
+    if args.vllm == sg.MAIN_VLLM:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the oracle's 0.33.0 hook is the V2 runner's
+    env["PYTHONPATH"] = fsv.server_env()["PYTHONPATH"] + ":" + str(ORACLE_PLUGIN)
+    with Server(args, batch.id, k, env) as server:
+        for p in ready:
+            srec.put(record, p, "dflash", measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
+                                                  meta={**meta, "f_cycle": sg.f_cycle(p.level, k)}))
+            srec.save(record, args.record)
+            done.append(p.id)
+    return done
+
+
+def lane_batches(batches: list, lane: str | None) -> list:
+    """``I/N``: the I-th of every N batches in order (a lane's share; None: all). The servers
+    without the drafter come first in the order, so each lane makes references before it drafts;
+    a DFlash point whose reference another lane has not made yet waits for a rerun."""
+    if not lane:
+        return batches
+    i, n = (int(x) for x in lane.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"--lane {lane}: I/N with 0 <= I < N")
+    return batches[i::n]
+
+
+def lane_commands(argv: list[str], gpus: list[str], work: Path, port: int) -> list[tuple[list[str], dict]]:
+    """One ``run`` per GPU: this command's arguments less ``--gpus`` and ``--commit``, with its lane,
+    a record of its own under ``work``, a port of its own, and CUDA_VISIBLE_DEVICES."""
+    base, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--gpus", "--record", "--port"):
+            skip = True
+            continue
+        if a == "--commit" or a.startswith(("--gpus=", "--record=", "--port=")):
+            continue
+        base.append(a)
+    n = len(gpus)
+    return [([sys.executable, str(Path(__file__).resolve()), *base, "--lane", f"{i}/{n}",
+              "--record", str(work / f"lane-{i}.json"), "--port", str(port + 10 * i)],
+             {"CUDA_VISIBLE_DEVICES": g}) for i, g in enumerate(gpus)]
+
+
+def run_lanes(args, argv: list[str]) -> int:
+    """The release's pending batches on several GPUs at once, a lane each, then their records
+    merged into ``--record`` (and committed with ``--commit``)."""
+    gpus = args.gpus.split(",")
+    lanes = lane_commands(argv, gpus, args.work, args.port)
+    for i in range(len(gpus)):  # each lane starts from what the curve holds
+        if args.record.is_file():
+            shutil.copyfile(args.record, args.work / f"lane-{i}.json")
+    procs = [subprocess.Popen(cmd, env={**os.environ, **env}) for cmd, env in lanes]
+    codes = [p.wait() for p in procs]
+    record = srec.load(args.record, args.frozen)
+    for i in range(len(gpus)):
+        lane = args.work / f"lane-{i}.json"
+        if lane.is_file():
+            srec.merge(record, json.loads(lane.read_text()))
+    srec.save(record, args.record)
+    print(f"lanes on GPUs {args.gpus}: exit {codes}; record {args.record}", flush=True)
+    if args.commit:
+        commit(args.record, f"speedup-curve: lanes on {len(gpus)} GPUs (vLLM {args.vllm})")
+    return max(codes)
+
+
+def commit(record_path: Path, message: str) -> None:
+    """Commit the record alone, where the checkout has git (a GPU host's copy may not)."""
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "--git-dir"], capture_output=True).returncode != 0:
+        print("no git here: the record is in place, commit it where the checkout has git", flush=True)
+        return
+    subprocess.run(["git", "-C", str(REPO), "add", str(record_path)], check=True)
+    subprocess.run(["git", "-C", str(REPO), "commit", "-m", message, "--", str(record_path)], check=False)
+
+
+def frozen_committed(frozen: Path) -> bool:
+    """This version of the frozen record is in git history (True where the checkout has no git:
+    tests/unit/test_gpu_speedup_curve.py checks the order once the records are committed)."""
+    import bars
+
+    try:
+        versions = bars.committed_versions(REPO, srec.FROZEN_PATH)
+    except Exception:  # noqa: BLE001 - no git, or no history
+        return True
+    return bars.blob_hash(frozen) in versions
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_plan = sub.add_parser("plan")
+    p_run = sub.add_parser("run")
+    for p in (p_plan, p_run):
+        p.add_argument("--record", type=Path, default=REPO / srec.CURVE_PATH)
+        p.add_argument("--frozen", type=Path, default=REPO / srec.FROZEN_PATH)
+        p.add_argument("--refs", type=Path, default=Path("/tmp/gpu-proof/speedup-refs"))
+    p_run.add_argument("--vllm", required=True, choices=sorted({pt.vllm for pt in sg.GRID}))
+    p_run.add_argument("--series-hash", required=True)
+    p_run.add_argument("--gpu-file", type=Path)
+    p_run.add_argument("--model", type=Path, required=True)
+    p_run.add_argument("--drafter", type=Path, required=True)
+    p_run.add_argument("--launcher", required=True, help="as fullsize_serve.py --launcher")
+    p_run.add_argument("--recipe", default="gemma4-moe-dflash")
+    p_run.add_argument("--profile", default="rtx5090")
+    p_run.add_argument("--vllm-arg", action="append", default=[])
+    p_run.add_argument("--port", type=int, default=8021)
+    p_run.add_argument("--work", type=Path, default=Path("/tmp/gpu-proof/speedup"))
+    p_run.add_argument("--batches", type=int, default=0, help="stop after this many batches (0: all pending)")
+    p_run.add_argument("--start-timeout-s", type=float, default=600)
+    p_run.add_argument("--commit", action="store_true", help="git commit the record after each batch")
+    p_run.add_argument("--blocker", default=shlex.join([sys.executable, str(HERE / "runs" / "mem_blocker.py")]))
+    p_run.add_argument("--lane", help="I/N: the I-th of every N pending batches (run_lanes starts them)")
+    p_run.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): a lane each, records merged after")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if not args.frozen.is_file():
+        parser.error(f"{args.frozen}: measure and commit the frozen model first (remote.sh speedup-frozen)")
+    record = srec.load(args.record, args.frozen)
+    if args.cmd == "plan":
+        for b in sg.batches():
+            todo = srec.pending(b, record, has_reference(args.refs))
+            print(f"{b.id:28} {len(todo)}/{len(b.points)} pending  {' '.join(p.id for p in todo)}")
+        return 0
+    if not frozen_committed(args.frozen):
+        parser.error(f"{args.frozen} is not committed: commit the frozen model before the curve")
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.gpus and len(args.gpus.split(",")) > 1:
+        return run_lanes(args, argv)
+    gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
+    meta = {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            # a lane ran beside others, one a GPU of the same host
+            **({"lane": args.lane} if args.lane else {})}
+    ran = 0
+    for batch in lane_batches([b for b in sg.batches() if b.vllm == args.vllm], args.lane):
+        done = run_batch(args, batch, record, meta)
+        if not done:
+            continue
+        record.setdefault("batches", []).append({"id": batch.id, **meta, "measured": done})
+        srec.save(record, args.record)
+        print(f"{batch.id}: measured {len(done)} points; record {args.record}", flush=True)
+        if args.commit:
+            commit(args.record, f"speedup-curve: batch {batch.id} ({len(done)} points, vLLM {args.vllm})")
+        ran += 1
+        if args.batches and ran >= args.batches:
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The speed-up curve's grid (issue 53): its points, each point's oracle pattern and prompts, and the batches.
+
+A point is one (vLLM release, speculative length K, concurrency, planned acceptance level,
+variant) measured twice on the same prompts: without the drafter (the baseline) and with the
+drafter whose proposals the oracle proposer (``oracle.py``) replaces so that the mean acceptance
+length comes out near the planned level. The level is planned, never plotted: the curve's x-axis
+is the acceptance vLLM's ``/metrics`` counters measure.
+
+The grid (``GRID``): on patched 0.33.0, K = 3, 7 and 15, each at concurrency 1 and 4, at levels
+from 1 up to K + 1 (``LEVELS``: at least four each, denser where the break-even lies); on 0.21.0
+one K (15) at concurrency 1 (``SPOT_LEVELS``); and two variants of 0.33.0's K = 15, c = 1 point at
+level 2.5: ``logprobs`` (every request asks for two logprobs) and ``long`` (prompts of
+``LONG_INPUT`` tokens).
+
+A level L is made by the first-wrong pattern ``f_cycle(L)``: a proposal whose first wrong draft
+is at position f is accepted for f tokens, and the step emits f + 1; the pattern repeats the
+positions whose mean plus one is L (2.5: f = 1, 2, 1, 2, ...).
+
+Batches: the work splits by server (each batch starts one server and measures a bounded number of
+points on it), in the order the points need them: per release the server without the drafter
+first (baselines and the reference continuations the oracle needs), then one DFlash server per K.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
+import bars  # noqa: E402
+
+MAIN_VLLM = "0.33.0"
+SPOT_VLLM = "0.21.0"
+KS = (3, 7, 15)
+CONCURRENCY = (1, 4)
+LEVELS = {3: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
+          7: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0),
+          15: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)}
+SPOT_K = 15
+SPOT_LEVELS = (1.5, 2.5, 4.0, 8.0)
+VARIANT_LEVEL = 2.5
+MIN_REQUESTS = bars.get("speedup_curve", "min_requests")
+MIN_LEVELS = bars.get("speedup_curve", "min_levels")
+INPUT_LEN = 1024
+LONG_INPUT = 2048
+OUTPUT_LEN = 256
+LOGPROBS = 2
+# Points one batch measures at most: with its server's start, a batch stays near ten minutes
+# on an H200 (about a minute a point at 32 requests of 256 tokens).
+BATCH_POINTS = 6
+TOKEN_BAND = (1000, 30000)  # launcher.bench.workload.RANDOM_TOKEN_RANGE: no special ids
+
+
+@dataclass(frozen=True)
+class Point:
+    vllm: str
+    k: int
+    concurrency: int
+    level: float
+    variant: str = "base"
+
+    @property
+    def id(self) -> str:
+        return f"v{self.vllm}-k{self.k}-c{self.concurrency}-a{self.level:g}-{self.variant}"
+
+    @property
+    def input_len(self) -> int:
+        return LONG_INPUT if self.variant == "long" else INPUT_LEN
+
+    @property
+    def extra(self) -> dict:
+        """What each request of the point adds to its body."""
+        return {"logprobs": LOGPROBS} if self.variant == "logprobs" else {}
+
+    @property
+    def requests(self) -> int:
+        """At least MIN_REQUESTS, a whole number per stream."""
+        return self.concurrency * math.ceil(MIN_REQUESTS / self.concurrency)
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "vllm": self.vllm, "k": self.k, "concurrency": self.concurrency,
+                "level": self.level, "variant": self.variant, "input_len": self.input_len,
+                "output_len": OUTPUT_LEN, "requests": self.requests, "extra": self.extra}
+
+
+def grid() -> list[Point]:
+    """Every point of the curve, in batch order."""
+    points = [Point(MAIN_VLLM, k, c, level) for k in KS for c in CONCURRENCY for level in LEVELS[k]]
+    points += [Point(MAIN_VLLM, SPOT_K, 1, VARIANT_LEVEL, "logprobs"), Point(MAIN_VLLM, SPOT_K, 1, VARIANT_LEVEL, "long")]
+    points += [Point(SPOT_VLLM, SPOT_K, 1, level) for level in SPOT_LEVELS]
+    return points
+
+
+GRID = grid()
+
+
+def f_cycle(level: float, k: int) -> list[int]:
+    """First-wrong positions whose mean plus one is ``level`` (1 <= level <= k + 1, a multiple
+    of 0.5): one position for a whole level, two alternating for a half."""
+    if not 1 <= level <= k + 1 or (2 * level) != int(2 * level):
+        raise ValueError(f"level {level} is not a multiple of 0.5 in 1..{k + 1}")
+    low = math.floor(level - 1)
+    return [low] if level - 1 == low else [low, low + 1]
+
+
+def planned_acceptance(cycle: list[int]) -> float:
+    return 1 + sum(cycle) / len(cycle)
+
+
+def prompts(point: Point, vocab_size: int | None = None) -> list[list[int]]:
+    """The point's prompts: random token ids seeded by the point (its baseline and DFlash runs
+    send the same ones; the oracle finds each by its ids)."""
+    rng = random.Random(f"speedup/{point.id}")
+    low, high = TOKEN_BAND
+    if vocab_size is not None:
+        high = min(high, vocab_size)
+    return [[rng.randrange(low, high) for _ in range(point.input_len)] for _ in range(point.requests)]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One server and the points measured on it: ``server`` is ``nodrafter`` or ``k<K>``."""
+
+    vllm: str
+    server: str
+    index: int
+    points: tuple[Point, ...]
+
+    @property
+    def id(self) -> str:
+        return f"v{self.vllm}-{self.server}-{self.index}"
+
+
+def batches(points: list[Point] | None = None, size: int = BATCH_POINTS) -> list[Batch]:
+    """The points split into batches of at most ``size``: per release (0.33.0 first), the
+    server without the drafter for every point, then each K's DFlash server for its points."""
+    points = GRID if points is None else points
+    out: list[Batch] = []
+    for vllm in dict.fromkeys(p.vllm for p in points):
+        mine = [p for p in points if p.vllm == vllm]
+        groups = [("nodrafter", mine)] + [(f"k{k}", [p for p in mine if p.k == k])
+                                          for k in dict.fromkeys(p.k for p in mine)]
+        for server, members in groups:
+            for i in range(0, len(members), size):
+                out.append(Batch(vllm, server, i // size + 1, tuple(members[i:i + size])))
+    return out
