@@ -58,7 +58,7 @@ after the last accepted one, group 6, for every request of the step, as
 ``copy_and_expand_dflash_inputs_kernel`` computes them). A position beyond the
 request's table (no block allocated there) gets slot -1 and is listed under
 ``beyond_table``: on the GPU it would read whatever id the persistent batch
-row holds there. Ownership is checked by ``tests/gpu/input_trace.block_conflicts``.
+row holds there. Ownership is checked by ``input_trace.block_conflicts`` (tests/gpu/runs/input_trace.py).
 
 Not covered: the persistent batch itself (row moves in ``condense``, stale row
 tails), the drafter's own metadata beyond its slot mapping, CUDA graphs.

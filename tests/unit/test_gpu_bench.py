@@ -1,4 +1,4 @@
-"""CPU-side parts of the step-time benchmark (tests/gpu/bench_*.py, make_bench_checkpoints.py).
+"""CPU-side parts of the step-time benchmark (tests/gpu/runs/bench_steps.py, reports/bench_report.py, models/make_bench_checkpoints.py).
 
 What cannot run here is vLLM on a GPU. What runs: the released widths and the
 layer pattern, the checkpoint generator at tiny widths (files written and
