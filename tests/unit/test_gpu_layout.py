@@ -48,3 +48,20 @@ def test_a_module_run_as_a_script_from_its_folder_imports_the_other_groups():
     out = subprocess.run([sys.executable, str(GPU_DIR / "reports" / "headline.py"), "--help"],
                          capture_output=True, text=True, cwd=GPU_DIR.parents[1] / "launcher")
     assert out.returncode == 0 and "ModuleNotFoundError" not in out.stderr, out.stderr
+
+
+def test_the_vllm_plugins_find_the_harness_modules_they_load():
+    # The oracle and step-time plugins load in vLLM's worker with only their own folder on the
+    # path; they reach oracle.py and bench_steps.py in runs/ through gpu_paths
+    import subprocess
+    import sys
+
+    code = ("import os, sys; sys.path[:0] = [sys.argv[1]]; import vllm_oracle; "
+            "os.environ.update(ORACLE_PLAN='plan.json', ORACLE_RELEASE='0.21.0'); vllm_oracle.register(); "
+            "import oracle; assert oracle.__file__.endswith('runs/oracle.py'), oracle.__file__")
+    out = subprocess.run([sys.executable, "-c", code, str(GPU_DIR / "oracle_plugin")], capture_output=True,
+                         text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    step_times = (GPU_DIR / "step_times" / "vllm_step_times.py").read_text()
+    body = step_times[step_times.index("def attach("):]
+    assert body.index("import gpu_paths") < body.index("import bench_steps")

@@ -22,6 +22,7 @@ def register() -> None:
     if not plan:
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import gpu_paths  # noqa: F401  (tests/gpu/runs, where oracle.py lives, on the path)
     import oracle
 
     release = os.environ.get("ORACLE_RELEASE")

@@ -86,6 +86,7 @@ def attach(runner, path: Path):
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import gpu_paths  # noqa: F401  (tests/gpu/runs, where bench_steps.py lives, on the path)
     import bench_steps
 
     path.parent.mkdir(parents=True, exist_ok=True)
