@@ -34,7 +34,7 @@ def dump(out: Path, version: str) -> None:
     from launcher import multinode
     from launcher.checks import resolve
     from launcher.plan import Request
-    from tests.gpu import make_checkpoints as mk
+    from tests.gpu.models import make_checkpoints as mk
     from tests.unit.conftest import GB10, make_ctx
 
     target, drafter = out / "target", out / "drafter"
