@@ -533,6 +533,25 @@ def test_the_frozen_servers_run_a_wave_per_gpu_set_and_a_rerun_starts_only_the_m
     assert sf.run_waves(args, [3], ["0"], sf.time.monotonic()) == 3
 
 
+def test_a_server_that_did_not_measure_is_started_once_more(tmp_path, monkeypatch):
+    # The stand-in leaves no record for K 7 the first time it is started (a server cut at its
+    # start limit), and does the second time; a server that never measures is not started a third.
+    import speedup_frozen as sf
+
+    flaky = STAND_IN.replace("json.dump(", "first = not os.path.exists(os.path.join(out, label + '.tried'))\n"
+                             "open(os.path.join(out, label + '.tried'), 'w').close()\n"
+                             "if label == 'frozen-k7' and first: sys.exit(1)\n"
+                             "if label == 'frozen-k15': sys.exit(1)\njson.dump(", 1)
+    (tmp_path / "serve.py").write_text(flaky.replace("STEP_TIMES_OUT", sf.STEP_TIMES_ENV))
+    monkeypatch.setattr(sf, "FULLSIZE_SERVE", tmp_path / "serve.py")
+    args = type("A", (), {"recipe": "r", "launcher": "x", "model": tmp_path, "drafter": tmp_path, "out": tmp_path,
+                          "series_hash": None, "vllm_arg": [], "deadline_s": 10 * sf.SERVER_S})()
+    assert sf.run_pending(args, ["0", "1"], sf.time.monotonic()) == 0
+    started = [p.split()[0] for p in (tmp_path / "placed.txt").read_text().splitlines()]
+    assert sorted(started) == sorted([sf.sm.server_label(k) for k in (None, 3, 7, 7, 15, 15)])
+    assert [sf.measured(tmp_path, k) for k in (None, 3, 7, 15)] == [True, True, True, False]
+
+
 def test_the_record_states_the_profile_the_release_serves():
     # On 0.33.0 the rtx5090 profile serves a shorter context (serve_since): the record of a
     # full-size server there must say so, not the profile's own 49,152 (its first 0.33.0
