@@ -218,8 +218,13 @@ def test_batches_hold_every_point_once_server_by_server_baselines_first():
     assert sorted(ids) == sorted(p.id for p in sg.GRID)
     dflash = [p.id for b in bs if b.server != "nodrafter" for p in b.points]
     assert sorted(dflash) == sorted(p.id for p in sg.GRID)
-    assert all(len(b.points) <= sg.BATCH_POINTS for b in bs)
     assert all(b.server == f"k{p.k}" for b in bs if b.server != "nodrafter" for p in b.points)
+    # as few server starts as the lanes allow: 0.33.0's points without the drafter in two batches
+    # of whole Ks (one for each GPU of a two-GPU host), 0.21.0's four in one, a batch per K
+    assert [(b.vllm, b.server) for b in bs] == [("0.33.0", "nodrafter")] * 2 + [
+        ("0.33.0", f"k{k}") for k in sg.KS] + [("0.21.0", "nodrafter"), ("0.21.0", "k15")]
+    assert [sorted({p.k for p in b.points}) for b in bs[:2]] == [[15], [3, 7]]  # 22 points against 28
+    assert sum(len(b.points) for b in bs[:2]) == sum(p.vllm == "0.33.0" for p in sg.GRID)
     for vllm in ("0.33.0", "0.21.0"):
         mine = [b for b in bs if b.vllm == vllm]
         first_dflash = next(i for i, b in enumerate(mine) if b.server != "nodrafter")
@@ -260,6 +265,11 @@ def test_lanes_share_the_batches_and_their_records_merge_into_the_curve(tmp_path
     assert sorted(b.id for lane in lanes for b in lane) == sorted(b.id for b in mine)  # each batch once
     assert not {b.id for b in lanes[0]} & {b.id for b in lanes[1]}
     assert all(lane[0].server == "nodrafter" for lane in lanes)  # references before drafts in each lane
+    # each DFlash batch in the lane that made its references: no lane waits on the other
+    for lane in lanes:
+        made = {p.id for b in lane if b.server == "nodrafter" for p in b.points}
+        assert all(p.id in made for b in lane if b.server != "nodrafter" for p in b.points)
+    assert [[b.server for b in lane] for lane in lanes] == [["nodrafter", "k15"], ["nodrafter", "k3", "k7"]]
     assert curve.lane_batches(mine, None) == mine
     with pytest.raises(ValueError, match="0 <= I < N"):
         curve.lane_batches(mine, "2/2")

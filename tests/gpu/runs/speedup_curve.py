@@ -222,15 +222,23 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
 
 
 def lane_batches(batches: list, lane: str | None) -> list:
-    """``I/N``: the I-th of every N batches in order (a lane's share; None: all). The servers
-    without the drafter come first in the order, so each lane makes references before it drafts;
-    a DFlash point whose reference another lane has not made yet waits for a rerun."""
+    """``I/N``: a lane's share (None: all). The servers without the drafter go round the lanes in
+    order; each DFlash batch runs in the lane that made the references of its points, after that
+    lane's servers without the drafter, so no lane drafts on references another has yet to make."""
     if not lane:
         return batches
     i, n = (int(x) for x in lane.split("/"))
     if not 0 <= i < n:
         raise ValueError(f"--lane {lane}: I/N with 0 <= I < N")
-    return batches[i::n]
+    made = [b for b in batches if b.server == "nodrafter"]
+    owner = {p.id: j % n for j, b in enumerate(made) for p in b.points}
+    mine = [b for j, b in enumerate(made) if j % n == i]
+    for b in batches:
+        if b.server != "nodrafter":
+            lanes = [owner.get(p.id, 0) for p in b.points]
+            if max(set(lanes), key=lanes.count) == i:
+                mine.append(b)
+    return mine
 
 
 def lane_commands(argv: list[str], gpus: list[str], work: Path, port: int) -> list[tuple[list[str], dict]]:

@@ -16,9 +16,11 @@ A level L is made by the first-wrong pattern ``f_cycle(L)``: a proposal whose fi
 is at position f is accepted for f tokens, and the step emits f + 1; the pattern repeats the
 positions whose mean plus one is L (2.5: f = 1, 2, 1, 2, ...).
 
-Batches: the work splits by server (each batch starts one server and measures a bounded number of
-points on it), in the order the points need them: per release the server without the drafter
-first (baselines and the reference continuations the oracle needs), then one DFlash server per K.
+Batches: the work splits by server, each batch one server start, in the order the points need
+them: per release the server without the drafter first (baselines and the reference continuations
+the oracle needs), then one DFlash server per K. A batch runs as long as its points take: the
+record is saved after every point, so a batch cut short loses at most the point it was on and a
+rerun measures only what is missing.
 """
 
 from __future__ import annotations
@@ -49,9 +51,14 @@ INPUT_LEN = 1024
 LONG_INPUT = 2048
 OUTPUT_LEN = 256
 LOGPROBS = 2
-# Points one batch measures at most: with its server's start, a batch stays near ten minutes
-# on an H200 (about a minute a point at 32 requests of 256 tokens).
-BATCH_POINTS = 6
+# The server without the drafter measures most (a baseline and a reference continuation per
+# point, about a minute each at 32 requests of 256 tokens): a release's points split into up to
+# this many batches, one for each lane of a host of two GPUs, by whole K (a K's DFlash server then
+# needs the references of one batch alone), where there are at least MIN_SPLIT points a batch.
+# A server start on 0.33.0 takes 4 to 7 minutes (results/speedup-frozen/): batches are as few as
+# the lanes allow.
+NODRAFTER_BATCHES = 2
+MIN_SPLIT = 8
 TOKEN_BAND = (1000, 30000)  # launcher.bench.workload.RANDOM_TOKEN_RANGE: no special ids
 
 
@@ -135,16 +142,26 @@ class Batch:
         return f"v{self.vllm}-{self.server}-{self.index}"
 
 
-def batches(points: list[Point] | None = None, size: int = BATCH_POINTS) -> list[Batch]:
-    """The points split into batches of at most ``size``: per release (0.33.0 first), the
-    server without the drafter for every point, then each K's DFlash server for its points."""
+def split_by_k(points: list[Point], n: int) -> list[list[Point]]:
+    """``points`` in up to ``n`` groups of whole Ks, the largest K group first into the smallest
+    group, each group in the points' own order; empty groups left out."""
+    by_k: dict[int, list[Point]] = {}
+    for p in points:
+        by_k.setdefault(p.k, []).append(p)
+    groups: list[list[int]] = [[] for _ in range(n)]
+    for k in sorted(by_k, key=lambda k: -len(by_k[k])):
+        min(groups, key=lambda g: sum(len(by_k[x]) for x in g)).append(k)
+    return [[p for p in points if p.k in g] for g in groups if g]
+
+
+def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHES) -> list[Batch]:
+    """Per release (0.33.0 first): the points without the drafter in up to ``nodrafter`` batches
+    of whole Ks (one where there are too few to split), then one batch per K."""
     points = GRID if points is None else points
     out: list[Batch] = []
     for vllm in dict.fromkeys(p.vllm for p in points):
         mine = [p for p in points if p.vllm == vllm]
-        groups = [("nodrafter", mine)] + [(f"k{k}", [p for p in mine if p.k == k])
-                                          for k in dict.fromkeys(p.k for p in mine)]
-        for server, members in groups:
-            for i in range(0, len(members), size):
-                out.append(Batch(vllm, server, i // size + 1, tuple(members[i:i + size])))
+        groups = split_by_k(mine, max(1, min(nodrafter, len(mine) // MIN_SPLIT)))
+        out += [Batch(vllm, "nodrafter", i + 1, tuple(g)) for i, g in enumerate(groups)]
+        out += [Batch(vllm, f"k{k}", 1, tuple(p for p in mine if p.k == k)) for k in dict.fromkeys(p.k for p in mine)]
     return out
