@@ -57,7 +57,8 @@ def test_dflash_on_gemma4_shaped_target(tmp_path):
     site, pkg, why = _vllm_site()
     if reason or why:
         pytest.skip(reason or why)
-    sys.path.insert(0, str(HERE))  # the harness modules live beside this test
+    sys.path.insert(0, str(HERE))  # tests/gpu: gpu_paths puts the harness's folders on the path
+    import gpu_paths  # noqa: F401
     import compare
     import make_checkpoints
     import run_modes

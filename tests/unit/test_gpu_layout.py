@@ -65,3 +65,28 @@ def test_the_vllm_plugins_find_the_harness_modules_they_load():
     step_times = (GPU_DIR / "step_times" / "vllm_step_times.py").read_text()
     body = step_times[step_times.index("def attach("):]
     assert body.index("import gpu_paths") < body.index("import bench_steps")
+
+
+def test_every_file_outside_the_groups_imports_gpu_paths_before_a_harness_module():
+    # A file outside tests/unit (whose conftest puts the folders on the path for every test) that
+    # imports a harness module by name must import gpu_paths first: pytest's GPU entry run alone,
+    # the vLLM plugins, the integration probes.
+    harness = {p.stem for p in GPU_DIR.glob("*/*.py")}
+    tests = GPU_DIR.parents[0]
+    files = [*GPU_DIR.glob("*.py"), *GPU_DIR.glob("*_plugin/*.py"), *(GPU_DIR / "step_times").glob("*.py"),
+             *(tests / "integration").glob("*.py")]
+    checked = 0
+    for path in files:
+        tree = ast.parse(path.read_text())
+        seen_paths = False
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        for node in sorted(imports, key=lambda n: n.lineno):  # in the file's order
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            if "gpu_paths" in names:
+                seen_paths = True
+            bare = [n for n in names if n in harness]
+            if bare:
+                checked += 1
+                assert seen_paths, f"{path.relative_to(tests)}:{node.lineno} imports {bare} before gpu_paths"
+    assert checked >= 5
