@@ -90,3 +90,11 @@ def test_every_file_outside_the_groups_imports_gpu_paths_before_a_harness_module
                 checked += 1
                 assert seen_paths, f"{path.relative_to(tests)}:{node.lineno} imports {bare} before gpu_paths"
     assert checked >= 5
+
+
+def test_the_method_document_stays_a_method_document():
+    # issue 52: what a reviewer needs in about 400 lines, no dated log (test_docs_narration covers
+    # the phrases); a dated section heading would be the diary coming back
+    lines = README.splitlines()
+    assert len(lines) <= 400, f"tests/gpu/README.md has {len(lines)} lines"
+    assert not [h for h in lines if h.startswith("#") and re.search(r"\b20\d\d-\d\d-\d\d\b", h)]
