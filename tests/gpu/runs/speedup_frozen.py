@@ -44,8 +44,7 @@ from served import STEP_TIMES_ENV, STEP_TIMES_PLUGIN, read_steps  # noqa: E402
 # K 3 the start alone took about 425 s (torch.compile of both models, CUDA graphs captured twice
 # for the memory estimate, the V2 runner's kernel warmup).
 SERVER_S = 480
-# fullsize_serve's own start limit (420 s) is under that drafter start: a server waits for
-# readiness until its deadline less the bench's reserve instead.
+# A server waits for readiness until its deadline less this reserve for its bench.
 BENCH_RESERVE_S = 90
 
 
@@ -66,7 +65,7 @@ def serve_argv(args, k: int | None, deadline_s: float) -> list[str]:
             "--recipe", args.recipe, "--launcher", args.launcher, "--model", str(args.model),
             "--concurrency", ",".join(map(str, sm.CONCURRENCY)), "--deadline-s", str(int(deadline_s)),
             "--min-requests", str(bars.get("speedup_curve", "min_requests")),
-            "--bench-reserve-s", str(BENCH_RESERVE_S), "--start-timeout-s", str(int(deadline_s))]
+            "--bench-reserve-s", str(BENCH_RESERVE_S)]
     if args.series_hash:
         argv += ["--series-hash", args.series_hash]
     argv += ["--no-drafter"] if k is None else ["--drafter", str(args.drafter),
