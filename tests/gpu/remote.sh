@@ -1305,6 +1305,7 @@ speedup_commit() { # speedup_commit FILE MESSAGE: commit FILE alone where this c
 speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_frozen.py) on vLLM 0.33.0 at full
     # size, rtx5090 profile: decode, verify and draft at K 3/7/15, concurrency 1 and 4. Resumable
     # (SPEEDUP_BUDGET_S a call); once whole, results/speedup-frozen.json, committed where git is.
+    # SPEEDUP_SET=KEY=VALUE: one more --set for every server (the record says so).
     local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched rc=0 vargs
     read -r site patched < <(speedup_sites "$v")
     [ -f "$MODELS_FULL/fullsize-shapes.json" ] || { echo "run remote.sh full-size-checkpoints first" >&2; return 1; }
@@ -1315,7 +1316,7 @@ speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_froz
         --json "$OUT/speedup-frozen.json" --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" \
         --drafter "$MODELS_FULL/dflash-26b-a4b" --launcher "$(full_launcher)" --series-hash "$(series_hash "$patched")" \
         --vllm "$v" --gpu-file "$WORK/gpu.txt" ${SPEEDUP_GPUS:+--gpus "$SPEEDUP_GPUS"} "${vargs[@]}" \
-        --deadline-s $(( ${SPEEDUP_BUDGET_S:-3600} - (SECONDS - t0) )) || rc=$?
+        ${SPEEDUP_SET:+--set "$SPEEDUP_SET"} --deadline-s $(( ${SPEEDUP_BUDGET_S:-3600} - (SECONDS - t0) )) || rc=$?
     tar -C "$WORK" --exclude='*.server.log' -czf "$OUT/speedup-frozen-raw.tar.gz" speedup-frozen
     [ "$rc" = 0 ] || return "$rc"
     cp "$OUT/speedup-frozen.json" tests/gpu/results/speedup-frozen.json

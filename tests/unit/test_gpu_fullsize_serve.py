@@ -195,8 +195,12 @@ def test_the_frozen_models_servers_ask_the_bars_request_count(tmp_path):
     import speedup_frozen
 
     args = type("A", (), {"recipe": "gemma4-moe-dflash", "launcher": "x", "model": tmp_path, "drafter": tmp_path,
-                          "out": tmp_path, "series_hash": None, "vllm_arg": []})()
+                          "out": tmp_path, "series_hash": None, "vllm_arg": [],
+                          "set": ["serve.max_model_len=16384"]})()
     argv = speedup_frozen.serve_argv(args, 3, 300)
+    # a context the profile did not start with reaches every server's launcher, after the K
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    assert sets == ["drafter.num_speculative_tokens=3", "serve.max_model_len=16384"]
     assert argv[argv.index("--min-requests") + 1] == str(speedup_frozen.bars.get("speedup_curve", "min_requests"))
     # A drafter server on 0.33.0 took 431 s to start: no start limit of its own cuts it, the
     # server's deadline less the bench's reserve does
@@ -520,7 +524,7 @@ def test_the_frozen_servers_run_a_wave_per_gpu_set_and_a_rerun_starts_only_the_m
     (tmp_path / "serve.py").write_text(STAND_IN.replace("STEP_TIMES_OUT", sf.STEP_TIMES_ENV))
     monkeypatch.setattr(sf, "FULLSIZE_SERVE", tmp_path / "serve.py")
     args = type("A", (), {"recipe": "r", "launcher": "x", "model": tmp_path, "drafter": tmp_path, "out": tmp_path,
-                          "series_hash": None, "vllm_arg": [], "deadline_s": 10 * sf.SERVER_S})()
+                          "series_hash": None, "vllm_arg": [], "set": [], "deadline_s": 10 * sf.SERVER_S})()
     labels = [sf.sm.server_label(k) for k in (None, *sf.sm.KS)]
     assert sf.run_waves(args, [None, *sf.sm.KS], ["0", "1"], sf.time.monotonic()) == 0
     placed = (tmp_path / "placed.txt").read_text().splitlines()
@@ -553,7 +557,7 @@ def test_a_server_that_did_not_measure_is_started_once_more(tmp_path, monkeypatc
     (tmp_path / "serve.py").write_text(flaky.replace("STEP_TIMES_OUT", sf.STEP_TIMES_ENV))
     monkeypatch.setattr(sf, "FULLSIZE_SERVE", tmp_path / "serve.py")
     args = type("A", (), {"recipe": "r", "launcher": "x", "model": tmp_path, "drafter": tmp_path, "out": tmp_path,
-                          "series_hash": None, "vllm_arg": [], "deadline_s": 10 * sf.SERVER_S})()
+                          "series_hash": None, "vllm_arg": [], "set": [], "deadline_s": 10 * sf.SERVER_S})()
     assert sf.run_pending(args, ["0", "1"], sf.time.monotonic()) == 0
     started = [p.split()[0] for p in (tmp_path / "placed.txt").read_text().splitlines()]
     assert sorted(started) == sorted([sf.sm.server_label(k) for k in (None, 3, 7, 7, 15, 15)])

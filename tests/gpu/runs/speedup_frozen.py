@@ -70,6 +70,8 @@ def serve_argv(args, k: int | None, deadline_s: float) -> list[str]:
         argv += ["--series-hash", args.series_hash]
     argv += ["--no-drafter"] if k is None else ["--drafter", str(args.drafter),
                                                 "--set", f"drafter.num_speculative_tokens={k}"]
+    for item in args.set:
+        argv += ["--set", item]
     for item in args.vllm_arg:
         argv.append(f"--vllm-arg={item}")
     return argv
@@ -130,6 +132,8 @@ def meta(args) -> dict:
             # servers at once, one a GPU of one host (1: one after another)
             "servers_at_once": len(args.gpus.split(",")) if args.gpus else 1,
             "checkpoint": Path(args.model).name, "emulation": fullsize_serve.EMULATION,
+            # every server's --set beyond the profile (a context the profile did not start with)
+            "set": list(args.set),
             "command": args.command}
 
 
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm", required=True, help="the served vLLM release")
     parser.add_argument("--gpu-file", type=Path, help="nvidia-smi's name, memory, driver line")
     parser.add_argument("--vllm-arg", action="append", default=[])
+    parser.add_argument("--set", action="append", default=[], help="extra --set for every server's launcher")
     parser.add_argument("--deadline-s", type=float, default=3600)
     parser.add_argument("--command", default="bash tests/gpu/remote.sh speedup-frozen")
     parser.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): that many servers at once, one a GPU")
