@@ -63,8 +63,9 @@ def test_user_setup_on_0_33_0_uses_flags_not_removed_vars(models):
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "VLLM_USE_FLASHINFER_SAMPLER": "1",
     }
-    # 0.33.0 holds fewer KV tokens in the 5090's memory: the profile's serve_since context
-    assert plan.argv == _common_args(models, "28672") + [
+    # 0.33.0 holds fewer KV tokens in the 5090's memory, fewer still at K 15: the profile's
+    # serve_since context, the one the K 15 server started with at full size
+    assert plan.argv == _common_args(models, "16384") + [
         "--moe-backend", "cutlass", "--linear-backend", "flashinfer_cutlass"] + _spec(models) + BF16_KV
 
 
