@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quantize the GPU harness's tiny Gemma 4 targets to ModelOpt NVFP4, here on the CPU,
-# so the GPU proof can serve NVFP4 + DFlash (issue 7). The device machine has no
-# nvidia-modelopt and no network: quantize here, carry the result there.
+# so the GPU proof can serve NVFP4 + DFlash (issue 7). A GPU host without network may
+# lack nvidia-modelopt: quantize here, copy the result there.
 #
 # Usage: bash tests/gpu/quantize_tiny_target.sh CHECKPOINTS_DIR
 #   CHECKPOINTS_DIR is what `python tests/gpu/models/make_checkpoints.py CHECKPOINTS_DIR` wrote

@@ -27,8 +27,8 @@
 #                              speed-up curve's batches (tests/gpu/README.md, "When DFlash pays")
 #   remote.sh bg VERB | bg-wait VERB   any verb detached, past one command's 600 s; then collected
 #
-# Files in /tmp survive between calls on a warm device machine, so the parts
-# can arrive one call at a time and each round can run in its own call.
+# Files in /tmp survive between commands on the host, so the parts can arrive
+# one command at a time and each round can run as a command of its own.
 set -euo pipefail
 
 BUNDLE_DIR=${BUNDLE_DIR:-/tmp/vllm-bundle}
@@ -41,7 +41,7 @@ PY=${PY:-python3}
 STAGE=${STAGE:-.stage}
 
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-# Keep NVLink multicast off, as the device machines require.
+# NVLink multicast (NVLS) stays off: not every host allows it, and no test needs it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 parts() { # tests/gpu/staging/parts.py on $BUNDLE_DIR: parts held, missing, the whole's sha256, assembled
@@ -187,7 +187,7 @@ mm_patches_root() { # the series without gemma4-text-only-per-layer-attention-ba
     # Token-id prompts need the multimodal limits at 0, which that patch reads
     # as text-only serving. With images allowed (the gemma4-moe-dflash recipe)
     # it changes nothing, so the multimodal recipe's runs use the series
-    # without it; their records carry that series' own hash.
+    # without it; their records hold that series' own hash.
     patches_without "$MM_PATCHES" 0.21.0 gemma4-text-only-per-layer-attention-backend
 }
 
@@ -216,7 +216,7 @@ proof() {
         "$PY" tests/gpu/runs/run_modes.py --models "$MODELS" --site "$site" --label "$r$suffix" \
             --out "$WORK/$r$suffix.json" --logs "$WORK/logs-$r$suffix" \
             --deadline-s "${ROUND_DEADLINE_S:-540}" "${extra[@]}"
-        # Each finished round goes to $OUT at once, so a call cut short keeps it.
+        # Each finished round goes to $OUT at once, so a command cut short keeps it.
         cp "$WORK/$r$suffix.json" "$OUT/" 2>/dev/null || true
     done
     local have=()
@@ -254,8 +254,8 @@ extras() { # every extras* bundle staged: FA2 into the installed vLLM, checkpoin
         # shellcheck disable=SC2086
         cat $parts | tar -x -C "$WORK/extras"
         if [ -f "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" ] && [ ! -d "$SITE/vllm/vllm_flash_attn" ]; then
-            # A background extras may run before the bundle's install has made $SITE (2026-11-27:
-            # it died here, and set -e took the checkpoints after it down too): FA2 waits, unmarked,
+            # A background extras may run before the bundle's install has made $SITE (it
+            # died here once, and set -e took the checkpoints after it down too): FA2 waits, unmarked,
             # for the next extras (prepare, every verb).
             echo "$stem: vLLM is not in $SITE yet (remote.sh install): FA2 waits for the next extras"
             rm -rf "$WORK/extras"; continue
@@ -297,8 +297,8 @@ realshape() { # the real-shape proof (tests/gpu/runs/realshape.py); RUNS narrows
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     rs_models
-    # Rebuilt when the series in this checkout changed since (a fix between calls):
-    # the patch engine's stamp says which series a tree carries.
+    # Rebuilt when the series in this checkout changed since (a fix between two commands):
+    # the patch engine's stamp says which series a tree holds.
     site_is_current "$SITE_PATCHED" || patched_site | tee "$WORK/patch-apply.txt"
     mm_patches_root
     site_is_current "$SITE_PATCHED_MM" "$MM_PATCHES" \
@@ -510,7 +510,7 @@ target_wait() { # wait up to TARGET_WAIT_S for target-bg; its progress; once end
 detached() { # detached DIR LOG SCRIPT [VAR=VALUE ...]: bash -c SCRIPT in DIR with those variables, in a
     # session of its own, its output to LOG; returns at once. The redirections belong to the
     # backgrounded group, not to setsid inside it: otherwise the group's shell waits for the job
-    # holding the caller's stdout, and a call piped through `tail` ran to its time limit (2026-11-27).
+    # holding the caller's stdout, and a command piped through `tail` ran to its time limit.
     local dir=$1 log=$2 script=$3
     shift 3
     (cd "$dir" && exec setsid nohup env "$@" bash -c "$script") > "$log" 2>&1 < /dev/null &
@@ -545,8 +545,8 @@ background_wait() { # bg-wait VERB: wait up to BG_WAIT_S (default 540) for bg VE
     if [ -f "$dir/rc" ]; then echo "bg $verb ended: rc $(cat "$dir/rc")"; else echo "bg $verb still running after ${waited}s"; fi
 }
 
-snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that outlives the call (the
-    # next call's copy of the repository replaces these files, and bash reads a script while it runs)
+snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that outlives the command (the
+    # next command's copy of the repository replaces these files, and bash reads a script while it runs)
     rm -rf "$1" && mkdir -p "$1"
     tar --exclude=./.stage -cf - . | tar -xf - -C "$1"
 }
@@ -554,7 +554,7 @@ snapshot_tree() { # snapshot_tree DEST: this tree less .stage, for a job that ou
 DRAFTER_NEXT=$WORK/drafter-next  # drafter-bg's models folder: the target linked, the new drafter
 
 drafter_background() { # train-drafter alone in a process session of its own, on the staged target
-    # (extras-trained), while the next calls serve or run; DRAFTER_GPU_FRACTION caps its memory
+    # (extras-trained), while the next commands serve or run; DRAFTER_GPU_FRACTION caps its memory
     # (unset, it held 68-80 GB of an H100 and a server beside it could not start), and
     # DRAFTER_OVERRIDE / DRAFTER_STEPS pass
     # through. It writes into $DRAFTER_NEXT, so servers started meanwhile load the drafter they were
@@ -579,8 +579,8 @@ drafter_background() { # train-drafter alone in a process session of its own, on
 SWEEP=$WORK/drafter-sweep  # drafter-sweep's slots: a models folder (the target linked), log and rc a GPU
 
 drafter_sweep() { # DRAFTER_SWEEP, a JSON list of DrafterTrainConfig overrides: one train-drafter a GPU,
-    # all at once, each in a session of its own (a machine of four GPUs costs the device time of
-    # one, so four recipes cost what one does); sweep-wait keeps the drafter that accepts most on
+    # all at once, each in a session of its own (a host of four GPUs trains four recipes in the
+    # time of one); sweep-wait keeps the drafter that accepts most on
     # the held-out prompts
     install
     extras
@@ -613,7 +613,7 @@ sweep_wait() { # wait for drafter-sweep (SWEEP_WAIT_S at most, then report and r
             && [ $SECONDS -lt $deadline ]; do sleep 5; done
     for d in "$SWEEP"/[0-9]*; do
         # train-drafter.log has every line as it comes (the pipes are line-buffered: block-buffered,
-        # a sweep 200 s in had shown nothing of its progress on 2026-11-28)
+        # a sweep 200 s in had shown nothing of its progress)
         echo "slot $(basename "$d"): rc $(cat "$d/rc" 2>/dev/null || echo running); \
 $(grep -v '^step' "$d/work/train-drafter.log" 2>/dev/null | grep -v '^ ' | tail -2 | tr '\n' ' ') \
 $(grep '^step' "$d/work/train-drafter.log" 2>/dev/null | tail -1)"
@@ -688,7 +688,7 @@ train_repeat() { # train again from scratch into a second folder: the same targe
         "$again/trained-a4b-r30/train-record.json" | tee "$OUT/train-repeat.json"
 }
 
-PACK_PART_BYTES=${PACK_PART_BYTES:-15900000}  # $OUT takes 8 files of 16 MiB, 64 MiB a call: four parts and the manifest
+PACK_PART_BYTES=${PACK_PART_BYTES:-15900000}  # parts small enough that four and the manifest fit a transfer of 8 files of 16 MiB, 64 MiB in all
 
 pack_trained() { # the trained checkpoints as an extras bundle; PACK_PARTS="0 1 2 3" of it into $OUT
     local pack=$WORK/pack i
@@ -751,9 +751,9 @@ train_drafter() { # the trained DFlash drafter (issue 25): train_drafter.py on t
     # vllm/ sources (pinned by the bundle's sha256, recorded by their own).
     local corpus
     if [ -n "${DRAFTER_STEPS:-}${DRAFTER_OVERRIDE:-}" ] || ! drafter_is_current; then
-        # The recipe is read (a bad one refused) before the carried drafter is touched.
+        # The recipe is read (a bad one refused) before the staged drafter is touched.
         corpus=$(drafter_extra_corpus) || return 1
-        # A failed retraining must not leave the carried drafter looking current.
+        # A failed retraining must not leave the staged drafter looking current.
         rm -f "$DRAFTER_TRAINED/drafter-train-record.json"
         # The bundle's transformers 5.13.1 loads the target as vLLM 0.21.0's runs do. Expandable
         # segments: capped at 0.62 of an H100 the training went out of memory with 12 GB reserved
@@ -788,7 +788,7 @@ nvfp4_reference() { # issue 25: the offline walk on the NVFP4 target (nvfp4_refe
 
 trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
     extras
-    # A copy carried back (extras-trained) needs no quantizer.
+    # A copy staged from an earlier run (extras-trained) needs no quantizer.
     if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ] && [ ! -d "$SITE_QUANT" ]; then
         echo "extras-quant not carried: no NVFP4 copy, so no *-nvfp4 run can start"; return 0
     fi
@@ -830,7 +830,7 @@ realshape_v33_trained() { # the trained target on vLLM 0.33.0 (issues 24, 25): t
 }
 
 trained_setup() { # what every trained-target run needs: the target (and the drafter when asked
-    # for), the carried raw references, the NVFP4 copy
+    # for), the staged raw references, the NVFP4 copy
     mkdir -p "$OUT" "$WORK"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     case "${RUNS:-}${RS_PARALLEL:-}" in *dflash-trained*) wait_drafter ;; esac
@@ -885,8 +885,8 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
 }
 
 lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and realshape-v33-trained
-    # side by side, each in a session of its own from a snapshot of this tree (the next call's copy
-    # replaces these files), so they outlive a call's 600 s; lanes-wait reports and collects.
+    # side by side, each in a session of its own from a snapshot of this tree (the next command's copy
+    # replaces these files), so they outlive the command that started them; lanes-wait reports and collects.
     # Run `prepare` first: the two verbs must not build the same folders at once.
     mkdir -p "$WORK"
     local tree=$WORK/lanes-tree v verb lanes gpus
@@ -894,7 +894,7 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
     lanes_check || return 1
     snapshot_tree "$tree"
     mkdir -p "$tree/.stage"
-    cp -r "$STAGE"/realshape-raw-* "$tree/.stage/" 2>/dev/null || true  # seed_raw's carried references
+    cp -r "$STAGE"/realshape-raw-* "$tree/.stage/" 2>/dev/null || true  # seed_raw's staged references
     for v in 21 33; do
         lanes=RS_PARALLEL_$v gpus=RS_LANE_GPUS_$v
         [ -n "${!lanes:-}" ] || continue
@@ -906,7 +906,7 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
         echo "$verb in the background: ${!lanes} (log: $WORK/lanes-$v.log)"
         sleep "${LANES_STAGGER_S:-30}"
     done
-    # RS_WALK_NVFP4=1: the NVFP4 walk beside them (minutes on the GPU, past one call on its own).
+    # RS_WALK_NVFP4=1: the NVFP4 walk beside them (minutes on the GPU).
     if [ -n "${RS_WALK_NVFP4:-}" ]; then
         rm -f "$WORK/lanes-walk.rc" && rm -rf "$WORK/lanes-out-walk"
         detached "$tree" /dev/null "bash tests/gpu/remote.sh nvfp4-reference > $WORK/lanes-walk.log 2>&1; echo \$? > $WORK/lanes-walk.rc" \
@@ -924,7 +924,7 @@ lanes_check() { # both releases' lanes checked as their verbs will check them (r
         [ -n "${!lanes:-}" ] || continue
         raw=realshape-raw-trained release=0.21.0
         [ "$v" = 33 ] && raw=realshape-raw-v33-trained release=$V33
-        seed_raw "$raw" > /dev/null   # as the verb will, so a carried reference counts
+        seed_raw "$raw" > /dev/null   # as the verb will, so a staged reference counts
         "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$release" \
             --check-lanes "${!lanes}" ${!gpus:+--lane-gpus "${!gpus}"} > "$WORK/lanes-check-$v.txt" \
             || { sed "s/^/RS_PARALLEL_$v: /" "$WORK/lanes-check-$v.txt" >&2; return 1; }
@@ -947,7 +947,7 @@ lane_gpus_disjoint() { # RS_LANE_GPUS_21 / RS_LANE_GPUS_33: where both releases'
 lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say where each lane is,
     # and put what exists into $OUT/lanes.tgz (records, raw records, logs), ended or not
     local waited=0 v pending lanes="21 33 walk"
-    # A machine that never ran lanes-bg (a fresh one: the last went back) has nothing to wait for,
+    # A host that never ran lanes-bg (a fresh one) has nothing to wait for,
     # and saying "done" there would pass for lanes that ended
     ls "$WORK"/lanes-*.log > /dev/null 2>&1 || {
         echo "no lanes on this machine ($WORK has no lanes-*.log): it is not the one that ran lanes-bg" \
@@ -986,7 +986,7 @@ require_fa2() { # the servers force FLASH_ATTN as sm_12x runs it (FA2): 0.21.0's
         || { echo "no FA2 in $SITE: carry extras-fa2 (stage.py --extras --extras-name extras-fa2)" >&2; return 1; }
 }
 
-prepare() { # both releases installed (0.33.0 where its bundle was carried), FA2 and the trained
+prepare() { # both releases installed (0.33.0 where its bundle is staged), FA2 and the trained
     # models unpacked, the patched copies built: what served-all, realshape-trained and
     # realshape-v33-trained each start with, done once before they run side by side (each would
     # otherwise build the same folders at once). Under a lock: a prepare started in the
@@ -1153,12 +1153,12 @@ served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/
         if drafter_is_current; then drafter=$DRAFTER_TRAINED; else drafter=$MODELS_TRAINED/dflash-r5-for-trained; fi
     fi
     mkdir -p "$OUT" "$work"
-    # $OUT/served.json starts as the committed record: a call that runs some phases adds its rows
+    # $OUT/served.json starts as the committed record: a run of some phases adds its rows
     # to all the others, so it can replace the committed one. (Side by side in served-all, the
     # copy comes minutes before any phase writes the record: a second job finds it there.)
     [ -f "$OUT/served.json" ] || [ ! -f tests/gpu/results/served.json ] || cp tests/gpu/results/served.json "$OUT/"
-    # Phase records an earlier machine returned ($OUT/NAME-raw, carried as .stage/NAME-raw):
-    # e.g. the reference, so that this call runs only the dflash and stock phases.
+    # Phase records an earlier host returned ($OUT/NAME-raw, staged as .stage/NAME-raw):
+    # e.g. the reference, so that this run does only the dflash and stock phases.
     seed_raw "$name-raw" "$work" .json
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     [ -f "$TRAINED/train-record.json" ] || { echo "train first: remote.sh train-target" >&2; return 1; }
@@ -1197,7 +1197,7 @@ bench_run() { # the step-time benchmark (tests/gpu/runs/bench_steps.py); results
     fi
     local extra=()
     [ -n "${BENCH_RUNS:-}" ] && extra+=(--runs "$BENCH_RUNS")
-    # Several calls on one warm machine add up to one report (bench_steps.py --keep-earlier)
+    # Several commands on one host add up to one report (bench_steps.py --keep-earlier)
     [ "${BENCH_KEEP:-1}" = 1 ] && extra+=(--keep-earlier)
     "$PY" tests/gpu/runs/bench_steps.py --models "$MODELS/bench" --site "$SITE_PATCHED:$SITE" \
         --out "$WORK/bench" --deadline-s $((budget - (SECONDS - t0))) --series-hash "$(series_hash)" "${extra[@]}" \
@@ -1210,7 +1210,7 @@ bench_run() { # the step-time benchmark (tests/gpu/runs/bench_steps.py); results
 MODELS_FULL=${MODELS_FULL:-/tmp/models-full}
 FULL_RAW=${FULL_RAW:-$WORK/fullsize-raw}
 
-full_site() { # vLLM 0.21.0, FA2 when carried, and the patched copy the served recipe needs
+full_site() { # vLLM 0.21.0, FA2 when staged, and the patched copy the served recipe needs
     install
     extras
     mkdir -p "$OUT" "$WORK" "$FULL_RAW"
@@ -1246,7 +1246,7 @@ full_size_checkpoints() { # issue 27: the full-size checkpoints, the copy bandwi
 full_launcher() { # the launcher command fullsize_serve.py completes: --test-gpu where the launcher has it
     # (FIT_LAUNCHER replaces it, e.g. to add --force when a preflight check refuses the test GPU)
     [ -n "${FIT_LAUNCHER:-}" ] && { echo "$FIT_LAUNCHER"; return; }
-    local sets="--set intent.sampler=pytorch"  # the bundle carries no FlashInfer
+    local sets="--set intent.sampler=pytorch"  # the bundle holds no FlashInfer
     if PYTHONPATH=$(launcher_path) "$PY" -m launcher serve --help 2>/dev/null | grep -q -- '--test-gpu'; then
         echo "$PY -m launcher serve --test-gpu $sets"
     else  # a launcher without --test-gpu (branch served): force past sm_90 and put the FP4 knobs on Marlin
@@ -1304,7 +1304,7 @@ speedup_commit() { # speedup_commit FILE MESSAGE: commit FILE alone where this c
 
 speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_frozen.py) on vLLM 0.33.0 at full
     # size, rtx5090 profile: decode, verify and draft at K 3/7/15, concurrency 1 and 4. Resumable
-    # (SPEEDUP_BUDGET_S a call); once whole, results/speedup-frozen.json, committed where git is.
+    # (SPEEDUP_BUDGET_S a command); once whole, results/speedup-frozen.json, committed where git is.
     # SPEEDUP_SET=KEY=VALUE: one more --set for every server (the record says so).
     local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched rc=0 vargs
     read -r site patched < <(speedup_sites "$v")

@@ -366,7 +366,7 @@ class EngineRun:
                 "max_model_len": self.max_model_len}
 
 
-# In priority order: a call cut short keeps the first ones.
+# In priority order: a command cut short keeps the first ones.
 RUNS = [
     EngineRun("bf16-decode-locked", "bf16", fa_version=2, contexts=True, profile=True,
               notes=["target step times without a drafter; the lock side of the per-layer comparison"]),

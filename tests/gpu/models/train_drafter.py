@@ -83,13 +83,13 @@ class DrafterTrainConfig:
     # proof's 1,500 tokens, one generate call each (rows x longest^2 bounds the eager
     # attention's memory at prefill; decode steps, not rows, cost time). The two short groups
     # have twice d46bce41's rows: one data set's features then take about 85 GB at peak
-    # (2026-11-28, H200), so this recipe needs an H200; d46bce41's groups took 43 GB.
+    # (on an H200), so this recipe needs an H200; d46bce41's groups took 43 GB.
     gen_groups: tuple = ((2048, 16, 160), (1536, 160, 600), (320, 600, 1100), (160, 1100, 1500))
     # More data without more memory: the groups are made afresh (new windows) this many times,
     # each set trained on for steps / data_chunks steps and then freed (two sets at once did not
-    # fit beside generation on an H100, 2026-11-27). More data was the lever: d46bce41 (two
-    # sets of its groups, 4,544 rows) accepted 3.55 on its own windows but 2.61 held out; the
-    # sweep of 2026-11-28 (tests/gpu/results/trained/sweep-2026-11-28) gave 2.99 held out for
+    # fit beside generation on an H100). More data was the lever: d46bce41 (two
+    # sets of its groups, 4,544 rows) accepted 3.55 on its own windows but 2.61 held out; a
+    # drafter sweep (tests/gpu/results/trained/sweep-2026-11-28) gave 2.99 held out for
     # 9,088 rows, 3.46 for 16,256 and 3.59 for these 20,320, with trained and fresh windows
     # now alike (3.86 / 3.74): it no longer learns its data by heart.
     data_chunks: int = 5

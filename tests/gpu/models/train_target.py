@@ -92,7 +92,7 @@ class TrainConfig:
     """One fixed recipe: the same numbers give the same checkpoint on the same GPU kind."""
 
     seed: int = 20261126
-    # 1000 (2026-11-27): held-out perplexity 31 without the unlikelihood term (680 steps:
+    # 1000: held-out perplexity 31 without the unlikelihood term (680 steps:
     # 50.5); 508 s of training on an H100 with it, over the issue's five minutes, which
     # pack-trained makes a one-time cost.
     steps: int = 1000
@@ -110,7 +110,7 @@ class TrainConfig:
     # likelihood. Why: at 680 and 1000 steps the greedy output looped (median distinct
     # fraction 0.195 and 0.191 where the held-out text's own continuations have 0.57) while held-out
     # perplexity fell from 50 to 31; more steps do not stop the loops, and the gate needs
-    # output that says something. With 1.0 (9ee9770c, 2026-11-27): 0.273 (0.25 over the
+    # output that says something. With 1.0 (9ee9770c): 0.273 (0.25 over the
     # concurrency groups) at held-out perplexity 34.4; every record since names that target.
     unlikelihood: float = 1.0
     # Sequence-level unlikelihood (Welleck et al. 2019, section 5.2) after the token-level
@@ -120,8 +120,8 @@ class TrainConfig:
     # ``seq_mle_windows`` fresh windows. Why: 9ee9770c (token-level only) still looped in 9 to
     # 14 of its 36 vLLM references, and the gate allows 10 %; the token-level term only sees
     # the corpus's text, never the model's own greedy output, which is where loops live.
-    # 150 x 32 (2026-11-29): on the pinned corpus, 100 x 24 took the validation prompts from 17
-    # to 10 to 5 looping of 32 at steps 0, 25 and 50 before the GPU time ran out (13.8 s a step
+    # 150 x 32: on the pinned corpus, 100 x 24 took the validation prompts from 17
+    # to 10 to 5 looping of 32 at steps 0, 25 and 50 in the steps that ran (13.8 s a step
     # with transformers' generate; fast_decode's graph makes it about 2 s).
     seq_steps: int = 150
     seq_prefix: int = 128

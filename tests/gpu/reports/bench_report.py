@@ -3,7 +3,7 @@
 Pure Python (no torch, no vLLM): the unit tests run it in CI on made-up
 records. ``bench_steps.py`` (on the GPU) writes one record per engine run
 (``run_record`` below says what a record holds) and calls ``build`` after
-each finished run, so a call cut short still leaves a report of what ran.
+each finished run, so a command cut short still leaves a report of what ran.
 
 How each number is obtained (and what is a projection)
 ------------------------------------------------------

@@ -120,7 +120,7 @@ ACCEPTANCE_REPORT = Step("acceptance-report", "cpu",
 # name, memory and driver) that remote.sh wrote beside it is the one input replay writes in.
 FULLSIZE_GPU = "NVIDIA H200, 143771 MiB, 580.159.04"
 FULLSIZE_ARCHIVE = "fullsize-raw-2026-11-27-h200.tar.xz"
-# The three runs of 2026-11-29 on two H200s (out/multinode-*.json: the first's TP=1, the second's
+# Three runs on one host of two H200s (out/multinode-*.json: the first's TP=1, the second's
 # TP=2 and two nodes, after the first's TP=2 servers failed on custom all-reduce; the third's
 # TP=2 and two nodes with the drafter)
 MULTINODE_ARCHIVE = "multinode/served-raw-2026-11-29-h200x2.tar.xz"

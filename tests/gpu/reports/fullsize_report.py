@@ -1,6 +1,6 @@
 """From the full-size runs' records to ``fullsize.json`` and ``fullsize.md`` (issue 27). Pure Python.
 
-Inputs, all optional but the shapes (a call cut short still reports what ran):
+Inputs, all optional but the shapes (a command cut short still reports what ran):
 
 * ``fullsize-shapes.json`` (``make_fullsize_checkpoints.py``): parameters and shapes;
 * ``roofline.json`` (``roofline.py``) and ``bandwidth.json`` (``copy_bandwidth.py``);

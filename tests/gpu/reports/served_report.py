@@ -2,7 +2,7 @@
 
 Pure Python: it reads the raw phase files served.py leaves in its work folder
 (``reference.json``, ``dflash.json``, ``stock.json``) and turns them into one row
-per server, so a later call on the same machine re-renders the record from
+per server, so a later command on the same host re-renders the record from
 every phase run so far, and the CPU tests check the verdicts on made-up phases.
 
 Lossless, as compare.py says it: a DFlash request's greedy tokens equal the
@@ -358,7 +358,7 @@ def rows(phases: dict[str, dict]) -> list[dict]:
         dflash = phases["dflash"]
         later = phases.get("bench") or {}
         if not dflash.get("bench") and later.get("bench"):
-            # the benchmark ran in a call of its own, against the same server configuration
+            # the benchmark ran in a command of its own, against the same server configuration
             dflash = {**dflash, **{k: later[k] for k in ("bench", "bench_summary", "bench_command") if k in later},
                       "bench_started_by": later.get("started_by"), "bench_numerics": later.get("numerics")}
         out.append(dflash_row(dflash, phases.get("reference")))

@@ -508,11 +508,11 @@ class Bench:
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.site, self.env.get("PYTHONPATH")]))
 
     def keep_earlier(self, rerun: set[str]) -> None:
-        """Take the records of engines an earlier call ran on this machine into the report.
+        """Take the records of engines an earlier command ran on this host into the report.
 
-        One call cannot start every engine inside the device's 10-minute limit,
-        yet every ratio must come from one machine: a record counts only when
-        it names the same device and series hash as this call."""
+        One command cannot start every engine inside a 10-minute command limit,
+        yet every ratio must come from one host: a record counts only when
+        it names the same GPU and series hash as this command."""
         known = {r.name for r in bs.RUNS}
         for path in sorted(self.out.glob("run-*.json")):
             rec = json.loads(path.read_text())

@@ -347,7 +347,7 @@ def run(args) -> dict:
 
 def excerpt(log_path: Path, head: int = 3000, tail: int = 300, max_line: int = 2000) -> Path | None:
     """The log's start (where vLLM reports memory) and end (errors), for the results archive: a
-    DEBUG log of a whole run can exceed what a device call brings back."""
+    DEBUG log of a whole run can exceed what a transfer from the host should bring back."""
     if not log_path.exists():
         return None
     lines = log_path.read_text(errors="replace").splitlines()

@@ -139,7 +139,7 @@ def _lives(writes: list[list]) -> list[list[list]]:
     """A request's writes split where it starts over (a first position at or below the last
     one's: recomputation after preemption). Every other step moves on by at least one token
     (a verify always keeps its bonus token), and a request preempted during its recompute
-    prefill starts over at the same position 0 (seen on the H100, 2026-11-27)."""
+    prefill starts over at the same position 0 (seen on the H100)."""
     lives: list[list[list]] = [[]]
     last = -1
     for w in writes:

@@ -314,7 +314,7 @@ def analyse(records: list[dict], k: int = K_DEFAULT, max_tokens: list[int] | Non
     Nor does it count a verify of a proposal made once the request already had its
     ``max_tokens[p]`` outputs: the async scheduler has scheduled that step before the
     output that finished the request was processed, and ``Scheduler.update_from_output``
-    skips finished requests, spec-decode stats included. Found on the H100 (2026-11-27):
+    skips finished requests, spec-decode stats included. Found on the H100:
     those 48 of 781 verifies were exactly the difference between vLLM's histogram and
     this one. They stay in the mismatch check (the target still verified them)."""
     last: dict[str, dict] = {}

@@ -76,8 +76,8 @@ PROMPT_SEED = 20261126
 # Crossing the target's 64-token window and the drafter's 128-token window.
 PROMPT_LENGTHS = [300, 5, 70, 150, 40, 129, 200, 64, 260, 12, 100, 65, 180, 33, 220, 90, 130]
 MAX_TOKENS = [96, 64, 48, 80, 96, 64, 72, 56, 96, 48, 64, 80, 56, 72, 64, 48, 88]
-# One run's limit. A device call lasts 600 s, so 420 s leaves room for the merge; lanes that
-# run in the background (remote.sh lanes-bg) outlive the call and raise it: a 0.33.0 capture
+# One run's limit. On a host that limits a command to 600 s, 420 s leaves room for the merge; lanes that
+# run in the background (remote.sh lanes-bg) outlive the command and raise it: a 0.33.0 capture
 # took 392 s alone, and five engines starting side by side share 16 cores.
 CHILD_TIMEOUT_S = int(os.environ.get("RS_CHILD_TIMEOUT_S", "420"))
 
@@ -116,7 +116,7 @@ TRAINED_TINY_POOL = 850
 # that check and still holds about half of what 17 requests of 700 tokens need
 # once the windows slide (6 full layers x 44 + 29 sliding x 9 blocks each).
 TRAINED_SMALL_POOL_V33 = 4800
-# Logprobs kept per generated token (runs before 2026-11-27's second session kept 2).
+# Logprobs kept per generated token (the earliest runs kept 2).
 TOP_LOGPROBS = 5
 # Issue 25: the drafter-side patches whose reversal the ablation measures, per release.
 DRAFTER_SIDE_PATCHES = {"0.21.0": ("dflash-target-layer-ids-offset", "gemma4-dflash-embed-scale-logit-softcap"),
@@ -229,7 +229,7 @@ class RunSpec:
 
 
 def _runs() -> list[RunSpec]:
-    # Ranked: what the done-when needs first (FA2 + CUDA graphs + NVFP4, the
+    # Ranked: what the done-when rests on (FA2 + CUDA graphs + NVFP4, the
     # references they are judged against), then stock vs patched, then the
     # text-only recipe, then diagnosis.
     # One 512-token request needs ~176 blocks (0.21.0's startup check): 192 keeps
@@ -313,7 +313,7 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
         run("trained-refgroups-bf16-smallkv", "patched", "reference-grouped", reference="trained-ref-bf16",
             **small),
         # Stock 0.21.0 on auto: the drafter on FLEX_ATTENTION sharing TRITON_ATTN's tensors.
-        # Judged by the same batching noise as the patched small-pool run. Found (2026-11-27):
+        # Judged by the same batching noise as the patched small-pool run. Found:
         # margins move by whole logits where batching moves them by under one. Stock also lacks
         # 0012-0015, so the two runs after it tell 0003's aliasing from the rest.
         run("trained-stock-auto-bf16-smallkv", "stock", "dflash", reference="trained-ref-bf16",
@@ -374,7 +374,7 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
     # The FLEX drafter on the whole series less 0003 alone: the aliasing, nothing else missing.
     runs.append(_without(next(r for r in runs if r.name == "trained-dflash-flex-bf16-smallkv"),
                          "reconcile-kv-layout-mixed-attention-backends"))
-    # Found under exact numerics (2026-11-27): DFlash in the small pool diverged with
+    # Found under exact numerics: DFlash in the small pool diverged with
     # preemption, the target alone there neither preempted nor diverged. These two
     # separate preemption from DFlash-with-preemption, and the async scheduler from both.
     exact = dict(batch_invariant=True, compile_backend="eager")
@@ -383,7 +383,7 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
             reference="trained-ref-bf16-bi-noinductor", kv_blocks=TRAINED_TINY_POOL, concurrency=(17, 32), **exact),
         run("trained-dflash-fa2-cg-bf16-smallkv-sync-bi-noinductor", "patched", "dflash", backend="flash_attn",
             reference="trained-ref-bf16-bi-noinductor", async_scheduling=False, **small, **exact),
-        # With sliding-window-free-settled-tokens-under-async-scheduling (2026-11-27) the small
+        # With sliding-window-free-settled-tokens-under-async-scheduling the small
         # pool still parts at 2/49 (async) and 1/49 (sync), at requests never preempted nor
         # skipped: another request's KV writes? Without CUDA graphs, no padded or captured
         # drafter slot mapping can write anywhere.
@@ -411,7 +411,7 @@ def _runs_trained(nvfp4: str) -> list[RunSpec]:
 # invariance (fixed-tile GEMMs, fused-MoE config and 2D Triton attention, NVFP4 by
 # emulation) is meant to make a row's logits independent of the rest of the step, so
 # that a verify row equals the decode row it stands for and "lossless" means equal.
-# Measured (2026-11-27): that holds only without inductor (the -bi-noinductor twins).
+# Measured: that holds only without inductor (the -bi-noinductor twins).
 BATCH_INVARIANT_TWINS = (
     "trained-ref-bf16", "trained-dflash-fa2-cg-bf16", "trained-ref-nvfp4", "trained-dflash-fa2-cg-nvfp4",
     "trained-dflash-fa2-cg-bf16-smallkv", "trained-oracle-fa2-cg-bf16", "trained-oracle-fa2-cg-nvfp4",
@@ -422,7 +422,7 @@ BATCH_INVARIANT_TWINS = (
 
 # DFlash runs whose noise run is their own twin (same groups, same prefix caching). Only bf16:
 # the NVFP4 one-at-a-time reference does not reproduce under default numerics on the H100
-# (Marlin; 12 of 36 prompts differ between its passes, 2026-11-27), so an NVFP4 twin has no
+# (Marlin; 12 of 36 prompts differ between its passes), so an NVFP4 twin has no
 # reference to be judged against (its -bi-noinductor twins are the NVFP4 verdict).
 NOISE_TWINS = {"trained-dflash-trained-fa2-cg-bf16-capture": "trained-refgroups-bf16-capture"}
 
@@ -458,7 +458,7 @@ def _without(spec: RunSpec, patch_id: str) -> RunSpec:
 def _exact_ablation(runs: list[RunSpec], capture: str, vllm: str) -> list[RunSpec]:
     """The capture run and its ablation again under exact numerics (``-bi-noinductor``).
 
-    Found on the H100 (2026-11-28): the capture run on the series less the layer offset gave
+    Found on the H100: the capture run on the series less the layer offset gave
     an acceptance of 3.00 on one machine and 2.49 on the next, with the same feature cosine.
     Batched bf16 outputs part from the reference at ties, and which requests then fall into a
     loop the drafter predicts whole moves the mean. Under exact numerics every run emits the
@@ -472,7 +472,7 @@ def _exact_ablation(runs: list[RunSpec], capture: str, vllm: str) -> list[RunSpe
 def _batch_invariant_twin(spec: RunSpec, compile_backend: str | None = None) -> RunSpec:
     """``spec`` under VLLM_BATCH_INVARIANT=1, judged against its reference's own twin.
 
-    Found on the H100 (2026-11-27): with vLLM's default compile backend the ``-bi`` runs
+    Found on the H100: with vLLM's default compile backend the ``-bi`` runs
     still parted from their references only with several requests in flight, as the
     target alone does in groups, while every run at concurrency 1 matched. With the
     ``eager`` backend (``-bi-noinductor``: CUDA graphs kept, no inductor-generated
@@ -1194,7 +1194,7 @@ def _quant_backends(log_text: str) -> dict:
 def _series_of(spec: RunSpec, raw: dict, meta: dict) -> str | None:
     """The hash of the tree a patched run used: the one its tree's stamp named when it ran
     (run_tree_hash), so a raw record seeded on a later host keeps its own. Raw records
-    written before 2026-11-27 have none: the merge's meta, where mm-prefix runs use the
+    written before stamps were kept have none: the merge's meta, where mm-prefix runs use the
     series less the text-only patch where remote.sh built one."""
     if raw.get("series_hash"):
         return raw["series_hash"]
@@ -1338,7 +1338,7 @@ def within_batch_noise(reference: dict | None, run: dict, noise: dict | None, no
 
     Without batch-invariant kernels the target served in groups, with no drafter at all,
     parts from its one-at-a-time reference: batch shape changes GEMM and attention
-    rounding, and that moves top-1/top-2 margins (on the H100, 2026-11-27, by up to 0.72-0.875
+    rounding, and that moves top-1/top-2 margins (on the H100 by up to 0.72-0.875
     logits on 0.21.0 and 1.81 on 0.33.0 at positions where the tokens still agreed). That widest move, measured on the
     no-drafter run ``noise``, is the bound. A DFlash divergence is explained by numerics
     when the two tokens' margin swung by no more than it; a wrong KV row or position swings
@@ -1774,7 +1774,7 @@ def run_one(spec: RunSpec, models: Path, site: str, logs: Path, token_limit: int
     env["VLLM_CACHE_ROOT"] = str(compile_cache_root(env, spec.vllm, site))
     res_file, log_file = logs / f"{spec.name}.json", logs / f"{spec.name}.log"
     probe_file = logs / f"{spec.name}.probe.jsonl"
-    # A result left by an earlier call on the warm machine must not stand in for a child
+    # A result left by an earlier command on this host must not stand in for a child
     # that died before writing its own.
     res_file.unlink(missing_ok=True)
     if spec.probe:
@@ -1804,7 +1804,7 @@ def compile_cache_root(env: dict, vllm: str, site: str | None) -> Path:
     """vLLM's cache folder for the tree a run imports. The AOT compile cache keys a graph by the
     config and the forward's name, not by the runner that set the DFlash target's aux hidden-state
     layers on the model, so the series less `dflash-target-layer-ids-offset` and the series less
-    another patch share a key: on 2026-11-28 a run of the second loaded the first's graph and fed
+    another patch share a key: a run of the second once loaded the first's graph and fed
     its drafter layers one too early. One folder per tree keeps each tree's graphs its own."""
     base = Path(env.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
     return base / "trees" / f"{vllm}-{(run_tree_hash(site) or 'stock')[:16]}"
@@ -1883,9 +1883,9 @@ def lane_gpus(lanes: int, gpus: list[str] | None) -> list[str | None]:
 def lane_problems(lanes: str, raw_dir: Path, gpus: list[str] | None = None, vllm: str | None = None) -> list[str]:
     """RS_PARALLEL lanes ("a,b;c,d") run side by side: an oracle run needs its reference
     in its own lane (order_runs puts it first), or a raw record of it from an earlier
-    call that no lane rewrites meanwhile. A speed run (issue 25) times the GPU: it runs
+    command that no lane rewrites meanwhile. A speed run (issue 25) times the GPU: it runs
     only in a lane that has its GPU to itself (one lane, or RS_LANE_GPUS giving it a GPU
-    no other lane of this call gets). Every name must be a run of ``vllm`` (where given):
+    no other lane of this command gets). Every name must be a run of ``vllm`` (where given):
     checked here, before a GPU machine spends its time installing for a typo."""
     split = [[n for n in lane.split(",") if n] for lane in lanes.split(";")]
     placed = lane_gpus(len(split), gpus)
@@ -2016,7 +2016,7 @@ def main(argv: list[str] | None = None) -> int:
         seeded.unseed(raw_dir, f"{name}.raw.json")
         status = "ok" if raw.get("ok") else f"FAILED: {raw.get('log_error_line') or raw.get('error')}"
         print(f"    {time.time() - t0:.0f}s {status}", flush=True)
-    # Verdicts use every raw result present (earlier calls on the warm machine too).
+    # Verdicts use every raw result present (earlier commands on this host too).
     raws = load_raws(raw_dir, args.nvfp4_walks)
     records = []
     for name, raw in raws.items():

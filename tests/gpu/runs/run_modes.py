@@ -312,7 +312,7 @@ def run_round(models: Path, site: str | None, label: str, logs: Path,
             print(f"[{label}] {d['target']} + {d['name']} {mode} ...", flush=True)
             t0 = time.time()
             if deadline_s is not None and t0 - started > deadline_s:
-                # The device call has a hard limit; a skipped mode is recorded, not lost silently.
+                # A command may run under a hard time limit; a skipped mode is recorded, not lost silently.
                 runs.append({"mode": mode, "target": d["target"], "drafter": spec["drafter_name"],
                              "ok": False, "skipped": True, "drafter_shape": d,
                              "error": {"root_cause": f"skipped: round deadline {deadline_s:.0f}s passed"}})

@@ -9,7 +9,7 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0) and records, per request,
   worker's persistent batch and re-enters it later, as a resumed request does);
 - ``first_steps``: its first FIRST_STEPS scheduled steps (step, tokens scheduled, tokens
   computed before): how its prefill was chunked and what its first decode steps were. The
-  small-pool divergences of 2026-11-27 part from the reference within the first decode steps.
+  small-pool divergences part from the reference within the first decode steps.
 
 The engine's counters give only the number of preemptions; a divergence in a small
 pool is judged by whether its request was preempted, and before which position.

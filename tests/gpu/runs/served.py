@@ -1,9 +1,9 @@
 """Issue 26 on the GPU: servers started by `launcher serve`, chat through the `openai` client, `launcher bench`.
 
 Three phases, each its own server on 127.0.0.1, each leaving a raw record in
-``--work`` (``<phase>.json``, ``<phase>.log``); every call then re-renders
+``--work`` (``<phase>.json``, ``<phase>.log``); every command then re-renders
 ``served.json`` / ``served.md`` in ``--out`` from all phases present, so the
-phases may run in separate device calls on one warm machine:
+phases may run in separate commands on one host:
 
 * ``reference``: the recipe without its drafter (``--set drafter=null``), prefix
   caching off, the 22 requests of served_requests.build one at a time, twice
@@ -16,7 +16,7 @@ phases may run in separate device calls on one warm machine:
   with ``--force`` and the first error (start-up, or the first image request) is
   recorded as ``stock_error``;
 * ``bench``: the ``dflash`` server again, for ``launcher bench`` alone, where the
-  ``dflash`` phase ran out of time for it (one device call is 10 minutes).
+  ``dflash`` phase ran out of time for it (a host may limit a command to 10 minutes).
 
 Every server is `launcher serve --recipe gemma4-moe-dflash --test-gpu ...
 --wait`, run by the interpreter that runs this file with ``PYTHONPATH`` = the vLLM
@@ -179,10 +179,10 @@ def dry_run(args: list[str], site: str, cwd: Path) -> dict:
 class Launched:
     """`launcher serve ... --wait`, its output in a log file.
 
-    Kept in this process's session on purpose: the device machine ends a command's
-    processes when the command ends (cut at its time limit too), but not those of a new
-    session, and a vLLM left running would hold the port and a quarter of the GPU for the
-    next call."""
+    Kept in this process's session on purpose: a host that runs commands under a time limit
+    ends a command's processes when the command ends (cut at its limit too), but not those of
+    a new session, and a vLLM left running would hold the port and a quarter of the GPU for
+    the next command."""
 
     def __init__(self, args: list[str], site: str, cwd: Path, log: Path, timeout: float, force: bool = False,
                  step_times: Path | None = None, env: dict | None = None):
@@ -239,7 +239,7 @@ class Launched:
             except Exception:  # noqa: BLE001 - psutil.NoSuchProcess: already gone
                 pass
         # A killed process holds its port until it has exited: the next phase binds that port
-        # (a smoke test found it still taken right after stop on 2026-11-28).
+        # (a smoke test found it still taken right after stop).
         _wait_gone(family)
         code = self.proc.wait()
         self._log.close()
@@ -319,13 +319,13 @@ def send(cli, model: str, req: sr.Req, timeout: float = REQUEST_TIMEOUT_S) -> di
 
 def run_level(url: str, model: str, reqs: list[sr.Req], concurrency: int, deadline: float | None = None) -> list[dict]:
     """Every request with ``concurrency`` in flight; outputs in request order. A request not
-    started by ``deadline`` is recorded as skipped (the call must end before the device cuts it)."""
+    started by ``deadline`` is recorded as skipped (the command must end before a time limit cuts it)."""
     cli = client(url) if deadline is None or time.time() < deadline else None
 
     def one(req: sr.Req) -> dict:
         if deadline is not None and time.time() > deadline:
             return {"id": req.id, "kind": req.kind, "images": req.images, "error": "skipped: deadline"}
-        # A request in flight may not outlast the call either (the stop reserve stays).
+        # A request in flight may not outlast the command either (the stop reserve stays).
         left = REQUEST_TIMEOUT_S if deadline is None else deadline + STOP_RESERVE_S - 20 - time.time()
         return send(cli, model, req, timeout=max(10.0, min(REQUEST_TIMEOUT_S, left)))
 
@@ -573,9 +573,9 @@ def drafter_window(drafter: Path) -> int | None:
 
 
 def wait_for_twin(args, twin_path: Path, ph: Phase) -> bool:
-    """The twin's record of this call, where the twin runs beside this phase (--parallel): its
-    margins set the noise bound the prefix requests need. A record from before this call is
-    not it; a twin of an earlier call (seeded) is, when this call does not run one."""
+    """The twin's record of this command, where the twin runs beside this phase (--parallel): its
+    margins set the noise bound the prefix requests need. A record from before this command is
+    not it; a twin of an earlier command (seeded) is, when this command does not run one."""
     if "conformance-twin" not in args.phases.split(","):
         return twin_path.exists()
     while time.time() < ph.last_request:
@@ -656,7 +656,7 @@ def bench(ph: Phase, model: str, more: list[str] = (), tag: str = "") -> Path | 
     # One file per vLLM version, recipe and purpose: the text-only recipe's must not replace the other's.
     suffix = ph.args.recipe[len(RECIPE):] + tag
     out = ph.args.out / f"served-bench-{ph.record.get('vllm')}{suffix}.json"
-    out.unlink(missing_ok=True)  # a file of an earlier call on this machine must not stand in for this one's
+    out.unlink(missing_ok=True)  # a file of an earlier command on this host must not stand in for this one's
     cmd = [sys.executable, "-m", "launcher", "bench", "--recipe", ph.args.recipe, "--url", ph.url, "--model", model,
            "--client", "builtin", "--tokenizer", str(ph.args.model), "--out", str(out), "--timeout", "300", *more]
     ph.record["bench_command"] = shlex.join(["launcher", *cmd[3:]])
@@ -794,7 +794,7 @@ def stock(args) -> None:
 
 def assemble(work: Path, out: Path, meta: dict) -> dict:
     """served.json / served.md from this folder's phases and the other rows already there. Under
-    a lock on ``out``: phases of this call (--parallel) and another served.py (the other vLLM
+    a lock on ``out``: phases of this command (--parallel) and another served.py (the other vLLM
     version, run beside this one) rewrite the same record."""
     out.mkdir(parents=True, exist_ok=True)
     # The lock is the folder itself: no lock file to clean up, none coming back in $OUT.
@@ -834,7 +834,7 @@ def _assemble(work: Path, out: Path, meta: dict) -> dict:
 
 
 def stamp_models(rows: list[dict], meta: dict) -> list[dict]:
-    """Each row names the checkpoints it served (``meta`` is the call's that wrote it): a call
+    """Each row names the checkpoints it served (``meta`` is the command's that wrote it): a command
     with a retrained drafter rewrites the record's meta, and the rows it kept must still say
     which drafter they ran. A row that already names them keeps its own."""
     for r in rows:
@@ -871,7 +871,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def keep_raw(work: Path, dest: Path, phase: str) -> None:
     """The raw phase record and its server log into ``dest`` (OUT/served-raw): the
     reference's outputs are what a dflash or stock phase on another machine (exact
-    numerics repeat across H100s) is judged against, and a call cut short keeps its logs."""
+    numerics repeat across H100s) is judged against, and a command cut short keeps its logs."""
     for raw in (work / f"{phase}.json", work / f"{phase}.log"):
         if raw.exists():
             dest.mkdir(parents=True, exist_ok=True)
@@ -901,7 +901,7 @@ RECORDS = {"speed": ("speed-reference", "speed-dflash")}
 def run_phase(args, name: str) -> None:
     print(f"[{name}] ...", flush=True)
     PHASES[name](args)
-    # After each phase: a call cut short keeps what finished, the raw phase first, so a later
+    # After each phase: a command cut short keeps what finished, the raw phase first, so a later
     # machine can take it back (remote.sh served seeds .stage/served-raw) whatever the record does.
     for record in RECORDS.get(name, (name,)):
         keep_raw(args.work, args.out / args.raw_name, record)
@@ -941,7 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpu", default="")
-    parser.add_argument("--deadline-s", type=float, default=540, help="for every phase of this call together")
+    parser.add_argument("--deadline-s", type=float, default=540, help="for every phase of this command together")
     parser.add_argument("--set", action="append", default=[], help="one more launcher --set for every server")
     parser.add_argument("--vllm-arg", action="append", default=[],
                         help="one more vLLM argument (after `--`) for every server, e.g. --vllm-arg=--enforce-eager")

@@ -1,13 +1,12 @@
-"""Carry the trained checkpoints between sessions instead of training them again (issue 23).
+"""Move the trained checkpoints to a later GPU host in parts instead of training them again (issue 23).
 
-Training takes about 7.5 of a session's 30 device minutes. The checkpoints
-(target, its NVFP4 copy once made, the drafters, prompts: about 350 MB) fit
-through the device tool in parts: ``remote.sh pack-trained`` tars
-``/tmp/models-trained`` into an extras bundle of 15.9 MB parts and puts four of
-them and the manifest into ``$OUT`` per call; here ``collect`` checks each part
-against the manifest and files it under ``.stage/``, where the staging calls
-copy it back like any other extras bundle (``remote.sh receive``, then
-``extras`` unpacks it into ``$MODELS_TRAINED``). ``train-target`` then checks
+Training takes about 7.5 minutes of GPU time. The checkpoints (target, its
+NVFP4 copy once made, the drafters, prompts: about 350 MB) travel in parts:
+``remote.sh pack-trained`` tars ``/tmp/models-trained`` into an extras bundle
+of 15.9 MB parts and puts four of them and the manifest into ``$OUT`` per
+command; here ``collect`` checks each part against the manifest and files it
+under ``.stage/``, where staging copies it back like any other extras bundle
+(``remote.sh receive``, then ``extras`` unpacks it into ``$MODELS_TRAINED``). ``train-target`` then checks
 the checkpoint against its train record (``target_sha256``) and skips training.
 
 ``repeat`` compares two train records of the same recipe: ``remote.sh
