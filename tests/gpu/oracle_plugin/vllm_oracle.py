@@ -30,7 +30,11 @@ def register() -> None:
         import vllm
 
         release = vllm.__version__
-    module = oracle.HOOKS[release]["proposer_module"]
+    hook = oracle.HOOKS[release]
+    # Install once the module that defines what the hook patches has run whole: on 0.21.0 the
+    # runner module imports the proposer's before it defines GPUModelRunner, so waiting for the
+    # proposer's module would patch a half-loaded runner module.
+    module = hook.get("runner_module") or hook["proposer_module"]
     if module in sys.modules:
         oracle.install(release, plan)
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
