@@ -72,6 +72,8 @@ receive_trained() { # the packed checkpoints alone (extras-trained, no vLLM bund
 
 receive_parts() {
     "$PY" tests/gpu/staging/parts.py receive "$STAGE" "$BUNDLE_DIR"
+    # The speed-up curve's references from an earlier host (its $OUT/speedup-refs.tar.gz, staged)
+    if [ -f "$STAGE/speedup-refs.tar.gz" ]; then cp "$STAGE/speedup-refs.tar.gz" "$BUNDLE_DIR/"; fi
 }
 
 parts_held() { # per bundle manifest in $BUNDLE_DIR: the parts held (a part failing its sha256 is dropped)
@@ -1324,22 +1326,33 @@ speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_froz
 }
 
 speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VLLM (0.33.0, then 0.21.0) on
-    # the full-size checkpoint (speedup_curve.py); each batch ends with results/speedup-curve.json
-    # written and committed where git is; SPEEDUP_BATCHES=N stops after N batches
-    local v=${SPEEDUP_VLLM:-$V33} site patched vargs
+    # the full-size checkpoint (speedup_curve.py), a lane a GPU of SPEEDUP_GPUS (default 0). Each
+    # lane saves its record in $OUT after every point; SPEEDUP_BUDGET_S, where set, is the time
+    # the run may take: no server starts, and no point, without its time, and the run stops
+    # between points (exit 3: run again; `speedup_curve.py merge` puts lane records brought back
+    # into the curve). SPEEDUP_BATCHES=N stops after N batches. References made on an earlier
+    # host come back as $OUT/speedup-refs.tar.gz; staged as .stage/speedup-refs.tar.gz they are
+    # used again.
+    local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched vargs rc=0
     [ -f tests/gpu/results/speedup-frozen.json ] || { echo "run remote.sh speedup-frozen first" >&2; return 1; }
     read -r site patched < <(speedup_sites "$v")
     [ -f "$MODELS_FULL/fullsize-shapes.json" ] || { echo "run remote.sh full-size-checkpoints first" >&2; return 1; }
     mkdir -p "$OUT" "$WORK/speedup" "$WORK/speedup-refs"
+    if [ -z "$(ls -A "$WORK/speedup-refs")" ] && [ -f "$BUNDLE_DIR/speedup-refs.tar.gz" ]; then
+        tar -C "$WORK" -xzf "$BUNDLE_DIR/speedup-refs.tar.gz"
+    fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     mapfile -t vargs < <(speedup_vllm_args "$site")
     PYTHONPATH=.:$patched:$site "$PY" tests/gpu/runs/speedup_curve.py run --vllm "$v" --commit \
         --series-hash "$(series_hash "$patched")" --gpu-file "$WORK/gpu.txt" \
         --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" --drafter "$MODELS_FULL/dflash-26b-a4b" \
         --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/speedup" \
-        --batches "${SPEEDUP_BATCHES:-0}" ${SPEEDUP_GPUS:+--gpus "$SPEEDUP_GPUS"} "${vargs[@]}" || echo "speedup_curve.py exited $?" >&2
+        --batches "${SPEEDUP_BATCHES:-0}" --gpus "${SPEEDUP_GPUS:-0}" --lane-dir "$OUT" "${vargs[@]}" \
+        ${SPEEDUP_BUDGET_S:+--deadline-s $(( SPEEDUP_BUDGET_S - (SECONDS - t0) - 60 ))} || rc=$?
+    [ "$rc" = 0 ] || echo "speedup_curve.py exited $rc" >&2
     cp tests/gpu/results/speedup-curve.json "$OUT/" 2>/dev/null || true
     tar -C "$WORK" -czf "$OUT/speedup-refs.tar.gz" speedup-refs
+    return "$rc"
 }
 
 cmd=${1:-}

@@ -300,7 +300,7 @@ def test_a_run_on_two_gpus_starts_a_lane_each_with_its_own_record_and_port(tmp_p
     for i, (cmd, _) in enumerate(cmds):
         assert "--gpus" not in cmd and "--commit" not in cmd and "r.json" not in cmd
         assert cmd[cmd.index("--lane") + 1] == f"{i}/2" and cmd[cmd.index("--port") + 1] == str(8021 + 10 * i)
-        assert cmd[cmd.index("--record") + 1] == str(tmp_path / f"lane-{i}.json")
+        assert cmd[cmd.index("--record") + 1] == str(tmp_path / f"speedup-curve-lane-{i}.json")
         assert cmd[cmd.index("--batches") + 1] == "2" and cmd[cmd.index("run") + 1] == "--vllm"
 
 
@@ -325,7 +325,7 @@ def test_run_lanes_merges_what_each_lane_measured_into_the_curve(tmp_path, monke
 
     monkeypatch.setattr(curve.subprocess, "Popen", Lane)
     args = type("A", (), {"gpus": "0,1", "work": tmp_path, "port": 8021, "record": tmp_path / "curve.json",
-                          "frozen": frozen, "commit": False, "vllm": "0.33.0"})()
+                          "frozen": frozen, "commit": False, "vllm": "0.33.0", "lane_dir": None})()
     assert curve.run_lanes(args, ["run", "--vllm", "0.33.0", "--gpus", "0,1"]) == 1
     merged = json.loads((tmp_path / "curve.json").read_text())
     assert all(srec.missing(merged, p) == ["dflash"] for p in points)
@@ -413,3 +413,160 @@ def test_the_launcher_table_is_what_the_committed_curve_gives():
                                                                       json.loads(frozen.read_text()))))
     else:
         assert shipped["rows"] == [] and shipped["source"] is None
+
+
+# ---------------------------------------------------------------- a run that ends before its host does
+
+
+def test_a_lane_record_left_by_a_cut_run_keeps_its_points_when_the_lanes_start_again(tmp_path, monkeypatch):
+    # A run cut by its deadline left lane 0's record in the lane folder ($OUT on the GPU host);
+    # the next run starts each lane from that record merged with the curve, so nothing measured
+    # is lost, and the merged curve holds it. (The lanes' servers cannot exist here: each lane
+    # is a stand-in that measures nothing.)
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    lanes = tmp_path / "out"
+    lanes.mkdir()
+    point = sg.batches()[0].points[0]
+    cut = srec.new(frozen)
+    srec.put(cut, point, "baseline", _measure())
+    srec.save(cut, lanes / "speedup-curve-lane-0.json")
+
+    class Lane:
+        def __init__(self, cmd, env):
+            pass
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(curve.subprocess, "Popen", Lane)
+    args = type("A", (), {"gpus": "0,1", "work": tmp_path, "port": 8021, "record": tmp_path / "curve.json",
+                          "frozen": frozen, "commit": False, "vllm": "0.33.0", "lane_dir": lanes})()
+    assert curve.run_lanes(args, ["run", "--vllm", "0.33.0", "--gpus", "0,1"]) == 0
+    merged = json.loads((tmp_path / "curve.json").read_text())
+    assert srec.missing(merged, point) == ["dflash"]
+    assert srec.missing(json.loads((lanes / "speedup-curve-lane-0.json").read_text()), point) == ["dflash"]
+
+
+def test_merge_puts_lane_records_brought_back_from_a_cut_run_into_the_curve(tmp_path):
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    points = [b.points[0] for b in sg.batches()[:2]]
+    paths = []
+    for i, p in enumerate(points):
+        rec = srec.new(frozen)
+        srec.put(rec, p, "baseline", _measure())
+        paths.append(tmp_path / f"speedup-curve-lane-{i}.json")
+        srec.save(rec, paths[-1])
+    record = tmp_path / "curve.json"
+    assert curve.main(["merge", *map(str, paths), "--record", str(record), "--frozen", str(frozen)]) == 0
+    merged = json.loads(record.read_text())
+    assert all(srec.missing(merged, p) == ["dflash"] for p in points)
+
+
+def _batch_args(tmp_path, seconds_left):
+    import time
+
+    return type("A", (), {"refs": tmp_path / "refs", "model": tmp_path, "work": tmp_path, "vllm": "0.33.0",
+                          "record": tmp_path / "curve.json",
+                          "end": None if seconds_left is None else time.monotonic() + seconds_left})()
+
+
+def test_no_server_starts_without_the_time_for_its_start_and_one_point(tmp_path, monkeypatch):
+    curve = load("speedup_curve")
+    started = []
+    monkeypatch.setattr(curve, "Server", lambda *a, **k: started.append(a) or pytest.fail("a server started"))
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    batch = sg.batches()[0]
+    args = _batch_args(tmp_path, curve.SERVER_START_S + curve.POINT_S - 5)
+    with pytest.raises(curve.OutOfTime):
+        curve.run_batch(args, batch, srec.new(frozen), {})
+    assert started == []
+
+
+class _StandInServer:
+    """A DFlash server's place (vLLM cannot run here): a base URL and a model name."""
+
+    def __init__(self, *args, **kwargs):
+        self.base, self.model = "http://127.0.0.1:1", "m"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _dflash_batch_setup(curve, tmp_path, monkeypatch, acceptance_of):
+    from launcher.bench import workload
+
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    batch = next(b for b in sg.batches() if b.server == "k7")
+    (tmp_path / "refs").mkdir()
+    for p in batch.points:
+        curve.ref_path(tmp_path / "refs", p).write_text("{}")
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    monkeypatch.setattr(curve, "oracle_plan", lambda *a, **k: {})
+    monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
+    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    measured = []
+
+    def measure(base, model, point, prompts, *, with_drafter, meta):
+        measured.append(point)
+        return {**_measure(acceptance=acceptance_of(point)), **meta}
+
+    monkeypatch.setattr(curve, "measure", measure)
+    return batch, srec.new(frozen), measured
+
+
+def test_a_collapsed_acceptance_stops_higher_levels_on_that_server(tmp_path, monkeypatch):
+    # The references diverge from what the server generates: from a planned 3 on, the measured
+    # acceptance stays near 1. Lower levels are measured first; the first point planned at 3
+    # or more that measures under 60 % of its plan ends every level at or above it.
+    curve = load("speedup_curve")
+    batch, record, measured = _dflash_batch_setup(
+        curve, tmp_path, monkeypatch, lambda p: p.level if p.level < 3 else 1.2)
+    done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
+    levels = [p.level for p in measured]
+    assert levels == sorted(levels) and max(levels) == 3.0
+    assert len(done) == len(measured) < len(batch.points)
+    row = record["points"][measured[-1].id]["dflash"]
+    assert row["off_plan"] is True and row["planned_level"] == 3.0
+    assert all(record["points"][p.id]["dflash"]["off_plan"] is False for p in measured if p.level < 3)
+
+
+def test_acceptance_that_follows_the_plan_measures_every_level(tmp_path, monkeypatch):
+    curve = load("speedup_curve")
+    batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level * 0.9)
+    done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
+    assert sorted(done) == sorted(p.id for p in batch.points)
+
+
+def test_a_server_that_does_not_start_leaves_no_blocker_behind(tmp_path, monkeypatch):
+    # The memory blocker is a real process (a sleeping stand-in: the real one holds GPU memory);
+    # the server's start fails as a vLLM that exits before it is ready would make it fail.
+    curve = load("speedup_curve")
+    server = curve.Server(type("A", (), {"port": 8021})(), "b", None, {})
+
+    def start():
+        server.blocker = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        raise RuntimeError("b: server exited with code 1 before it was ready")
+
+    monkeypatch.setattr(server, "_start", start)
+    with pytest.raises(RuntimeError):
+        server.__enter__()
+    assert server.blocker.wait(timeout=10) is not None
+
+
+def test_another_releases_curve_is_not_judged_against_the_frozen_model():
+    # The frozen step times are 0.33.0's: 0.21.0's spot check gets its measured break-even and
+    # no prediction, so no gap is flagged against a model of another release.
+    frozen = {**_frozen(), "vllm": "0.33.0"}
+    pts = [sg.Point("0.21.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0)]
+    row = report.break_evens(report.point_rows(_curve_with(lambda p: (p.level + 0.1) / 2.6, pts)), frozen)[0]
+    assert row["break_even"] == pytest.approx(2.6)
+    assert row["predicted"] is None and row["relative_gap"] is None and not row["over_bar"]

@@ -73,7 +73,8 @@ def break_evens(rows: list[dict], frozen: dict) -> list[dict]:
     for (vllm, k, c), members in sorted(groups.items(), key=lambda kv: (kv[0][0] != sg.MAIN_VLLM, kv[0])):
         got = breakeven.interpolate([(m["acceptance"], m["speedup"]) for m in members])
         try:
-            predicted = sm.break_even(frozen, k, c)
+            # the frozen model's step times are one release's: another release's curve has no prediction
+            predicted = sm.break_even(frozen, k, c) if frozen.get("vllm") in (None, vllm) else None
         except KeyError:
             predicted = None
         gap = (abs(got["acceptance"] - predicted) / predicted

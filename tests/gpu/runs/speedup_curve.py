@@ -16,10 +16,17 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
 
 A batch ends with the record written to ``--record`` (and, with ``--commit``, committed there);
 a rerun reads it and measures only what is missing. The record must name the frozen record
-(``--frozen``) it started from.
+(``--frozen``) it started from. With ``--deadline-s`` no server starts without the time for its
+start and one point, and no point starts without its time: the run stops between points, its
+record saved, and exits 3 (run again). A server that does not start fails its batch alone.
+A DFlash server measures its points by planned level, lowest first. A point whose measured
+acceptance is under ``OFF_PLAN`` of its planned level is marked ``off_plan``; at a planned level
+of 3 or more no point of that level or higher is measured on the server (the references no longer
+follow what it generates, so those levels cannot be reached).
 
 ``python tests/gpu/runs/speedup_curve.py plan``  the batches and what each still has to measure
 ``python tests/gpu/runs/speedup_curve.py run --vllm V --site-label L ...``  the pending batches of release V
+``python tests/gpu/runs/speedup_curve.py merge LANE.json ...``  lanes' records (a run's ``--lane-dir``) into ``--record``
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -51,6 +57,28 @@ import speedup_record as srec  # noqa: E402
 ORACLE_PLUGIN = HERE / "oracle_plugin"
 REFERENCE_EXTRA = max(sg.KS)  # tokens past output_len: a verify may accept drafts past max_tokens
 WARM_UP_TOKENS = 16
+# A server's start with the drafter on vLLM 0.33.0 at full size took up to 431 s (speedup_frozen).
+SERVER_START_S = 480
+# One point: its warm-up and 32 requests of 256 tokens at concurrency 1, about 9 ms a token at
+# K 15 (75 s), and on the server without the drafter its 32 references one at a time (about 40 s).
+POINT_S = 150
+# A DFlash point measuring under this fraction of its planned acceptance length is off plan.
+OFF_PLAN = 0.6
+
+
+class OutOfTime(Exception):
+    """The deadline leaves no time for the next server or point: run again."""
+
+
+def left(args) -> float:
+    """Seconds to the run's deadline (infinite without one)."""
+    end = getattr(args, "end", None)
+    return float("inf") if end is None else end - time.monotonic()
+
+
+def off_plan(point: sg.Point, measurement: dict) -> bool:
+    acc = (measurement.get("acceptance") or {}).get("mean_acceptance_length")
+    return acc is not None and acc < OFF_PLAN * point.level
 
 
 # ------------------------------------------------------------------ one measurement
@@ -142,6 +170,13 @@ class Server:
         self.base = f"http://127.0.0.1:{args.port}"
 
     def __enter__(self):
+        try:
+            return self._start()
+        except BaseException:
+            self.__exit__()  # a server that did not start leaves no blocker or half-started vLLM behind
+            raise
+
+    def _start(self):
         a = self.args
         card = memfit.CARDS[a.profile]
         settings = fsv.profile_settings(a.recipe, a.profile, fsv.served_release())
@@ -159,7 +194,7 @@ class Server:
         log = open(Path(a.work) / f"{self.label}.server.log", "w")
         self.proc = subprocess.Popen(fsv.server_argv(ns, fraction), stdout=log, stderr=subprocess.STDOUT,
                                      env=env, cwd=REPO, start_new_session=True)
-        problem = fsv.wait_healthy(self.base, self.proc, fsv.now() + a.start_timeout_s)
+        problem = fsv.wait_healthy(self.base, self.proc, fsv.now() + min(a.start_timeout_s, left(a) - POINT_S))
         if problem:
             raise RuntimeError(f"{self.label}: server {problem} (log {log.name})")
         from launcher.bench.runner import server_models
@@ -168,12 +203,18 @@ class Server:
         return self
 
     def __exit__(self, *exc):
-        fsv.stop_group(self.proc)
-        fsv.stop_group(self.blocker)
+        if self.proc is not None:
+            fsv.stop_group(self.proc)
+        if self.blocker is not None:
+            fsv.stop_group(self.blocker)
         return False
 
 
 # ------------------------------------------------------------------ batches
+
+
+# The points each batch has measured so far in this run (kept when OutOfTime ends one midway)
+batch_done: dict[str, list[str]] = {}
 
 
 def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
@@ -183,6 +224,8 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     todo = srec.pending(batch, record, has_reference(refs))
     if not todo:
         return []
+    if left(args) < SERVER_START_S + POINT_S:
+        raise OutOfTime(f"{batch.id}: {left(args):.0f} s left, under a server's start and a point")
     from launcher.bench import workload
 
     vocab = workload.vocab_size(args.model)
@@ -190,6 +233,8 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     if batch.server == "nodrafter":
         with Server(args, f"{batch.id}", None, {}) as server:
             for p in todo:
+                if left(args) < POINT_S:
+                    raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
                 prompts = sg.prompts(p, vocab)
                 if "baseline" in srec.missing(record, p):
                     srec.put(record, p, "baseline", measure(server.base, server.model, p, prompts, with_drafter=False,
@@ -199,6 +244,7 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
                     outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA) for q in prompts]
                     ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs}))
                 done.append(p.id)
+                batch_done[batch.id] = done
         return done
     k = int(batch.server[1:])
     ready = [p for p in todo if ref_path(refs, p).is_file()]
@@ -212,12 +258,26 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     if args.vllm == sg.MAIN_VLLM:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the oracle's 0.33.0 hook is the V2 runner's
     env["PYTHONPATH"] = fsv.server_env()["PYTHONPATH"] + ":" + str(ORACLE_PLUGIN)
+    collapsed_at = None  # the planned level from which the references no longer hold
     with Server(args, batch.id, k, env) as server:
-        for p in ready:
-            srec.put(record, p, "dflash", measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
-                                                  meta={**meta, "f_cycle": sg.f_cycle(p.level, k)}))
+        for p in sorted(ready, key=lambda q: (q.variant != "base", q.level)):
+            if collapsed_at is not None and p.level >= collapsed_at:
+                print(f"{p.id}: not measured, acceptance collapsed at a planned {collapsed_at:g}", flush=True)
+                continue
+            if left(args) < POINT_S:
+                raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
+            got = measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
+                          meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level})
+            got["off_plan"] = off_plan(p, got)
+            srec.put(record, p, "dflash", got)
             srec.save(record, args.record)
             done.append(p.id)
+            batch_done[batch.id] = done
+            if got["off_plan"] and p.level >= 3:
+                collapsed_at = p.level
+                print(f"{p.id}: acceptance {got['acceptance'].get('mean_acceptance_length'):.2f} against a planned "
+                      f"{p.level:g}: the references no longer follow this server's output; no higher level "
+                      "is measured on it", flush=True)
     return done
 
 
@@ -241,41 +301,54 @@ def lane_batches(batches: list, lane: str | None) -> list:
     return mine
 
 
-def lane_commands(argv: list[str], gpus: list[str], work: Path, port: int) -> list[tuple[list[str], dict]]:
+def lane_commands(argv: list[str], gpus: list[str], lane_dir: Path, port: int) -> list[tuple[list[str], dict]]:
     """One ``run`` per GPU: this command's arguments less ``--gpus`` and ``--commit``, with its lane,
-    a record of its own under ``work``, a port of its own, and CUDA_VISIBLE_DEVICES."""
+    a record of its own in ``lane_dir``, a port of its own, and CUDA_VISIBLE_DEVICES."""
     base, skip = [], False
     for a in argv:
         if skip:
             skip = False
             continue
-        if a in ("--gpus", "--record", "--port"):
+        if a in ("--gpus", "--record", "--port", "--lane-dir"):
             skip = True
             continue
-        if a == "--commit" or a.startswith(("--gpus=", "--record=", "--port=")):
+        if a == "--commit" or a.startswith(("--gpus=", "--record=", "--port=", "--lane-dir=")):
             continue
         base.append(a)
     n = len(gpus)
     return [([sys.executable, str(Path(__file__).resolve()), *base, "--lane", f"{i}/{n}",
-              "--record", str(work / f"lane-{i}.json"), "--port", str(port + 10 * i)],
+              "--record", str(lane_record(lane_dir, i)), "--port", str(port + 10 * i)],
              {"CUDA_VISIBLE_DEVICES": g}) for i, g in enumerate(gpus)]
+
+
+def lane_record(lane_dir: Path, i: int) -> Path:
+    return lane_dir / f"speedup-curve-lane-{i}.json"
+
+
+def merge_into(record: dict, paths: list[Path]) -> dict:
+    """Every lane record in ``paths`` that exists merged into ``record``."""
+    for path in paths:
+        if Path(path).is_file():
+            srec.merge(record, json.loads(Path(path).read_text()))
+    return record
 
 
 def run_lanes(args, argv: list[str]) -> int:
     """The release's pending batches on several GPUs at once, a lane each, then their records
-    merged into ``--record`` (and committed with ``--commit``)."""
+    merged into ``--record`` (and committed with ``--commit``). Each lane saves its record in
+    ``--lane-dir`` after every point, so what a cut run measured can be merged afterwards
+    (``merge``); a lane record already there is kept and the curve merged into it."""
     gpus = args.gpus.split(",")
-    lanes = lane_commands(argv, gpus, args.work, args.port)
-    for i in range(len(gpus)):  # each lane starts from what the curve holds
-        if args.record.is_file():
-            shutil.copyfile(args.record, args.work / f"lane-{i}.json")
+    lane_dir = args.lane_dir or args.work
+    lane_dir.mkdir(parents=True, exist_ok=True)
+    lanes = lane_commands(argv, gpus, lane_dir, args.port)
+    paths = [lane_record(lane_dir, i) for i in range(len(gpus))]
+    for path in paths:  # each lane starts from what the curve and its own earlier record hold
+        start = merge_into(srec.load(args.record, args.frozen), [path])
+        srec.save(start, path)
     procs = [subprocess.Popen(cmd, env={**os.environ, **env}) for cmd, env in lanes]
     codes = [p.wait() for p in procs]
-    record = srec.load(args.record, args.frozen)
-    for i in range(len(gpus)):
-        lane = args.work / f"lane-{i}.json"
-        if lane.is_file():
-            srec.merge(record, json.loads(lane.read_text()))
+    record = merge_into(srec.load(args.record, args.frozen), paths)
     srec.save(record, args.record)
     print(f"lanes on GPUs {args.gpus}: exit {codes}; record {args.record}", flush=True)
     if args.commit:
@@ -330,11 +403,23 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--blocker", default=shlex.join([sys.executable, str(HERE / "runs" / "mem_blocker.py")]))
     p_run.add_argument("--lane", help="I/N: the I-th of every N pending batches (run_lanes starts them)")
     p_run.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): a lane each, records merged after")
+    p_run.add_argument("--lane-dir", type=Path, help="where each lane saves its record (default: --work)")
+    p_run.add_argument("--deadline-s", type=float, default=0,
+                       help="stop between points before this many seconds have passed, exit 3 (0: none)")
+    p_merge = sub.add_parser("merge")
+    p_merge.add_argument("lanes", nargs="+", type=Path, help="lane records (speedup-curve-lane-I.json)")
+    for p in (p_merge,):
+        p.add_argument("--record", type=Path, default=REPO / srec.CURVE_PATH)
+        p.add_argument("--frozen", type=Path, default=REPO / srec.FROZEN_PATH)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if not args.frozen.is_file():
         parser.error(f"{args.frozen}: measure and commit the frozen model first (remote.sh speedup-frozen)")
     record = srec.load(args.record, args.frozen)
+    if args.cmd == "merge":
+        srec.save(merge_into(record, args.lanes), args.record)
+        print(f"merged {len(args.lanes)} lane record(s) into {args.record}", flush=True)
+        return 0
     if args.cmd == "plan":
         for b in sg.batches():
             todo = srec.pending(b, record, has_reference(args.refs))
@@ -343,26 +428,33 @@ def main(argv: list[str] | None = None) -> int:
     if not frozen_committed(args.frozen):
         parser.error(f"{args.frozen} is not committed: commit the frozen model before the curve")
     args.work.mkdir(parents=True, exist_ok=True)
-    if args.gpus and len(args.gpus.split(",")) > 1:
-        return run_lanes(args, argv)
+    if args.gpus and (len(args.gpus.split(",")) > 1 or args.lane_dir):
+        return run_lanes(args, argv)  # one GPU with --lane-dir: a lane too, its record saved there
     gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
     meta = {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime()),
             # a lane ran beside others, one a GPU of the same host
             **({"lane": args.lane} if args.lane else {})}
-    ran = 0
+    args.end = time.monotonic() + args.deadline_s if args.deadline_s else None
+    ran, code = 0, 0
     for batch in lane_batches([b for b in sg.batches() if b.vllm == args.vllm], args.lane):
-        done = run_batch(args, batch, record, meta)
-        if not done:
-            continue
-        record.setdefault("batches", []).append({"id": batch.id, **meta, "measured": done})
-        srec.save(record, args.record)
-        print(f"{batch.id}: measured {len(done)} points; record {args.record}", flush=True)
-        if args.commit:
-            commit(args.record, f"speedup-curve: batch {batch.id} ({len(done)} points, vLLM {args.vllm})")
-        ran += 1
-        if args.batches and ran >= args.batches:
+        try:
+            done = run_batch(args, batch, record, meta)
+        except OutOfTime as exc:
+            print(f"{exc}: run again", flush=True)
+            done, code = batch_done.get(batch.id, []), 3
+        except RuntimeError as exc:  # a server that did not start fails its batch, not the lane
+            print(f"{batch.id}: {exc}", flush=True)
+            done, code = batch_done.get(batch.id, []), max(code, 1)
+        if done:
+            record.setdefault("batches", []).append({"id": batch.id, **meta, "measured": done})
+            srec.save(record, args.record)
+            print(f"{batch.id}: measured {len(done)} points; record {args.record}", flush=True)
+            if args.commit:
+                commit(args.record, f"speedup-curve: batch {batch.id} ({len(done)} points, vLLM {args.vllm})")
+            ran += 1
+        if code == 3 or (args.batches and ran >= args.batches):
             break
-    return 0
+    return code
 
 
 if __name__ == "__main__":
