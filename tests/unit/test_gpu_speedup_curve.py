@@ -570,3 +570,42 @@ def test_another_releases_curve_is_not_judged_against_the_frozen_model():
     row = report.break_evens(report.point_rows(_curve_with(lambda p: (p.level + 0.1) / 2.6, pts)), frozen)[0]
     assert row["break_even"] == pytest.approx(2.6)
     assert row["predicted"] is None and row["relative_gap"] is None and not row["over_bar"]
+
+
+def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_variant(tmp_path, monkeypatch):
+    # Without the drafter a run costs the same whatever K or level a point plans: one measurement
+    # a (concurrency, variant) stands for the others, each copy naming its source. References are
+    # still made for every point (the oracle's plan needs each point's prompts). The server and
+    # its measurements are stand-ins (vLLM cannot run here).
+    from launcher.bench import workload
+
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    batch = sg.batches()[0]
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n: [1] * n)
+    measured = []
+
+    def measure(base, model, point, prompts, *, with_drafter, meta):
+        measured.append(point)
+        return {**_measure(), **meta}
+
+    monkeypatch.setattr(curve, "measure", measure)
+    record = srec.new(frozen)
+    meta = {"gpu": "H200", "series": "s" * 64}
+    done = curve.run_batch(_batch_args(tmp_path, None), batch, record, meta)
+    kinds = {(p.concurrency, p.variant) for p in batch.points}
+    assert sorted(done) == sorted(p.id for p in batch.points)
+    assert sorted((p.concurrency, p.variant) for p in measured) == sorted(kinds)
+    rows = [record["points"][p.id]["baseline"] for p in batch.points]
+    assert sum("shared_from" not in r for r in rows) == len(kinds)
+    for p in batch.points:
+        src = record["points"][p.id]["baseline"].get("shared_from")
+        if src:
+            assert (record["points"][src]["concurrency"], record["points"][src]["variant"]) == (p.concurrency, p.variant)
+    assert all(curve.ref_path(tmp_path / "refs", p).is_file() for p in batch.points)
+    # a baseline from another GPU is not shared
+    other = next(p for p in batch.points if "shared_from" in record["points"][p.id]["baseline"])
+    assert curve.shared_baseline(record, other, {"gpu": "H100", "series": "s" * 64}) is None

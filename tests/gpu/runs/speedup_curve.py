@@ -7,7 +7,9 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
 
 * the server without the drafter: each point's baseline (a warm-up round with a cache salt, then
   the point's prompts at its concurrency, greedy, ``ignore_eos``; output tok/s and TPOT from
-  ``launcher.bench.client``), then each prompt's reference continuation one request at a time
+  ``launcher.bench.client``), measured once a concurrency and variant and shared by that
+  concurrency's other Ks and levels (``shared_baseline``), then each prompt's reference
+  continuation one request at a time
   (``output_len + 15`` token ids, kept in ``--refs``: the oracle's plan needs them);
 * a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with a plan of every
   pending point's prompts, references and first-wrong pattern (``speedup_grid.f_cycle``), its
@@ -64,6 +66,9 @@ SERVER_START_S = 480
 POINT_S = 150
 # A DFlash point measuring under this fraction of its planned acceptance length is off plan.
 OFF_PLAN = 0.6
+# One request of 256 tokens takes seconds: a server that stops answering must not hold a lane
+# past the run's deadline for long.
+REQUEST_TIMEOUT_S = 180.0
 
 
 class OutOfTime(Exception):
@@ -90,7 +95,7 @@ def _run(concurrency: int, output_len: int):
 
 
 def measure(base: str, model: str, point: sg.Point, prompts: list, *, with_drafter: bool, meta: dict,
-            timeout: float = 600.0) -> dict:
+            timeout: float = REQUEST_TIMEOUT_S) -> dict:
     """One timed run of the point's prompts at its concurrency, after an unmeasured warm-up
     round; the acceptance is the /metrics counters' difference around the timed run."""
     from launcher.bench import client, metrics
@@ -110,7 +115,8 @@ def measure(base: str, model: str, point: sg.Point, prompts: list, *, with_draft
             "acceptance": metrics.acceptance(before, after) if with_drafter else None}
 
 
-def reference(base: str, model: str, prompt: list[int], max_tokens: int, timeout: float = 600.0) -> list[int]:
+def reference(base: str, model: str, prompt: list[int], max_tokens: int,
+              timeout: float = REQUEST_TIMEOUT_S) -> list[int]:
     """The server's greedy continuation of ``prompt`` as token ids (``return_token_ids``, else
     the logprobs' ``token_id:N`` strings)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
@@ -129,6 +135,21 @@ def token_ids(choice: dict) -> list[int]:
     if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens) or not tokens:
         raise ValueError("the server returned neither token_ids nor token_id:N logprob tokens")
     return [int(t.split(":", 1)[1]) for t in tokens]
+
+
+def shared_baseline(record: dict, point: sg.Point, meta: dict) -> dict | None:
+    """A baseline this point can take from another: without the drafter the run's cost does not
+    depend on K or the planned level, only on the release, concurrency and variant (prompt
+    length, logprobs), so one 32-request measurement a (concurrency, variant) stands for all its
+    points, measured on the same GPU and series; the copy names the point it came from."""
+    for pid, row in sorted(record.get("points", {}).items()):
+        base = row.get("baseline")
+        if (pid != point.id and srec.valid(base, "baseline") and not base.get("shared_from")
+                and (row.get("vllm"), row.get("concurrency"), row.get("variant"))
+                == (point.vllm, point.concurrency, point.variant)
+                and base.get("gpu") == meta.get("gpu") and base.get("series") == meta.get("series")):
+            return {**base, "shared_from": pid}
+    return None
 
 
 # ------------------------------------------------------------------ references
@@ -237,8 +258,8 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
                     raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
                 prompts = sg.prompts(p, vocab)
                 if "baseline" in srec.missing(record, p):
-                    srec.put(record, p, "baseline", measure(server.base, server.model, p, prompts, with_drafter=False,
-                                                            meta=meta))
+                    srec.put(record, p, "baseline", shared_baseline(record, p, meta) or measure(
+                        server.base, server.model, p, prompts, with_drafter=False, meta=meta))
                     srec.save(record, args.record)
                 if "dflash" in srec.missing(record, p) and not ref_path(refs, p).is_file():
                     outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA) for q in prompts]
