@@ -609,3 +609,12 @@ def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_
     # a baseline from another GPU is not shared
     other = next(p for p in batch.points if "shared_from" in record["points"][p.id]["baseline"])
     assert curve.shared_baseline(record, other, {"gpu": "H100", "series": "s" * 64}) is None
+
+
+def test_a_pilot_measures_only_the_points_it_names(tmp_path, monkeypatch):
+    curve = load("speedup_curve")
+    batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level)
+    pilot = max(batch.points, key=lambda p: p.level)
+    args = _batch_args(tmp_path, None)
+    args.only = {pilot.id}
+    assert curve.run_batch(args, batch, record, {}) == [pilot.id] and measured == [pilot]

@@ -243,6 +243,9 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     refs = Path(args.refs)
     refs.mkdir(parents=True, exist_ok=True)
     todo = srec.pending(batch, record, has_reference(refs))
+    only = getattr(args, "only", None)
+    if only:
+        todo = [p for p in todo if p.id in only]
     if not todo:
         return []
     if left(args) < SERVER_START_S + POINT_S:
@@ -425,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--lane", help="I/N: the I-th of every N pending batches (run_lanes starts them)")
     p_run.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): a lane each, records merged after")
     p_run.add_argument("--lane-dir", type=Path, help="where each lane saves its record (default: --work)")
+    p_run.add_argument("--only", type=lambda v: set(filter(None, v.split(","))),
+                       help="measure only these point ids (a pilot: does acceptance follow the plan?)")
     p_run.add_argument("--deadline-s", type=float, default=0,
                        help="stop between points before this many seconds have passed, exit 3 (0: none)")
     p_merge = sub.add_parser("merge")
