@@ -1332,7 +1332,8 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
     # between points (exit 3: run again; `speedup_curve.py merge` puts lane records brought back
     # into the curve). SPEEDUP_BATCHES=N stops after N batches; SPEEDUP_ONLY=ID,ID measures only
     # those points (a pilot: one high level a K shows whether acceptance follows the plan before
-    # the grid's hour is spent). References made on an earlier
+    # the grid's hour is spent); SPEEDUP_REFS_FROM=nodrafter makes references on the server without
+    # the drafter instead of a DFlash server at each K. References made on an earlier
     # host come back as $OUT/speedup-refs.tar.gz; staged as .stage/speedup-refs.tar.gz they are
     # used again.
     local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched vargs rc=0
@@ -1350,7 +1351,7 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
         --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" --drafter "$MODELS_FULL/dflash-26b-a4b" \
         --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/speedup" \
         --batches "${SPEEDUP_BATCHES:-0}" --gpus "${SPEEDUP_GPUS:-0}" --lane-dir "$OUT" "${vargs[@]}" \
-        ${SPEEDUP_ONLY:+--only "$SPEEDUP_ONLY"} \
+        ${SPEEDUP_ONLY:+--only "$SPEEDUP_ONLY"} ${SPEEDUP_REFS_FROM:+--refs-from "$SPEEDUP_REFS_FROM"} \
         ${SPEEDUP_BUDGET_S:+--deadline-s $(( SPEEDUP_BUDGET_S - (SECONDS - t0) - 60 ))} || rc=$?
     [ "$rc" = 0 ] || echo "speedup_curve.py exited $rc" >&2
     cp tests/gpu/results/speedup-curve.json "$OUT/" 2>/dev/null || true

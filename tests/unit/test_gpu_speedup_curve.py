@@ -574,8 +574,7 @@ def test_another_releases_curve_is_not_judged_against_the_frozen_model():
 
 def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_variant(tmp_path, monkeypatch):
     # Without the drafter a run costs the same whatever K or level a point plans: one measurement
-    # a (concurrency, variant) stands for the others, each copy naming its source. References are
-    # still made for every point (the oracle's plan needs each point's prompts). The server and
+    # a (concurrency, variant) stands for the others, each copy naming its source. The server and
     # its measurements are stand-ins (vLLM cannot run here).
     from launcher.bench import workload
 
@@ -605,7 +604,8 @@ def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_
         src = record["points"][p.id]["baseline"].get("shared_from")
         if src:
             assert (record["points"][src]["concurrency"], record["points"][src]["variant"]) == (p.concurrency, p.variant)
-    assert all(curve.ref_path(tmp_path / "refs", p).is_file() for p in batch.points)
+    # references are made on the DFlash servers (the default), none here
+    assert not any(curve.ref_path(tmp_path / "refs", p).is_file() for p in batch.points)
     # a baseline from another GPU is not shared
     other = next(p for p in batch.points if "shared_from" in record["points"][p.id]["baseline"])
     assert curve.shared_baseline(record, other, {"gpu": "H100", "series": "s" * 64}) is None
@@ -618,3 +618,77 @@ def test_a_pilot_measures_only_the_points_it_names(tmp_path, monkeypatch):
     args = _batch_args(tmp_path, None)
     args.only = {pilot.id}
     assert curve.run_batch(args, batch, record, {}) == [pilot.id] and measured == [pilot]
+
+
+class _RecordingServer(_StandInServer):
+    """A stand-in server that notes its label and whether the oracle's plan was in its environment."""
+
+    starts: list = []
+
+    def __init__(self, args, label, k, env):
+        super().__init__()
+        _RecordingServer.starts.append((label, k, "ORACLE_PLAN" in env, env.get("VLLM_USE_V2_MODEL_RUNNER")))
+
+
+def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(tmp_path, monkeypatch):
+    # The default: a DFlash server at K without the oracle's plan (its real drafter's drafts are
+    # all but never accepted) makes each point's references at the point's concurrency, in
+    # lockstep waves; then the oracle's server measures. The server without the drafter makes none.
+    from launcher.bench import workload
+
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    batch = next(b for b in sg.batches() if b.server == "k3")
+    _RecordingServer.starts = []
+    monkeypatch.setattr(curve, "Server", _RecordingServer)
+    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
+    plans = []
+    monkeypatch.setattr(curve, "oracle_plan", lambda path, points, refs, k, vocab: plans.append([p.id for p in points]))
+    waves, in_flight = [], {"now": 0, "max": 0}
+    import threading
+
+    lock = threading.Lock()
+
+    def reference(base, model, prompt, n):
+        with lock:
+            in_flight["now"] += 1
+            in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        import time
+
+        time.sleep(0.01)
+        with lock:
+            in_flight["now"] -= 1
+        return [7] * n
+
+    monkeypatch.setattr(curve, "reference", reference)
+    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta:
+                        {**_measure(acceptance=point.level), **meta})
+    record = srec.new(frozen)
+    done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {"gpu": "H200"})
+    assert sorted(done) == sorted(p.id for p in batch.points)
+    assert [(label.endswith("-refs"), k, has_plan, v2) for label, k, has_plan, v2 in _RecordingServer.starts] == \
+        [(True, 3, False, "1"), (False, 3, True, "1")]
+    assert plans == [[p.id for p in batch.points]]
+    assert in_flight["max"] == max(p.concurrency for p in batch.points)
+    made = json.loads(curve.ref_path(tmp_path / "refs", batch.points[0]).read_text())
+    assert made["made_on"] == "k3" and len(made["references"]) == batch.points[0].requests
+    assert record["points"][batch.points[0].id]["dflash"]["refs_from"] == "k3"
+
+
+def test_with_refs_from_nodrafter_the_server_without_the_drafter_makes_them(tmp_path, monkeypatch):
+    from launcher.bench import workload
+
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    batch = sg.batches()[0]
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n: [1] * n)
+    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta: {**_measure(), **meta})
+    args = _batch_args(tmp_path, None)
+    args.refs_from = "nodrafter"
+    curve.run_batch(args, batch, srec.new(frozen), {})
+    assert all(curve.ref_path(tmp_path / "refs", p).is_file() for p in batch.points)

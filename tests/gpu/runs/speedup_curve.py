@@ -8,9 +8,12 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
 * the server without the drafter: each point's baseline (a warm-up round with a cache salt, then
   the point's prompts at its concurrency, greedy, ``ignore_eos``; output tok/s and TPOT from
   ``launcher.bench.client``), measured once a concurrency and variant and shared by that
-  concurrency's other Ks and levels (``shared_baseline``), then each prompt's reference
-  continuation one request at a time
-  (``output_len + 15`` token ids, kept in ``--refs``: the oracle's plan needs them);
+  concurrency's other Ks and levels (``shared_baseline``);
+* the references (each prompt's greedy continuation, ``output_len + 15`` token ids, kept in
+  ``--refs``: the oracle's plan needs them), by default on a DFlash server at the point's K and
+  concurrency with the real drafter (``dflash_references``: the verify steps' rounding, which the
+  timed runs have), with ``--refs-from nodrafter`` on the server without the drafter one request
+  at a time;
 * a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with a plan of every
   pending point's prompts, references and first-wrong pattern (``speedup_grid.f_cycle``), its
   log off (``ORACLE_LOG=off``): the drafter's forward runs, its proposals are replaced. Each
@@ -66,6 +69,10 @@ SERVER_START_S = 480
 POINT_S = 150
 # A DFlash point measuring under this fraction of its planned acceptance length is off plan.
 OFF_PLAN = 0.6
+# Where a DFlash point's references come from (the first is the default): a DFlash server at the
+# point's K and concurrency with the real drafter, or the server without the drafter one request
+# at a time.
+REFS_FROM = ("dflash", "nodrafter")
 # One request of 256 tokens takes seconds: a server that stops answering must not hold a lane
 # past the run's deadline for long.
 REQUEST_TIMEOUT_S = 180.0
@@ -242,7 +249,8 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     """Measure the batch's pending points; the record is saved after each. Returns their ids."""
     refs = Path(args.refs)
     refs.mkdir(parents=True, exist_ok=True)
-    todo = srec.pending(batch, record, has_reference(refs))
+    from_nodrafter = getattr(args, "refs_from", REFS_FROM[0]) == "nodrafter"
+    todo = srec.pending(batch, record, has_reference(refs) if from_nodrafter else (lambda p: True))
     only = getattr(args, "only", None)
     if only:
         todo = [p for p in todo if p.id in only]
@@ -253,24 +261,78 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     from launcher.bench import workload
 
     vocab = workload.vocab_size(args.model)
-    done = []
     if batch.server == "nodrafter":
-        with Server(args, f"{batch.id}", None, {}) as server:
-            for p in todo:
-                if left(args) < POINT_S:
-                    raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
-                prompts = sg.prompts(p, vocab)
-                if "baseline" in srec.missing(record, p):
-                    srec.put(record, p, "baseline", shared_baseline(record, p, meta) or measure(
-                        server.base, server.model, p, prompts, with_drafter=False, meta=meta))
-                    srec.save(record, args.record)
-                if "dflash" in srec.missing(record, p) and not ref_path(refs, p).is_file():
-                    outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA) for q in prompts]
-                    ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs}))
-                done.append(p.id)
-                batch_done[batch.id] = done
-        return done
+        return nodrafter_batch(args, batch, todo, record, meta, vocab, refs if from_nodrafter else None)
+    return dflash_batch(args, batch, todo, record, meta, vocab, refs, from_nodrafter)
+
+
+def nodrafter_batch(args, batch, todo, record, meta, vocab, refs) -> list[str]:
+    """Baselines (shared a concurrency and variant), and with ``refs`` the references too."""
+    done = []
+    with Server(args, f"{batch.id}", None, {}) as server:
+        for p in todo:
+            if left(args) < POINT_S:
+                raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
+            prompts = sg.prompts(p, vocab)
+            if "baseline" in srec.missing(record, p):
+                srec.put(record, p, "baseline", shared_baseline(record, p, meta) or measure(
+                    server.base, server.model, p, prompts, with_drafter=False, meta=meta))
+                srec.save(record, args.record)
+            if refs is not None and "dflash" in srec.missing(record, p) and not ref_path(refs, p).is_file():
+                outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA) for q in prompts]
+                ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs}))
+            done.append(p.id)
+            batch_done[batch.id] = done
+    return done
+
+
+def dflash_env(args, plan: Path | None) -> dict:
+    """A DFlash server's environment: the oracle plugin on the path, its plan where one is given
+    (without, the plugin does nothing and the real drafter proposes)."""
+    env = {"ORACLE_LOG": "off", "ORACLE_RELEASE": args.vllm}
+    if plan is not None:
+        env["ORACLE_PLAN"] = str(plan)
+    if args.vllm == sg.MAIN_VLLM:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the oracle's 0.33.0 hook is the V2 runner's
+    env["PYTHONPATH"] = fsv.server_env()["PYTHONPATH"] + ":" + str(ORACLE_PLUGIN)
+    return env
+
+
+def references_at(base: str, model: str, prompts: list, max_tokens: int, concurrency: int) -> list[list[int]]:
+    """Each prompt's greedy continuation, ``concurrency`` requests at a time in lockstep waves
+    (the batch shape the point's timed run has)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    outs = []
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for i in range(0, len(prompts), concurrency):
+            outs += list(pool.map(lambda q: reference(base, model, q, max_tokens), prompts[i:i + concurrency]))
+    return outs
+
+
+def dflash_references(args, batch, k: int, points: list, vocab: int, refs: Path) -> None:
+    """References made on a DFlash server at K with the real drafter, whose random drafts are all
+    but never accepted: every token is the target's argmax as the timed runs' verify steps
+    compute it (K + 1 tokens a request a step, the point's concurrency), not as a one-token decode
+    step does, whose other rounding parts a random target's near-tied tokens."""
+    with Server(args, f"{batch.id}-refs", k, dflash_env(args, None)) as server:
+        for p in points:
+            if left(args) < POINT_S:
+                raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
+            prompts = sg.prompts(p, vocab)
+            outs = references_at(server.base, server.model, prompts, sg.OUTPUT_LEN + REFERENCE_EXTRA, p.concurrency)
+            ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": f"k{k}"}))
+
+
+def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodrafter: bool) -> list[str]:
+    """The DFlash points of one K on one server with the oracle's plan; their references first
+    where they are made on a DFlash server and are not here yet."""
     k = int(batch.server[1:])
+    unmade = [p for p in todo if not ref_path(refs, p).is_file()]
+    if unmade and not from_nodrafter:
+        dflash_references(args, batch, k, unmade, vocab, refs)
+        if left(args) < SERVER_START_S + POINT_S:
+            raise OutOfTime(f"{batch.id}: {left(args):.0f} s left after its references")
     ready = [p for p in todo if ref_path(refs, p).is_file()]
     for p in set(todo) - set(ready):
         print(f"{p.id}: no reference continuation here; the server without the drafter makes it first", flush=True)
@@ -278,12 +340,8 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
         return []
     plan = Path(args.work) / f"{batch.id}.plan.json"
     oracle_plan(plan, ready, refs, k, vocab)
-    env = {"ORACLE_PLAN": str(plan), "ORACLE_LOG": "off", "ORACLE_RELEASE": args.vllm}
-    if args.vllm == sg.MAIN_VLLM:
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the oracle's 0.33.0 hook is the V2 runner's
-    env["PYTHONPATH"] = fsv.server_env()["PYTHONPATH"] + ":" + str(ORACLE_PLUGIN)
-    collapsed_at = None  # the planned level from which the references no longer hold
-    with Server(args, batch.id, k, env) as server:
+    done, collapsed_at = [], None  # the planned level from which the references no longer hold
+    with Server(args, batch.id, k, dflash_env(args, plan)) as server:
         for p in sorted(ready, key=lambda q: (q.variant != "base", q.level)):
             if collapsed_at is not None and p.level >= collapsed_at:
                 print(f"{p.id}: not measured, acceptance collapsed at a planned {collapsed_at:g}", flush=True)
@@ -291,7 +349,8 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
             if left(args) < POINT_S:
                 raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
             got = measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
-                          meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level})
+                          meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level,
+                                "refs_from": "nodrafter" if from_nodrafter else f"k{k}"})
             got["off_plan"] = off_plan(p, got)
             srec.put(record, p, "dflash", got)
             srec.save(record, args.record)
@@ -428,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--lane", help="I/N: the I-th of every N pending batches (run_lanes starts them)")
     p_run.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): a lane each, records merged after")
     p_run.add_argument("--lane-dir", type=Path, help="where each lane saves its record (default: --work)")
+    p_run.add_argument("--refs-from", choices=REFS_FROM, default=REFS_FROM[0],
+                       help="where references are made (dflash: a DFlash server at the point's K and concurrency)")
     p_run.add_argument("--only", type=lambda v: set(filter(None, v.split(","))),
                        help="measure only these point ids (a pilot: does acceptance follow the plan?)")
     p_run.add_argument("--deadline-s", type=float, default=0,
