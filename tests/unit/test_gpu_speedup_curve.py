@@ -572,19 +572,24 @@ def test_another_releases_curve_is_not_judged_against_the_frozen_model():
     assert row["predicted"] is None and row["relative_gap"] is None and not row["over_bar"]
 
 
+def _nodrafter_batch_setup(curve, tmp_path, monkeypatch):
+    """The first batch without the drafter, a stand-in server and stand-in references; a new record."""
+    from launcher.bench import workload
+
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n: [1] * n)
+    return srec.new(frozen), sg.batches()[0]
+
+
 def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_variant(tmp_path, monkeypatch):
     # Without the drafter a run costs the same whatever K or level a point plans: one measurement
     # a (concurrency, variant) stands for the others, each copy naming its source. The server and
     # its measurements are stand-ins (vLLM cannot run here).
-    from launcher.bench import workload
-
     curve = load("speedup_curve")
-    frozen = tmp_path / "speedup-frozen.json"
-    frozen.write_text(json.dumps(_frozen()))
-    batch = sg.batches()[0]
-    monkeypatch.setattr(curve, "Server", _StandInServer)
-    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
-    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n: [1] * n)
+    record, batch = _nodrafter_batch_setup(curve, tmp_path, monkeypatch)
     measured = []
 
     def measure(base, model, point, prompts, *, with_drafter, meta):
@@ -592,7 +597,6 @@ def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_
         return {**_measure(), **meta}
 
     monkeypatch.setattr(curve, "measure", measure)
-    record = srec.new(frozen)
     meta = {"gpu": "H200", "series": "s" * 64}
     done = curve.run_batch(_batch_args(tmp_path, None), batch, record, meta)
     kinds = {(p.concurrency, p.variant) for p in batch.points}
@@ -678,17 +682,10 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
 
 
 def test_with_refs_from_nodrafter_the_server_without_the_drafter_makes_them(tmp_path, monkeypatch):
-    from launcher.bench import workload
-
     curve = load("speedup_curve")
-    frozen = tmp_path / "speedup-frozen.json"
-    frozen.write_text(json.dumps(_frozen()))
-    batch = sg.batches()[0]
-    monkeypatch.setattr(curve, "Server", _StandInServer)
-    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
-    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n: [1] * n)
+    record, batch = _nodrafter_batch_setup(curve, tmp_path, monkeypatch)
     monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta: {**_measure(), **meta})
     args = _batch_args(tmp_path, None)
     args.refs_from = "nodrafter"
-    curve.run_batch(args, batch, srec.new(frozen), {})
+    curve.run_batch(args, batch, record, {})
     assert all(curve.ref_path(tmp_path / "refs", p).is_file() for p in batch.points)
