@@ -72,8 +72,12 @@ receive_trained() { # the packed checkpoints alone (extras-trained, no vLLM bund
 
 receive_parts() {
     "$PY" tests/gpu/staging/parts.py receive "$STAGE" "$BUNDLE_DIR"
-    # The speed-up curve's references from an earlier host (its $OUT/speedup-refs.tar.gz, staged)
-    if [ -f "$STAGE/speedup-refs.tar.gz" ]; then cp "$STAGE/speedup-refs.tar.gz" "$BUNDLE_DIR/"; fi
+    # The speed-up curve's references from an earlier host ($OUT/speedup-refs.tar.gz and the
+    # lanes' speedup-curve-lane-I-refs.tar.gz, staged)
+    local f
+    for f in "$STAGE"/speedup-refs.tar.gz "$STAGE"/speedup-curve-lane-*-refs.tar.gz; do
+        if [ -f "$f" ]; then cp "$f" "$BUNDLE_DIR/"; fi
+    done
 }
 
 parts_held() { # per bundle manifest in $BUNDLE_DIR: the parts held (a part failing its sha256 is dropped)
@@ -1326,24 +1330,26 @@ speedup_frozen() { # issue 53: the frozen step-time model's inputs (speedup_froz
 }
 
 speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VLLM (0.33.0, then 0.21.0) on
-    # the full-size checkpoint (speedup_curve.py), a lane a GPU of SPEEDUP_GPUS (default 0). Each
-    # lane saves its record in $OUT after every point; SPEEDUP_BUDGET_S, where set, is the time
-    # the run may take: no server starts, and no point, without its time, and the run stops
-    # between points (exit 3: run again; `speedup_curve.py merge` puts lane records brought back
-    # into the curve). SPEEDUP_BATCHES=N stops after N batches; SPEEDUP_ONLY=ID,ID measures only
-    # those points (a pilot: one high level a K shows whether acceptance follows the plan before
-    # the grid's hour is spent); SPEEDUP_REFS_FROM=nodrafter makes references on the server without
-    # the drafter instead of a DFlash server at each K. References made on an earlier
-    # host come back as $OUT/speedup-refs.tar.gz; staged as .stage/speedup-refs.tar.gz they are
-    # used again.
-    local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched vargs rc=0
+    # the full-size checkpoint (speedup_curve.py), a lane a GPU of SPEEDUP_GPUS (default 0); each
+    # lane saves its record and its references in $OUT as it goes.
+    #   SPEEDUP_BUDGET_S: the time the run may take, 120 s of it for stopping and packing: no
+    #     server or point starts without its time, and the run stops between points (exit 3: run
+    #     again; `speedup_curve.py merge` puts lane records brought back into the curve)
+    #   SPEEDUP_BATCHES=N: stop after N batches; SPEEDUP_ONLY=ID,ID: only those points (a pilot:
+    #     does acceptance follow the plan before the grid's hour is spent?)
+    #   SPEEDUP_REFS_FROM=nodrafter: references from the server without the drafter, not from a
+    #     DFlash server at each K
+    # References that came back ($OUT/speedup-refs.tar.gz, speedup-curve-lane-I-refs.tar.gz),
+    # staged in .stage/, are used again.
+    local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched vargs rc=0 b
     [ -f tests/gpu/results/speedup-frozen.json ] || { echo "run remote.sh speedup-frozen first" >&2; return 1; }
     read -r site patched < <(speedup_sites "$v")
     [ -f "$MODELS_FULL/fullsize-shapes.json" ] || { echo "run remote.sh full-size-checkpoints first" >&2; return 1; }
     mkdir -p "$OUT" "$WORK/speedup" "$WORK/speedup-refs"
-    if [ -z "$(ls -A "$WORK/speedup-refs")" ] && [ -f "$BUNDLE_DIR/speedup-refs.tar.gz" ]; then
-        tar -C "$WORK" -xzf "$BUNDLE_DIR/speedup-refs.tar.gz"
-    fi
+    local f
+    for f in "$BUNDLE_DIR"/speedup-refs.tar.gz "$BUNDLE_DIR"/speedup-curve-lane-*-refs.tar.gz; do
+        if [ -f "$f" ]; then tar -C "$WORK" --skip-old-files -xzf "$f"; fi
+    done
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
     mapfile -t vargs < <(speedup_vllm_args "$site")
     PYTHONPATH=.:$patched:$site "$PY" tests/gpu/runs/speedup_curve.py run --vllm "$v" --commit \
@@ -1352,7 +1358,7 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
         --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/speedup" \
         --batches "${SPEEDUP_BATCHES:-0}" --gpus "${SPEEDUP_GPUS:-0}" --lane-dir "$OUT" "${vargs[@]}" \
         ${SPEEDUP_ONLY:+--only "$SPEEDUP_ONLY"} ${SPEEDUP_REFS_FROM:+--refs-from "$SPEEDUP_REFS_FROM"} \
-        ${SPEEDUP_BUDGET_S:+--deadline-s $(( SPEEDUP_BUDGET_S - (SECONDS - t0) - 60 ))} || rc=$?
+        ${SPEEDUP_BUDGET_S:+--deadline-s $(( (b = SPEEDUP_BUDGET_S - (SECONDS - t0) - 120) > 1 ? b : 1 ))} || rc=$?
     [ "$rc" = 0 ] || echo "speedup_curve.py exited $rc" >&2
     cp tests/gpu/results/speedup-curve.json "$OUT/" 2>/dev/null || true
     tar -C "$WORK" -czf "$OUT/speedup-refs.tar.gz" speedup-refs

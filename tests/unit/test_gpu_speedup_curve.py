@@ -4,6 +4,7 @@ batches and resumption, break-even interpolation against the frozen prediction, 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import zlib
@@ -507,15 +508,15 @@ def _dflash_batch_setup(curve, tmp_path, monkeypatch, acceptance_of):
     frozen.write_text(json.dumps(_frozen()))
     batch = next(b for b in sg.batches() if b.server == "k7")
     (tmp_path / "refs").mkdir()
-    for p in batch.points:
-        curve.ref_path(tmp_path / "refs", p).write_text("{}")
+    for p in batch.points:  # references this K's DFlash server made earlier
+        curve.ref_path(tmp_path / "refs", p).write_text(json.dumps({"made_on": "k7"}))
     monkeypatch.setattr(curve, "Server", _StandInServer)
     monkeypatch.setattr(curve, "oracle_plan", lambda *a, **k: {})
     monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
     measured = []
 
-    def measure(base, model, point, prompts, *, with_drafter, meta):
+    def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None):
         measured.append(point)
         return {**_measure(acceptance=acceptance_of(point)), **meta}
 
@@ -580,7 +581,7 @@ def _nodrafter_batch_setup(curve, tmp_path, monkeypatch):
     frozen.write_text(json.dumps(_frozen()))
     monkeypatch.setattr(curve, "Server", _StandInServer)
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
-    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n: [1] * n)
+    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n, timeout=None: [1] * n)
     return srec.new(frozen), sg.batches()[0]
 
 
@@ -592,7 +593,7 @@ def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_
     record, batch = _nodrafter_batch_setup(curve, tmp_path, monkeypatch)
     measured = []
 
-    def measure(base, model, point, prompts, *, with_drafter, meta):
+    def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None):
         measured.append(point)
         return {**_measure(), **meta}
 
@@ -655,7 +656,7 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
 
     lock = threading.Lock()
 
-    def reference(base, model, prompt, n):
+    def reference(base, model, prompt, n, timeout=None):
         with lock:
             in_flight["now"] += 1
             in_flight["max"] = max(in_flight["max"], in_flight["now"])
@@ -667,7 +668,7 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
         return [7] * n
 
     monkeypatch.setattr(curve, "reference", reference)
-    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta:
+    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta, timeout=None:
                         {**_measure(acceptance=point.level), **meta})
     record = srec.new(frozen)
     done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {"gpu": "H200"})
@@ -684,8 +685,109 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
 def test_with_refs_from_nodrafter_the_server_without_the_drafter_makes_them(tmp_path, monkeypatch):
     curve = load("speedup_curve")
     record, batch = _nodrafter_batch_setup(curve, tmp_path, monkeypatch)
-    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta: {**_measure(), **meta})
+    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta, timeout=None: {**_measure(), **meta})
     args = _batch_args(tmp_path, None)
     args.refs_from = "nodrafter"
     curve.run_batch(args, batch, record, {})
     assert all(curve.ref_path(tmp_path / "refs", p).is_file() for p in batch.points)
+
+
+def test_a_lane_killed_by_a_signal_or_ending_nonzero_is_the_runs_exit_code():
+    curve = load("speedup_curve")
+    assert curve.lanes_code([0, 0]) == 0
+    assert curve.lanes_code([-9, 0]) == 137  # killed (the OOM killer's SIGKILL) is not a clean run
+    assert curve.lanes_code([0, 3]) == 3
+
+
+def test_lanes_balance_the_batches_when_dflash_servers_make_their_references():
+    curve = load("speedup_curve")
+    batches = [b for b in sg.batches() if b.vllm == "0.33.0"]
+    lanes = curve.balanced_lanes(batches, 2)
+    assert sorted(b.id for lane in lanes for b in lane) == sorted(b.id for b in batches)
+    loads = [sum(curve.batch_cost(b) for b in lane) for lane in lanes]
+    assert max(loads) - min(loads) <= max(curve.batch_cost(b) for b in batches if b.server == "nodrafter")
+    for lane in lanes:  # baselines before the DFlash servers of a lane
+        kinds = [b.server == "nodrafter" for b in lane]
+        assert kinds == sorted(kinds, reverse=True)
+    assert curve.lane_batches(batches, "1/2", "dflash") == lanes[1]
+    # references from the servers without the drafter keep their owners' lanes
+    assert curve.lane_batches(batches, "0/2", "nodrafter")[0].id == "v0.33.0-nodrafter-1"
+
+
+def test_references_made_another_way_or_elsewhere_are_not_drafted_on(tmp_path):
+    curve = load("speedup_curve")
+    point = sg.batches()[2].points[0]
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    meta = {"gpu": "H200", "series": "s" * 64}
+    assert not curve.usable_reference(refs, point, 3, False, meta)  # none yet
+    curve.ref_path(refs, point).write_text(json.dumps({"references": []}))  # the old way: no made_on
+    assert curve.reference_origin(refs, point)["made_on"] == "nodrafter"
+    assert not curve.usable_reference(refs, point, 3, False, meta)
+    assert curve.usable_reference(refs, point, 3, True, meta)
+    curve.ref_path(refs, point).write_text(json.dumps({"made_on": "k3", "gpu": "H100", "series": "s" * 64}))
+    assert not curve.usable_reference(refs, point, 3, False, meta)  # another GPU's rounding
+    assert not curve.usable_reference(refs, point, 7, False, {**meta, "gpu": "H100"})  # another K's
+    assert curve.usable_reference(refs, point, 3, False, {**meta, "gpu": "H100"})
+
+
+def test_a_collapse_holds_per_concurrency_and_a_rerun_keeps_it(tmp_path, monkeypatch):
+    curve = load("speedup_curve")
+    # c=1 parts from its references from a planned 3 on; c=4 follows its plan
+    batch, record, measured = _dflash_batch_setup(
+        curve, tmp_path, monkeypatch, lambda p: 1.2 if (p.concurrency == 1 and p.level >= 3) else p.level)
+    curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
+    c1 = [p.level for p in measured if p.concurrency == 1]
+    c4 = [p.level for p in measured if p.concurrency == 4]
+    assert max(c1) == 3.0 and sorted(c4) == sorted(p.level for p in batch.points if p.concurrency == 4)
+    assert record["collapsed"] == {"v0.33.0-k7-c1-refs-dflash": 3.0}
+    # a rerun on the saved record does not start over at the collapsed levels
+    measured.clear()
+    saved = json.loads((tmp_path / "curve.json").read_text())
+    curve.run_batch(_batch_args(tmp_path, None), batch, saved, {})
+    assert all(not (p.concurrency == 1 and p.level >= 3) for p in measured)
+
+
+def test_an_error_in_one_batch_does_not_end_the_lane(tmp_path, monkeypatch):
+    # A server that dies mid-batch raises what urllib raises, not a RuntimeError: the batch
+    # fails, the run goes on to the next one, and exits 1.
+    import urllib.error
+
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    ran = []
+
+    def run_batch(args, batch, record, meta):
+        ran.append(batch.id)
+        if len(ran) == 1:
+            raise urllib.error.URLError("connection refused")
+        return []
+
+    monkeypatch.setattr(curve, "run_batch", run_batch)
+    monkeypatch.setattr(curve, "frozen_committed", lambda frozen: True)
+    argv = ["run", "--vllm", "0.33.0", "--series-hash", "s" * 64, "--model", str(tmp_path), "--drafter", str(tmp_path),
+            "--launcher", "x", "--record", str(tmp_path / "curve.json"), "--frozen", str(frozen),
+            "--work", str(tmp_path / "work"), "--refs", str(tmp_path / "refs")]
+    assert curve.main(argv) == 1
+    assert len(ran) == len([b for b in sg.batches() if b.vllm == "0.33.0"])
+
+
+def test_a_stopped_server_leaves_no_process_of_its_group_and_its_port_free(tmp_path):
+    # Real processes: a group whose leader has exited while a child (vLLM's engine core in a
+    # server) still runs, and a port held a moment longer.
+    import socket
+    import threading
+
+    curve = load("speedup_curve")
+    leader = subprocess.Popen(["bash", "-c", "sleep 300 & exit 0"], start_new_session=True)
+    leader.wait(timeout=10)
+    curve.gone(leader.pid, timeout=10)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(leader.pid, 0)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    threading.Timer(1.0, sock.close).start()
+    assert curve.port_free(port, timeout=10)

@@ -40,9 +40,12 @@ import argparse
 import json
 import os
 import shlex
+import signal
+import socket
 import subprocess
 import sys
 import time
+import traceback
 import types
 import urllib.request
 import uuid
@@ -86,6 +89,12 @@ def left(args) -> float:
     """Seconds to the run's deadline (infinite without one)."""
     end = getattr(args, "end", None)
     return float("inf") if end is None else end - time.monotonic()
+
+
+def request_timeout(args) -> float:
+    """A request's limit: REQUEST_TIMEOUT_S, less where the deadline is nearer (a server that
+    stops answering must not hold the lane past it)."""
+    return max(10.0, min(REQUEST_TIMEOUT_S, left(args)))
 
 
 def off_plan(point: sg.Point, measurement: dict) -> bool:
@@ -170,6 +179,28 @@ def has_reference(refs: Path):
     return lambda point: ref_path(refs, point).is_file()
 
 
+def reference_origin(refs: Path, point: sg.Point) -> dict | None:
+    """Where a point's references were made (``made_on``: ``k<K>`` or ``nodrafter``, the GPU and
+    series), or None without them."""
+    path = ref_path(refs, point)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return {key: data.get(key) for key in ("made_on", "gpu", "series")} | {
+        "made_on": data.get("made_on") or "nodrafter"}
+
+
+def usable_reference(refs: Path, point: sg.Point, k: int, from_nodrafter: bool, meta: dict) -> bool:
+    """References this DFlash server may draft on: made the way the run asks (on a DFlash server
+    at this K, or on the server without the drafter), on the same GPU and series where they say."""
+    origin = reference_origin(refs, point)
+    if origin is None:
+        return False
+    if origin["made_on"] != ("nodrafter" if from_nodrafter else f"k{k}"):
+        return False
+    return all(origin.get(key) in (None, meta.get(key)) for key in ("gpu", "series"))
+
+
 def oracle_plan(path: Path, points: list[sg.Point], refs: Path, k: int, vocab_size: int) -> dict:
     """One plan for a DFlash server: every point's prompts, references and first-wrong pattern."""
     import oracle
@@ -194,7 +225,7 @@ class Server:
 
     def __init__(self, args, label: str, k: int | None, env: dict):
         self.args, self.label, self.k, self.env = args, label, k, env
-        self.blocker = self.proc = None
+        self.blocker = self.proc = self.log = None
         self.base = f"http://127.0.0.1:{args.port}"
 
     def __enter__(self):
@@ -219,7 +250,7 @@ class Server:
                                    set=[] if self.k is None else [f"drafter.num_speculative_tokens={self.k}"],
                                    vllm_arg=a.vllm_arg)
         env = {**fsv.server_env(), **self.env}
-        log = open(Path(a.work) / f"{self.label}.server.log", "w")
+        self.log = log = open(Path(a.work) / f"{self.label}.server.log", "w")
         self.proc = subprocess.Popen(fsv.server_argv(ns, fraction), stdout=log, stderr=subprocess.STDOUT,
                                      env=env, cwd=REPO, start_new_session=True)
         problem = fsv.wait_healthy(self.base, self.proc, fsv.now() + min(a.start_timeout_s, left(a) - POINT_S))
@@ -231,11 +262,43 @@ class Server:
         return self
 
     def __exit__(self, *exc):
+        for proc in (self.proc, self.blocker):
+            if proc is not None:
+                fsv.stop_group(proc)
+                gone(proc.pid)
         if self.proc is not None:
-            fsv.stop_group(self.proc)
-        if self.blocker is not None:
-            fsv.stop_group(self.blocker)
+            port_free(self.args.port)
+        if getattr(self, "log", None):
+            self.log.close()
         return False
+
+
+def gone(pgid: int, timeout: float = 60.0) -> None:
+    """Until no process of the group ``pgid`` is left: the launcher's exit does not end vLLM's
+    engine core, whose GPU memory and port the next server on this lane needs."""
+    end = time.monotonic() + timeout
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        while time.monotonic() < end:
+            os.killpg(pgid, 0)
+            time.sleep(0.5)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def port_free(port: int, timeout: float = 60.0) -> bool:
+    """Until 127.0.0.1:``port`` can be bound again (the launcher refuses a port in use)."""
+    end = time.monotonic() + timeout
+    while True:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                if time.monotonic() >= end:
+                    return False
+        time.sleep(0.5)
 
 
 # ------------------------------------------------------------------ batches
@@ -276,11 +339,14 @@ def nodrafter_batch(args, batch, todo, record, meta, vocab, refs) -> list[str]:
             prompts = sg.prompts(p, vocab)
             if "baseline" in srec.missing(record, p):
                 srec.put(record, p, "baseline", shared_baseline(record, p, meta) or measure(
-                    server.base, server.model, p, prompts, with_drafter=False, meta=meta))
+                    server.base, server.model, p, prompts, with_drafter=False, meta=meta,
+                    timeout=request_timeout(args)))
                 srec.save(record, args.record)
             if refs is not None and "dflash" in srec.missing(record, p) and not ref_path(refs, p).is_file():
-                outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA) for q in prompts]
-                ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs}))
+                outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA,
+                                  timeout=request_timeout(args)) for q in prompts]
+                ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": "nodrafter",
+                                                         "gpu": meta.get("gpu"), "series": meta.get("series")}))
             done.append(p.id)
             batch_done[batch.id] = done
     return done
@@ -298,7 +364,8 @@ def dflash_env(args, plan: Path | None) -> dict:
     return env
 
 
-def references_at(base: str, model: str, prompts: list, max_tokens: int, concurrency: int) -> list[list[int]]:
+def references_at(base: str, model: str, prompts: list, max_tokens: int, concurrency: int,
+                  timeout: float = REQUEST_TIMEOUT_S) -> list[list[int]]:
     """Each prompt's greedy continuation, ``concurrency`` requests at a time in lockstep waves
     (the batch shape the point's timed run has)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -306,73 +373,106 @@ def references_at(base: str, model: str, prompts: list, max_tokens: int, concurr
     outs = []
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         for i in range(0, len(prompts), concurrency):
-            outs += list(pool.map(lambda q: reference(base, model, q, max_tokens), prompts[i:i + concurrency]))
+            outs += list(pool.map(lambda q: reference(base, model, q, max_tokens, timeout=timeout),
+                                  prompts[i:i + concurrency]))
     return outs
 
 
-def dflash_references(args, batch, k: int, points: list, vocab: int, refs: Path) -> None:
+def dflash_references(args, batch, k: int, points: list, vocab: int, refs: Path, meta: dict) -> None:
     """References made on a DFlash server at K with the real drafter, whose random drafts are all
     but never accepted: every token is the target's argmax as the timed runs' verify steps
     compute it (K + 1 tokens a request a step, the point's concurrency), not as a one-token decode
     step does, whose other rounding parts a random target's near-tied tokens."""
     with Server(args, f"{batch.id}-refs", k, dflash_env(args, None)) as server:
         for p in points:
-            if left(args) < POINT_S:
-                raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
+            # keep the time the oracle's server needs to start and measure a point
+            if left(args) < SERVER_START_S + 2 * POINT_S:
+                print(f"{batch.id}: references stop at {p.id}, {left(args):.0f} s left", flush=True)
+                break
             prompts = sg.prompts(p, vocab)
-            outs = references_at(server.base, server.model, prompts, sg.OUTPUT_LEN + REFERENCE_EXTRA, p.concurrency)
-            ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": f"k{k}"}))
+            outs = references_at(server.base, server.model, prompts, sg.OUTPUT_LEN + REFERENCE_EXTRA, p.concurrency,
+                                 timeout=request_timeout(args))
+            ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": f"k{k}",
+                                                     "gpu": meta.get("gpu"), "series": meta.get("series")}))
+    pack_references(args, refs)
+
+
+def pack_references(args, refs: Path) -> None:
+    """The references beside the record (``<record>-refs.tar.gz``; a lane's in its lane folder),
+    so that a host released mid-run has sent them back and a later one stages them again."""
+    import tarfile
+
+    out = Path(args.record).with_name(Path(args.record).stem + "-refs.tar.gz")
+    tmp = out.with_suffix(".partial")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in sorted(refs.glob("*.json")):
+            tar.add(f, arcname=f"speedup-refs/{f.name}")
+    tmp.replace(out)
+
+
+def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
+    """Where a collapse holds: one release, K and concurrency, with references made one way
+    (references made another way are tried afresh)."""
+    return f"v{point.vllm}-k{k}-c{point.concurrency}-refs-{'nodrafter' if from_nodrafter else 'dflash'}"
 
 
 def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodrafter: bool) -> list[str]:
     """The DFlash points of one K on one server with the oracle's plan; their references first
     where they are made on a DFlash server and are not here yet."""
     k = int(batch.server[1:])
-    unmade = [p for p in todo if not ref_path(refs, p).is_file()]
+    usable = lambda p: usable_reference(refs, p, k, from_nodrafter, meta)  # noqa: E731
+    unmade = [p for p in todo if not usable(p)]
     if unmade and not from_nodrafter:
-        dflash_references(args, batch, k, unmade, vocab, refs)
+        dflash_references(args, batch, k, unmade, vocab, refs, meta)
         if left(args) < SERVER_START_S + POINT_S:
             raise OutOfTime(f"{batch.id}: {left(args):.0f} s left after its references")
-    ready = [p for p in todo if ref_path(refs, p).is_file()]
+    ready = [p for p in todo if usable(p)]
     for p in set(todo) - set(ready):
         print(f"{p.id}: no reference continuation here; the server without the drafter makes it first", flush=True)
     if not ready:
         return []
     plan = Path(args.work) / f"{batch.id}.plan.json"
     oracle_plan(plan, ready, refs, k, vocab)
-    done, collapsed_at = [], None  # the planned level from which the references no longer hold
+    done, collapsed = [], record.setdefault("collapsed", {})
     with Server(args, batch.id, k, dflash_env(args, plan)) as server:
         for p in sorted(ready, key=lambda q: (q.variant != "base", q.level)):
-            if collapsed_at is not None and p.level >= collapsed_at:
-                print(f"{p.id}: not measured, acceptance collapsed at a planned {collapsed_at:g}", flush=True)
+            at = collapsed.get(collapse_key(p, k, from_nodrafter))
+            if at is not None and p.level >= at:
+                print(f"{p.id}: not measured, acceptance collapsed at a planned {at:g}", flush=True)
                 continue
             if left(args) < POINT_S:
                 raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
             got = measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
+                          timeout=request_timeout(args),
                           meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level,
-                                "refs_from": "nodrafter" if from_nodrafter else f"k{k}"})
+                                "refs_from": reference_origin(refs, p)["made_on"]})
             got["off_plan"] = off_plan(p, got)
             srec.put(record, p, "dflash", got)
             srec.save(record, args.record)
             done.append(p.id)
             batch_done[batch.id] = done
             if got["off_plan"] and p.level >= 3:
-                collapsed_at = p.level
+                collapsed[collapse_key(p, k, from_nodrafter)] = p.level
+                srec.save(record, args.record)
                 print(f"{p.id}: acceptance {got['acceptance'].get('mean_acceptance_length'):.2f} against a planned "
                       f"{p.level:g}: the references no longer follow this server's output; no higher level "
                       "is measured on it", flush=True)
     return done
 
 
-def lane_batches(batches: list, lane: str | None) -> list:
-    """``I/N``: a lane's share (None: all). The servers without the drafter go round the lanes in
-    order; each DFlash batch runs in the lane that made the references of its points, after that
-    lane's servers without the drafter, so no lane drafts on references another has yet to make."""
+def lane_batches(batches: list, lane: str | None, refs_from: str = "nodrafter") -> list:
+    """``I/N``: a lane's share (None: all). With references from the server without the drafter,
+    those servers go round the lanes in order and each DFlash batch runs in the lane that made
+    the references of its points, after that lane's servers without the drafter, so no lane
+    drafts on references another has yet to make. With references made by the DFlash batches
+    themselves, the batches are balanced (``balanced_lanes``)."""
     if not lane:
         return batches
     i, n = (int(x) for x in lane.split("/"))
     if not 0 <= i < n:
         raise ValueError(f"--lane {lane}: I/N with 0 <= I < N")
+    if refs_from == "dflash":
+        return balanced_lanes(batches, n)[i]
     made = [b for b in batches if b.server == "nodrafter"]
     owner = {p.id: j % n for j, b in enumerate(made) for p in b.points}
     mine = [b for j, b in enumerate(made) if j % n == i]
@@ -382,6 +482,28 @@ def lane_batches(batches: list, lane: str | None) -> list:
             if max(set(lanes), key=lanes.count) == i:
                 mine.append(b)
     return mine
+
+
+def batch_cost(batch: sg.Batch) -> int:
+    """A batch's weight in minutes, roughly: a server start about 5, a DFlash batch two (its
+    references' server and the oracle's) and two runs a point (its references and its timed run);
+    the baselines without the drafter are shared, a few runs a batch."""
+    if batch.server == "nodrafter":
+        return 5 + 4
+    return 2 * 5 + 2 * len(batch.points)
+
+
+def balanced_lanes(batches: list, n: int) -> list[list]:
+    """The batches in ``n`` lanes, the costliest first into the lightest lane (``batch_cost``);
+    in each lane the servers without the drafter first, then the DFlash batches, each in the
+    order ``batches`` gives."""
+    lanes, load = [[] for _ in range(n)], [0] * n
+    for b in sorted(batches, key=batch_cost, reverse=True):
+        j = load.index(min(load))
+        lanes[j].append(b)
+        load[j] += batch_cost(b)
+    order = {b.id: (b.server != "nodrafter", k) for k, b in enumerate(batches)}
+    return [sorted(lane, key=lambda b: order[b.id]) for lane in lanes]
 
 
 def lane_commands(argv: list[str], gpus: list[str], lane_dir: Path, port: int) -> list[tuple[list[str], dict]]:
@@ -436,7 +558,14 @@ def run_lanes(args, argv: list[str]) -> int:
     print(f"lanes on GPUs {args.gpus}: exit {codes}; record {args.record}", flush=True)
     if args.commit:
         commit(args.record, f"speedup-curve: lanes on {len(gpus)} GPUs (vLLM {args.vllm})")
-    return max(codes)
+    return lanes_code(codes)
+
+
+def lanes_code(codes: list[int]) -> int:
+    """The run's exit code: 0 when every lane ended 0, else the first other (a lane killed by a
+    signal N as 128 + N, the shell's way), so no crash reads as a clean run."""
+    bad = [128 - c if c < 0 else c for c in codes if c != 0]
+    return bad[0] if bad else 0
 
 
 def commit(record_path: Path, message: str) -> None:
@@ -491,8 +620,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="where references are made (dflash: a DFlash server at the point's K and concurrency)")
     p_run.add_argument("--only", type=lambda v: set(filter(None, v.split(","))),
                        help="measure only these point ids (a pilot: does acceptance follow the plan?)")
-    p_run.add_argument("--deadline-s", type=float, default=0,
-                       help="stop between points before this many seconds have passed, exit 3 (0: none)")
+    p_run.add_argument("--deadline-s", type=float, default=None,
+                       help="stop between points before this many seconds have passed, exit 3 (default: none)")
     p_merge = sub.add_parser("merge")
     p_merge.add_argument("lanes", nargs="+", type=Path, help="lane records (speedup-curve-lane-I.json)")
     for p in (p_merge,):
@@ -521,16 +650,19 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime()),
             # a lane ran beside others, one a GPU of the same host
             **({"lane": args.lane} if args.lane else {})}
-    args.end = time.monotonic() + args.deadline_s if args.deadline_s else None
+    args.end = None if args.deadline_s is None else time.monotonic() + args.deadline_s
     ran, code = 0, 0
-    for batch in lane_batches([b for b in sg.batches() if b.vllm == args.vllm], args.lane):
+    batches = lane_batches([b for b in sg.batches() if b.vllm == args.vllm], args.lane, args.refs_from)
+    if args.only:  # a pilot: acceptance first, the baselines after
+        batches = sorted(batches, key=lambda b: b.server == "nodrafter")
+    for batch in batches:
         try:
             done = run_batch(args, batch, record, meta)
         except OutOfTime as exc:
             print(f"{exc}: run again", flush=True)
             done, code = batch_done.get(batch.id, []), 3
-        except RuntimeError as exc:  # a server that did not start fails its batch, not the lane
-            print(f"{batch.id}: {exc}", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a server that did not start, or died, fails its batch, not the lane
+            print(f"{batch.id}: {exc}\n{traceback.format_exc()}", flush=True)
             done, code = batch_done.get(batch.id, []), max(code, 1)
         if done:
             record.setdefault("batches", []).append({"id": batch.id, **meta, "measured": done})
