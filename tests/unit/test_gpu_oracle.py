@@ -523,3 +523,30 @@ def test_a_verify_after_the_request_reached_max_tokens_is_left_out_as_vllm_does(
     assert counted["tail_drafts"] == 0 and counted["num_mismatches"] == 0
     wrong = records[:-1] + [rec(5, K, 22, 1)]  # accepted 6, planned 7: a mismatch all the same
     assert oracle.analyse(wrong, K, max_tokens=[10])["num_mismatches"] == 1
+
+
+def test_a_plan_written_after_the_server_started_is_read_at_the_next_propose(tmp_path, monkeypatch):
+    # The speed-up curve starts its DFlash server before the plan exists (ORACLE_PLAN_LATER=1),
+    # makes references with the real drafter, then writes the plan: until then every row keeps
+    # the drafter's tokens, from then on the plan's prompts get the oracle's drafts.
+    prompts, refs, _ = _setup(tmp_path, 1)
+    later = tmp_path / "later-plan.json"
+    monkeypatch.setenv(oracle.PLAN_LATER_ENV, "1")
+    monkeypatch.setattr(oracle, "_install_v2", lambda o, hook: None)  # vLLM's classes cannot be patched here
+    monkeypatch.setattr(oracle, "_INSTALLED", {})
+    o = oracle.install("0.33.0", later, log_path=oracle.LOG_OFF)
+    prompt = tuple(prompts[0])
+    o.note_prompt("r", prompt)
+    assert o.step([oracle.Row("r", None, len(prompt), 0, 0)], K) == {}
+    oracle.make_plan_file(later, prompts, refs, [137], VOCAB, SPECIAL, seed=5, k=K)
+    assert not (tmp_path / "later-plan.json.partial").exists()
+    out = o.step([oracle.Row("r", None, len(prompt), 0, 0)], K)
+    assert list(out) == [0] and len(out[0]) == K and o.later is None
+
+
+def test_without_plan_later_a_missing_plan_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.delenv(oracle.PLAN_LATER_ENV, raising=False)
+    monkeypatch.setattr(oracle, "_install_v2", lambda o, hook: None)
+    monkeypatch.setattr(oracle, "_INSTALLED", {})
+    with pytest.raises(FileNotFoundError):
+        oracle.install("0.33.0", tmp_path / "absent.json", log_path=oracle.LOG_OFF)

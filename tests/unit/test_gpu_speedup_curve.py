@@ -626,19 +626,23 @@ def test_a_pilot_measures_only_the_points_it_names(tmp_path, monkeypatch):
 
 
 class _RecordingServer(_StandInServer):
-    """A stand-in server that notes its label and whether the oracle's plan was in its environment."""
+    """A stand-in server that notes its K, its oracle environment and whether the plan file was
+    there when it started."""
 
     starts: list = []
 
     def __init__(self, args, label, k, env):
         super().__init__()
-        _RecordingServer.starts.append((label, k, "ORACLE_PLAN" in env, env.get("VLLM_USE_V2_MODEL_RUNNER")))
+        plan = env.get("ORACLE_PLAN")
+        _RecordingServer.starts.append((k, plan is not None and Path(plan).exists(), env.get("ORACLE_PLAN_LATER"),
+                                        env.get("VLLM_USE_V2_MODEL_RUNNER")))
 
 
 def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(tmp_path, monkeypatch):
-    # The default: a DFlash server at K without the oracle's plan (its real drafter's drafts are
-    # all but never accepted) makes each point's references at the point's concurrency, in
-    # lockstep waves; then the oracle's server measures. The server without the drafter makes none.
+    # The default: the DFlash server at K starts before its oracle plan exists (the real
+    # drafter's drafts are all but never accepted), makes each point's references at the
+    # point's concurrency in lockstep waves, then the plan is written and the points measured on
+    # the same server. The server without the drafter makes none.
     from launcher.bench import workload
 
     curve = load("speedup_curve")
@@ -649,15 +653,17 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
     monkeypatch.setattr(curve, "Server", _RecordingServer)
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
     monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
-    plans = []
-    monkeypatch.setattr(curve, "oracle_plan", lambda path, points, refs, k, vocab: plans.append([p.id for p in points]))
-    waves, in_flight = [], {"now": 0, "max": 0}
+    plans, events = [], []
+    monkeypatch.setattr(curve, "oracle_plan", lambda path, points, refs, k, vocab:
+                        plans.append([p.id for p in points]) or events.append("plan"))
+    in_flight = {"now": 0, "max": 0}
     import threading
 
     lock = threading.Lock()
 
     def reference(base, model, prompt, n, timeout=None):
         with lock:
+            events.append("reference")
             in_flight["now"] += 1
             in_flight["max"] = max(in_flight["max"], in_flight["now"])
         import time
@@ -673,9 +679,8 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
     record = srec.new(frozen)
     done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {"gpu": "H200"})
     assert sorted(done) == sorted(p.id for p in batch.points)
-    assert [(label.endswith("-refs"), k, has_plan, v2) for label, k, has_plan, v2 in _RecordingServer.starts] == \
-        [(True, 3, False, "1"), (False, 3, True, "1")]
-    assert plans == [[p.id for p in batch.points]]
+    assert _RecordingServer.starts == [(3, False, "1", "1")]  # one server, its plan read later
+    assert plans == [[p.id for p in batch.points]] and events[-1] == "plan" and events.count("plan") == 1
     assert in_flight["max"] == max(p.concurrency for p in batch.points)
     made = json.loads(curve.ref_path(tmp_path / "refs", batch.points[0]).read_text())
     assert made["made_on"] == "k3" and len(made["references"]) == batch.points[0].requests

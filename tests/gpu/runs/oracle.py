@@ -209,8 +209,19 @@ def make_plan_file(path, prompts: list[list[int]], references: list[list[int]],
             "requests": [{"prompt": list(p), "reference": list(r), "max_tokens": m,
                           "short": len(r) < m + k, **({"f_cycle": list(fc)} if fc else {})}
                          for p, r, m, fc in zip(prompts, references, max_tokens, cycles)]}
-    Path(path).write_text(json.dumps(data))
+    tmp = Path(str(path) + ".partial")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)  # whole or absent: a server may be waiting for it (ORACLE_PLAN_LATER)
     return data
+
+
+# ORACLE_PLAN_LATER=1: the plan file may not exist yet when the server starts (the speed-up curve
+# makes its references on the same server first); the oracle proposes nothing until it appears.
+PLAN_LATER_ENV = "ORACLE_PLAN_LATER"
+
+
+def empty_plan() -> dict:
+    return {"version": PLAN_VERSION, "k": K_DEFAULT, "seed": 0, "vocab_size": 0, "requests": []}
 
 
 def load_plan(path) -> dict:
@@ -245,7 +256,16 @@ class Row:
 
 
 class Oracle:
-    def __init__(self, plan_data: dict, log_path=None):
+    def __init__(self, plan_data: dict, log_path=None, later: Path | None = None):
+        self.later = later  # a plan file not written yet: read once it is there (adopt)
+        self.adopt(plan_data)
+        self.log_path = Path(log_path) if log_path else None
+        self.prompts: dict[str, tuple] = {}  # req_id -> prompt ids (V2: from add_request)
+        self.steps: dict[str, int] = {}  # req_id -> proposals made so far
+        self.calls = 0
+        self.proposals = 0
+
+    def adopt(self, plan_data: dict) -> None:
         self.plan = plan_data
         self.k = plan_data["k"]
         self.seed = plan_data["seed"]
@@ -255,11 +275,13 @@ class Oracle:
         self.by_prompt = {}
         for i, r in enumerate(self.requests):
             self.by_prompt.setdefault(tuple(r["prompt"]), i)
-        self.log_path = Path(log_path) if log_path else None
-        self.prompts: dict[str, tuple] = {}  # req_id -> prompt ids (V2: from add_request)
-        self.steps: dict[str, int] = {}  # req_id -> proposals made so far
-        self.calls = 0
-        self.proposals = 0
+
+    def read_later_plan(self) -> None:
+        """Adopt the plan once its file exists (until then every row keeps the real drafter's
+        tokens); one stat a propose call while waiting, none after."""
+        if self.later is not None and self.later.is_file():
+            self.adopt(load_plan(self.later))
+            self.later = None
 
     def note_prompt(self, req_id: str, prompt) -> None:
         self.prompts[req_id] = tuple(prompt)
@@ -268,6 +290,8 @@ class Oracle:
         """Drafts for the rows of one propose call: {row index: k token ids}. Rows left
         out keep the real drafter's tokens (unknown prompt, prefill chunk, k == 0).
         Every row gets a log line, proposal or not, so ``analyse`` sees each verify step."""
+        if self.later is not None:
+            self.read_later_plan()
         k = self.k if k is None else k
         self.calls += 1
         out, lines = {}, []
@@ -493,7 +517,11 @@ def install(release: str, plan_path, log_path=None) -> Oracle:
     log_path = log_path or os.environ.get("ORACLE_LOG")
     if not log_path:
         raise ValueError("oracle: set ORACLE_LOG (the JSONL file the oracle writes, or 'off')")
-    oracle = Oracle(load_plan(plan_path), None if log_path == LOG_OFF else log_path)
+    log_path = None if log_path == LOG_OFF else log_path
+    if os.environ.get(PLAN_LATER_ENV) == "1" and not Path(plan_path).is_file():
+        oracle = Oracle(empty_plan(), log_path, later=Path(plan_path))
+    else:
+        oracle = Oracle(load_plan(plan_path), log_path)
     hook = HOOKS[release]
     (_install_v1 if hook["runner"] == "v1" else _install_v2)(oracle, hook)
     _INSTALLED[release] = oracle

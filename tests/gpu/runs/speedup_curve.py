@@ -10,10 +10,11 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
   ``launcher.bench.client``), measured once a concurrency and variant and shared by that
   concurrency's other Ks and levels (``shared_baseline``);
 * the references (each prompt's greedy continuation, ``output_len + 15`` token ids, kept in
-  ``--refs``: the oracle's plan needs them), by default on a DFlash server at the point's K and
-  concurrency with the real drafter (``dflash_references``: the verify steps' rounding, which the
-  timed runs have), with ``--refs-from nodrafter`` on the server without the drafter one request
-  at a time;
+  ``--refs``: the oracle's plan needs them), by default on the DFlash server at the point's K and
+  concurrency before its plan exists, so with the real drafter (``dflash_references``: the verify
+  steps' rounding, which the timed runs have; the plugin reads the plan once it is written,
+  ``ORACLE_PLAN_LATER``), with ``--refs-from nodrafter`` on the server without the drafter one
+  request at a time;
 * a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with a plan of every
   pending point's prompts, references and first-wrong pattern (``speedup_grid.f_cycle``), its
   log off (``ORACLE_LOG=off``): the drafter's forward runs, its proposals are replaced. Each
@@ -41,7 +42,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -135,8 +135,10 @@ def reference(base: str, model: str, prompt: list[int], max_tokens: int,
               timeout: float = REQUEST_TIMEOUT_S) -> list[int]:
     """The server's greedy continuation of ``prompt`` as token ids (``return_token_ids``, else
     the logprobs' ``token_id:N`` strings)."""
+    # salted: the timed run of the same prompts must not find them in the prefix cache
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "return_token_ids": True, "logprobs": 1, "return_tokens_as_token_ids": True}
+            "return_token_ids": True, "logprobs": 1, "return_tokens_as_token_ids": True,
+            "cache_salt": "speedup-references"}
     req = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -287,17 +289,18 @@ def gone(pgid: int, timeout: float = 60.0) -> None:
 
 
 def port_free(port: int, timeout: float = 60.0) -> bool:
-    """Until 127.0.0.1:``port`` can be bound again (the launcher refuses a port in use)."""
+    """Until 127.0.0.1:``port`` passes the check the next ``launcher serve`` makes of it."""
+    from launcher.errors import LauncherError
+    from launcher.runtime.native import ensure_port_free
+
     end = time.monotonic() + timeout
     while True:
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-                return True
-            except OSError:
-                if time.monotonic() >= end:
-                    return False
+        try:
+            ensure_port_free("127.0.0.1", port)
+            return True
+        except LauncherError:
+            if time.monotonic() >= end:
+                return False
         time.sleep(0.5)
 
 
@@ -352,12 +355,13 @@ def nodrafter_batch(args, batch, todo, record, meta, vocab, refs) -> list[str]:
     return done
 
 
-def dflash_env(args, plan: Path | None) -> dict:
-    """A DFlash server's environment: the oracle plugin on the path, its plan where one is given
-    (without, the plugin does nothing and the real drafter proposes)."""
-    env = {"ORACLE_LOG": "off", "ORACLE_RELEASE": args.vllm}
-    if plan is not None:
-        env["ORACLE_PLAN"] = str(plan)
+def dflash_env(args, plan: Path, later: bool = False) -> dict:
+    """A DFlash server's environment: the oracle plugin on the path and its plan; ``later``: the
+    plan is written after the server has made the references (until then the real drafter
+    proposes)."""
+    env = {"ORACLE_LOG": "off", "ORACLE_RELEASE": args.vllm, "ORACLE_PLAN": str(plan)}
+    if later:
+        env["ORACLE_PLAN_LATER"] = "1"
     if args.vllm == sg.MAIN_VLLM:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the oracle's 0.33.0 hook is the V2 runner's
     env["PYTHONPATH"] = fsv.server_env()["PYTHONPATH"] + ":" + str(ORACLE_PLUGIN)
@@ -378,22 +382,21 @@ def references_at(base: str, model: str, prompts: list, max_tokens: int, concurr
     return outs
 
 
-def dflash_references(args, batch, k: int, points: list, vocab: int, refs: Path, meta: dict) -> None:
-    """References made on a DFlash server at K with the real drafter, whose random drafts are all
-    but never accepted: every token is the target's argmax as the timed runs' verify steps
-    compute it (K + 1 tokens a request a step, the point's concurrency), not as a one-token decode
-    step does, whose other rounding parts a random target's near-tied tokens."""
-    with Server(args, f"{batch.id}-refs", k, dflash_env(args, None)) as server:
-        for p in points:
-            # keep the time the oracle's server needs to start and measure a point
-            if left(args) < SERVER_START_S + 2 * POINT_S:
-                print(f"{batch.id}: references stop at {p.id}, {left(args):.0f} s left", flush=True)
-                break
-            prompts = sg.prompts(p, vocab)
-            outs = references_at(server.base, server.model, prompts, sg.OUTPUT_LEN + REFERENCE_EXTRA, p.concurrency,
-                                 timeout=request_timeout(args))
-            ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": f"k{k}",
-                                                     "gpu": meta.get("gpu"), "series": meta.get("series")}))
+def dflash_references(args, server, batch, k: int, points: list, vocab: int, refs: Path, meta: dict) -> None:
+    """References made on the DFlash server at K before the oracle's plan exists, so with the
+    real drafter, whose random drafts are all but never accepted: every token is the target's
+    argmax as the timed runs' verify steps compute it (K + 1 tokens a request a step, the point's
+    concurrency), not as a one-token decode step does, whose other rounding parts a random
+    target's near-tied tokens."""
+    for p in points:
+        if left(args) < 2 * POINT_S:  # keep the time to measure a point on them
+            print(f"{batch.id}: references stop at {p.id}, {left(args):.0f} s left", flush=True)
+            break
+        prompts = sg.prompts(p, vocab)
+        outs = references_at(server.base, server.model, prompts, sg.OUTPUT_LEN + REFERENCE_EXTRA, p.concurrency,
+                             timeout=request_timeout(args))
+        ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": f"k{k}",
+                                                 "gpu": meta.get("gpu"), "series": meta.get("series")}))
     pack_references(args, refs)
 
 
@@ -410,6 +413,17 @@ def pack_references(args, refs: Path) -> None:
     tmp.replace(out)
 
 
+def ready_points(todo: list, usable, plan: Path, refs: Path, k: int, vocab: int) -> list:
+    """The points with usable references, their oracle plan written (atomically: a server may be
+    waiting for it); the others said."""
+    ready = [p for p in todo if usable(p)]
+    for p in set(todo) - set(ready):
+        print(f"{p.id}: no reference continuation here; the server without the drafter makes it first", flush=True)
+    if ready:
+        oracle_plan(plan, ready, refs, k, vocab)
+    return ready
+
+
 def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
     """Where a collapse holds: one release, K and concurrency, with references made one way
     (references made another way are tried afresh)."""
@@ -422,19 +436,18 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
     k = int(batch.server[1:])
     usable = lambda p: usable_reference(refs, p, k, from_nodrafter, meta)  # noqa: E731
     unmade = [p for p in todo if not usable(p)]
-    if unmade and not from_nodrafter:
-        dflash_references(args, batch, k, unmade, vocab, refs, meta)
-        if left(args) < SERVER_START_S + POINT_S:
-            raise OutOfTime(f"{batch.id}: {left(args):.0f} s left after its references")
-    ready = [p for p in todo if usable(p)]
-    for p in set(todo) - set(ready):
-        print(f"{p.id}: no reference continuation here; the server without the drafter makes it first", flush=True)
-    if not ready:
-        return []
+    make_here = bool(unmade) and not from_nodrafter
     plan = Path(args.work) / f"{batch.id}.plan.json"
-    oracle_plan(plan, ready, refs, k, vocab)
+    plan.unlink(missing_ok=True)  # an earlier run's plan must not be read before this one's
+    if not make_here and not ready_points(todo, usable, plan, refs, k, vocab):
+        return []
     done, collapsed = [], record.setdefault("collapsed", {})
-    with Server(args, batch.id, k, dflash_env(args, plan)) as server:
+    with Server(args, batch.id, k, dflash_env(args, plan, later=make_here)) as server:
+        if make_here:
+            dflash_references(args, server, batch, k, unmade, vocab, refs, meta)
+            if not ready_points(todo, usable, plan, refs, k, vocab):
+                return []
+        ready = [p for p in todo if usable(p)]
         for p in sorted(ready, key=lambda q: (q.variant != "base", q.level)):
             at = collapsed.get(collapse_key(p, k, from_nodrafter))
             if at is not None and p.level >= at:
@@ -485,12 +498,12 @@ def lane_batches(batches: list, lane: str | None, refs_from: str = "nodrafter") 
 
 
 def batch_cost(batch: sg.Batch) -> int:
-    """A batch's weight in minutes, roughly: a server start about 5, a DFlash batch two (its
-    references' server and the oracle's) and two runs a point (its references and its timed run);
-    the baselines without the drafter are shared, a few runs a batch."""
+    """A batch's weight in minutes, roughly: a server start about 5, and on a DFlash server two
+    runs a point (its references and its timed run); the baselines without the drafter are
+    shared, a few runs a batch."""
     if batch.server == "nodrafter":
         return 5 + 4
-    return 2 * 5 + 2 * len(batch.points)
+    return 5 + 2 * len(batch.points)
 
 
 def balanced_lanes(batches: list, n: int) -> list[list]:
@@ -564,7 +577,9 @@ def run_lanes(args, argv: list[str]) -> int:
 def lanes_code(codes: list[int]) -> int:
     """The run's exit code: 0 when every lane ended 0, else the first other (a lane killed by a
     signal N as 128 + N, the shell's way), so no crash reads as a clean run."""
-    bad = [128 - c if c < 0 else c for c in codes if c != 0]
+    from launcher.runtime.native import exit_status
+
+    bad = [exit_status(c) for c in codes if c != 0]
     return bad[0] if bad else 0
 
 
