@@ -542,6 +542,7 @@ def test_a_plan_written_after_the_server_started_is_read_at_the_next_propose(tmp
     assert not (tmp_path / "later-plan.json.partial").exists()
     out = o.step([oracle.Row("r", None, len(prompt), 0, 0)], K)
     assert list(out) == [0] and len(out[0]) == K and o.later is None
+    assert oracle.adopted_marker(later).exists()  # the harness's proof that the plan was read
 
 
 def test_without_plan_later_a_missing_plan_is_an_error(tmp_path, monkeypatch):

@@ -654,8 +654,13 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
     monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
     plans, events = [], []
-    monkeypatch.setattr(curve, "oracle_plan", lambda path, points, refs, k, vocab:
-                        plans.append([p.id for p in points]) or events.append("plan"))
+
+    def oracle_plan(path, points, refs, k, vocab):  # the plan written, and read by the server's oracle
+        plans.append([p.id for p in points])
+        events.append("plan")
+        curve.oracle_adopted(path).touch()
+
+    monkeypatch.setattr(curve, "oracle_plan", oracle_plan)
     in_flight = {"now": 0, "max": 0}
     import threading
 
@@ -796,3 +801,51 @@ def test_a_stopped_server_leaves_no_process_of_its_group_and_its_port_free(tmp_p
     port = sock.getsockname()[1]
     threading.Timer(1.0, sock.close).start()
     assert curve.port_free(port, timeout=10)
+
+
+def _make_here_setup(curve, tmp_path, monkeypatch, adopt=True):
+    """A K 3 batch whose references this server makes (none staged); stand-in server and runs."""
+    from launcher.bench import workload
+
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
+    monkeypatch.setattr(curve, "oracle_plan",
+                        lambda path, points, refs, k, vocab: adopt and curve.oracle_adopted(path).touch())
+    monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n, timeout=None: [7] * n)
+    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta, timeout=None:
+                        {**_measure(acceptance=point.level), **meta})
+    return next(b for b in sg.batches() if b.server == "k3"), srec.new(frozen)
+
+
+def test_a_plan_the_oracle_never_read_records_nothing(tmp_path, monkeypatch):
+    # The server ran with the real drafter throughout (acceptance about 1): such points would
+    # pass for collapsed ones. Without the oracle's marker the batch fails and records nothing.
+    curve = load("speedup_curve")
+    batch, record = _make_here_setup(curve, tmp_path, monkeypatch, adopt=False)
+    with pytest.raises(RuntimeError, match="did not read its plan"):
+        curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
+    assert not any(row.get("dflash") for row in record.get("points", {}).values())
+
+
+def test_references_cut_by_the_deadline_measure_what_was_made_and_ask_for_another_run(tmp_path, monkeypatch):
+    curve = load("speedup_curve")
+    batch, record = _make_here_setup(curve, tmp_path, monkeypatch)
+    args = _batch_args(tmp_path, None)
+    clock = {"refs": 0}
+    real = curve.references_at
+
+    def references_at(*a, **kw):  # the second point's references leave too little time
+        clock["refs"] += 1
+        if clock["refs"] == 2:
+            import time
+
+            args.end = time.monotonic() + 2 * curve.POINT_S - 1  # references stop, points still fit
+        return real(*a, **kw)
+
+    monkeypatch.setattr(curve, "references_at", references_at)
+    with pytest.raises(curve.OutOfTime):
+        curve.run_batch(args, batch, record, {})
+    assert 0 < len(curve.batch_done[batch.id]) < len(batch.points)

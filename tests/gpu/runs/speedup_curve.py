@@ -348,8 +348,7 @@ def nodrafter_batch(args, batch, todo, record, meta, vocab, refs) -> list[str]:
             if refs is not None and "dflash" in srec.missing(record, p) and not ref_path(refs, p).is_file():
                 outs = [reference(server.base, server.model, q, sg.OUTPUT_LEN + REFERENCE_EXTRA,
                                   timeout=request_timeout(args)) for q in prompts]
-                ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": "nodrafter",
-                                                         "gpu": meta.get("gpu"), "series": meta.get("series")}))
+                write_reference(refs, p, prompts, outs, "nodrafter", meta)
             done.append(p.id)
             batch_done[batch.id] = done
     return done
@@ -395,9 +394,16 @@ def dflash_references(args, server, batch, k: int, points: list, vocab: int, ref
         prompts = sg.prompts(p, vocab)
         outs = references_at(server.base, server.model, prompts, sg.OUTPUT_LEN + REFERENCE_EXTRA, p.concurrency,
                              timeout=request_timeout(args))
-        ref_path(refs, p).write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": f"k{k}",
-                                                 "gpu": meta.get("gpu"), "series": meta.get("series")}))
-    pack_references(args, refs)
+        write_reference(refs, p, prompts, outs, f"k{k}", meta)
+
+
+def write_reference(refs: Path, point: sg.Point, prompts: list, outs: list, made_on: str, meta: dict) -> None:
+    """A point's references, written whole (another lane may pack the folder meanwhile)."""
+    path = ref_path(refs, point)
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps({"prompts": prompts, "references": outs, "made_on": made_on,
+                               "gpu": meta.get("gpu"), "series": meta.get("series")}))
+    tmp.replace(path)
 
 
 def pack_references(args, refs: Path) -> None:
@@ -413,12 +419,19 @@ def pack_references(args, refs: Path) -> None:
     tmp.replace(out)
 
 
+def oracle_adopted(plan: Path) -> Path:
+    """The marker the oracle leaves once it has read a plan written after its server started."""
+    import oracle
+
+    return oracle.adopted_marker(plan)
+
+
 def ready_points(todo: list, usable, plan: Path, refs: Path, k: int, vocab: int) -> list:
     """The points with usable references, their oracle plan written (atomically: a server may be
     waiting for it); the others said."""
     ready = [p for p in todo if usable(p)]
     for p in set(todo) - set(ready):
-        print(f"{p.id}: no reference continuation here; the server without the drafter makes it first", flush=True)
+        print(f"{p.id}: no usable references here (made on this run's kind of server, GPU and series)", flush=True)
     if ready:
         oracle_plan(plan, ready, refs, k, vocab)
     return ready
@@ -437,16 +450,20 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
     usable = lambda p: usable_reference(refs, p, k, from_nodrafter, meta)  # noqa: E731
     unmade = [p for p in todo if not usable(p)]
     make_here = bool(unmade) and not from_nodrafter
-    plan = Path(args.work) / f"{batch.id}.plan.json"
+    plan = (Path(args.work) / f"{batch.id}.plan.json").resolve()  # the server's cwd is another
     plan.unlink(missing_ok=True)  # an earlier run's plan must not be read before this one's
+    oracle_adopted(plan).unlink(missing_ok=True)
     if not make_here and not ready_points(todo, usable, plan, refs, k, vocab):
         return []
     done, collapsed = [], record.setdefault("collapsed", {})
     with Server(args, batch.id, k, dflash_env(args, plan, later=make_here)) as server:
         if make_here:
-            dflash_references(args, server, batch, k, unmade, vocab, refs, meta)
+            try:
+                dflash_references(args, server, batch, k, unmade, vocab, refs, meta)
+            finally:
+                pack_references(args, refs)
             if not ready_points(todo, usable, plan, refs, k, vocab):
-                return []
+                raise OutOfTime(f"{batch.id}: no time left to make its references")
         ready = [p for p in todo if usable(p)]
         for p in sorted(ready, key=lambda q: (q.variant != "base", q.level)):
             at = collapsed.get(collapse_key(p, k, from_nodrafter))
@@ -459,6 +476,8 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
                           timeout=request_timeout(args),
                           meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level,
                                 "refs_from": reference_origin(refs, p)["made_on"]})
+            if make_here and not oracle_adopted(plan).exists():
+                raise RuntimeError(f"{p.id}: the oracle did not read its plan {plan}; nothing recorded")
             got["off_plan"] = off_plan(p, got)
             srec.put(record, p, "dflash", got)
             srec.save(record, args.record)
@@ -470,6 +489,9 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
                 print(f"{p.id}: acceptance {got['acceptance'].get('mean_acceptance_length'):.2f} against a planned "
                       f"{p.level:g}: the references no longer follow this server's output; no higher level "
                       "is measured on it", flush=True)
+    unmade = [p for p in todo if not usable(p)]
+    if make_here and unmade:  # the deadline stopped the references: what was made is measured
+        raise OutOfTime(f"{batch.id}: {len(unmade)} points still without references")
     return done
 
 
