@@ -5,11 +5,13 @@ near its top and defines ``GPUModelRunner`` further down. A plugin that installe
 the proposer's module loaded read ``GPUModelRunner`` from a half-loaded runner module and broke
 the worker's import. vLLM itself cannot be imported here without its torch build, so a stand-in
 package with 0.21.0's import order (module names, class and method names as the hook names them)
-takes its place; the plugin and oracle.py are the real ones.
+takes its place; the plugin and oracle.py are the real ones, and the order the stand-in copies is
+checked against the released 0.21.0 source.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -71,3 +73,23 @@ def test_the_plugin_hooks_0_21_0_after_the_runner_module_has_run(tmp_path):
     # the runner hands itself to its drafter, and the proposer's propose is the oracle's
     assert handed == "True"
     assert qualname != "DFlashProposer.propose", json.dumps(proc.stdout)
+
+
+def test_the_stand_in_has_the_released_runner_modules_import_order():
+    # The released 0.21.0 tree (downloaded and cached as the patch tests get it): its runner
+    # module imports the proposer's module at the top and defines GPUModelRunner after it.
+    from tests.integration.patch_trees import pristine
+
+    sys.path.insert(0, str(PLUGIN.parent / "runs"))
+    try:
+        import oracle
+    finally:
+        sys.path.pop(0)
+    hook = oracle.HOOKS["0.21.0"]
+    runner = pristine("0.21.0", "site-packages") / Path(*hook["runner_module"].split(".")).with_suffix(".py")
+    body = ast.parse(runner.read_text()).body
+    imports = [n.lineno for n in body if isinstance(n, ast.ImportFrom) and n.module == hook["proposer_module"]]
+    classes = [n.lineno for n in body if isinstance(n, ast.ClassDef) and n.name == "GPUModelRunner"]
+    assert imports and classes and imports[0] < classes[0]
+    stand_in = ast.parse(STAND_IN["vllm/v1/worker/gpu_model_runner.py"]).body
+    assert isinstance(stand_in[0], ast.ImportFrom) and stand_in[0].module == hook["proposer_module"]
