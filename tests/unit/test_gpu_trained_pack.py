@@ -114,6 +114,22 @@ def test_repeat_says_whether_two_trainings_gave_the_same_checkpoint():
     assert r["identical"] is False and r["loss_curves_equal"] is False and r["train_config_equal"] is True
 
 
+def test_repeat_tells_a_setting_recorded_by_one_side_from_a_setting_that_differs():
+    """083e4869 rebuilt on a second H200: the later record names seq_mask (a default the
+    earlier one ran with but did not write) and the probe's looping prompts."""
+    probe = {"looping_sequences": 4, "median_distinct_fraction": 0.2656}
+    a = {"target_sha256": "x", "loss_curve": [1.0], "train_config": {"seed": 1}, "greedy_probe": probe}
+    b = dict(a, train_config={"seed": 1, "seq_mask": "ngram"},
+             greedy_probe=dict(probe, looping_prompts=[{"prompt": 21, "period": 9}]))
+    r = pack.repeat(a, b)
+    assert r["train_config_equal"] is False
+    assert r["train_config_equal_where_both_record"] is True and r["train_config_recorded_by_one"] == ["seq_mask"]
+    assert r["greedy_probe_equal_where_both_record"] is True
+    c = dict(b, train_config={"seed": 2, "seq_mask": "ngram"}, greedy_probe=dict(probe, looping_sequences=5))
+    r = pack.repeat(a, c)
+    assert r["train_config_equal_where_both_record"] is False and r["greedy_probe_equal_where_both_record"] is False
+
+
 def test_repeat_reads_a_drafter_record_and_ignores_the_curves_wall_clock():
     """The drafter d46bce41 rebuilt on a second H100 (2026-11-27): same weights, same losses,
     its curve's elapsed_s 25-30 % longer (the GPU was shared)."""

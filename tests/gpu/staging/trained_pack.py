@@ -104,14 +104,28 @@ def _curve(record: dict) -> list:
             for p in record["loss_curve"]]
 
 
+def _common(first: dict | None, again: dict | None) -> tuple[bool, list[str]]:
+    """Equal on the keys both hold, and the keys only one holds: a record written by a later
+    harness names settings (defaults, probe details) that an earlier one left unwritten."""
+    first, again = first or {}, again or {}
+    shared = set(first) & set(again)
+    return all(first[k] == again[k] for k in shared), sorted(set(first) ^ set(again))
+
+
 def repeat(first: dict, again: dict) -> dict:
     """Did the same recipe give the same checkpoint twice? Target or drafter train records."""
     key = "drafter_sha256" if "drafter_sha256" in first else "target_sha256"
-    return {"checkpoint": key, "first": first[key], "again": again[key],
-            "identical": first[key] == again[key],
-            "loss_curves_equal": _curve(first) == _curve(again),
-            "train_config_equal": first.get("train_config") == again.get("train_config"),
-            "first_gpu": first.get("gpu"), "again_gpu": again.get("gpu")}
+    config_equal, config_one_side = _common(first.get("train_config"), again.get("train_config"))
+    out = {"checkpoint": key, "first": first[key], "again": again[key],
+           "identical": first[key] == again[key],
+           "loss_curves_equal": _curve(first) == _curve(again),
+           "train_config_equal": first.get("train_config") == again.get("train_config"),
+           "train_config_equal_where_both_record": config_equal,
+           "train_config_recorded_by_one": config_one_side,
+           "first_gpu": first.get("gpu"), "again_gpu": again.get("gpu")}
+    if "greedy_probe" in first and "greedy_probe" in again:
+        out["greedy_probe_equal_where_both_record"] = _common(first["greedy_probe"], again["greedy_probe"])[0]
+    return out
 
 
 def held_out_acceptance(record: dict) -> float:
