@@ -211,6 +211,55 @@ def test_oracle_log_gives_vllms_histogram_under_batching_chunks_preemption_and_t
     assert alone["every_f_occurs"]
 
 
+class _BothPaths:
+    """Each propose call through ``Oracle.step`` and through ``DeviceDrafts`` (CPU tensors):
+    the drafts must be the same, row for row, call for call."""
+
+    def __init__(self, o):
+        self.o, self.device, self.calls = o, oracle.DeviceDrafts(o), 0
+
+    def step(self, rows, k):
+        torch = pytest.importorskip("torch")
+        host = self.o.step(rows, k)
+        prompts = {r.req_id: r.prompt for r in rows}
+        drafts, use = self.device.drafts(
+            [r.req_id for r in rows], lambda rid: prompts[rid] or self.o.prompts.get(rid),
+            torch.tensor([r.seq_len for r in rows], dtype=torch.int32),
+            torch.tensor([r.num_rejected for r in rows]), torch.tensor([r.sampled for r in rows]), k)
+        device = {i: drafts[i].tolist() for i in range(len(rows)) if bool(use[i])}
+        assert device == host, f"call {self.calls + 1}"
+        self.calls += 1
+        return host
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_device_drafts_equal_the_host_oracle_under_batching_chunks_preemption_and_trims(tmp_path, short):
+    """The timed runs' path (ORACLE_LOG=off) against the logged one, on the engine above; with
+    ``short`` the references end before max_tokens + K, so drafts run into the padding."""
+    prompts, refs, o = _setup(tmp_path, 6)
+    if short:  # the target still follows the whole reference; the plan holds less of it
+        oracle.make_plan_file(tmp_path / "plan.json", prompts, [r[:137 - 3 * i] for i, r in enumerate(refs)],
+                              [137] * 6, VOCAB, SPECIAL, seed=5, f_cycles=[[0, 1], [3], None, [15, 2], [1], None])
+        o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
+    both = _BothPaths(o)
+    eng = _Engine(prompts, refs, [137] * 6, both)
+    eng.run([0], chunked={0})
+    eng.run([1, 2, 3, 4, 5], chunked={3}, preempt={(2, 5), (4, 9)}, trim={(1, 4): 3, (5, 6): 1})
+    assert both.calls > 30 and len(eng.accepted) > 30
+    assert len(set(eng.accepted)) > 3  # drafts both accepted and rejected, at several lengths
+    # Unknown prompts and k = 0 keep the real drafter's tokens on both paths.
+    assert both.step([oracle.Row("x", (9, 9, 9), 3, 0, 0)], K) == {}
+    assert both.step([oracle.Row("y", tuple(prompts[0]), len(prompts[0]) + 1, 0, 0)], 0) == {}
+
+
+def test_device_drafts_write_only_the_used_rows():
+    torch = pytest.importorskip("torch")
+    out = torch.full((3, 4), 9, dtype=torch.int64)
+    drafts = torch.arange(12).view(3, 4)[:2, :3]
+    oracle.DeviceDrafts.write(out, drafts, torch.tensor([True, False]), 3)
+    assert out.tolist() == [[0, 1, 2, 9], [9, 9, 9, 9], [9, 9, 9, 9]]
+
+
 def test_divergence_from_the_reference_shows_as_mismatches(tmp_path):
     prompts, refs, o = _setup(tmp_path, 2)
     wrong = [list(r) for r in refs]
@@ -389,7 +438,17 @@ def _ns(**kw):
     return types.SimpleNamespace(**kw)
 
 
-def test_v1_hook_overwrites_the_real_drafts_in_place(tmp_path, monkeypatch):
+def _no_read_back(monkeypatch, torch):
+    """Make every host read of a tensor fail: the log-off hooks must leave all values on the
+    device (a read waits for the verify step and stalls async scheduling)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a log-off hook read a tensor back to the host")
+    for name in ("tolist", "item", "__bool__", "__int__", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+@pytest.mark.parametrize("log", ["jsonl", "off"])
+def test_v1_hook_overwrites_the_real_drafts_in_place(tmp_path, monkeypatch, log):
     torch = pytest.importorskip("torch")
     prompts, refs, _ = _setup(tmp_path, 3)
     monkeypatch.setattr(oracle, "_INSTALLED", {})
@@ -417,7 +476,7 @@ def test_v1_hook_overwrites_the_real_drafts_in_place(tmp_path, monkeypatch):
 
     _fake_modules(monkeypatch, {"vllm.v1.spec_decode.dflash": {"DFlashProposer": DFlashProposer},
                                 "vllm.v1.worker.gpu_model_runner": {"GPUModelRunner": GPUModelRunner}})
-    o = oracle.install("0.21.0", tmp_path / "plan.json", tmp_path / "log.jsonl")
+    o = oracle.install("0.21.0", tmp_path / "plan.json", tmp_path / "log.jsonl" if log == "jsonl" else oracle.LOG_OFF)
     assert DFlashProposer.propose is not SpecDecodeBaseProposer.propose
 
     runner = GPUModelRunner()
@@ -433,20 +492,27 @@ def test_v1_hook_overwrites_the_real_drafts_in_place(tmp_path, monkeypatch):
     rej = torch.tensor([K - acc[0], K - acc[1], 0])
     next_ids = torch.tensor([refs[0][n[0] - 1], refs[1][n[1] - 1], 0])
     sched = _ns(scheduled_spec_decode_tokens={rids[0]: [-1] * K, rids[1]: [-1] * K})
-    out = runner.propose_draft_token_ids(sched, None, _ns(seq_lens=seq), rej, next_ids)
+    with monkeypatch.context() as m:
+        if log == "off":
+            _no_read_back(m, torch)
+        out = runner.propose_draft_token_ids(sched, None, _ns(seq_lens=seq), rej, next_ids)
     assert calls == ["drafter"] and out.dtype == torch.int64
     for row in (0, 1):
         f = oracle.first_wrong(5, row, 0, K)
         expect, _, _ = oracle.build_draft(refs[row], n[row], f, K, VOCAB, SPECIAL)
         assert out[row].tolist() == expect
     assert out[2].tolist() == [9] * K  # the real drafter's tokens stay
+    if log == "off":
+        assert not (tmp_path / "log.jsonl").exists()
+        return
     recs = oracle.read_log(tmp_path / "log.jsonl")
     assert [r["n"] for r in recs[:2]] == n[:2] and all(r["last_ok"] for r in recs[:2])
     assert [r["d"] for r in recs] == [K, K, 0] and "f" not in recs[2]
     assert o.proposals == 2
 
 
-def test_v2_hook_binds_positional_calls_and_skips_dummy_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("log", ["jsonl", "off"])
+def test_v2_hook_binds_positional_calls_and_skips_dummy_runs(tmp_path, monkeypatch, log):
     torch = pytest.importorskip("torch")
     prompts, refs, _ = _setup(tmp_path, 2)
     monkeypatch.setattr(oracle, "_INSTALLED", {})
@@ -474,7 +540,7 @@ def test_v2_hook_binds_positional_calls_and_skips_dummy_runs(tmp_path, monkeypat
     _fake_modules(monkeypatch, {
         "vllm.v1.worker.gpu.spec_decode.dflash.speculator": {"DFlashSpeculator": DFlashSpeculator},
         "vllm.v1.worker.gpu.states": {"RequestState": RequestState}})
-    o = oracle.install("0.33.0", tmp_path / "plan.json", tmp_path / "log.jsonl")
+    o = oracle.install("0.33.0", tmp_path / "plan.json", tmp_path / "log.jsonl" if log == "jsonl" else oracle.LOG_OFF)
     states = RequestState()
     # Request 1 resumes after preemption: all_token_ids holds its outputs too.
     states.add_request(req_id="r0", prompt_len=len(prompts[0]), all_token_ids=prompts[0],
@@ -494,11 +560,17 @@ def test_v2_hook_binds_positional_calls_and_skips_dummy_runs(tmp_path, monkeypat
             None, None, None)
     out = spec.propose(*args, dummy_run=True)
     assert out.tolist() == [[9] * K] * 2 and not (tmp_path / "log.jsonl").exists()
-    out = spec.propose(*args, num_speculative_tokens=K)
+    with monkeypatch.context() as m:
+        if log == "off":
+            _no_read_back(m, torch)
+        out = spec.propose(*args, num_speculative_tokens=K)
     for row, n in ((0, 1), (1, 5)):
         f = oracle.first_wrong(5, row, 0, K)
         assert out[row].tolist() == oracle.build_draft(refs[row], n, f, K, VOCAB, SPECIAL)[0]
         assert spec.draft_tokens[row].tolist() == out[row].tolist()  # in place
+    if log == "off":
+        assert not (tmp_path / "log.jsonl").exists()
+        return
     recs = oracle.read_log(tmp_path / "log.jsonl")
     assert [r["n"] for r in recs] == [1, 5] and all(r["last_ok"] for r in recs)
     # A step that proposes nothing (num_speculative_tokens=0) still logs its verify rows.

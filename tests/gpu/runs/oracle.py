@@ -48,7 +48,8 @@ import hooks  # noqa: E402
 
 K_DEFAULT = 15
 PLAN_VERSION = 1
-# ORACLE_LOG=off: no log line is written (timed runs; the drafts are the same).
+# ORACLE_LOG=off: no log line is written, and the drafts are gathered on the device (DeviceDrafts:
+# nothing read back while a run is timed); they are the same drafts.
 LOG_OFF = "off"
 
 # Hook points, by release (checked against the released sources in tests/unit/test_gpu_oracle.py).
@@ -269,6 +270,7 @@ class Oracle:
         self.steps: dict[str, int] = {}  # req_id -> proposals made so far
         self.calls = 0
         self.proposals = 0
+        self.device = DeviceDrafts(self)  # the log-off path (timed runs)
 
     def adopt(self, plan_data: dict) -> None:
         self.plan = plan_data
@@ -329,6 +331,120 @@ class Oracle:
                 for rec in lines:
                     fh.write(json.dumps(rec) + "\n")
         return out
+
+
+class DeviceDrafts:
+    """``Oracle.step``'s drafts computed on the device, for timed runs (``ORACLE_LOG=off``).
+
+    ``Oracle.step`` needs each row's sequence length, rejected drafts and sampled flag on the
+    host. Reading them back waits for the verify step to finish, and under async scheduling
+    (vLLM 0.33.0's default for DFlash) that wait exposes the host's preparation of the next step,
+    which a timed run would count as the drafter's cost. Here the plan becomes tensors once
+    (references, their wrong tokens, first-wrong positions by step) and a propose call only
+    gathers from them on the device: nothing is read back, and the host sends a call's row
+    indices only when the batch's requests change. The drafts equal ``Oracle.step``'s
+    (tests/unit/test_gpu_oracle.py runs both through the same simulated engine); no log is
+    written, since the log needs the values on the host."""
+
+    def __init__(self, oracle: "Oracle"):
+        self.oracle = oracle
+        self.tables = None  # (plan, device, refs, wrong, first_wrong)
+        self.slots: dict[str, int] = {}  # req_id -> its proposal counter's index
+        self.p_of: dict[str, int] = {}  # req_id -> plan request (-1: not planned)
+        self.steps = None  # proposals made so far, per slot (device)
+        self.rows_key, self.rows = None, None
+
+    def _build(self, device) -> None:
+        import torch
+
+        o = self.oracle
+        reqs = o.requests
+        width = max((len(r["reference"]) for r in reqs), default=0) + o.k + 1
+        # A request proposes at most once per output token, and one proposal ends past max_tokens.
+        horizon = max((r["max_tokens"] for r in reqs), default=0) + 2
+        refs, wrong, first = [], [], []
+        for p, r in enumerate(reqs):
+            ref = list(r["reference"])
+            pad = wrong_token(ref[-1] if ref else 0, o.vocab_size, o.special_ids)
+            fill = [pad] * (width - len(ref))
+            refs.append(ref + fill)
+            wrong.append([wrong_token(t, o.vocab_size, o.special_ids) for t in ref] + fill)
+            first.append([planned_first_wrong(r, o.seed, p, step, o.k) for step in range(horizon)])
+
+        def as_tensor(rows):
+            return torch.tensor(rows or [[0]], dtype=torch.long).to(device)
+        self.tables = (o.plan, device, as_tensor(refs), as_tensor(wrong), as_tensor(first))
+        self.p_of, self.rows_key = {}, None  # rows mapped under an earlier plan map again
+
+    def _plan_request(self, req_id: str, prompt_of) -> int:
+        if req_id not in self.p_of:
+            prompt = prompt_of(req_id)
+            p = self.oracle.by_prompt.get(tuple(prompt)) if prompt is not None else None
+            self.p_of[req_id] = -1 if p is None else p
+        return self.p_of[req_id]
+
+    def _row_tensors(self, req_ids: list[str], prompt_of, device):
+        """(plan request, counter slot, prompt length) of each row, on the device: sent again
+        only when the rows' requests change."""
+        import torch
+
+        key = tuple(req_ids)
+        if key != self.rows_key:
+            p = [self._plan_request(rid, prompt_of) for rid in req_ids]
+            slot = [self.slots.setdefault(rid, len(self.slots)) for rid in req_ids]
+            plen = [len(self.oracle.requests[i]["prompt"]) if i >= 0 else 0 for i in p]
+            host = torch.tensor([p, slot, plen], dtype=torch.long)
+            if device.type == "cuda":
+                host = host.pin_memory()
+            self.rows = host.to(device, non_blocking=True)
+            self.rows_key = key
+            self._grow(len(self.slots), device)
+        return self.rows[0], self.rows[1], self.rows[2]
+
+    def _grow(self, n: int, device) -> None:
+        import torch
+
+        if self.steps is None or self.steps.shape[0] < n:
+            steps = torch.zeros(max(64, 2 * n), dtype=torch.long, device=device)
+            if self.steps is not None:
+                steps[:self.steps.shape[0]] = self.steps
+            self.steps = steps
+
+    def drafts(self, req_ids: list[str], prompt_of, seq_lens, rejected, sampled, k: int):
+        """(drafts [rows, k], use [rows]): ``use`` marks the rows ``Oracle.step`` would
+        propose for (planned, sampled, at least one output token, k > 0); the others keep the
+        real drafter's tokens. ``prompt_of(req_id)``: its prompt ids or None, asked once a
+        request. ``seq_lens``, ``rejected``, ``sampled``: the rows' values on the device, read
+        before the real propose runs (it edits seq_lens in place)."""
+        import torch
+
+        device = seq_lens.device
+        if self.tables is None or self.tables[0] is not self.oracle.plan or self.tables[1] != device:
+            self._build(device)
+        _, _, refs, wrong, first = self.tables
+        p, slot, plen = self._row_tensors(req_ids, prompt_of, device)
+        planned = p >= 0
+        p = p.clamp(min=0)
+        n = seq_lens.long() - rejected.long() + 1 - plen
+        use = planned & sampled.bool() & (n >= 1) & (k > 0)
+        step = self.steps[slot]
+        f = first[p, step.clamp(max=first.shape[1] - 1)].clamp(max=k)
+        cols = torch.arange(k, device=device)
+        pos = (n.clamp(min=0)[:, None] + cols[None, :]).clamp(max=refs.shape[1] - 1)
+        rows = p[:, None]
+        out = torch.where(cols[None, :] == f[:, None], wrong[rows, pos], refs[rows, pos])
+        self.steps.index_add_(0, slot, use.long())
+        return out, use
+
+    @staticmethod
+    def write(out, drafts, use, k: int) -> None:
+        """Into the propose output ([rows, K]) in place, on the current stream: the used
+        rows' drafts in its first k columns."""
+        import torch
+
+        with torch.inference_mode():
+            n = drafts.shape[0]
+            out[:n, :k] = torch.where(use[:, None], drafts.to(out.dtype), out[:n, :k])
 
 
 def read_log(path) -> list[dict]:
@@ -442,6 +558,8 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
         runner = hooks.runner_of(self)
         if runner is None:  # not called from the runner's propose_draft_token_ids
             return orig(self, *args, **kwargs)
+        if oracle.log_path is None:
+            return _timed_v1(oracle, runner, a, lambda: orig(self, *args, **kwargs))
         batch = hooks.v1_batch(runner, a)
         seq = a["common_attn_metadata"].seq_lens[:len(batch.req_ids)].tolist()
         sched = getattr(runner, "_hooks_scheduler_output", None)
@@ -489,6 +607,8 @@ def _install_v2(oracle: Oracle, hook: dict) -> None:
         a = read(self, args, kwargs)
         if a.get("dummy_run") or hooks.capturing():
             return orig(self, *args, **kwargs)
+        if oracle.log_path is None:
+            return _timed_v2(oracle, a, lambda: orig(self, *args, **kwargs))
         ib = a["input_batch"]
         batch = hooks.v2_batch(a)
         nreq = len(batch.req_ids)
@@ -505,6 +625,62 @@ def _install_v2(oracle: Oracle, hook: dict) -> None:
 
     states_cls.add_request = add_request
     cls.propose = propose
+
+
+def _plan_read(oracle: Oracle) -> bool:
+    """A later plan adopted once its file is there; False while there is none (every row then
+    keeps the real drafter's tokens, and the hook does nothing else)."""
+    if oracle.later is not None:
+        oracle.read_later_plan()
+    return oracle.later is None
+
+
+def _timed_v1(oracle: Oracle, runner, a: dict, run):
+    """0.21.0 with the log off: the rows' values copied on the device before the real propose
+    (it edits seq_lens in place), the drafts gathered there after it (``DeviceDrafts``)."""
+    import torch
+
+    if not _plan_read(oracle):
+        return run()
+    req_ids = list(runner.input_batch.req_ids)
+    n = len(req_ids)
+    # Copies, not views: the real propose subtracts the rejected from seq_lens in place.
+    seq = a["common_attn_metadata"].seq_lens[:n].to(torch.long, copy=True)
+    rej = a.get("num_rejected_tokens_gpu")
+    rej = rej[:n].to(torch.long, copy=True) if rej is not None else torch.zeros_like(seq)
+    mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
+    keep = torch.tensor([not bool(mask[i]) if mask is not None else True for i in range(n)])
+    sampled = (keep.pin_memory() if seq.is_cuda else keep).to(seq.device, non_blocking=True)
+
+    def prompt_of(rid):
+        ids = getattr(runner.requests.get(rid), "prompt_token_ids", None)
+        return tuple(ids) if ids is not None else None
+
+    out = run()
+    k = out.shape[-1]
+    drafts, use = oracle.device.drafts(req_ids, prompt_of, seq, rej, sampled, k)
+    DeviceDrafts.write(out, drafts, use, k)
+    return out
+
+
+def _timed_v2(oracle: Oracle, a: dict, run):
+    """0.33.0 with the log off: as ``_timed_v1``; prompts come from ``add_request``."""
+    import torch
+
+    if not _plan_read(oracle):
+        return run()
+    ib = a["input_batch"]
+    n = ib.num_reqs
+    req_ids = list(ib.req_ids)[:n]
+    seq = ib.seq_lens[:n].to(torch.long, copy=True)
+    rej = a["num_rejected"][:n].to(torch.long, copy=True)
+    sampled = a["num_sampled"][:n] > 0
+    out = run()
+    kspec = a.get("num_speculative_tokens")
+    k = out.shape[-1] if kspec is None else int(kspec)
+    drafts, use = oracle.device.drafts(req_ids, oracle.prompts.get, seq, rej, sampled, k)
+    DeviceDrafts.write(out, drafts, use, k)
+    return out
 
 
 _INSTALLED: dict = {}

@@ -443,27 +443,55 @@ def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
     return f"v{point.vllm}-k{k}-c{point.concurrency}-refs-{'nodrafter' if from_nodrafter else 'dflash'}"
 
 
+def control_points(todo: list, record: dict) -> list:
+    """The planned-1.0 plain points among ``todo`` whose real-drafter control is not recorded."""
+    have = record.get("oracle_controls") or {}
+    return [p for p in todo if p.level == 1.0 and p.variant == "base"
+            and not srec.valid(have.get(srec.control_key(p)), "dflash")]
+
+
+def oracle_controls(args, server, points: list, record: dict, meta: dict, vocab: int) -> None:
+    """The real drafter timed on each point's prompts before the oracle's plan exists (the plugin
+    installed and waiting, so it only looks for the plan file): the oracle's planned-1.0 run on
+    the same server and prompts rejects every draft as the random drafter does, so the two
+    differ only by what the oracle costs (bars.yaml ``speedup_curve.max_oracle_cost``)."""
+    for p in points:
+        if left(args) < POINT_S:
+            raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a control's {POINT_S}")
+        got = measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
+                      timeout=request_timeout(args), meta={**meta, "prompts_of": p.id, "oracle": "no plan"})
+        record.setdefault("oracle_controls", {})[srec.control_key(p)] = got
+        srec.save(record, args.record)
+
+
 def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodrafter: bool) -> list[str]:
     """The DFlash points of one K on one server with the oracle's plan; their references first
-    where they are made on a DFlash server and are not here yet."""
+    where they are made on a DFlash server and are not here yet, and the real drafter's controls
+    (``oracle_controls``) before the plan is written."""
     k = int(batch.server[1:])
     usable = lambda p: usable_reference(refs, p, k, from_nodrafter, meta)  # noqa: E731
     unmade = [p for p in todo if not usable(p)]
     make_here = bool(unmade) and not from_nodrafter
+    controls = control_points(todo, record)
+    later = make_here or bool(controls)  # the plan is written once the server has run without it
     plan = (Path(args.work) / f"{batch.id}.plan.json").resolve()  # the server's cwd is another
     plan.unlink(missing_ok=True)  # an earlier run's plan must not be read before this one's
     oracle_adopted(plan).unlink(missing_ok=True)
-    if not make_here and not ready_points(todo, usable, plan, refs, k, vocab):
+    if not make_here and not [p for p in todo if usable(p)]:
+        ready_points(todo, usable, plan, refs, k, vocab)  # says which lack references
         return []
+    if not later:
+        ready_points(todo, usable, plan, refs, k, vocab)
     done, collapsed = [], record.setdefault("collapsed", {})
-    with Server(args, batch.id, k, dflash_env(args, plan, later=make_here)) as server:
+    with Server(args, batch.id, k, dflash_env(args, plan, later=later)) as server:
         if make_here:
             try:
                 dflash_references(args, server, batch, k, unmade, vocab, refs, meta)
             finally:
                 pack_references(args, refs)
-            if not ready_points(todo, usable, plan, refs, k, vocab):
-                raise OutOfTime(f"{batch.id}: no time left to make its references")
+        oracle_controls(args, server, [p for p in controls if usable(p)], record, meta, vocab)
+        if later and not ready_points(todo, usable, plan, refs, k, vocab):
+            raise OutOfTime(f"{batch.id}: no time left to make its references")
         ready = [p for p in todo if usable(p)]
         for p in sorted(ready, key=lambda q: (q.variant != "base", q.level)):
             at = collapsed.get(collapse_key(p, k, from_nodrafter))
@@ -476,7 +504,7 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
                           timeout=request_timeout(args),
                           meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level,
                                 "refs_from": reference_origin(refs, p)["made_on"]})
-            if make_here and not oracle_adopted(plan).exists():
+            if later and not oracle_adopted(plan).exists():
                 raise RuntimeError(f"{p.id}: the oracle did not read its plan {plan}; nothing recorded")
             got["off_plan"] = off_plan(p, got)
             srec.put(record, p, "dflash", got)

@@ -43,7 +43,7 @@ LEVELS = {3: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
           7: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0),
           15: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)}
 SPOT_K = 15
-SPOT_LEVELS = (1.5, 2.5, 4.0, 8.0)
+SPOT_LEVELS = (1.0, 1.5, 2.5, 4.0, 8.0)  # 1.0: the oracle's cost against the real drafter
 VARIANT_LEVEL = 2.5
 MIN_REQUESTS = bars.get("speedup_curve", "min_requests")
 MIN_LEVELS = bars.get("speedup_curve", "min_levels")

@@ -91,6 +91,11 @@ def put(record: dict, point: sg.Point, phase: str, measurement: dict) -> dict:
     return record
 
 
+def control_key(point: sg.Point) -> str:
+    """Where the real drafter's control of ``point`` (its release, K and concurrency) is kept."""
+    return f"v{point.vllm}-k{point.k}-c{point.concurrency}"
+
+
 def merge(record: dict, lane: dict) -> dict:
     """``lane``'s measurements into ``record`` (a lane's record started as a copy of it): a phase
     the lane holds valid where the record does not replaces it; the lane's batches are added.
@@ -102,6 +107,10 @@ def merge(record: dict, lane: dict) -> dict:
         for phase in PHASES:
             if row.get(phase) and (valid(row[phase], phase) or not mine.get(phase)) and not valid(mine.get(phase), phase):
                 mine[phase] = row[phase]
+    controls = record.setdefault("oracle_controls", {})
+    for key, got in (lane.get("oracle_controls") or {}).items():
+        if valid(got, "dflash") and not valid(controls.get(key), "dflash"):
+            controls[key] = got
     seen = {(b.get("id"), tuple(b.get("measured") or ())) for b in record.get("batches", [])}
     record.setdefault("batches", []).extend(b for b in lane.get("batches", [])
                                             if (b.get("id"), tuple(b.get("measured") or ())) not in seen)
