@@ -345,11 +345,15 @@ def test_a_record_started_from_another_frozen_model_is_refused(tmp_path):
 # ------------------------------------------------------------------ break-even
 
 
-def _curve_with(speedup_of, points) -> dict:
+def _curve_with(speedup_of, points, control_tpot=10.0) -> dict:
+    """Points whose speed-up is ``speedup_of(point)``, TPOT 10 ms with the drafter, and the real
+    drafter's control of each release, K and concurrency at ``control_tpot`` (None: no control)."""
     rec = {"frozen": {"blob": "f" * 40}, "points": {}}
     for p in points:
         srec.put(rec, p, "baseline", _measure(tok_s=100.0))
         srec.put(rec, p, "dflash", _measure(tok_s=100.0 * speedup_of(p), acceptance=p.level + 0.1))
+        if control_tpot is not None:
+            rec.setdefault("oracle_controls", {})[srec.control_key(p)] = _measure(acceptance=1.0, tpot=control_tpot)
     return rec
 
 
@@ -391,6 +395,22 @@ def test_the_report_opens_with_a_headline_of_at_most_8_columns_and_flags_the_gap
     assert first == "| what | vLLM | series | verdict | key number |"
     assert "over the 15 % bar" in md and "**over the bar**" in md and "2.60 measured / 1.57 frozen" in md
     assert "gaps" in md  # most of the grid is missing
+
+
+def test_a_break_even_whose_oracle_costs_time_or_was_not_controlled_is_not_stated():
+    frozen = _frozen()
+    pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    held = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.8)  # 2 % slower: within 3 %
+    cost = report.oracle_costs(held)[("0.33.0", 7, 1)]
+    assert cost["cost"] == pytest.approx(10.0 / 9.8 - 1) and cost["holds"] is True
+    assert [r["acceptance"] for r in report.launcher_table(held, frozen)["rows"]] == [pytest.approx(1.6)]
+    over = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.0)  # 11 % slower
+    assert report.oracle_costs(over)[("0.33.0", 7, 1)]["holds"] is False
+    assert report.launcher_table(over, frozen)["rows"] == []
+    assert "oracle cost over the bar" in report.markdown(over, frozen)
+    bare = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=None)
+    assert report.oracle_costs(bare) == {} and report.launcher_table(bare, frozen)["rows"] == []
+    assert "oracle cost unmeasured" in report.markdown(bare, frozen)
 
 
 def test_the_chart_is_a_png_of_the_asked_size():
@@ -511,12 +531,22 @@ def _dflash_batch_setup(curve, tmp_path, monkeypatch, acceptance_of):
     for p in batch.points:  # references this K's DFlash server made earlier
         curve.ref_path(tmp_path / "refs", p).write_text(json.dumps({"made_on": "k7"}))
     monkeypatch.setattr(curve, "Server", _StandInServer)
-    monkeypatch.setattr(curve, "oracle_plan", lambda *a, **k: {})
+    plans = []
+
+    def oracle_plan(path, *a, **k):  # the stand-in server's oracle reads the plan at once
+        plans.append(path)
+        curve.oracle_adopted(path).touch()
+        return {}
+
+    monkeypatch.setattr(curve, "oracle_plan", oracle_plan)
     monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
     measured = []
 
     def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None):
+        if meta.get("oracle") == "no plan":  # the real drafter's control, before any plan
+            assert not plans, "a control ran after the oracle's plan was written"
+            return {**_measure(acceptance=1.0), **meta}
         measured.append(point)
         return {**_measure(acceptance=acceptance_of(point)), **meta}
 
@@ -545,6 +575,20 @@ def test_acceptance_that_follows_the_plan_measures_every_level(tmp_path, monkeyp
     batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level * 0.9)
     done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
     assert sorted(done) == sorted(p.id for p in batch.points)
+    # the real drafter's control at each concurrency, taken before the plan, kept for the report
+    assert sorted(record["oracle_controls"]) == ["v0.33.0-k7-c1", "v0.33.0-k7-c4"]
+    assert record["oracle_controls"]["v0.33.0-k7-c4"]["prompts_of"] == "v0.33.0-k7-c4-a1-base"
+
+
+def test_a_rerun_does_not_time_a_recorded_control_again_and_then_writes_the_plan_first(tmp_path, monkeypatch):
+    curve = load("speedup_curve")
+    batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level * 0.9)
+    for c in (1, 4):
+        record.setdefault("oracle_controls", {})[f"v0.33.0-k7-c{c}"] = _measure(acceptance=1.0)
+    seen = []
+    monkeypatch.setattr(curve, "dflash_env", lambda args, plan, later=False: seen.append(later) or {})
+    curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
+    assert seen == [False]  # references and controls here: the server starts with its plan
 
 
 def test_a_server_that_does_not_start_leaves_no_blocker_behind(tmp_path, monkeypatch):
