@@ -252,6 +252,40 @@ def test_device_drafts_equal_the_host_oracle_under_batching_chunks_preemption_an
     assert both.step([oracle.Row("y", tuple(prompts[0]), len(prompts[0]) + 1, 0, 0)], 0) == {}
 
 
+@pytest.mark.gpu
+def test_device_drafts_never_wait_for_the_gpu(tmp_path):
+    """On a CUDA device, with torch's sync debug mode raising on any synchronizing call: a run
+    of propose calls (the first one builds the tables) gives the host oracle's drafts."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the check is that nothing synchronizes with one")
+    prompts, refs, o = _setup(tmp_path, 3)
+    device = oracle.DeviceDrafts(o)
+    host = oracle.Oracle(o.plan, None)
+    rids = ["a", "b", "c"]
+    n, got, want = [1, 1, 1], [], []
+    for call in range(12):
+        accepted = [(call + i) % 4 for i in range(3)] if call else [0, 0, 0]
+        d = 0 if call == 0 else K
+        n = [x + (a + 1 if call else 0) for x, a in zip(n, accepted)]
+        seq = [len(prompts[i]) + n[i] - 1 + d - (d - accepted[i] if d else 0) for i in range(3)]
+        rej = [d - a if d else 0 for a in accepted]
+        cuda = [torch.tensor(v, device="cuda") for v in (seq, rej, [True] * 3)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            drafts, use = device.drafts(rids, dict(zip(rids, map(tuple, prompts))).get, *cuda, K)
+            out = torch.full((3, K), 9, dtype=torch.long, device="cuda")
+            oracle.DeviceDrafts.write(out, drafts, use, K)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        got.append(out.tolist())
+        rows = [oracle.Row(rids[i], tuple(prompts[i]), seq[i], rej[i], d) for i in range(3)]
+        step = host.step(rows, K)
+        want.append([step.get(i, [9] * K) for i in range(3)])
+    assert got == want
+
+
 def test_device_drafts_write_only_the_used_rows():
     torch = pytest.importorskip("torch")
     out = torch.full((3, 4), 9, dtype=torch.int64)

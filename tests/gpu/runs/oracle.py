@@ -372,7 +372,8 @@ class DeviceDrafts:
             first.append([planned_first_wrong(r, o.seed, p, step, o.k) for step in range(horizon)])
 
         def as_tensor(rows):
-            return torch.tensor(rows or [[0]], dtype=torch.long).to(device)
+            host = torch.tensor(rows or [[0]], dtype=torch.long)
+            return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
         self.tables = (o.plan, device, as_tensor(refs), as_tensor(wrong), as_tensor(first))
         self.p_of, self.rows_key = {}, None  # rows mapped under an earlier plan map again
 
