@@ -717,7 +717,8 @@ def main(argv: list[str] | None = None) -> int:
             **({"lane": args.lane} if args.lane else {})}
     args.end = None if args.deadline_s is None else time.monotonic() + args.deadline_s
     ran, code = 0, 0
-    batches = lane_batches([b for b in sg.batches() if b.vllm == args.vllm], args.lane, args.refs_from)
+    lanes = int(args.lane.split("/")[1]) if args.lane else 1
+    batches = lane_batches(sg.release_batches(args.vllm, lanes), args.lane, args.refs_from)
     if args.only:  # a pilot: acceptance first, the baselines after
         batches = sorted(batches, key=lambda b: b.server == "nodrafter")
     for batch in batches:

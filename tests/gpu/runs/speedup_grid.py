@@ -154,14 +154,32 @@ def split_by_k(points: list[Point], n: int) -> list[list[Point]]:
     return [[p for p in points if p.k in g] for g in groups if g]
 
 
-def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHES) -> list[Batch]:
+def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHES,
+            by_concurrency: bool = False) -> list[Batch]:
     """Per release (0.33.0 first): the points without the drafter in up to ``nodrafter`` batches
-    of whole Ks (one where there are too few to split), then one batch per K."""
+    of whole Ks (one where there are too few to split), then one batch per K, or with
+    ``by_concurrency`` one per K and concurrency (index: the concurrency), for hosts with more
+    GPUs than a release has batches: each batch then has a GPU, at the price of a server start."""
     points = GRID if points is None else points
     out: list[Batch] = []
     for vllm in dict.fromkeys(p.vllm for p in points):
         mine = [p for p in points if p.vllm == vllm]
         groups = split_by_k(mine, max(1, min(nodrafter, len(mine) // MIN_SPLIT)))
         out += [Batch(vllm, "nodrafter", i + 1, tuple(g)) for i, g in enumerate(groups)]
-        out += [Batch(vllm, f"k{k}", 1, tuple(p for p in mine if p.k == k)) for k in dict.fromkeys(p.k for p in mine)]
+        for k in dict.fromkeys(p.k for p in mine):
+            at_k = [p for p in mine if p.k == k]
+            if not by_concurrency:
+                out.append(Batch(vllm, f"k{k}", 1, tuple(at_k)))
+                continue
+            out += [Batch(vllm, f"k{k}", c, tuple(p for p in at_k if p.concurrency == c))
+                    for c in dict.fromkeys(p.concurrency for p in at_k)]
     return out
+
+
+def release_batches(vllm: str, lanes: int = 1) -> list[Batch]:
+    """A release's batches for ``lanes`` GPUs: one per K, or one per K and concurrency where
+    there are more lanes than that gives batches."""
+    whole = [b for b in batches() if b.vllm == vllm]
+    if lanes <= len(whole):
+        return whole
+    return [b for b in batches(by_concurrency=True) if b.vllm == vllm]
