@@ -893,3 +893,23 @@ def test_references_cut_by_the_deadline_measure_what_was_made_and_ask_for_anothe
     with pytest.raises(curve.OutOfTime):
         curve.run_batch(args, batch, record, {})
     assert 0 < len(curve.batch_done[batch.id]) < len(batch.points)
+
+
+def test_a_host_with_more_gpus_than_batches_gets_one_batch_per_k_and_concurrency():
+    whole = sg.release_batches("0.33.0", 2)
+    assert [b.id for b in whole if b.server != "nodrafter"] == ["v0.33.0-k3-1", "v0.33.0-k7-1", "v0.33.0-k15-1"]
+    assert sg.release_batches("0.33.0", len(whole)) == whole
+    split = sg.release_batches("0.33.0", 8)
+    dflash = [b for b in split if b.server != "nodrafter"]
+    assert len(split) == 8 and len(dflash) == 6
+    assert all(len({p.concurrency for p in b.points}) == 1 and b.index == b.points[0].concurrency for b in dflash)
+    # the same points either way, each in one batch of its server kind
+    key = lambda bs: sorted((b.server == "nodrafter", p.id) for b in bs for p in b.points)  # noqa: E731
+    assert key(split) == key(whole)
+    lanes = [curve_lanes(split, i, 8) for i in range(8)]
+    assert sorted(b.id for lane in lanes for b in lane) == sorted(b.id for b in split)
+    assert all(len(lane) == 1 for lane in lanes)  # a GPU a batch
+
+
+def curve_lanes(batches, i, n):
+    return load("speedup_curve").lane_batches(batches, f"{i}/{n}", "dflash")

@@ -15,10 +15,14 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
   steps' rounding, which the timed runs have; the plugin reads the plan once it is written,
   ``ORACLE_PLAN_LATER``), with ``--refs-from nodrafter`` on the server without the drafter one
   request at a time;
+* the real drafter's control (``oracle_controls``): on the DFlash server before the plan exists,
+  the planned-1.0 point's prompts timed as a point is, once per release, K and concurrency; the
+  report sets the oracle's planned-1.0 TPOT against it (bars.yaml ``max_oracle_cost``);
 * a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with a plan of every
   pending point's prompts, references and first-wrong pattern (``speedup_grid.f_cycle``), its
-  log off (``ORACLE_LOG=off``): the drafter's forward runs, its proposals are replaced. Each
-  point: the same warm-up and timed run, and the acceptance from ``/metrics`` around the run.
+  log off (``ORACLE_LOG=off``: drafts gathered on the device, ``oracle.DeviceDrafts``): the
+  drafter's forward runs, its proposals are replaced. Each point: the same warm-up and timed
+  run, and the acceptance from ``/metrics`` around the run.
 
 A batch ends with the record written to ``--record`` (and, with ``--commit``, committed there);
 a rerun reads it and measures only what is missing. The record must name the frozen record
