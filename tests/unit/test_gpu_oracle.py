@@ -647,8 +647,17 @@ def test_a_plan_written_after_the_server_started_is_read_at_the_next_propose(tmp
     oracle.make_plan_file(later, prompts, refs, [137], VOCAB, SPECIAL, seed=5, k=K)
     assert not (tmp_path / "later-plan.json.partial").exists()
     out = o.step([oracle.Row("r", None, len(prompt), 0, 0)], K)
-    assert list(out) == [0] and len(out[0]) == K and o.later is None
+    assert list(out) == [0] and len(out[0]) == K
     assert oracle.adopted_marker(later).exists()  # the harness's proof that the plan was read
+    # The next point's plan replaces it: read at the next propose, its marker left again.
+    oracle.adopted_marker(later).unlink()
+    o.step([oracle.Row("r", None, len(prompt) + 1, 0, 0)], K)
+    assert not oracle.adopted_marker(later).exists()  # the same file: not read again
+    oracle.make_plan_file(later, prompts, refs, [137], VOCAB, SPECIAL, seed=5, k=K, f_cycles=[[K]])
+    o.note_prompt("r2", prompt)
+    out = o.step([oracle.Row("r2", None, len(prompt), 0, 0)], K)
+    assert out[0] == refs[0][1:1 + K]  # f = K: every draft right
+    assert oracle.adopted_marker(later).exists() and o.plan["requests"][0]["f_cycle"] == [K]
 
 
 def test_without_plan_later_a_missing_plan_is_an_error(tmp_path, monkeypatch):

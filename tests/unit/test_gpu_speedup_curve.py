@@ -580,15 +580,16 @@ def test_acceptance_that_follows_the_plan_measures_every_level(tmp_path, monkeyp
     assert record["oracle_controls"]["v0.33.0-k7-c4"]["prompts_of"] == "v0.33.0-k7-c4-a1-base"
 
 
-def test_a_rerun_does_not_time_a_recorded_control_again_and_then_writes_the_plan_first(tmp_path, monkeypatch):
+def test_a_rerun_does_not_time_a_recorded_control_again(tmp_path, monkeypatch):
     curve = load("speedup_curve")
     batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level * 0.9)
     for c in (1, 4):
         record.setdefault("oracle_controls", {})[f"v0.33.0-k7-c{c}"] = _measure(acceptance=1.0)
-    seen = []
-    monkeypatch.setattr(curve, "dflash_env", lambda args, plan, later=False: seen.append(later) or {})
+    timed = []
+    real = curve.measure
+    monkeypatch.setattr(curve, "measure", lambda *a, **kw: timed.append(kw["meta"].get("oracle")) or real(*a, **kw))
     curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
-    assert seen == [False]  # references and controls here: the server starts with its plan
+    assert "no plan" not in timed and len(timed) == len(batch.points)
 
 
 def test_a_server_that_does_not_start_leaves_no_blocker_behind(tmp_path, monkeypatch):
@@ -729,7 +730,10 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
     done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {"gpu": "H200"})
     assert sorted(done) == sorted(p.id for p in batch.points)
     assert _RecordingServer.starts == [(3, False, "1", "1")]  # one server, its plan read later
-    assert plans == [[p.id for p in batch.points]] and events[-1] == "plan" and events.count("plan") == 1
+    # every reference first, a set a concurrency (the levels share prompts), then a plan a point
+    assert events == ["reference"] * sum(p.requests for p in batch.points if p.level == 1.0) + ["plan"] * len(done)
+    order = sorted(batch.points, key=lambda p: p.level)
+    assert plans == [[p.id] for p in order]
     assert in_flight["max"] == max(p.concurrency for p in batch.points)
     made = json.loads(curve.ref_path(tmp_path / "refs", batch.points[0]).read_text())
     assert made["made_on"] == "k3" and len(made["references"]) == batch.points[0].requests
@@ -881,9 +885,9 @@ def test_references_cut_by_the_deadline_measure_what_was_made_and_ask_for_anothe
     clock = {"refs": 0}
     real = curve.references_at
 
-    def references_at(*a, **kw):  # the second point's references leave too little time
+    def references_at(*a, **kw):  # the first set (c=1) leaves too little time for the second (c=4)
         clock["refs"] += 1
-        if clock["refs"] == 2:
+        if clock["refs"] == 1:
             import time
 
             args.end = time.monotonic() + 2 * curve.POINT_S - 1  # references stop, points still fit
@@ -892,7 +896,8 @@ def test_references_cut_by_the_deadline_measure_what_was_made_and_ask_for_anothe
     monkeypatch.setattr(curve, "references_at", references_at)
     with pytest.raises(curve.OutOfTime):
         curve.run_batch(args, batch, record, {})
-    assert 0 < len(curve.batch_done[batch.id]) < len(batch.points)
+    assert clock["refs"] == 1
+    assert sorted(curve.batch_done[batch.id]) == sorted(p.id for p in batch.points if p.concurrency == 1)
 
 
 def test_a_host_with_more_gpus_than_batches_gets_one_batch_per_k_and_concurrency():
@@ -913,3 +918,37 @@ def test_a_host_with_more_gpus_than_batches_gets_one_batch_per_k_and_concurrency
 
 def curve_lanes(batches, i, n):
     return load("speedup_curve").lane_batches(batches, f"{i}/{n}", "dflash")
+
+
+def test_the_levels_of_a_concurrency_and_variant_share_prompts_and_references():
+    curve = load("speedup_curve")
+    a, b = sg.Point("0.33.0", 15, 1, 1.5), sg.Point("0.33.0", 15, 1, 8.0)
+    assert sg.prompts(a) == sg.prompts(b) == sg.prompts(sg.Point("0.33.0", 3, 1, 2.0))
+    assert sg.prompts(a) != sg.prompts(sg.Point("0.33.0", 15, 4, 1.5))
+    assert sg.prompts(a) != sg.prompts(sg.Point("0.33.0", 15, 1, 2.5, "logprobs"))
+    refs = Path("/refs")
+    assert curve.ref_path(refs, a) == curve.ref_path(refs, b) != curve.ref_path(refs, sg.Point("0.33.0", 7, 1, 1.5))
+
+
+def test_each_timed_run_has_a_cache_salt_of_its_own(monkeypatch):
+    # Levels share prompts: without a salt a point's run would find the last point's prompts in
+    # vLLM's prefix cache and skip their prefill.
+    from launcher.bench import client, metrics
+
+    curve = load("speedup_curve")
+    sent = []
+
+    def run_level(target, run, prompts, *, extra=None, **kw):
+        sent.append(dict(extra or {}))
+        return {"completed": len(prompts), "failed": 0, "errors": [], "output_throughput": 1.0, "duration": 1.0,
+                "mean_tpot_ms": 1.0, "p99_tpot_ms": 1.0, "mean_ttft_ms": 1.0, "total_output_tokens": 1}
+
+    monkeypatch.setattr(client, "run_level", run_level)
+    monkeypatch.setattr(metrics, "scrape", lambda base: {})
+    monkeypatch.setattr(metrics, "acceptance", lambda before, after: {"mean_acceptance_length": 1.0})
+    point = sg.Point("0.33.0", 15, 1, 2.5, "logprobs")
+    for _ in range(2):
+        curve.measure("http://x", "m", point, sg.prompts(point)[:2], with_drafter=True, meta={})
+    salts = [e["cache_salt"] for e in sent]
+    assert len(set(salts)) == 4  # two warm-ups, two timed runs
+    assert all(e.get("logprobs") == sg.LOGPROBS for e in sent)

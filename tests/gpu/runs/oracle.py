@@ -216,13 +216,16 @@ def make_plan_file(path, prompts: list[list[int]], references: list[list[int]],
     return data
 
 
-# ORACLE_PLAN_LATER=1: the plan file may not exist yet when the server starts (the speed-up curve
-# makes its references on the same server first); the oracle proposes nothing until it appears.
+# ORACLE_PLAN_LATER=1: the plan file may not exist yet when the server starts, and may be written
+# again while it runs (the speed-up curve makes its references and its controls on the same server
+# first, then writes one point's plan before each point): the oracle proposes nothing while there is
+# none, and reads it again whenever the file is replaced.
 PLAN_LATER_ENV = "ORACLE_PLAN_LATER"
 
 
 def adopted_marker(plan_path) -> Path:
-    """The file an oracle leaves beside a later plan once it has read it."""
+    """The file an oracle leaves beside a watched plan each time it has read it (the harness
+    removes it before it writes the plan)."""
     return Path(str(plan_path) + ".adopted")
 
 
@@ -263,7 +266,8 @@ class Row:
 
 class Oracle:
     def __init__(self, plan_data: dict, log_path=None, later: Path | None = None):
-        self.later = later  # a plan file not written yet: read once it is there (adopt)
+        self.later = later  # a watched plan file (ORACLE_PLAN_LATER): read whenever it is replaced
+        self.seen = None  # the watched file's identity when it was last read
         self.adopt(plan_data)
         self.log_path = Path(log_path) if log_path else None
         self.prompts: dict[str, tuple] = {}  # req_id -> prompt ids (V2: from add_request)
@@ -283,13 +287,20 @@ class Oracle:
         for i, r in enumerate(self.requests):
             self.by_prompt.setdefault(tuple(r["prompt"]), i)
 
-    def read_later_plan(self) -> None:
-        """Adopt the plan once its file exists (until then every row keeps the real drafter's
-        tokens); one stat a propose call while waiting, none after."""
-        if self.later is not None and self.later.is_file():
+    def read_later_plan(self) -> bool:
+        """Adopt the watched plan whenever its file is new (one stat a propose call; until the
+        first one every row keeps the real drafter's tokens). True once a plan is adopted."""
+        if self.later is None:
+            return True
+        try:
+            st = self.later.stat()
+        except FileNotFoundError:
+            return self.seen is not None
+        if (st.st_ino, st.st_mtime_ns, st.st_size) != self.seen:
             self.adopt(load_plan(self.later))
-            adopted_marker(self.later).touch()  # the harness checks that the plan was read
-            self.later = None
+            self.seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            adopted_marker(self.later).touch()  # the harness checks that this plan was read
+        return True
 
     def note_prompt(self, req_id: str, prompt) -> None:
         self.prompts[req_id] = tuple(prompt)
@@ -298,8 +309,7 @@ class Oracle:
         """Drafts for the rows of one propose call: {row index: k token ids}. Rows left
         out keep the real drafter's tokens (unknown prompt, prefill chunk, k == 0).
         Every row gets a log line, proposal or not, so ``analyse`` sees each verify step."""
-        if self.later is not None:
-            self.read_later_plan()
+        self.read_later_plan()
         k = self.k if k is None else k
         self.calls += 1
         out, lines = {}, []
@@ -629,11 +639,9 @@ def _install_v2(oracle: Oracle, hook: dict) -> None:
 
 
 def _plan_read(oracle: Oracle) -> bool:
-    """A later plan adopted once its file is there; False while there is none (every row then
-    keeps the real drafter's tokens, and the hook does nothing else)."""
-    if oracle.later is not None:
-        oracle.read_later_plan()
-    return oracle.later is None
+    """The watched plan read if it is new; False while there is none (every row then keeps the
+    real drafter's tokens, and the hook does nothing else)."""
+    return oracle.read_later_plan()
 
 
 def _timed_v1(oracle: Oracle, runner, a: dict, run):
@@ -701,7 +709,7 @@ def install(release: str, plan_path, log_path=None) -> Oracle:
     if not log_path:
         raise ValueError("oracle: set ORACLE_LOG (the JSONL file the oracle writes, or 'off')")
     log_path = None if log_path == LOG_OFF else log_path
-    if os.environ.get(PLAN_LATER_ENV) == "1" and not Path(plan_path).is_file():
+    if os.environ.get(PLAN_LATER_ENV) == "1":
         oracle = Oracle(empty_plan(), log_path, later=Path(plan_path))
     else:
         oracle = Oracle(load_plan(plan_path), log_path)

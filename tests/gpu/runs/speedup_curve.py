@@ -10,7 +10,8 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
   ``launcher.bench.client``), measured once a concurrency and variant and shared by that
   concurrency's other Ks and levels (``shared_baseline``);
 * the references (each prompt's greedy continuation, ``output_len + 15`` token ids, kept in
-  ``--refs``: the oracle's plan needs them), by default on the DFlash server at the point's K and
+  ``--refs``: the oracle's plan needs them; one set a release, K, concurrency and variant, whose
+  levels share their prompts), by default on the DFlash server at the point's K and
   concurrency before its plan exists, so with the real drafter (``dflash_references``: the verify
   steps' rounding, which the timed runs have; the plugin reads the plan once it is written,
   ``ORACLE_PLAN_LATER``), with ``--refs-from nodrafter`` on the server without the drafter one
@@ -18,8 +19,8 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
 * the real drafter's control (``oracle_controls``): on the DFlash server before the plan exists,
   the planned-1.0 point's prompts timed as a point is, once per release, K and concurrency; the
   report sets the oracle's planned-1.0 TPOT against it (bars.yaml ``max_oracle_cost``);
-* a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with a plan of every
-  pending point's prompts, references and first-wrong pattern (``speedup_grid.f_cycle``), its
+* a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with, before each
+  point, that point's plan (its prompts, references and first-wrong pattern, ``speedup_grid.f_cycle``), its
   log off (``ORACLE_LOG=off``: drafts gathered on the device, ``oracle.DeviceDrafts``): the
   drafter's forward runs, its proposals are replaced. Each point: the same warm-up and timed
   run, and the acceptance from ``/metrics`` around the run.
@@ -126,7 +127,9 @@ def measure(base: str, model: str, point: sg.Point, prompts: list, *, with_draft
     client.run_level(target, run, prompts[:point.concurrency], max_tokens=WARM_UP_TOKENS,
                      extra={**point.extra, "cache_salt": f"speedup-warm-up-{uuid.uuid4().hex}"}, **common)
     before = metrics.scrape(base)
-    res = client.run_level(target, run, prompts, extra=point.extra or None, **common)
+    # a salt of its own: the points of a concurrency share their prompts (speedup_grid.prompts)
+    res = client.run_level(target, run, prompts, extra={**point.extra, "cache_salt": f"speedup-{uuid.uuid4().hex}"},
+                           **common)
     after = metrics.scrape(base)
     return {**meta, "with_drafter": with_drafter, "successful": res["completed"], "failed": res["failed"],
             "errors": res["errors"], "output_tok_s": res["output_throughput"], "duration_s": res["duration"],
@@ -178,7 +181,9 @@ def shared_baseline(record: dict, point: sg.Point, meta: dict) -> dict | None:
 
 
 def ref_path(refs: Path, point: sg.Point) -> Path:
-    return refs / f"{point.id}.json"
+    """A point's references, shared by the levels of its release, K, concurrency and variant
+    (they send the same prompts and are made at that K)."""
+    return refs / f"v{point.vllm}-k{point.k}-c{point.concurrency}-{point.variant}.json"
 
 
 def has_reference(refs: Path):
@@ -208,7 +213,8 @@ def usable_reference(refs: Path, point: sg.Point, k: int, from_nodrafter: bool, 
 
 
 def oracle_plan(path: Path, points: list[sg.Point], refs: Path, k: int, vocab_size: int) -> dict:
-    """One plan for a DFlash server: every point's prompts, references and first-wrong pattern."""
+    """A plan for a DFlash server: the points' prompts, references and first-wrong pattern (the
+    curve writes one point's before each point: the levels share their prompts)."""
     import oracle
 
     prompts, references, max_tokens, cycles = [], [], [], []
@@ -360,8 +366,8 @@ def nodrafter_batch(args, batch, todo, record, meta, vocab, refs) -> list[str]:
 
 def dflash_env(args, plan: Path, later: bool = False) -> dict:
     """A DFlash server's environment: the oracle plugin on the path and its plan; ``later``: the
-    plan is written after the server has made the references (until then the real drafter
-    proposes)."""
+    plan is written after the server started, one point's at a time, and read again whenever it
+    is replaced (until the first, the real drafter proposes: references, controls)."""
     env = {"ORACLE_LOG": "off", "ORACLE_RELEASE": args.vllm, "ORACLE_PLAN": str(plan)}
     if later:
         env["ORACLE_PLAN_LATER"] = "1"
@@ -385,13 +391,16 @@ def references_at(base: str, model: str, prompts: list, max_tokens: int, concurr
     return outs
 
 
-def dflash_references(args, server, batch, k: int, points: list, vocab: int, refs: Path, meta: dict) -> None:
+def dflash_references(args, server, batch, k: int, points: list, vocab: int, refs: Path, meta: dict,
+                      usable=lambda p: False) -> None:
     """References made on the DFlash server at K before the oracle's plan exists, so with the
     real drafter, whose random drafts are all but never accepted: every token is the target's
     argmax as the timed runs' verify steps compute it (K + 1 tokens a request a step, the point's
     concurrency), not as a one-token decode step does, whose other rounding parts a random
     target's near-tied tokens."""
     for p in points:
+        if usable(p):  # made for another level of the same concurrency and variant
+            continue
         if left(args) < 2 * POINT_S:  # keep the time to measure a point on them
             print(f"{batch.id}: references stop at {p.id}, {left(args):.0f} s left", flush=True)
             break
@@ -430,15 +439,20 @@ def oracle_adopted(plan: Path) -> Path:
     return oracle.adopted_marker(plan)
 
 
-def ready_points(todo: list, usable, plan: Path, refs: Path, k: int, vocab: int) -> list:
-    """The points with usable references, their oracle plan written (atomically: a server may be
-    waiting for it); the others said."""
+def ready_points(todo: list, usable) -> list:
+    """The points with usable references; the others said."""
     ready = [p for p in todo if usable(p)]
-    for p in set(todo) - set(ready):
+    for p in sorted(set(todo) - set(ready), key=lambda q: q.id):
         print(f"{p.id}: no usable references here (made on this run's kind of server, GPU and series)", flush=True)
-    if ready:
-        oracle_plan(plan, ready, refs, k, vocab)
     return ready
+
+
+def point_plan(plan: Path, point: sg.Point, refs: Path, k: int, vocab: int) -> None:
+    """The oracle's plan for one point, written whole over the last (the server's oracle reads it
+    at its next propose call, the warm-up's), its marker removed first: after the timed run the
+    marker shows that this plan was read."""
+    oracle_adopted(plan).unlink(missing_ok=True)
+    oracle_plan(plan, [point], refs, k, vocab)
 
 
 def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
@@ -469,34 +483,29 @@ def oracle_controls(args, server, points: list, record: dict, meta: dict, vocab:
 
 
 def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodrafter: bool) -> list[str]:
-    """The DFlash points of one K on one server with the oracle's plan; their references first
-    where they are made on a DFlash server and are not here yet, and the real drafter's controls
-    (``oracle_controls``) before the plan is written."""
+    """The DFlash points of one K on one server: their references first where they are made on
+    a DFlash server and are not here yet, then the real drafter's controls (``oracle_controls``),
+    both before any plan exists; then each point with its own plan (``point_plan``)."""
     k = int(batch.server[1:])
     usable = lambda p: usable_reference(refs, p, k, from_nodrafter, meta)  # noqa: E731
     unmade = [p for p in todo if not usable(p)]
     make_here = bool(unmade) and not from_nodrafter
-    controls = control_points(todo, record)
-    later = make_here or bool(controls)  # the plan is written once the server has run without it
     plan = (Path(args.work) / f"{batch.id}.plan.json").resolve()  # the server's cwd is another
     plan.unlink(missing_ok=True)  # an earlier run's plan must not be read before this one's
     oracle_adopted(plan).unlink(missing_ok=True)
-    if not make_here and not [p for p in todo if usable(p)]:
-        ready_points(todo, usable, plan, refs, k, vocab)  # says which lack references
+    if not make_here and not ready_points(todo, usable):
         return []
-    if not later:
-        ready_points(todo, usable, plan, refs, k, vocab)
     done, collapsed = [], record.setdefault("collapsed", {})
-    with Server(args, batch.id, k, dflash_env(args, plan, later=later)) as server:
+    with Server(args, batch.id, k, dflash_env(args, plan, later=True)) as server:
         if make_here:
             try:
-                dflash_references(args, server, batch, k, unmade, vocab, refs, meta)
+                dflash_references(args, server, batch, k, unmade, vocab, refs, meta, usable)
             finally:
                 pack_references(args, refs)
-        oracle_controls(args, server, [p for p in controls if usable(p)], record, meta, vocab)
-        if later and not ready_points(todo, usable, plan, refs, k, vocab):
+        oracle_controls(args, server, [p for p in control_points(todo, record) if usable(p)], record, meta, vocab)
+        ready = ready_points(todo, usable)
+        if not ready:
             raise OutOfTime(f"{batch.id}: no time left to make its references")
-        ready = [p for p in todo if usable(p)]
         for p in sorted(ready, key=lambda q: (q.variant != "base", q.level)):
             at = collapsed.get(collapse_key(p, k, from_nodrafter))
             if at is not None and p.level >= at:
@@ -504,11 +513,12 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
                 continue
             if left(args) < POINT_S:
                 raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
+            point_plan(plan, p, refs, k, vocab)
             got = measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
                           timeout=request_timeout(args),
                           meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level,
                                 "refs_from": reference_origin(refs, p)["made_on"]})
-            if later and not oracle_adopted(plan).exists():
+            if not oracle_adopted(plan).exists():
                 raise RuntimeError(f"{p.id}: the oracle did not read its plan {plan}; nothing recorded")
             got["off_plan"] = off_plan(p, got)
             srec.put(record, p, "dflash", got)

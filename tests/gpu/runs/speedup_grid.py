@@ -119,9 +119,11 @@ def planned_acceptance(cycle: list[int]) -> float:
 
 
 def prompts(point: Point, vocab_size: int | None = None) -> list[list[int]]:
-    """The point's prompts: random token ids seeded by the point (its baseline and DFlash runs
-    send the same ones; the oracle finds each by its ids)."""
-    rng = random.Random(f"speedup/{point.id}")
+    """The point's prompts: random token ids seeded by its variant and concurrency, so every K,
+    level and release of that variant and concurrency sends the same ones: the runs are paired,
+    and one set of references serves a release, K, concurrency and variant. (Each run carries a
+    cache salt of its own, so no run finds another's prompts in the prefix cache.)"""
+    rng = random.Random(f"speedup/{point.variant}/c{point.concurrency}")
     low, high = TOKEN_BAND
     if vocab_size is not None:
         high = min(high, vocab_size)
