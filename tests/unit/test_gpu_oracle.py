@@ -658,6 +658,14 @@ def test_a_plan_written_after_the_server_started_is_read_at_the_next_propose(tmp
     out = o.step([oracle.Row("r2", None, len(prompt), 0, 0)], K)
     assert out[0] == refs[0][1:1 + K]  # f = K: every draft right
     assert oracle.adopted_marker(later).exists() and o.plan["requests"][0]["f_cycle"] == [K]
+    # The plan removed (the curve's control): the real drafter's tokens again, the drop marked.
+    later.unlink()
+    o.note_prompt("r3", prompt)
+    assert o.step([oracle.Row("r3", None, len(prompt), 0, 0)], K) == {}
+    assert oracle.dropped_marker(later).exists() and o.plan["requests"] == []
+    oracle.make_plan_file(later, prompts, refs, [137], VOCAB, SPECIAL, seed=5, k=K, f_cycles=[[0]])
+    o.note_prompt("r4", prompt)
+    assert list(o.step([oracle.Row("r4", None, len(prompt), 0, 0)], K)) == [0]
 
 
 def test_without_plan_later_a_missing_plan_is_an_error(tmp_path, monkeypatch):

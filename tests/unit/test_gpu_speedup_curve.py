@@ -144,10 +144,13 @@ def _measure(successful=32, tok_s=100.0, acceptance=None, series="s" * 64, tpot=
 
 
 def _full_record(points=None, **kw) -> dict:
+    """Every point measured; each planned-1.0 plain point with its control from the same server."""
     rec = {"frozen": {"blob": "f" * 40}, "points": {}}
     for p in (sg.GRID if points is None else points):
         srec.put(rec, p, "baseline", _measure(**kw))
-        srec.put(rec, p, "dflash", _measure(acceptance=p.level, **kw))
+        srec.put(rec, p, "dflash", {**_measure(acceptance=p.level, **kw), "server": "srv"})
+        if p.level == 1.0 and p.variant == "base":
+            rec.setdefault("oracle_controls", {})[srec.control_key(p)] = {**_measure(acceptance=1.0), "server": "srv"}
     return rec
 
 
@@ -253,7 +256,8 @@ def test_a_rerun_measures_only_what_the_saved_record_lacks(tmp_path):
     assert srec.pending(batch, again, lambda p: False) == list(batch.points)
     # a DFlash batch of K: only points without a valid DFlash run; a short run counts as missing
     kb = next(b for b in sg.batches() if b.server == "k3")
-    srec.put(again, kb.points[0], "dflash", _measure(acceptance=1.0))
+    srec.put(again, kb.points[0], "dflash", {**_measure(acceptance=1.0), "server": "srv"})
+    again.setdefault("oracle_controls", {})[srec.control_key(kb.points[0])] = {**_measure(acceptance=1.0), "server": "srv"}
     srec.put(again, kb.points[1], "dflash", _measure(successful=20, acceptance=1.5))
     srec.put(again, kb.points[2], "dflash", _measure())  # no acceptance read
     assert srec.pending(kb, again, has_ref) == list(kb.points[1:])
@@ -351,9 +355,10 @@ def _curve_with(speedup_of, points, control_tpot=10.0) -> dict:
     rec = {"frozen": {"blob": "f" * 40}, "points": {}}
     for p in points:
         srec.put(rec, p, "baseline", _measure(tok_s=100.0))
-        srec.put(rec, p, "dflash", _measure(tok_s=100.0 * speedup_of(p), acceptance=p.level + 0.1))
-        if control_tpot is not None:
-            rec.setdefault("oracle_controls", {})[srec.control_key(p)] = _measure(acceptance=1.0, tpot=control_tpot)
+        srec.put(rec, p, "dflash", {**_measure(tok_s=100.0 * speedup_of(p), acceptance=p.level + 0.1), "server": "srv"})
+        if control_tpot is not None and p.level == 1.0:
+            rec.setdefault("oracle_controls", {})[srec.control_key(p)] = {
+                **_measure(acceptance=1.1, tpot=control_tpot), "server": "srv"}
     return rec
 
 
@@ -408,6 +413,12 @@ def test_a_break_even_whose_oracle_costs_time_or_was_not_controlled_is_not_state
     assert report.oracle_costs(over)[("0.33.0", 7, 1)]["holds"] is False
     assert report.launcher_table(over, frozen)["rows"] == []
     assert "oracle cost over the bar" in report.markdown(over, frozen)
+    drift = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=10.0)
+    drift["oracle_controls"]["v0.33.0-k7-c1"]["acceptance"]["mean_acceptance_length"] = 1.2  # 0.1 off
+    assert report.oracle_costs(drift)[("0.33.0", 7, 1)]["holds"] is False
+    apart = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=10.0)
+    apart["oracle_controls"]["v0.33.0-k7-c1"]["server"] = "another"  # not a pair
+    assert report.oracle_costs(apart) == {}
     bare = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=None)
     assert report.oracle_costs(bare) == {} and report.launcher_table(bare, frozen)["rows"] == []
     assert "oracle cost unmeasured" in report.markdown(bare, frozen)
@@ -508,11 +519,43 @@ def test_no_server_starts_without_the_time_for_its_start_and_one_point(tmp_path,
     assert started == []
 
 
+def _oracle_sees_no_plan(plans) -> None:
+    """What the server's oracle does at the warm-up's first propose once its plan file is gone."""
+    import oracle
+
+    for plan in set(map(Path, plans)):
+        if not plan.exists():
+            oracle.dropped_marker(plan).touch()
+
+
+_PLANS: list = []  # the plan files the stand-in servers' oracles were given (reset by each setup)
+
+
+def _stub_measure(base, model, point, prompts, *, with_drafter, meta, timeout=None, check=None):
+    """A run that reaches the server: the warm-up (the stand-in oracle lets a removed plan go),
+    the check, the timed run (acceptance at the planned level)."""
+    _oracle_sees_no_plan(_PLANS)
+    if check is not None:
+        check()
+    return {**_measure(acceptance=point.level), **meta}
+
+
+def _plan_stub(adopt=True):
+    """oracle_plan's stand-in: the plan noted, and read at once by the server's oracle."""
+    def write(path, points, refs, k, vocab):
+        _PLANS.append(path)
+        Path(path).write_text("{}")
+        if adopt:
+            load("speedup_curve").oracle_adopted(path).touch()
+    _PLANS.clear()
+    return write
+
+
 class _StandInServer:
     """A DFlash server's place (vLLM cannot run here): a base URL and a model name."""
 
     def __init__(self, *args, **kwargs):
-        self.base, self.model = "http://127.0.0.1:1", "m"
+        self.base, self.model, self.id = "http://127.0.0.1:1", "m", "stand-in"
 
     def __enter__(self):
         return self
@@ -535,6 +578,7 @@ def _dflash_batch_setup(curve, tmp_path, monkeypatch, acceptance_of):
 
     def oracle_plan(path, *a, **k):  # the stand-in server's oracle reads the plan at once
         plans.append(path)
+        Path(path).write_text("{}")
         curve.oracle_adopted(path).touch()
         return {}
 
@@ -543,10 +587,13 @@ def _dflash_batch_setup(curve, tmp_path, monkeypatch, acceptance_of):
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
     measured = []
 
-    def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None):
-        if meta.get("oracle") == "no plan":  # the real drafter's control, before any plan
-            assert not plans, "a control ran after the oracle's plan was written"
+    def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None, check=None):
+        if meta.get("oracle") == "no plan":  # the real drafter's control: no plan file on the server
+            assert not any(Path(p).exists() for p in plans), "a control ran with a plan in place"
+            _oracle_sees_no_plan(plans)
+            check()
             return {**_measure(acceptance=1.0), **meta}
+        check()
         measured.append(point)
         return {**_measure(acceptance=acceptance_of(point)), **meta}
 
@@ -580,16 +627,22 @@ def test_acceptance_that_follows_the_plan_measures_every_level(tmp_path, monkeyp
     assert record["oracle_controls"]["v0.33.0-k7-c4"]["prompts_of"] == "v0.33.0-k7-c4-a1-base"
 
 
-def test_a_rerun_does_not_time_a_recorded_control_again(tmp_path, monkeypatch):
+def test_a_planned_1_point_is_measured_again_with_its_control_unless_they_paired_on_one_server(tmp_path, monkeypatch):
     curve = load("speedup_curve")
     batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level * 0.9)
-    for c in (1, 4):
-        record.setdefault("oracle_controls", {})[f"v0.33.0-k7-c{c}"] = _measure(acceptance=1.0)
+    ones = [p for p in batch.points if p.level == 1.0]
+    for p, server in zip(ones, ("old", "other")):  # c=1 paired on one server; c=4's control from another
+        srec.put(record, p, "dflash", {**_measure(acceptance=1.0), "server": "old"})
+        record.setdefault("oracle_controls", {})[srec.control_key(p)] = {**_measure(acceptance=1.0), "server": server}
     timed = []
     real = curve.measure
-    monkeypatch.setattr(curve, "measure", lambda *a, **kw: timed.append(kw["meta"].get("oracle")) or real(*a, **kw))
+    monkeypatch.setattr(curve, "measure", lambda *a, **kw: timed.append((a[2].id, kw["meta"].get("oracle"))) or real(*a, **kw))
     curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
-    assert "no plan" not in timed and len(timed) == len(batch.points)
+    assert (ones[0].id, "no plan") not in timed and ones[0] not in measured
+    # the unpaired one: its control, then the point right after it, on this server
+    at = timed.index((ones[1].id, "no plan"))
+    assert timed[at + 1] == (ones[1].id, None)
+    assert srec.paired_control(record, ones[1])["server"] == "stand-in"
 
 
 def test_a_server_that_does_not_start_leaves_no_blocker_behind(tmp_path, monkeypatch):
@@ -638,7 +691,7 @@ def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_
     record, batch = _nodrafter_batch_setup(curve, tmp_path, monkeypatch)
     measured = []
 
-    def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None):
+    def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None, check=None):
         measured.append(point)
         return {**_measure(), **meta}
 
@@ -700,10 +753,12 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
     monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
     plans, events = [], []
 
+    stub = _plan_stub()
+
     def oracle_plan(path, points, refs, k, vocab):  # the plan written, and read by the server's oracle
         plans.append([p.id for p in points])
         events.append("plan")
-        curve.oracle_adopted(path).touch()
+        stub(path, points, refs, k, vocab)
 
     monkeypatch.setattr(curve, "oracle_plan", oracle_plan)
     in_flight = {"now": 0, "max": 0}
@@ -724,8 +779,7 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
         return [7] * n
 
     monkeypatch.setattr(curve, "reference", reference)
-    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta, timeout=None:
-                        {**_measure(acceptance=point.level), **meta})
+    monkeypatch.setattr(curve, "measure", _stub_measure)
     record = srec.new(frozen)
     done = curve.run_batch(_batch_args(tmp_path, None), batch, record, {"gpu": "H200"})
     assert sorted(done) == sorted(p.id for p in batch.points)
@@ -743,7 +797,7 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
 def test_with_refs_from_nodrafter_the_server_without_the_drafter_makes_them(tmp_path, monkeypatch):
     curve = load("speedup_curve")
     record, batch = _nodrafter_batch_setup(curve, tmp_path, monkeypatch)
-    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta, timeout=None: {**_measure(), **meta})
+    monkeypatch.setattr(curve, "measure", _stub_measure)
     args = _batch_args(tmp_path, None)
     args.refs_from = "nodrafter"
     curve.run_batch(args, batch, record, {})
@@ -860,11 +914,9 @@ def _make_here_setup(curve, tmp_path, monkeypatch, adopt=True):
     monkeypatch.setattr(curve, "Server", _StandInServer)
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
     monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
-    monkeypatch.setattr(curve, "oracle_plan",
-                        lambda path, points, refs, k, vocab: adopt and curve.oracle_adopted(path).touch())
+    monkeypatch.setattr(curve, "oracle_plan", _plan_stub(adopt))
     monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n, timeout=None: [7] * n)
-    monkeypatch.setattr(curve, "measure", lambda base, model, point, prompts, *, with_drafter, meta, timeout=None:
-                        {**_measure(acceptance=point.level), **meta})
+    monkeypatch.setattr(curve, "measure", _stub_measure)
     return next(b for b in sg.batches() if b.server == "k3"), srec.new(frozen)
 
 
@@ -897,7 +949,8 @@ def test_references_cut_by_the_deadline_measure_what_was_made_and_ask_for_anothe
     with pytest.raises(curve.OutOfTime):
         curve.run_batch(args, batch, record, {})
     assert clock["refs"] == 1
-    assert sorted(curve.batch_done[batch.id]) == sorted(p.id for p in batch.points if p.concurrency == 1)
+    # the c=1 points on the references made; the planned 1.0 one waits for the time of its control too
+    assert sorted(curve.batch_done[batch.id]) == sorted(p.id for p in batch.points if p.concurrency == 1 and p.level > 1)
 
 
 def test_a_host_with_more_gpus_than_batches_gets_one_batch_per_k_and_concurrency():
@@ -907,7 +960,9 @@ def test_a_host_with_more_gpus_than_batches_gets_one_batch_per_k_and_concurrency
     split = sg.release_batches("0.33.0", 8)
     dflash = [b for b in split if b.server != "nodrafter"]
     assert len(split) == 8 and len(dflash) == 6
-    assert all(len({p.concurrency for p in b.points}) == 1 and b.index == b.points[0].concurrency for b in dflash)
+    assert all(len({p.concurrency for p in b.points}) == 1 and b.id.endswith(f"-c{b.points[0].concurrency}")
+               for b in dflash)
+    assert not {b.id for b in dflash} & {b.id for b in whole}  # records and plans never mix the two
     # the same points either way, each in one batch of its server kind
     key = lambda bs: sorted((b.server == "nodrafter", p.id) for b in bs for p in b.points)  # noqa: E731
     assert key(split) == key(whole)
@@ -952,3 +1007,15 @@ def test_each_timed_run_has_a_cache_salt_of_its_own(monkeypatch):
     salts = [e["cache_salt"] for e in sent]
     assert len(set(salts)) == 4  # two warm-ups, two timed runs
     assert all(e.get("logprobs") == sg.LOGPROBS for e in sent)
+
+
+def test_a_control_after_a_plan_needs_the_oracle_to_have_let_the_plan_go(tmp_path, monkeypatch):
+    # c=4's planned-1.0 point comes after c=1's plans: its control must run on the real drafter,
+    # so without the oracle's drop marker the batch fails before the control's timed run.
+    curve = load("speedup_curve")
+    batch, record = _make_here_setup(curve, tmp_path, monkeypatch)
+    monkeypatch.setitem(globals(), "_oracle_sees_no_plan", lambda plans: None)
+    with pytest.raises(RuntimeError, match="still holds its last plan"):
+        curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
+    assert "v0.33.0-k3-c4" not in (record.get("oracle_controls") or {})
+    assert srec.paired_control(record, next(p for p in batch.points if p.level == 1.0 and p.concurrency == 1))

@@ -223,6 +223,12 @@ def make_plan_file(path, prompts: list[list[int]], references: list[list[int]],
 PLAN_LATER_ENV = "ORACLE_PLAN_LATER"
 
 
+def dropped_marker(plan_path) -> Path:
+    """The file an oracle leaves once it has found its watched plan gone and let the real
+    drafter propose again (the speed-up curve's control after a point's plan)."""
+    return Path(str(plan_path) + ".dropped")
+
+
 def adopted_marker(plan_path) -> Path:
     """The file an oracle leaves beside a watched plan each time it has read it (the harness
     removes it before it writes the plan)."""
@@ -234,7 +240,10 @@ def empty_plan() -> dict:
 
 
 def load_plan(path) -> dict:
-    data = json.loads(Path(path).read_text())
+    return plan_data(json.loads(Path(path).read_text()), path)
+
+
+def plan_data(data: dict, path) -> dict:
     if data.get("version") != PLAN_VERSION:
         raise ValueError(f"oracle plan {path}: version {data.get('version')} != {PLAN_VERSION}")
     return data
@@ -288,16 +297,27 @@ class Oracle:
             self.by_prompt.setdefault(tuple(r["prompt"]), i)
 
     def read_later_plan(self) -> bool:
-        """Adopt the watched plan whenever its file is new (one stat a propose call; until the
-        first one every row keeps the real drafter's tokens). True once a plan is adopted."""
+        """The watched plan, adopted whenever its file is new, dropped when the file is gone (one
+        stat a propose call). While there is none every row keeps the real drafter's tokens and
+        this is False. Each adoption leaves ``adopted_marker``, each drop ``dropped_marker``."""
         if self.later is None:
             return True
         try:
             st = self.later.stat()
         except FileNotFoundError:
-            return self.seen is not None
+            if self.seen is not None:
+                self.adopt(empty_plan())
+                self.seen = None
+                dropped_marker(self.later).touch()
+            return False
         if (st.st_ino, st.st_mtime_ns, st.st_size) != self.seen:
-            self.adopt(load_plan(self.later))
+            try:
+                with self.later.open() as fh:  # identity and content from one open file
+                    st = os.fstat(fh.fileno())
+                    data = plan_data(json.load(fh), self.later)
+            except FileNotFoundError:
+                return self.read_later_plan()
+            self.adopt(data)
             self.seen = (st.st_ino, st.st_mtime_ns, st.st_size)
             adopted_marker(self.later).touch()  # the harness checks that this plan was read
         return True
@@ -352,7 +372,8 @@ class DeviceDrafts:
     which a timed run would count as the drafter's cost. Here the plan becomes tensors once
     (references, their wrong tokens, first-wrong positions by step) and a propose call only
     gathers from them on the device: nothing is read back, and the host sends a call's row
-    indices only when the batch's requests change. The drafts equal ``Oracle.step``'s
+    indices only when the batch's requests change (0.21.0's sampled flags, a host array there, go
+    with each call, pinned and non-blocking). The drafts equal ``Oracle.step``'s
     (tests/unit/test_gpu_oracle.py runs both through the same simulated engine); no log is
     written, since the log needs the values on the host."""
 
@@ -370,8 +391,10 @@ class DeviceDrafts:
         o = self.oracle
         reqs = o.requests
         width = max((len(r["reference"]) for r in reqs), default=0) + o.k + 1
-        # A request proposes at most once per output token, and one proposal ends past max_tokens.
+        # A request proposes at most once per output token, and one proposal ends past max_tokens;
+        # past that the steps wrap, which keeps an f_cycle (one or two values) exact at any step.
         horizon = max((r["max_tokens"] for r in reqs), default=0) + 2
+        horizon += horizon % 2
         refs, wrong, first = [], [], []
         for p, r in enumerate(reqs):
             ref = list(r["reference"])
@@ -429,6 +452,12 @@ class DeviceDrafts:
         before the real propose runs (it edits seq_lens in place)."""
         import torch
 
+        with torch.inference_mode():  # as vLLM's propose runs: the counters stay inference tensors
+            return self._drafts(req_ids, prompt_of, seq_lens, rejected, sampled, k)
+
+    def _drafts(self, req_ids, prompt_of, seq_lens, rejected, sampled, k: int):
+        import torch
+
         device = seq_lens.device
         if self.tables is None or self.tables[0] is not self.oracle.plan or self.tables[1] != device:
             self._build(device)
@@ -439,7 +468,7 @@ class DeviceDrafts:
         n = seq_lens.long() - rejected.long() + 1 - plen
         use = planned & sampled.bool() & (n >= 1) & (k > 0)
         step = self.steps[slot]
-        f = first[p, step.clamp(max=first.shape[1] - 1)].clamp(max=k)
+        f = first[p, step % first.shape[1]].clamp(max=k)
         cols = torch.arange(k, device=device)
         pos = (n.clamp(min=0)[:, None] + cols[None, :]).clamp(max=refs.shape[1] - 1)
         rows = p[:, None]

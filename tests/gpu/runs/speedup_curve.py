@@ -16,9 +16,9 @@ does: the memory blocker, the scaled fraction) and measures the batch's pending 
   steps' rounding, which the timed runs have; the plugin reads the plan once it is written,
   ``ORACLE_PLAN_LATER``), with ``--refs-from nodrafter`` on the server without the drafter one
   request at a time;
-* the real drafter's control (``oracle_controls``): on the DFlash server before the plan exists,
-  the planned-1.0 point's prompts timed as a point is, once per release, K and concurrency; the
-  report sets the oracle's planned-1.0 TPOT against it (bars.yaml ``max_oracle_cost``);
+* the real drafter's control (``oracle_control``): on the DFlash server right before each
+  planned-1.0 point, with no plan, that point's prompts timed as a point is; the report sets the
+  oracle's planned-1.0 TPOT against it when both ran on one server (bars.yaml ``max_oracle_cost``);
 * a DFlash server at K: the oracle proposer's plugin (``oracle_plugin/``) with, before each
   point, that point's plan (its prompts, references and first-wrong pattern, ``speedup_grid.f_cycle``), its
   log off (``ORACLE_LOG=off``: drafts gathered on the device, ``oracle.DeviceDrafts``): the
@@ -116,9 +116,11 @@ def _run(concurrency: int, output_len: int):
 
 
 def measure(base: str, model: str, point: sg.Point, prompts: list, *, with_drafter: bool, meta: dict,
-            timeout: float = REQUEST_TIMEOUT_S) -> dict:
+            timeout: float = REQUEST_TIMEOUT_S, check=None) -> dict:
     """One timed run of the point's prompts at its concurrency, after an unmeasured warm-up
-    round; the acceptance is the /metrics counters' difference around the timed run."""
+    round; the acceptance is the /metrics counters' difference around the timed run. ``check``:
+    called after the warm-up, before the timed run (it raises when the server is not ready for
+    it: the oracle has not read its plan, or has not let it go)."""
     from launcher.bench import client, metrics
 
     target = client.Target(base, model, None)
@@ -126,6 +128,8 @@ def measure(base: str, model: str, point: sg.Point, prompts: list, *, with_draft
     common = dict(temperature=0.0, seed=0, ignore_eos=True, timeout=timeout)
     client.run_level(target, run, prompts[:point.concurrency], max_tokens=WARM_UP_TOKENS,
                      extra={**point.extra, "cache_salt": f"speedup-warm-up-{uuid.uuid4().hex}"}, **common)
+    if check is not None:
+        check()
     before = metrics.scrape(base)
     # a salt of its own: the points of a concurrency share their prompts (speedup_grid.prompts)
     res = client.run_level(target, run, prompts, extra={**point.extra, "cache_salt": f"speedup-{uuid.uuid4().hex}"},
@@ -239,6 +243,7 @@ class Server:
         self.args, self.label, self.k, self.env = args, label, k, env
         self.blocker = self.proc = self.log = None
         self.base = f"http://127.0.0.1:{args.port}"
+        self.id = uuid.uuid4().hex[:12]  # names the server in its measurements (a control's pair)
 
     def __enter__(self):
         try:
@@ -461,31 +466,40 @@ def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
     return f"v{point.vllm}-k{k}-c{point.concurrency}-refs-{'nodrafter' if from_nodrafter else 'dflash'}"
 
 
-def control_points(todo: list, record: dict) -> list:
-    """The planned-1.0 plain points among ``todo`` whose real-drafter control is not recorded."""
-    have = record.get("oracle_controls") or {}
-    return [p for p in todo if p.level == 1.0 and p.variant == "base"
-            and not srec.valid(have.get(srec.control_key(p)), "dflash")]
+def needs_control(point: sg.Point) -> bool:
+    """A planned-1.0 plain point: the real drafter is timed on its prompts just before it."""
+    return point.level == 1.0 and point.variant == "base"
 
 
-def oracle_controls(args, server, points: list, record: dict, meta: dict, vocab: int) -> None:
-    """The real drafter timed on each point's prompts before the oracle's plan exists (the plugin
-    installed and waiting, so it only looks for the plan file): the oracle's planned-1.0 run on
-    the same server and prompts rejects every draft as the random drafter does, so the two
-    differ only by what the oracle costs (bars.yaml ``speedup_curve.max_oracle_cost``)."""
-    for p in points:
-        if left(args) < POINT_S:
-            raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a control's {POINT_S}")
-        got = measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
-                      timeout=request_timeout(args), meta={**meta, "prompts_of": p.id, "oracle": "no plan"})
-        record.setdefault("oracle_controls", {})[srec.control_key(p)] = got
-        srec.save(record, args.record)
+def oracle_control(args, server, point: sg.Point, record: dict, meta: dict, vocab: int, plan: Path,
+                   planned: bool) -> None:
+    """The real drafter timed on ``point``'s prompts right before the point, on its server, with
+    no plan (a plan written earlier on this server is removed first, and the oracle must mark that
+    it let it go before the timed run): the oracle's planned-1.0 run then rejects every draft as
+    the random drafter does. The hook's own bookkeeping is in both runs; what differs is what the
+    oracle's drafts cost (bars.yaml ``speedup_curve.max_oracle_cost``)."""
+    import oracle
+
+    dropped = oracle.dropped_marker(plan)
+    dropped.unlink(missing_ok=True)
+    plan.unlink(missing_ok=True)
+
+    def let_go():
+        if planned and not dropped.exists():
+            raise RuntimeError(f"{point.id}: the oracle still holds its last plan; no control recorded")
+
+    got = measure(server.base, server.model, point, sg.prompts(point, vocab), with_drafter=True,
+                  timeout=request_timeout(args), check=let_go,
+                  meta={**meta, "prompts_of": point.id, "oracle": "no plan", "server": server.id})
+    record.setdefault("oracle_controls", {})[srec.control_key(point)] = got
+    srec.save(record, args.record)
 
 
 def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodrafter: bool) -> list[str]:
     """The DFlash points of one K on one server: their references first where they are made on
-    a DFlash server and are not here yet, then the real drafter's controls (``oracle_controls``),
-    both before any plan exists; then each point with its own plan (``point_plan``)."""
+    a DFlash server and are not here yet, before any plan exists; then each point with its own
+    plan (``point_plan``), a planned-1.0 point right after the real drafter's control on its
+    prompts (``oracle_control``)."""
     k = int(batch.server[1:])
     usable = lambda p: usable_reference(refs, p, k, from_nodrafter, meta)  # noqa: E731
     unmade = [p for p in todo if not usable(p)]
@@ -493,16 +507,16 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
     plan = (Path(args.work) / f"{batch.id}.plan.json").resolve()  # the server's cwd is another
     plan.unlink(missing_ok=True)  # an earlier run's plan must not be read before this one's
     oracle_adopted(plan).unlink(missing_ok=True)
-    if not make_here and not ready_points(todo, usable):
+    if not make_here and not any(usable(p) for p in todo):
+        ready_points(todo, usable)  # says which lack references
         return []
-    done, collapsed = [], record.setdefault("collapsed", {})
+    done, collapsed, planned = [], record.setdefault("collapsed", {}), False
     with Server(args, batch.id, k, dflash_env(args, plan, later=True)) as server:
         if make_here:
             try:
                 dflash_references(args, server, batch, k, unmade, vocab, refs, meta, usable)
             finally:
                 pack_references(args, refs)
-        oracle_controls(args, server, [p for p in control_points(todo, record) if usable(p)], record, meta, vocab)
         ready = ready_points(todo, usable)
         if not ready:
             raise OutOfTime(f"{batch.id}: no time left to make its references")
@@ -511,15 +525,24 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
             if at is not None and p.level >= at:
                 print(f"{p.id}: not measured, acceptance collapsed at a planned {at:g}", flush=True)
                 continue
+            if needs_control(p):
+                if left(args) < 2 * POINT_S:
+                    print(f"{p.id}: not measured, {left(args):.0f} s left for it and its control", flush=True)
+                    continue
+                oracle_control(args, server, p, record, meta, vocab, plan, planned)
             if left(args) < POINT_S:
                 raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
             point_plan(plan, p, refs, k, vocab)
+            planned = True
+
+            def adopted(p=p):
+                if not oracle_adopted(plan).exists():
+                    raise RuntimeError(f"{p.id}: the oracle did not read its plan {plan}; nothing recorded")
+
             got = measure(server.base, server.model, p, sg.prompts(p, vocab), with_drafter=True,
-                          timeout=request_timeout(args),
+                          timeout=request_timeout(args), check=adopted,
                           meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level,
-                                "refs_from": reference_origin(refs, p)["made_on"]})
-            if not oracle_adopted(plan).exists():
-                raise RuntimeError(f"{p.id}: the oracle did not read its plan {plan}; nothing recorded")
+                                "refs_from": reference_origin(refs, p)["made_on"], "server": server.id})
             got["off_plan"] = off_plan(p, got)
             srec.put(record, p, "dflash", got)
             srec.save(record, args.record)
@@ -563,8 +586,8 @@ def lane_batches(batches: list, lane: str | None, refs_from: str = "nodrafter") 
 
 def batch_cost(batch: sg.Batch) -> int:
     """A batch's weight in minutes, roughly: a server start about 5, and on a DFlash server two
-    runs a point (its references and its timed run); the baselines without the drafter are
-    shared, a few runs a batch."""
+    runs a point (its timed run, and its share of the references and controls, which its
+    concurrency's levels share); the baselines without the drafter are shared, a few runs a batch."""
     if batch.server == "nodrafter":
         return 5 + 4
     return 5 + 2 * len(batch.points)
@@ -732,7 +755,9 @@ def main(argv: list[str] | None = None) -> int:
     args.end = None if args.deadline_s is None else time.monotonic() + args.deadline_s
     ran, code = 0, 0
     lanes = int(args.lane.split("/")[1]) if args.lane else 1
-    batches = lane_batches(sg.release_batches(args.vllm, lanes), args.lane, args.refs_from)
+    # references from the server without the drafter tie each DFlash batch to that server's lane
+    split = lanes if args.refs_from == "dflash" else 1
+    batches = lane_batches(sg.release_batches(args.vllm, split), args.lane, args.refs_from)
     if args.only:  # a pilot: acceptance first, the baselines after
         batches = sorted(batches, key=lambda b: b.server == "nodrafter")
     for batch in batches:

@@ -59,6 +59,8 @@ LOGPROBS = 2
 # the lanes allow.
 NODRAFTER_BATCHES = 2
 MIN_SPLIT = 8
+# How prompts are chosen (``prompts``): a record names it, and one made another way is refused.
+PROMPTS = "random ids seeded by variant and concurrency"
 TOKEN_BAND = (1000, 30000)  # launcher.bench.workload.RANDOM_TOKEN_RANGE: no special ids
 
 
@@ -138,10 +140,11 @@ class Batch:
     server: str
     index: int
     points: tuple[Point, ...]
+    split: str = ""  # "c<C>": one concurrency of a K (a host with more GPUs than batches)
 
     @property
     def id(self) -> str:
-        return f"v{self.vllm}-{self.server}-{self.index}"
+        return f"v{self.vllm}-{self.server}-{self.split or self.index}"
 
 
 def split_by_k(points: list[Point], n: int) -> list[list[Point]]:
@@ -160,7 +163,7 @@ def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHE
             by_concurrency: bool = False) -> list[Batch]:
     """Per release (0.33.0 first): the points without the drafter in up to ``nodrafter`` batches
     of whole Ks (one where there are too few to split), then one batch per K, or with
-    ``by_concurrency`` one per K and concurrency (index: the concurrency), for hosts with more
+    ``by_concurrency`` one per K and concurrency (id ``...-k<K>-c<C>``), for hosts with more
     GPUs than a release has batches: each batch then has a GPU, at the price of a server start."""
     points = GRID if points is None else points
     out: list[Batch] = []
@@ -173,7 +176,7 @@ def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHE
             if not by_concurrency:
                 out.append(Batch(vllm, f"k{k}", 1, tuple(at_k)))
                 continue
-            out += [Batch(vllm, f"k{k}", c, tuple(p for p in at_k if p.concurrency == c))
+            out += [Batch(vllm, f"k{k}", 1, tuple(p for p in at_k if p.concurrency == c), f"c{c}")
                     for c in dict.fromkeys(p.concurrency for p in at_k)]
     return out
 

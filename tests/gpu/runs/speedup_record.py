@@ -36,7 +36,8 @@ def new(frozen_file: Path) -> dict:
     frozen = json.loads(Path(frozen_file).read_text())
     return {"kind": KIND, "frozen": {"blob": bars.blob_hash(frozen_file), "series": frozen.get("series"),
                                      "date": frozen.get("date"), "vllm": frozen.get("vllm")},
-            "bars": bars.blob_hash(), "min_requests": sg.MIN_REQUESTS, "points": {}, "batches": []}
+            "bars": bars.blob_hash(), "min_requests": sg.MIN_REQUESTS, "prompts": sg.PROMPTS,
+            "points": {}, "batches": []}
 
 
 def load(path: Path, frozen_file: Path) -> dict:
@@ -45,6 +46,9 @@ def load(path: Path, frozen_file: Path) -> dict:
     if not Path(path).is_file():
         return new(frozen_file)
     record = json.loads(Path(path).read_text())
+    if record.get("prompts") != sg.PROMPTS:
+        raise ValueError(f"{path} was measured with prompts {record.get('prompts')!r}, not {sg.PROMPTS!r}: "
+                         "its baselines and DFlash runs would pair other prompts")
     blob = bars.blob_hash(frozen_file)
     if (record.get("frozen") or {}).get("blob") != blob:
         raise ValueError(f"{path} names frozen record {(record.get('frozen') or {}).get('blob')}, not {blob} "
@@ -62,10 +66,24 @@ def valid(measurement: dict | None, phase: str) -> bool:
     return True
 
 
+def paired_control(record: dict, point: sg.Point) -> dict | None:
+    """The real drafter's control of a planned-1.0 plain point, if it is valid and ran on the
+    server that measured the point (the two are compared as one pair)."""
+    control = (record.get("oracle_controls") or {}).get(control_key(point))
+    dflash = ((record.get("points") or {}).get(point.id) or {}).get("dflash") or {}
+    if not valid(control, "dflash") or control.get("server") is None or control.get("server") != dflash.get("server"):
+        return None
+    return control
+
+
 def missing(record: dict, point: sg.Point) -> list[str]:
-    """The phases of ``point`` the record lacks (or holds invalid)."""
+    """The phases of ``point`` the record lacks (or holds invalid). A planned-1.0 plain point
+    without its paired control lacks its DFlash run too: the two are measured again together."""
     row = record.get("points", {}).get(point.id) or {}
-    return [ph for ph in PHASES if not valid(row.get(ph), ph)]
+    out = [ph for ph in PHASES if not valid(row.get(ph), ph)]
+    if point.level == 1.0 and point.variant == "base" and "dflash" not in out and paired_control(record, point) is None:
+        out.append("dflash")
+    return out
 
 
 def pending(batch: sg.Batch, record: dict, has_reference) -> list[sg.Point]:
@@ -109,8 +127,13 @@ def merge(record: dict, lane: dict) -> dict:
                 mine[phase] = row[phase]
     controls = record.setdefault("oracle_controls", {})
     for key, got in (lane.get("oracle_controls") or {}).items():
-        if valid(got, "dflash") and not valid(controls.get(key), "dflash"):
+        # a lane's control comes with the planned-1.0 point it measured before (its pair), so it
+        # goes where that point went: a valid one over an invalid one, an invalid one kept to show
+        if (valid(got, "dflash") and not valid(controls.get(key), "dflash")) or key not in controls:
             controls[key] = got
+    collapsed = record.setdefault("collapsed", {})
+    for key, level in (lane.get("collapsed") or {}).items():
+        collapsed[key] = min(level, collapsed.get(key, level))
     seen = {(b.get("id"), tuple(b.get("measured") or ())) for b in record.get("batches", [])}
     record.setdefault("batches", []).extend(b for b in lane.get("batches", [])
                                             if (b.get("id"), tuple(b.get("measured") or ())) not in seen)
