@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.integration.docker_env import free_port  # a port claimed across test workers
 from tests.unit.gpu_scripts import GPU_DIR, load
 
 BLOCKER = textwrap.dedent("""\
@@ -126,12 +126,6 @@ SERVER = textwrap.dedent("""\
 ONLY = ["v0.33.0-k3-c1-a1-base", "v0.33.0-k3-c1-a2.5-base", "v0.33.0-k3-c4-a1-base", "v0.33.0-k3-c4-a4-base"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     curve = load("speedup_curve")
@@ -148,7 +142,7 @@ def rehearsal(tmp_path_factory):
             "--launcher", shlex.join([sys.executable, str(tmp / "server.py")]),
             "--blocker", shlex.join([sys.executable, str(tmp / "blocker.py")]),
             "--refs", str(tmp / "refs"), "--work", str(tmp / "work"), "--record", str(record),
-            "--port", str(_free_port()), "--start-timeout-s", "60", "--only", ",".join(ONLY)]
+            "--port", str(free_port()), "--start-timeout-s", "60", "--only", ",".join(ONLY)]
     try:
         code = curve.main(argv)
     finally:
