@@ -72,9 +72,9 @@ def oracle_costs(curve: dict) -> dict[tuple, dict]:
     out = {}
     for pid, row in (curve.get("points") or {}).items():
         dfl = row.get("dflash")
-        if row.get("level") != 1.0 or row.get("variant") != "base" or not srec.valid(dfl, "dflash"):
-            continue
         point = sg.Point(row["vllm"], row["k"], row["concurrency"], row["level"], row["variant"])
+        if not srec.needs_control(point) or not srec.valid(dfl, "dflash"):
+            continue
         control = srec.paired_control(curve, point)
         if control is None or not control.get("tpot_ms_mean") or dfl.get("tpot_ms_mean") is None:
             continue

@@ -466,11 +466,6 @@ def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
     return f"v{point.vllm}-k{k}-c{point.concurrency}-refs-{'nodrafter' if from_nodrafter else 'dflash'}"
 
 
-def needs_control(point: sg.Point) -> bool:
-    """A planned-1.0 plain point: the real drafter is timed on its prompts just before it."""
-    return point.level == 1.0 and point.variant == "base"
-
-
 def oracle_control(args, server, point: sg.Point, record: dict, meta: dict, vocab: int, plan: Path,
                    planned: bool) -> None:
     """The real drafter timed on ``point``'s prompts right before the point, on its server, with
@@ -525,7 +520,7 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
             if at is not None and p.level >= at:
                 print(f"{p.id}: not measured, acceptance collapsed at a planned {at:g}", flush=True)
                 continue
-            if needs_control(p):
+            if srec.needs_control(p):
                 if left(args) < 2 * POINT_S:
                     print(f"{p.id}: not measured, {left(args):.0f} s left for it and its control", flush=True)
                     continue

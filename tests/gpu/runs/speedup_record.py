@@ -66,6 +66,12 @@ def valid(measurement: dict | None, phase: str) -> bool:
     return True
 
 
+def needs_control(point: sg.Point) -> bool:
+    """A planned-1.0 plain point: the real drafter is timed on its prompts just before it, and
+    the two are compared as one pair (the oracle's cost)."""
+    return point.level == 1.0 and point.variant == "base"
+
+
 def paired_control(record: dict, point: sg.Point) -> dict | None:
     """The real drafter's control of a planned-1.0 plain point, if it is valid and ran on the
     server that measured the point (the two are compared as one pair)."""
@@ -81,7 +87,7 @@ def missing(record: dict, point: sg.Point) -> list[str]:
     without its paired control lacks its DFlash run too: the two are measured again together."""
     row = record.get("points", {}).get(point.id) or {}
     out = [ph for ph in PHASES if not valid(row.get(ph), ph)]
-    if point.level == 1.0 and point.variant == "base" and "dflash" not in out and paired_control(record, point) is None:
+    if needs_control(point) and "dflash" not in out and paired_control(record, point) is None:
         out.append("dflash")
     return out
 
