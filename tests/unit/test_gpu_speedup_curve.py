@@ -225,8 +225,9 @@ def test_batches_hold_every_point_once_server_by_server_baselines_first():
     assert all(b.server == f"k{p.k}" for b in bs if b.server != "nodrafter" for p in b.points)
     # as few server starts as the lanes allow: 0.33.0's points without the drafter in two batches
     # of whole Ks (one for each GPU of a two-GPU host), 0.21.0's four in one, a batch per K
+    # the recipes' K first: a run cut by its deadline has measured what the recipes use
     assert [(b.vllm, b.server) for b in bs] == [("0.33.0", "nodrafter")] * 2 + [
-        ("0.33.0", f"k{k}") for k in sg.KS] + [("0.21.0", "nodrafter"), ("0.21.0", "k15")]
+        ("0.33.0", "k15"), ("0.33.0", "k7"), ("0.33.0", "k3"), ("0.21.0", "nodrafter"), ("0.21.0", "k15")]
     assert [sorted({p.k for p in b.points}) for b in bs[:2]] == [[15], [3, 7]]  # 22 points against 28
     assert sum(len(b.points) for b in bs[:2]) == sum(p.vllm == "0.33.0" for p in sg.GRID)
     for vllm in ("0.33.0", "0.21.0"):
@@ -274,7 +275,7 @@ def test_lanes_share_the_batches_and_their_records_merge_into_the_curve(tmp_path
     for lane in lanes:
         made = {p.id for b in lane if b.server == "nodrafter" for p in b.points}
         assert all(p.id in made for b in lane if b.server != "nodrafter" for p in b.points)
-    assert [[b.server for b in lane] for lane in lanes] == [["nodrafter", "k15"], ["nodrafter", "k3", "k7"]]
+    assert [[b.server for b in lane] for lane in lanes] == [["nodrafter", "k15"], ["nodrafter", "k7", "k3"]]
     assert curve.lane_batches(mine, None) == mine
     with pytest.raises(ValueError, match="0 <= I < N"):
         curve.lane_batches(mine, "2/2")
@@ -882,7 +883,7 @@ def test_an_error_in_one_batch_does_not_end_the_lane(tmp_path, monkeypatch):
             "--launcher", "x", "--record", str(tmp_path / "curve.json"), "--frozen", str(frozen),
             "--work", str(tmp_path / "work"), "--refs", str(tmp_path / "refs")]
     assert curve.main(argv) == 1
-    assert len(ran) == len([b for b in sg.batches() if b.vllm == "0.33.0"])
+    assert ran == [b.id for b in sg.release_batches("0.33.0")] and len(ran) == 7
 
 
 def test_a_stopped_server_leaves_no_process_of_its_group_and_its_port_free(tmp_path):
@@ -953,22 +954,32 @@ def test_references_cut_by_the_deadline_measure_what_was_made_and_ask_for_anothe
     assert sorted(curve.batch_done[batch.id]) == sorted(p.id for p in batch.points if p.concurrency == 1 and p.level > 1)
 
 
-def test_a_host_with_more_gpus_than_batches_gets_one_batch_per_k_and_concurrency():
-    whole = sg.release_batches("0.33.0", 2)
-    assert [b.id for b in whole if b.server != "nodrafter"] == ["v0.33.0-k3-1", "v0.33.0-k7-1", "v0.33.0-k15-1"]
-    assert sg.release_batches("0.33.0", len(whole)) == whole
-    split = sg.release_batches("0.33.0", 8)
+def test_dflash_made_references_give_a_baseline_batch_and_a_batch_per_k_and_concurrency():
+    whole = sg.release_batches("0.33.0", "nodrafter")
+    assert [b.id for b in whole if b.server != "nodrafter"] == ["v0.33.0-k15-1", "v0.33.0-k7-1", "v0.33.0-k3-1"]
+    assert [b.id for b in whole if b.server == "nodrafter"] == ["v0.33.0-nodrafter-1", "v0.33.0-nodrafter-2"]
+    split = sg.release_batches("0.33.0", "dflash")
+    # one server without the drafter: it only measures the baselines, which levels and Ks share
+    assert [b.id for b in split if b.server == "nodrafter"] == ["v0.33.0-nodrafter-1"]
     dflash = [b for b in split if b.server != "nodrafter"]
-    assert len(split) == 8 and len(dflash) == 6
-    assert all(len({p.concurrency for p in b.points}) == 1 and b.id.endswith(f"-c{b.points[0].concurrency}")
-               for b in dflash)
+    assert [b.id for b in dflash] == [f"v0.33.0-k{k}-c{c}" for k in (15, 7, 3) for c in (1, 4)]
+    assert all({p.concurrency for p in b.points} == {int(b.split[1:])} for b in dflash)
     assert not {b.id for b in dflash} & {b.id for b in whole}  # records and plans never mix the two
     # the same points either way, each in one batch of its server kind
     key = lambda bs: sorted((b.server == "nodrafter", p.id) for b in bs for p in b.points)  # noqa: E731
     assert key(split) == key(whole)
+    spot = sg.release_batches("0.21.0", "dflash")
+    assert [b.id for b in spot] == ["v0.21.0-nodrafter-1", "v0.21.0-k15-c1"]
+    # a host of eight GPUs: a batch a lane
     lanes = [curve_lanes(split, i, 8) for i in range(8)]
     assert sorted(b.id for lane in lanes for b in lane) == sorted(b.id for b in split)
-    assert all(len(lane) == 1 for lane in lanes)  # a GPU a batch
+    assert sorted(len(lane) for lane in lanes) == [0] + [1] * 7
+    # two GPUs: the recipes' K at both concurrencies comes first, one in each lane, the
+    # baselines before it in theirs
+    two = [curve_lanes(split, i, 2) for i in range(2)]
+    firsts = [[b.id for b in lane if b.server != "nodrafter"][0] for lane in two]
+    assert sorted(firsts) == ["v0.33.0-k15-c1", "v0.33.0-k15-c4"]
+    assert any(lane[0].server == "nodrafter" for lane in two)
 
 
 def curve_lanes(batches, i, n):

@@ -176,17 +176,21 @@ def test_each_planned_1_point_has_its_control_from_the_same_server_on_the_real_d
     import speedup_record as srec
 
     rec = rehearsal["record"]
-    servers = {rec["points"][pid]["dflash"]["server"] for pid in ONLY}
-    assert len(servers) == 1  # one DFlash server for the batch
+    servers = {c: {rec["points"][pid]["dflash"]["server"] for pid in ONLY if f"-c{c}-" in pid} for c in (1, 4)}
+    assert [len(s) for s in servers.values()] == [1, 1]  # a DFlash server for each concurrency's batch
+    assert servers[1] != servers[4]
     for pid in ("v0.33.0-k3-c1-a1-base", "v0.33.0-k3-c4-a1-base"):
         row = rec["points"][pid]
         control = srec.paired_control(rec, sg.Point("0.33.0", 3, row["concurrency"], 1.0))
         assert control is not None and control["oracle"] == "no plan" and control["prompts_of"] == pid
+        assert control["server"] == row["dflash"]["server"]
         # the stand-in drafter never guesses right: acceptance 1, as the oracle's planned 1.0
         assert control["acceptance"]["mean_acceptance_length"] == pytest.approx(1.0)
-    # c=4's control came after c=1's plans: the oracle let the plan go and said so
+    # each control ran before its server's first plan, so no plan had to be let go
     work = rehearsal["tmp"] / "work"
-    assert (work / "v0.33.0-k3-1.plan.json.dropped").exists()
+    assert sorted(p.name for p in work.glob("*.plan.json*")) == [
+        "v0.33.0-k3-c1.plan.json", "v0.33.0-k3-c1.plan.json.adopted",
+        "v0.33.0-k3-c4.plan.json", "v0.33.0-k3-c4.plan.json.adopted"]
 
 
 def test_one_reference_set_served_each_concurrency(rehearsal):

@@ -749,10 +749,7 @@ def main(argv: list[str] | None = None) -> int:
             **({"lane": args.lane} if args.lane else {})}
     args.end = None if args.deadline_s is None else time.monotonic() + args.deadline_s
     ran, code = 0, 0
-    lanes = int(args.lane.split("/")[1]) if args.lane else 1
-    # references from the server without the drafter tie each DFlash batch to that server's lane
-    split = lanes if args.refs_from == "dflash" else 1
-    batches = lane_batches(sg.release_batches(args.vllm, split), args.lane, args.refs_from)
+    batches = lane_batches(sg.release_batches(args.vllm, args.refs_from), args.lane, args.refs_from)
     if args.only:  # a pilot: acceptance first, the baselines after
         batches = sorted(batches, key=lambda b: b.server == "nodrafter")
     for batch in batches:

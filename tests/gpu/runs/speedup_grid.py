@@ -17,10 +17,11 @@ is at position f is accepted for f tokens, and the step emits f + 1; the pattern
 positions whose mean plus one is L (2.5: f = 1, 2, 1, 2, ...).
 
 Batches: the work splits by server, each batch one server start, in the order the points need
-them: per release the server without the drafter first (baselines and the reference continuations
-the oracle needs), then one DFlash server per K. A batch runs as long as its points take: the
-record is saved after every point, so a batch cut short loses at most the point it was on and a
-rerun measures only what is missing.
+them: per release the server without the drafter first (baselines, and with ``--refs-from
+nodrafter`` the reference continuations the oracle needs), then the DFlash servers, the recipes'
+K first (``K_ORDER``), so a run cut by its deadline has measured what the recipes use. A batch runs
+as long as its points take: the record is saved after every point, so a batch cut short loses at
+most the point it was on and a rerun measures only what is missing.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import bars  # noqa: E402
 MAIN_VLLM = "0.33.0"
 SPOT_VLLM = "0.21.0"
 KS = (3, 7, 15)
+K_ORDER = (15, 7, 3)  # the DFlash batches' order: the recipes' K (15) first
 CONCURRENCY = (1, 4)
 LEVELS = {3: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
           7: (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0),
@@ -51,8 +53,9 @@ INPUT_LEN = 1024
 LONG_INPUT = 2048
 OUTPUT_LEN = 256
 LOGPROBS = 2
-# The server without the drafter measures most (a baseline and a reference continuation per
-# point, about a minute each at 32 requests of 256 tokens): a release's points split into up to
+# With references from it, the server without the drafter measures most (a baseline and a
+# reference continuation per point, about a minute each at 32 requests of 256 tokens): a
+# release's points split into up to
 # this many batches, one for each lane of a host of two GPUs, by whole K (a K's DFlash server then
 # needs the references of one batch alone), where there are at least MIN_SPLIT points a batch.
 # A server start on 0.33.0 takes 4 to 7 minutes (results/speedup-frozen/): batches are as few as
@@ -140,7 +143,7 @@ class Batch:
     server: str
     index: int
     points: tuple[Point, ...]
-    split: str = ""  # "c<C>": one concurrency of a K (a host with more GPUs than batches)
+    split: str = ""  # "c<C>": one concurrency of a K (release_batches)
 
     @property
     def id(self) -> str:
@@ -163,15 +166,15 @@ def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHE
             by_concurrency: bool = False) -> list[Batch]:
     """Per release (0.33.0 first): the points without the drafter in up to ``nodrafter`` batches
     of whole Ks (one where there are too few to split), then one batch per K, or with
-    ``by_concurrency`` one per K and concurrency (id ``...-k<K>-c<C>``), for hosts with more
-    GPUs than a release has batches: each batch then has a GPU, at the price of a server start."""
+    ``by_concurrency`` one per K and concurrency (id ``...-k<K>-c<C>``), at the price of a
+    server start each."""
     points = GRID if points is None else points
     out: list[Batch] = []
     for vllm in dict.fromkeys(p.vllm for p in points):
         mine = [p for p in points if p.vllm == vllm]
         groups = split_by_k(mine, max(1, min(nodrafter, len(mine) // MIN_SPLIT)))
         out += [Batch(vllm, "nodrafter", i + 1, tuple(g)) for i, g in enumerate(groups)]
-        for k in dict.fromkeys(p.k for p in mine):
+        for k in sorted(dict.fromkeys(p.k for p in mine), key=K_ORDER.index):
             at_k = [p for p in mine if p.k == k]
             if not by_concurrency:
                 out.append(Batch(vllm, f"k{k}", 1, tuple(at_k)))
@@ -181,10 +184,13 @@ def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHE
     return out
 
 
-def release_batches(vllm: str, lanes: int = 1) -> list[Batch]:
-    """A release's batches for ``lanes`` GPUs: one per K, or one per K and concurrency where
-    there are more lanes than that gives batches."""
-    whole = [b for b in batches() if b.vllm == vllm]
-    if lanes <= len(whole):
-        return whole
-    return [b for b in batches(by_concurrency=True) if b.vllm == vllm]
+def release_batches(vllm: str, refs_from: str = "dflash") -> list[Batch]:
+    """A release's batches. With references made on the DFlash servers (``dflash``), one batch
+    without the drafter (the baselines alone, a few runs) and one DFlash batch per K and
+    concurrency: each then fits a 30-minute hold of one GPU (a K's batch of both concurrencies
+    takes longer, and a cut batch starts its server again for what is left), and the lanes of a
+    larger host share them. With references from the server without the drafter (``nodrafter``),
+    one DFlash batch per K, in the lane that made its references (``lane_batches``)."""
+    if refs_from == "dflash":
+        return [b for b in batches(nodrafter=1, by_concurrency=True) if b.vllm == vllm]
+    return [b for b in batches() if b.vllm == vllm]
