@@ -148,6 +148,14 @@ def _f(x, digits=2, suffix=""):
     return "-" if x is None else f"{x:.{digits}f}{suffix}"
 
 
+def stated(b: dict) -> str:
+    """The break-even as the report states it: none where the oracle was not shown to cost
+    nothing there; what the points read is still given, marked."""
+    if b["oracle_cost_holds"] is True:
+        return _f(b["break_even"])
+    return f"not stated (the points read {_f(b['break_even'])})"
+
+
 def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> str:
     rows = point_rows(curve)
     costs = oracle_costs(curve)
@@ -161,10 +169,12 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> 
             else b["status"]
     head = [(f"break-even K={b['k']} c={b['concurrency']}", b["vllm"],
              headline.series_cell([r for r in records if r["vllm"] == b["vllm"]]),
-             verdict(b), f"{_f(b['break_even'])} measured / {_f(b['predicted'])} frozen") for b in table]
+             verdict(b), f"{stated(b)}, {_f(b['predicted'])} frozen" if b["oracle_cost_holds"] is not True
+             else f"{_f(b['break_even'])} measured / {_f(b['predicted'])} frozen") for b in table]
     head = head or [("speed-up curve", sg.MAIN_VLLM, "unrecorded", "no point measured", "-")]
     lines = ["# When DFlash pays: the measured speed-up curve (issue 53)", "", *headline.table(head)]
-    lines += [f"Grid: {'complete' if not problems else f'{len(problems)} gaps'} "
+    missing = len({p.split(":")[0] for p in problems if p.startswith("v")})
+    lines += [f"Grid: {'complete' if not problems else f'{missing} points missing'} "
               f"({len(rows)} of {len(sg.GRID)} points measured with both phases). Frozen model: "
               f"`speedup-frozen.json` (blob {curve['frozen']['blob'][:12]}, {frozen.get('date')}, "
               f"{frozen.get('gpu')}, vLLM {frozen.get('vllm')}), prediction `{sm.FORMULA}`, never fitted to "
@@ -180,7 +190,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> 
               "| vLLM | K | c | measured break-even | frozen prediction | gap | points | measured acceptance |",
               "|---|---|---|---|---|---|---|---|"]
     for b in table:
-        lines.append(f"| {b['vllm']} | {b['k']} | {b['concurrency']} | {_f(b['break_even'])} ({b['status']}) | "
+        lines.append(f"| {b['vllm']} | {b['k']} | {b['concurrency']} | {stated(b)} ({b['status']}) | "
                      f"{_f(b['predicted'])} | {_f(None if b['relative_gap'] is None else 100 * b['relative_gap'], 1, ' %')}"
                      f"{' **over the bar**' if b['over_bar'] else ''} | {b['points']} | "
                      f"{_f(b['measured_range'][0])}-{_f(b['measured_range'][1])} |")
