@@ -27,6 +27,7 @@ import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
 sys.path.insert(1, str(HERE.parents[1]))
 
 import bars  # noqa: E402
+import caveats  # noqa: E402
 import headline  # noqa: E402
 import png_plot  # noqa: E402
 import speedup_grid as sg  # noqa: E402
@@ -172,7 +173,9 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> 
              verdict(b), f"{stated(b)}, {_f(b['predicted'])} frozen" if b["oracle_cost_holds"] is not True
              else f"{_f(b['break_even'])} measured / {_f(b['predicted'])} frozen") for b in table]
     head = head or [("speed-up curve", sg.MAIN_VLLM, "unrecorded", "no point measured", "-")]
-    lines = ["# When DFlash pays: the measured speed-up curve (issue 53)", "", *headline.table(head)]
+    lines = ["# When DFlash pays: the measured speed-up curve (issue 53)", "", *headline.table(head),
+             "Regenerate: `make gpu-speedup` on a GPU host: it measures the points the record lacks, then writes "
+             "this page, its chart and the launcher's table (`speedup_report.py`).", ""]
     missing = len({p.split(":")[0] for p in problems if p.startswith("v")})
     lines += [f"Grid: {'complete' if not problems else f'{missing} points missing'} "
               f"({len(rows)} of {len(sg.GRID)} points measured with both phases). Frozen model: "
@@ -224,7 +227,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> 
         lines += ["", "## Gaps in the grid", "", *[f"- {p}" for p in problems[:60]]]
         if len(problems) > 60:
             lines.append(f"- ... and {len(problems) - 60} more")
-    return "\n".join(lines) + "\n"
+    return caveats.with_caveats("\n".join(lines) + "\n")
 
 
 def chart(curve: dict, frozen: dict) -> bytes:
