@@ -631,6 +631,56 @@ def test_acceptance_that_follows_the_plan_measures_every_level(tmp_path, monkeyp
     assert record["oracle_controls"]["v0.33.0-k7-c4"]["prompts_of"] == "v0.33.0-k7-c4-a1-base"
 
 
+def test_the_real_drafter_is_timed_again_right_after_each_planned_1_point(tmp_path, monkeypatch):
+    curve = load("speedup_curve")
+    batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level)
+    timed = []
+    real = curve.measure
+    monkeypatch.setattr(curve, "measure", lambda *a, **kw: timed.append((a[2].id, kw["meta"].get("oracle"))) or real(*a, **kw))
+    curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
+    for p in (p for p in batch.points if p.level == 1.0):
+        at = timed.index((p.id, None))
+        assert timed[at - 1: at + 2] == [(p.id, "no plan"), (p.id, None), (p.id, "no plan")]
+        assert srec.paired_control(record, p, after=True)["server"] == "stand-in"
+    assert sorted(record[srec.AFTER]) == ["v0.33.0-k7-c1", "v0.33.0-k7-c4"]
+    # the plan was removed for it and read again for the next point: every other point measured
+    assert sorted(p.id for p in measured) == sorted(p.id for p in batch.points)
+    # under two points' time once a planned-1.0 point is measured: its control after is left
+    # out, and the time goes to the next point
+    left_out, clock = srec.new(tmp_path / "speedup-frozen.json"), {"short": False}
+    monkeypatch.setattr(curve, "left", lambda args: 2 * curve.POINT_S - 1 if clock["short"] else 10 ** 4)
+
+    def measure(*a, **kw):
+        got = real(*a, **kw)
+        clock["short"] = clock["short"] or (a[2].level == 1.0 and kw["meta"].get("oracle") is None)
+        return got
+
+    monkeypatch.setattr(curve, "measure", measure)
+    one = next(p for p in batch.points if p.level == 1.0)
+    curve.run_batch(_batch_args(tmp_path, None), batch, left_out, {})  # (the other planned 1.0 is left out too)
+    assert srec.paired_control(left_out, one) is not None and left_out.get(srec.AFTER, {}) == {}
+    assert srec.valid(left_out["points"][next(p for p in batch.points if p.concurrency == one.concurrency
+                                               and p.level == 1.5).id].get("dflash"), "dflash")
+
+
+def test_the_report_shows_how_far_the_two_controls_lie_apart_and_judges_on_the_first():
+    frozen = _frozen()
+    pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.6)  # 4.2 % over the first
+    key = srec.control_key(pts[0])
+    rec[srec.AFTER] = {key: {**rec[srec.BEFORE][key], "tpot_ms_mean": 10.1}}  # the second is close
+    cost = report.oracle_costs(rec)[("0.33.0", 7, 1)]
+    assert cost["holds"] is False and cost["controls_apart"] == pytest.approx(10.1 / 9.6 - 1)
+    md = report.markdown(rec, frozen)
+    assert "| 0.33.0 | 7 | 1 | 10.00 / 9.60, 10.10 |" in md and "| 5.2 % | False |" in md
+    # a control after from another server is no pair: nothing shown
+    rec[srec.AFTER][key]["server"] = "another"
+    assert report.oracle_costs(rec)[("0.33.0", 7, 1)]["controls_apart"] is None
+    # lanes carry it into the curve
+    merged = srec.merge({"frozen": rec["frozen"]}, {"frozen": rec["frozen"], srec.AFTER: {key: rec[srec.BEFORE][key]}})
+    assert merged[srec.AFTER] == {key: rec[srec.BEFORE][key]}
+
+
 def test_a_planned_1_point_is_measured_again_with_its_control_unless_they_paired_on_one_server(tmp_path, monkeypatch):
     curve = load("speedup_curve")
     batch, record, measured = _dflash_batch_setup(curve, tmp_path, monkeypatch, lambda p: p.level * 0.9)

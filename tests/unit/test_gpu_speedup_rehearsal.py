@@ -181,16 +181,19 @@ def test_each_planned_1_point_has_its_control_from_the_same_server_on_the_real_d
     assert servers[1] != servers[4]
     for pid in ("v0.33.0-k3-c1-a1-base", "v0.33.0-k3-c4-a1-base"):
         row = rec["points"][pid]
-        control = srec.paired_control(rec, sg.Point("0.33.0", 3, row["concurrency"], 1.0))
-        assert control is not None and control["oracle"] == "no plan" and control["prompts_of"] == pid
-        assert control["server"] == row["dflash"]["server"]
-        # the stand-in drafter never guesses right: acceptance 1, as the oracle's planned 1.0
-        assert control["acceptance"]["mean_acceptance_length"] == pytest.approx(1.0)
-    # each control ran before its server's first plan, so no plan had to be let go
+        point = sg.Point("0.33.0", 3, row["concurrency"], 1.0)
+        for after in (False, True):  # timed right before the point and again right after it
+            control = srec.paired_control(rec, point, after=after)
+            assert control is not None and control["oracle"] == "no plan" and control["prompts_of"] == pid
+            assert control["server"] == row["dflash"]["server"]
+            # the stand-in drafter never guesses right: acceptance 1, as the oracle's planned 1.0
+            assert control["acceptance"]["mean_acceptance_length"] == pytest.approx(1.0)
+    # the control after followed the point's plan: the oracle let that plan go and said so, and
+    # read the next point's plan again
     work = rehearsal["tmp"] / "work"
     assert sorted(p.name for p in work.glob("*.plan.json*")) == [
-        "v0.33.0-k3-c1.plan.json", "v0.33.0-k3-c1.plan.json.adopted",
-        "v0.33.0-k3-c4.plan.json", "v0.33.0-k3-c4.plan.json.adopted"]
+        "v0.33.0-k3-c1.plan.json", "v0.33.0-k3-c1.plan.json.adopted", "v0.33.0-k3-c1.plan.json.dropped",
+        "v0.33.0-k3-c4.plan.json", "v0.33.0-k3-c4.plan.json.adopted", "v0.33.0-k3-c4.plan.json.dropped"]
 
 
 def test_one_reference_set_served_each_concurrency(rehearsal):

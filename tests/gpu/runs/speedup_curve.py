@@ -467,12 +467,14 @@ def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
 
 
 def oracle_control(args, server, point: sg.Point, record: dict, meta: dict, vocab: int, plan: Path,
-                   planned: bool) -> None:
+                   planned: bool, after: bool = False) -> None:
     """The real drafter timed on ``point``'s prompts right before the point, on its server, with
     no plan (a plan written earlier on this server is removed first, and the oracle must mark that
     it let it go before the timed run): the oracle's planned-1.0 run then rejects every draft as
-    the random drafter does. The hook's own bookkeeping is in both runs; what differs is what the
-    oracle's drafts cost (bars.yaml ``speedup_curve.max_oracle_cost``)."""
+    the random drafter does. What differs is what the oracle costs (bars.yaml
+    ``speedup_curve.max_oracle_cost``, judged against this control). ``after``: the same control
+    again right after the point (``srec.AFTER``), so the report shows how far two runs of the real
+    drafter on one server lie apart beside the cost; it judges nothing."""
     import oracle
 
     dropped = oracle.dropped_marker(plan)
@@ -486,7 +488,7 @@ def oracle_control(args, server, point: sg.Point, record: dict, meta: dict, voca
     got = measure(server.base, server.model, point, sg.prompts(point, vocab), with_drafter=True,
                   timeout=request_timeout(args), check=let_go,
                   meta={**meta, "prompts_of": point.id, "oracle": "no plan", "server": server.id})
-    record.setdefault("oracle_controls", {})[srec.control_key(point)] = got
+    record.setdefault(srec.AFTER if after else srec.BEFORE, {})[srec.control_key(point)] = got
     srec.save(record, args.record)
 
 
@@ -543,6 +545,8 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
             srec.save(record, args.record)
             done.append(p.id)
             batch_done[batch.id] = done
+            if srec.needs_control(p) and left(args) >= 2 * POINT_S:  # the next point's time kept
+                oracle_control(args, server, p, record, meta, vocab, plan, planned, after=True)
             if got["off_plan"] and p.level >= 3:
                 collapsed[collapse_key(p, k, from_nodrafter)] = p.level
                 srec.save(record, args.record)

@@ -72,10 +72,16 @@ def needs_control(point: sg.Point) -> bool:
     return point.level == 1.0 and point.variant == "base"
 
 
-def paired_control(record: dict, point: sg.Point) -> dict | None:
-    """The real drafter's control of a planned-1.0 plain point, if it is valid and ran on the
-    server that measured the point (the two are compared as one pair)."""
-    control = (record.get("oracle_controls") or {}).get(control_key(point))
+# Where the real drafter's controls are kept: the one timed right before a planned-1.0 point (the
+# oracle's cost is judged against it) and the one right after it (shown beside, judging nothing).
+BEFORE, AFTER = "oracle_controls", "oracle_controls_after"
+
+
+def paired_control(record: dict, point: sg.Point, after: bool = False) -> dict | None:
+    """The real drafter's control of a planned-1.0 plain point (``after``: the one timed after
+    it), if it is valid and ran on the server that measured the point (the two are compared as
+    one pair)."""
+    control = (record.get(AFTER if after else BEFORE) or {}).get(control_key(point))
     dflash = ((record.get("points") or {}).get(point.id) or {}).get("dflash") or {}
     if not valid(control, "dflash") or control.get("server") is None or control.get("server") != dflash.get("server"):
         return None
@@ -131,12 +137,13 @@ def merge(record: dict, lane: dict) -> dict:
         for phase in PHASES:
             if row.get(phase) and (valid(row[phase], phase) or not mine.get(phase)) and not valid(mine.get(phase), phase):
                 mine[phase] = row[phase]
-    controls = record.setdefault("oracle_controls", {})
-    for key, got in (lane.get("oracle_controls") or {}).items():
-        # a lane's control comes with the planned-1.0 point it measured before (its pair), so it
-        # goes where that point went: a valid one over an invalid one, an invalid one kept to show
-        if (valid(got, "dflash") and not valid(controls.get(key), "dflash")) or key not in controls:
-            controls[key] = got
+    for slot in (BEFORE, AFTER):
+        controls = record.setdefault(slot, {})
+        for key, got in (lane.get(slot) or {}).items():
+            # a lane's control comes with the planned-1.0 point it measured (its pair), so it goes
+            # where that point went: a valid one over an invalid one, an invalid one kept to show
+            if (valid(got, "dflash") and not valid(controls.get(key), "dflash")) or key not in controls:
+                controls[key] = got
     collapsed = record.setdefault("collapsed", {})
     for key, level in (lane.get("collapsed") or {}).items():
         collapsed[key] = min(level, collapsed.get(key, level))
