@@ -428,6 +428,12 @@ def test_a_break_even_whose_oracle_costs_time_or_was_not_controlled_is_not_state
     assert "oracle cost unmeasured" in report.markdown(bare, frozen)
 
 
+def test_the_frozen_models_gpus_read_as_one_line():
+    assert report.gpu_line("H200, 1 MiB\nH200, 1 MiB") == "2 x H200, 1 MiB"
+    assert report.gpu_line("H200, 1 MiB\nH100, 2 MiB") == "H200, 1 MiB; H100, 2 MiB"
+    assert report.gpu_line("H200, 1 MiB") == "H200, 1 MiB" and report.gpu_line(None) is None
+
+
 def test_the_chart_is_a_png_of_the_asked_size():
     data = png_plot.chart([{"points": [(1, 0.5), (3, 1.5)], "color": (255, 0, 0)},
                            {"points": [(1, 0.4), (16, 6.0)], "color": (0, 0, 255), "dashed": True}],

@@ -154,6 +154,14 @@ def _f(x, digits=2, suffix=""):
     return "-" if x is None else f"{x:.{digits}f}{suffix}"
 
 
+def gpu_line(gpu: str | None) -> str | None:
+    """nvidia-smi's lines, one a GPU, as one: ``2 x NAME`` where the GPUs are alike."""
+    lines = (gpu or "").splitlines()
+    if len(set(lines)) == 1 and len(lines) > 1:
+        return f"{len(lines)} x {lines[0]}"
+    return "; ".join(lines) or gpu
+
+
 def stated(b: dict) -> str:
     """The break-even as the report states it: none where the oracle was not shown to cost
     nothing there; what the points read is still given, marked."""
@@ -185,7 +193,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> 
     lines += [f"Grid: {'complete' if not problems else f'{missing} points missing'} "
               f"({len(rows)} of {len(sg.GRID)} points measured with both phases). Frozen model: "
               f"`speedup-frozen.json` (blob {curve['frozen']['blob'][:12]}, {frozen.get('date')}, "
-              f"{frozen.get('gpu')}, vLLM {frozen.get('vllm')}), prediction `{sm.FORMULA}`, never fitted to "
+              f"{gpu_line(frozen.get('gpu'))}, vLLM {frozen.get('vllm')}), prediction `{sm.FORMULA}`, never fitted to "
               "this curve.", "",
               "An emulation on a Hopper GPU (Marlin for the FP4 kernels, the rtx5090 profile's memory); "
               "random weights, the oracle proposer setting acceptance while the drafter's forward runs.", "",
