@@ -7,6 +7,7 @@ From ``results/speedup-curve.json`` and ``results/speedup-frozen.json`` alone:
   (``launcher.bench.breakeven.interpolate``), beside the frozen model's (``speedup_model``); a
   relative gap over bars.yaml's ``speedup_curve.max_break_even_gap`` is flagged;
 * the ``logprobs`` and ``long`` points against the plain point they vary;
+* which K the curve favours for a drafter's per-position acceptance (``k_choice``);
 * ``speedup-curve.md`` (headline first), ``speedup-curve.png`` (speed-up against measured
   acceptance, one colour per K and concurrency, the frozen prediction dashed, 1.0 dashed black),
   and the launcher's table (``launcher/bench/breakeven.json``).
@@ -29,6 +30,7 @@ sys.path.insert(1, str(HERE.parents[1]))
 import bars  # noqa: E402
 import caveats  # noqa: E402
 import headline  # noqa: E402
+import k_choice  # noqa: E402
 import png_plot  # noqa: E402
 import speedup_grid as sg  # noqa: E402
 import speedup_model as sm  # noqa: E402
@@ -170,7 +172,24 @@ def stated(b: dict) -> str:
     return f"not stated (the points read {_f(b['break_even'])})"
 
 
-def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> str:
+def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[str]:
+    """The section on which K the curve favours (``k_choice``), on the main release, from the
+    curves whose oracle cost holds."""
+    lines = ["", "## Which K the curve favours", "",
+             "A drafter's mean acceptance length at K is 1 plus its first K per-position acceptance rates at "
+             "K = 15; the curve of each K gives the speed-up there (read between measured points only). "
+             f"Only the Ks measured at vLLM {sg.MAIN_VLLM} whose oracle cost holds are compared, and a best K "
+             "needs two of them.", "",
+             "| drafter | c | K: acceptance, speed-up | best K |", "|---|---|---|---|"]
+    holds = lambda k, c: (costs.get((sg.MAIN_VLLM, k, c)) or {}).get("holds") is True  # noqa: E731
+    for row in k_choice.table(rows, sg.MAIN_VLLM, acceptance_rows, holds):
+        cells = "; ".join(f"{k}: {v['tau']:.2f}, {_f(v['speedup'])}x" for k, v in row["per_k"].items())
+        lines.append(f"| {row['profile']} | {row['concurrency']} | {cells or 'no K usable yet'} | {row['best_k'] or '-'} |")
+    return lines
+
+
+def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
+             acceptance_rows: list[dict] | None = None) -> str:
     rows = point_rows(curve)
     costs = oracle_costs(curve)
     table = break_evens(rows, frozen, costs)
@@ -242,6 +261,8 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png") -> 
         for v in var:
             lines.append(f"| {v['id']} | {_f(v['speedup'])}x | {_f(v['plain_speedup'])}x | "
                          f"{_f(v['acceptance'])} / {_f(v['plain_acceptance'])} |")
+    if rows:
+        lines += k_lines(rows, acceptance_rows or [], costs)
     if problems:
         lines += ["", "## Gaps in the grid", "", *[f"- {p}" for p in problems[:60]]]
         if len(problems) > 60:
@@ -277,9 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--md", type=Path, required=True)
     parser.add_argument("--png", type=Path, required=True)
     parser.add_argument("--table", type=Path, help="the launcher's break-even table to write")
+    parser.add_argument("--acceptance", type=Path,
+                        help="per-position acceptance for the K choice (default: acceptance.json beside --curve)")
     args = parser.parse_args(argv)
     curve, frozen = json.loads(args.curve.read_text()), json.loads(args.frozen.read_text())
-    args.md.write_text(markdown(curve, frozen, args.png.name))
+    acceptance = args.acceptance or args.curve.with_name("acceptance.json")
+    rows = json.loads(acceptance.read_text()) if acceptance.is_file() else []
+    args.md.write_text(markdown(curve, frozen, args.png.name, rows))
     args.png.write_bytes(chart(curve, frozen))
     if args.table:
         args.table.write_text(json.dumps(launcher_table(curve, frozen), indent=1, sort_keys=True) + "\n")
