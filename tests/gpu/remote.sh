@@ -524,22 +524,24 @@ detached() { # detached DIR LOG SCRIPT [VAR=VALUE ...]: bash -c SCRIPT in DIR wi
 
 background_verb() { # bg VERB: remote.sh VERB detached, from a snapshot of this tree, so that it outlives a
     # command's 600 s (a machine's hold still bounds it); the calling environment goes with it
-    # (SERVED_*, SPEEDUP_*, ...), its $OUT is $WORK/bg-VERB/out, and bg-wait VERB collects
-    local verb=${1:?bg VERB} dir
-    dir=$WORK/bg-$verb
+    # (SERVED_*, SPEEDUP_*, ...), its $OUT is $WORK/bg-NAME/out, and bg-wait NAME collects. NAME is
+    # BG_NAME, by default VERB: one verb twice at once under two names (e.g. both releases' curves)
+    local verb=${1:?bg VERB} name=${BG_NAME:-$1} dir
+    dir=$WORK/bg-$name
     if [ -f "$dir/run.log" ] && [ ! -f "$dir/rc" ]; then
-        echo "$verb already running in the background ($dir/run.log)"; return 0
+        echo "$name already running in the background ($dir/run.log)"; return 0
     fi
     rm -rf "$dir" && mkdir -p "$dir/out"
     : > "$dir/run.log"  # before the job starts, so that a second bg at once sees it running
     snapshot_tree "$dir/tree"
     detached "$dir/tree" "$dir/run.log" "bash tests/gpu/remote.sh $verb; echo \$? > $dir/rc" OUT="$dir/out"
-    echo "$verb in the background (log: $dir/run.log; remote.sh bg-wait $verb)"
+    echo "$name in the background (log: $dir/run.log; remote.sh bg-wait $name)"
 }
 
-background_wait() { # bg-wait VERB: wait up to BG_WAIT_S (default 540) for bg VERB, print its log's tail, and
-    # put what its $OUT holds into this command's $OUT, ended or not (a run cut short still has records)
-    local verb=${1:?bg-wait VERB} dir waited=0
+background_wait() { # bg-wait NAME: wait up to BG_WAIT_S (default 540) for bg's job NAME (its VERB, or its
+    # BG_NAME), print its log's tail, and put what its $OUT holds into this command's $OUT, ended or
+    # not (a run cut short still has records)
+    local verb=${1:?bg-wait NAME} dir waited=0
     dir=$WORK/bg-$verb
     [ -f "$dir/run.log" ] || { echo "no bg $verb on this machine ($dir/run.log): run remote.sh bg $verb" >&2; return 1; }
     while [ ! -f "$dir/rc" ] && [ "$waited" -lt "${BG_WAIT_S:-540}" ]; do sleep 5; waited=$((waited + 5)); done
@@ -1339,6 +1341,8 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
     #     does acceptance follow the plan before the grid's hour is spent?)
     #   SPEEDUP_REFS_FROM=nodrafter: references from the server without the drafter, not from a
     #     DFlash server at each K
+    #   SPEEDUP_PORT: the first lane's port (default 8021, a lane 10 more than the one before):
+    #     both releases at once, one a GPU, need two (BG_NAME=... bg speedup-curve for the second)
     # References that came back ($OUT/speedup-refs.tar.gz, speedup-curve-lane-I-refs.tar.gz),
     # staged in .stage/, are used again.
     local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched vargs rc=0 b
@@ -1358,6 +1362,7 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
         --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/speedup" \
         --batches "${SPEEDUP_BATCHES:-0}" --gpus "${SPEEDUP_GPUS:-0}" --lane-dir "$OUT" "${vargs[@]}" \
         ${SPEEDUP_ONLY:+--only "$SPEEDUP_ONLY"} ${SPEEDUP_REFS_FROM:+--refs-from "$SPEEDUP_REFS_FROM"} \
+        ${SPEEDUP_PORT:+--port "$SPEEDUP_PORT"} \
         ${SPEEDUP_BUDGET_S:+--deadline-s $(( (b = SPEEDUP_BUDGET_S - (SECONDS - t0) - 120) > 1 ? b : 1 ))} || rc=$?
     [ "$rc" = 0 ] || echo "speedup_curve.py exited $rc" >&2
     cp tests/gpu/results/speedup-curve.json "$OUT/" 2>/dev/null || true

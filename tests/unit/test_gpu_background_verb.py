@@ -64,3 +64,20 @@ def test_a_wait_that_ends_first_says_so_and_a_failing_verb_gives_its_status(tmp_
 def test_a_wait_on_a_machine_that_never_started_it_refuses(tmp_path):
     done = _run(tmp_path, "background_wait speedup-frozen", "out")
     assert done.returncode == 1 and "no bg speedup-frozen on this machine" in done.stderr
+
+
+def test_one_verb_runs_twice_at_once_under_two_names(tmp_path):
+    # both releases' speed-up curves side by side, one a GPU: BG_NAME tells the two jobs apart
+    first = _run(tmp_path, "BG_NAME=curve-a background_verb speedup-curve", "out0", STAND_IN_S="2")
+    second = _run(tmp_path, "BG_NAME=curve-b background_verb speedup-curve", "out1", STAND_IN_S="2")
+    assert "curve-a in the background" in first.stdout and "curve-b in the background" in second.stdout
+    assert "already running" not in second.stdout
+    for name, out in (("curve-a", "out2"), ("curve-b", "out3")):
+        done = _run(tmp_path, f"background_wait {name}", out, BG_WAIT_S="60")
+        assert f"bg {name} ended: rc 0" in done.stdout
+        assert "verb speedup-curve from " + str(tmp_path / "work" / f"bg-{name}" / "tree") in done.stdout
+        assert (tmp_path / out / "record.json").is_file() and (tmp_path / out / f"bg-{name}.log").is_file()
+    # the same name again while it runs starts nothing
+    _run(tmp_path, "BG_NAME=curve-a background_verb speedup-curve", "out4", STAND_IN_S="3")
+    again = _run(tmp_path, "BG_NAME=curve-a background_verb speedup-curve", "out5")
+    assert "curve-a already running" in again.stdout
