@@ -25,7 +25,8 @@
 #                              against one process (tests/gpu/runs/multinode_served.py)
 #   remote.sh speedup-frozen | speedup-curve   issue 53: the frozen step-time model, then the
 #                              speed-up curve's batches (tests/gpu/README.md, "When DFlash pays")
-#   remote.sh bg VERB | bg-wait VERB   any verb detached, past one command's 600 s; then collected
+#   remote.sh speedup-oracle-cost  the real drafter and the oracle timed in turn on one server
+#   remote.sh bg VERB | bg-wait NAME   any verb detached, past one command's 600 s; then collected
 #
 # Files in /tmp survive between commands on the host, so the parts can arrive
 # one command at a time and each round can run as a command of its own.
@@ -1370,6 +1371,27 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
     return "$rc"
 }
 
+speedup_oracle_cost() { # issue 53: oracle_cost.py on SPEEDUP_VLLM (default 0.33.0): the real drafter and
+    # the oracle at a planned 1.0 timed in turn on one DFlash server at ORACLE_COST_K (15) and
+    # ORACLE_COST_C (4), ORACLE_COST_ROUNDS (3) times; the record in $OUT/speedup-oracle-cost.json.
+    # One GPU (CUDA_VISIBLE_DEVICES); SPEEDUP_PORT and SPEEDUP_BUDGET_S as speedup-curve's.
+    local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched vargs rc=0 b
+    read -r site patched < <(speedup_sites "$v")
+    [ -f "$MODELS_FULL/fullsize-shapes.json" ] || { echo "run remote.sh full-size-checkpoints first" >&2; return 1; }
+    mkdir -p "$OUT" "$WORK/oracle-cost" "$WORK/speedup-refs"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu-oracle-cost.txt"
+    mapfile -t vargs < <(speedup_vllm_args "$site")
+    PYTHONPATH=.:$patched:$site "$PY" tests/gpu/runs/oracle_cost.py --vllm "$v" \
+        --series-hash "$(series_hash "$patched")" --gpu-file "$WORK/gpu-oracle-cost.txt" \
+        --model "$MODELS_FULL/gemma4-26b-a4b-nvfp4" --drafter "$MODELS_FULL/dflash-26b-a4b" \
+        --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/oracle-cost" \
+        --k "${ORACLE_COST_K:-15}" --concurrency "${ORACLE_COST_C:-4}" --rounds "${ORACLE_COST_ROUNDS:-3}" \
+        --record "$OUT/speedup-oracle-cost.json" --port "${SPEEDUP_PORT:-8051}" "${vargs[@]}" \
+        ${SPEEDUP_BUDGET_S:+--deadline-s $(( (b = SPEEDUP_BUDGET_S - (SECONDS - t0) - 60) > 1 ? b : 1 ))} || rc=$?
+    [ "$rc" = 0 ] || echo "oracle_cost.py exited $rc" >&2
+    return "$rc"
+}
+
 cmd=${1:-}
 shift || true
 host_deps  # a bundle installed by an earlier verb on this machine
@@ -1401,6 +1423,7 @@ case "$cmd" in
     fit) fit ;;
     speedup-frozen) speedup_frozen ;;
     speedup-curve) speedup_curve ;;
+    speedup-oracle-cost) speedup_oracle_cost ;;
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
     served-all) served_all ;;

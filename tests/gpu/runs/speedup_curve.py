@@ -690,6 +690,32 @@ def frozen_committed(frozen: Path) -> bool:
     return bars.blob_hash(frozen) in versions
 
 
+def server_arguments(p: argparse.ArgumentParser) -> None:
+    """What a command that starts the curve's servers is told: the release, the checkpoints, how
+    to start ``launcher serve``, and where its servers run."""
+    p.add_argument("--vllm", required=True, choices=sorted({pt.vllm for pt in sg.GRID}))
+    p.add_argument("--series-hash", required=True)
+    p.add_argument("--gpu-file", type=Path)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--drafter", type=Path, required=True)
+    p.add_argument("--launcher", required=True, help="as fullsize_serve.py --launcher")
+    p.add_argument("--recipe", default="gemma4-moe-dflash")
+    p.add_argument("--profile", default="rtx5090")
+    p.add_argument("--vllm-arg", action="append", default=[])
+    p.add_argument("--port", type=int, default=8021)
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpu-proof/speedup"))
+    p.add_argument("--start-timeout-s", type=float, default=600)
+    p.add_argument("--blocker", default=shlex.join([sys.executable, str(HERE / "runs" / "mem_blocker.py")]))
+
+
+def run_meta(args) -> dict:
+    """What every measurement of a run names: series, release, GPU, date (and its lane)."""
+    gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
+    return {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            # a lane ran beside others, one a GPU of the same host
+            **({"lane": args.lane} if getattr(args, "lane", None) else {})}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -699,21 +725,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--record", type=Path, default=REPO / srec.CURVE_PATH)
         p.add_argument("--frozen", type=Path, default=REPO / srec.FROZEN_PATH)
         p.add_argument("--refs", type=Path, default=Path("/tmp/gpu-proof/speedup-refs"))
-    p_run.add_argument("--vllm", required=True, choices=sorted({pt.vllm for pt in sg.GRID}))
-    p_run.add_argument("--series-hash", required=True)
-    p_run.add_argument("--gpu-file", type=Path)
-    p_run.add_argument("--model", type=Path, required=True)
-    p_run.add_argument("--drafter", type=Path, required=True)
-    p_run.add_argument("--launcher", required=True, help="as fullsize_serve.py --launcher")
-    p_run.add_argument("--recipe", default="gemma4-moe-dflash")
-    p_run.add_argument("--profile", default="rtx5090")
-    p_run.add_argument("--vllm-arg", action="append", default=[])
-    p_run.add_argument("--port", type=int, default=8021)
-    p_run.add_argument("--work", type=Path, default=Path("/tmp/gpu-proof/speedup"))
+    server_arguments(p_run)
     p_run.add_argument("--batches", type=int, default=0, help="stop after this many batches (0: all pending)")
-    p_run.add_argument("--start-timeout-s", type=float, default=600)
     p_run.add_argument("--commit", action="store_true", help="git commit the record after each batch")
-    p_run.add_argument("--blocker", default=shlex.join([sys.executable, str(HERE / "runs" / "mem_blocker.py")]))
     p_run.add_argument("--lane", help="I/N: the I-th of every N pending batches (run_lanes starts them)")
     p_run.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): a lane each, records merged after")
     p_run.add_argument("--lane-dir", type=Path, help="where each lane saves its record (default: --work)")
@@ -747,10 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     if args.gpus and (len(args.gpus.split(",")) > 1 or args.lane_dir):
         return run_lanes(args, argv)  # one GPU with --lane-dir: a lane too, its record saved there
-    gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
-    meta = {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            # a lane ran beside others, one a GPU of the same host
-            **({"lane": args.lane} if args.lane else {})}
+    meta = run_meta(args)
     args.end = None if args.deadline_s is None else time.monotonic() + args.deadline_s
     ran, code = 0, 0
     batches = lane_batches(sg.release_batches(args.vllm, args.refs_from), args.lane, args.refs_from)
