@@ -70,6 +70,10 @@ def advice(table: dict | None, *, k: int | None, concurrency: int, acceptance: f
                         "(no speed-up curve is committed)"]
     row = lookup(table, k, concurrency, vllm)
     if row is None:
+        held = [r for r in table.get("left_out") or [] if r.get("k") == k and r.get("concurrency") == concurrency]
+        if held:  # measured, but its break-even was not shown to be the drafter's own
+            return lines + [f"  {where}: acceptance {acc}; the speed-up curve measured here states no break-even: "
+                            f"{held[0].get('why')} (vLLM {held[0].get('vllm')})"]
         have = sorted({(r.get("k"), r.get("concurrency")) for r in table["rows"]})
         return lines + [f"  {where}: acceptance {acc}; the speed-up curve has no points here, so no measured "
                         f"break-even (it covers K, concurrency {', '.join(f'{a}/{b}' for a, b in have)})"]

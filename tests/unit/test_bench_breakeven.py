@@ -52,6 +52,19 @@ def test_no_curve_and_no_point_give_no_number(tmp_path):
     assert "no points here, so no measured break-even" in other and "2.60" not in other and "2.20" not in other
 
 
+def test_a_measured_k_and_concurrency_whose_break_even_is_left_out_says_why(tmp_path):
+    path = tmp_path / "breakeven.json"
+    path.write_text(json.dumps({"rows": ROWS, "left_out": [
+        {"vllm": "0.33.0", "k": 15, "concurrency": 4, "why": "the oracle's cost is over the bar"}]}))
+    table = breakeven.load(path)
+    (line,) = breakeven.advice(table, k=15, concurrency=4, acceptance=3.0, speedup=1.2, vllm="0.33.0")
+    assert "states no break-even: the oracle's cost is over the bar (vLLM 0.33.0)" in line
+    assert "no points here" not in line and "2.60" not in line
+    # another K is still a K the curve has no points at
+    (other,) = breakeven.advice(table, k=7, concurrency=4, acceptance=3.0, speedup=1.2)
+    assert "no points here" in other
+
+
 def test_the_server_k_comes_from_its_metrics():
     assert breakeven.speculative_tokens({"drafts": 10, "draft_tokens": 70}) == 7
     assert breakeven.speculative_tokens({"drafts": 0, "draft_tokens": 0}) is None
