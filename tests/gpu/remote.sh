@@ -1368,6 +1368,11 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
     [ "$rc" = 0 ] || echo "speedup_curve.py exited $rc" >&2
     cp tests/gpu/results/speedup-curve.json "$OUT/" 2>/dev/null || true
     tar -C "$WORK" -czf "$OUT/speedup-refs.tar.gz" speedup-refs
+    # beside the curve too: its page says what the references hold (speedup_report.reference_sets)
+    local gpu
+    gpu=$(head -n 1 "$WORK/gpu.txt" | sed -E 's/^NVIDIA ([^,]*).*/\1/' | tr 'A-Z ' 'a-z-')
+    mkdir -p tests/gpu/results/speedup-curve
+    cp "$OUT/speedup-refs.tar.gz" "tests/gpu/results/speedup-curve/refs-v$v-$(date -u +%F)-$gpu.tar.gz"
     return "$rc"
 }
 

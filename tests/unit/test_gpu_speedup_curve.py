@@ -1089,3 +1089,29 @@ def test_a_control_after_a_plan_needs_the_oracle_to_have_let_the_plan_go(tmp_pat
         curve.run_batch(_batch_args(tmp_path, None), batch, record, {})
     assert "v0.33.0-k3-c4" not in (record.get("oracle_controls") or {})
     assert srec.paired_control(record, next(p for p in batch.points if p.level == 1.0 and p.concurrency == 1))
+
+
+def test_the_page_says_how_many_distinct_tokens_the_references_hold(tmp_path):
+    import io
+    import tarfile
+
+    def archive(name, sets):
+        with tarfile.open(tmp_path / name, "w:gz") as tar:
+            for set_name, refs in sets.items():
+                data = json.dumps({"prompts": [], "references": refs}).encode()
+                info = tarfile.TarInfo(f"speedup-refs/{set_name}.json")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    archive("refs-a.tar.gz", {"v0.33.0-k7-c1-base": [[5] * 10, [6] * 10], "v0.33.0-k3-c1-base": [[1, 2, 3, 1]]})
+    archive("refs-b.tar.gz", {"v0.33.0-k7-c1-base": [[5, 6, 7] * 3, [8] * 9, [1, 2] * 4]})  # made again later
+    sets = report.reference_sets(tmp_path)
+    assert sets["v0.33.0-k7-c1-base"] == {"references": 3, "length": 9, "median_distinct": 2, "max_distinct": 3,
+                                          "archive": "refs-b.tar.gz"}
+    assert sets["v0.33.0-k3-c1-base"]["median_distinct"] == 3
+    md = "\n".join(report.reference_lines(sets))
+    assert "| v0.33.0-k7-c1-base | 3 | 9 | 2, 3 | `speedup-curve/refs-b.tar.gz` |" in md
+    assert report.reference_sets(tmp_path / "none") == {} and report.reference_lines({}) == []
+    # the committed archives: the page's statement that the random-weight target repeats one token
+    committed = report.reference_sets(GPU_DIR / "results" / "speedup-curve")
+    assert committed and all(s["max_distinct"] == 1 for s in committed.values())

@@ -8,6 +8,7 @@ From ``results/speedup-curve.json`` and ``results/speedup-frozen.json`` alone:
   relative gap over bars.yaml's ``speedup_curve.max_break_even_gap`` is flagged;
 * the ``logprobs`` and ``long`` points against the plain point they vary;
 * which K the curve favours for a drafter's per-position acceptance (``k_choice``);
+* what the oracle's references hold (the archives in ``speedup-curve/``: distinct tokens each);
 * ``speedup-curve.md`` (headline first), ``speedup-curve.png`` (speed-up against measured
   acceptance, one colour per K and concurrency, the frozen prediction dashed, 1.0 dashed black),
   and the launcher's table (``launcher/bench/breakeven.json``).
@@ -172,6 +173,42 @@ def stated(b: dict) -> str:
     return f"not stated (the points read {_f(b['break_even'])})"
 
 
+def reference_sets(folder: Path | None) -> dict[str, dict]:
+    """What the oracle's references hold, from the archives a run left (``speedup-refs/*.json``
+    in ``folder/*.tar.gz``; a set in a later archive replaces an earlier one): per set, its
+    references, their length, and the distinct tokens in each (median and largest)."""
+    import statistics
+    import tarfile
+
+    out: dict[str, dict] = {}
+    for archive in sorted(Path(folder).glob("*.tar.gz")) if folder and Path(folder).is_dir() else []:
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if not (member.isfile() and member.name.endswith(".json")):
+                    continue
+                refs = json.loads(tar.extractfile(member).read())["references"]
+                distinct = [len(set(r)) for r in refs] or [0]
+                out[Path(member.name).stem] = {"references": len(refs), "length": max((len(r) for r in refs), default=0),
+                                               "median_distinct": statistics.median(distinct),
+                                               "max_distinct": max(distinct), "archive": archive.name}
+    return out
+
+
+def reference_lines(sets: dict[str, dict]) -> list[str]:
+    if not sets:
+        return []
+    lines = ["", "## What the references hold", "",
+             "The oracle steers acceptance on the target's own greedy continuations. A random-weight target "
+             "falls into a fixed point: where a continuation repeats one token, every verify step of these "
+             "points runs on repeated tokens, not on text, and the MoE's routing of a verify batch may differ "
+             "from what text gives.", "",
+             "| set | references | tokens each | distinct tokens: median, largest | archive |", "|---|---|---|---|---|"]
+    for name, s in sorted(sets.items()):
+        lines.append(f"| {name} | {s['references']} | {s['length']} | {s['median_distinct']:g}, {s['max_distinct']} | "
+                     f"`speedup-curve/{s['archive']}` |")
+    return lines
+
+
 def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[str]:
     """The section on which K the curve favours (``k_choice``), on the main release, from the
     curves whose oracle cost holds."""
@@ -189,7 +226,7 @@ def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[
 
 
 def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
-             acceptance_rows: list[dict] | None = None) -> str:
+             acceptance_rows: list[dict] | None = None, refs: dict[str, dict] | None = None) -> str:
     rows = point_rows(curve)
     costs = oracle_costs(curve)
     table = break_evens(rows, frozen, costs)
@@ -261,6 +298,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
         for v in var:
             lines.append(f"| {v['id']} | {_f(v['speedup'])}x | {_f(v['plain_speedup'])}x | "
                          f"{_f(v['acceptance'])} / {_f(v['plain_acceptance'])} |")
+    lines += reference_lines(refs or {})
     if rows:
         lines += k_lines(rows, acceptance_rows or [], costs)
     if problems:
@@ -300,11 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", type=Path, help="the launcher's break-even table to write")
     parser.add_argument("--acceptance", type=Path,
                         help="per-position acceptance for the K choice (default: acceptance.json beside --curve)")
+    parser.add_argument("--refs-dir", type=Path,
+                        help="the runs' reference archives (default: speedup-curve/ beside --curve)")
     args = parser.parse_args(argv)
     curve, frozen = json.loads(args.curve.read_text()), json.loads(args.frozen.read_text())
     acceptance = args.acceptance or args.curve.with_name("acceptance.json")
     rows = json.loads(acceptance.read_text()) if acceptance.is_file() else []
-    args.md.write_text(markdown(curve, frozen, args.png.name, rows))
+    refs = reference_sets(args.refs_dir or args.curve.with_name("speedup-curve"))
+    args.md.write_text(markdown(curve, frozen, args.png.name, rows, refs))
     args.png.write_bytes(chart(curve, frozen))
     if args.table:
         args.table.write_text(json.dumps(launcher_table(curve, frozen), indent=1, sort_keys=True) + "\n")
