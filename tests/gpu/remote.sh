@@ -85,22 +85,17 @@ parts_held() { # per bundle manifest in $BUNDLE_DIR: the parts held (a part fail
     parts held
 }
 
-install_bundle() { # install_bundle STEM SITE REQUIREMENTS: one staged vLLM into its own folder (once)
-    local stem=$1 site=$2 reqs=$3 parts
-    if [ -f "$site/.bundle-installed" ]; then
-        echo "$stem already installed in $site"; return 0
-    fi
-    parts=$(assemble "$stem") || return 1
-    rm -rf "$WORK/$stem" && mkdir -p "$WORK/$stem" "$site"
-    # shellcheck disable=SC2086
-    cat $parts | xz -d | tar -x -C "$WORK/$stem"
-    # Exact pins from the requirements file: a stale wheel in the bundle is ignored.
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$site" --find-links "$WORK/$stem/wheels" -r "$reqs"
-    cp -a "$WORK/$stem/site/." "$site/"
-    rm -rf "${WORK:?}/$stem"
-    touch "$site/.bundle-installed"
+install_bundle() { # install_bundle STEM SITE REQUIREMENTS: one staged vLLM into its own folder (once;
+    # tests/gpu/staging/install.py bundle), then imported
+    local stem=$1 site=$2 reqs=$3
+    [ -f "$site/.bundle-installed" ] && { echo "$stem already installed in $site"; return 0; }
+    host_env "$PY" tests/gpu/staging/install.py bundle "$stem" "$site" "$reqs" || return 1
     PYTHONPATH=$site "$PY" -c 'import vllm, transformers, torch; print("vllm", vllm.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
+}
+
+host_env() { # host_env CMD...: CMD with the folders install.py reads (remote.sh's variables)
+    BUNDLE_DIR=$BUNDLE_DIR WORK=$WORK SITE=$SITE SITE_PATCHED=$SITE_PATCHED MODELS_RS=$MODELS_RS \
+        MODELS_TRAINED=$MODELS_TRAINED SITE_QUANT=$SITE_QUANT PY=$PY "$@"
 }
 
 install() { # vLLM 0.21.0 and its wheels into $SITE
@@ -246,49 +241,8 @@ MODELS_RS=${MODELS_RS:-/tmp/models-rs}
 SITE_QUANT=${SITE_QUANT:-/tmp/site-quant}
 
 extras() { # every extras* bundle staged: FA2 into the installed vLLM, checkpoints into $MODELS_RS
-    local manifest stem sha parts found=0
-    # In name order: extras-update-drafter (remote.sh pack-drafter) lands over extras-trained's drafter.
-    for manifest in "$BUNDLE_DIR"/extras*.json; do
-        [ -f "$manifest" ] || continue
-        found=1
-        stem=$(basename "$manifest" .json)
-        sha=$(parts sha "$stem")
-        if [ "$(cat "$SITE/.$stem-installed" 2>/dev/null)" = "$sha" ]; then
-            echo "$stem already installed"; continue
-        fi
-        parts=$(assemble "$stem") || return 1
-        rm -rf "$WORK/extras" && mkdir -p "$WORK/extras" "$MODELS_RS"
-        # shellcheck disable=SC2086
-        cat $parts | tar -x -C "$WORK/extras"
-        if [ -f "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" ] && [ ! -d "$SITE/vllm/vllm_flash_attn" ]; then
-            # A background extras may run before the bundle's install has made $SITE (it
-            # died here once, and set -e took the checkpoints after it down too): FA2 waits, unmarked,
-            # for the next extras (prepare, every verb).
-            echo "$stem: vLLM is not in $SITE yet (remote.sh install): FA2 waits for the next extras"
-            rm -rf "$WORK/extras"; continue
-        fi
-        if [ -f "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" ]; then
-            xz -d -c "$WORK/extras/fa2/_vllm_fa2_C.abi3.so.xz" > "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
-            # A patched copy made before FA2 arrived gets it too.
-            [ -d "$SITE_PATCHED/vllm/vllm_flash_attn" ] && \
-                cp "$SITE/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$SITE_PATCHED/vllm/vllm_flash_attn/"
-            PYTHONPATH=$SITE "$PY" -c 'import vllm.vllm_flash_attn._vllm_fa2_C as m; print("FA2 loads:", m.__file__)'
-        fi
-        [ -d "$WORK/extras/models" ] && cp -a "$WORK/extras/models/." "$MODELS_RS/"
-        if [ -d "$WORK/extras/models-trained" ]; then
-            mkdir -p "$MODELS_TRAINED" && cp -a "$WORK/extras/models-trained/." "$MODELS_TRAINED/"
-        fi
-        if [ -d "$WORK/extras/wheels" ]; then
-            # Kept apart from $SITE: only the quantize step puts them on PYTHONPATH.
-            "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE_QUANT" \
-                "$WORK/extras/wheels"/*
-        fi
-        rm -rf "$WORK/extras"
-        # extras-trained holds only models: it may arrive before the bundle made $SITE.
-        mkdir -p "$SITE" && echo "$sha" > "$SITE/.$stem-installed"
-        echo "$stem installed"
-    done
-    [ "$found" = 1 ] || echo "no extras*.json staged (stage.py --extras): FA2 absent, FLASH_ATTN runs FA3"
+    # (tests/gpu/staging/install.py extras)
+    host_env "$PY" tests/gpu/staging/install.py extras
 }
 
 realshape_meta() { # realshape_meta OUT.json [SITE HASH HASH_MM]: date, GPU, versions, series hashes, command

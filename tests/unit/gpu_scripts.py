@@ -97,3 +97,19 @@ def transformers_517() -> Path:
     # than the venv's 0.22; huggingface-hub>=1.5, safetensors>=0.8, regex, numpy,
     # packaging, pyyaml, typer and tqdm are already satisfied by it.
     return pip_target("transformers-5.17.0", ["transformers==5.17.0", "tokenizers>=0.23.1,<0.24"])
+
+
+class StandInServer:
+    """A curve server's place in CPU tests (vLLM cannot run here): a base URL, a model name and
+    an id; entering and leaving it starts and stops nothing."""
+
+    server_id = "stand-in"
+
+    def __init__(self, *args, **kwargs):
+        self.base, self.model, self.id = "http://127.0.0.1:1", "m", self.server_id
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

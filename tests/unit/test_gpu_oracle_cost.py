@@ -14,22 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.gpu_scripts import load
+from tests.unit.gpu_scripts import StandInServer, load
 
 cost = load("oracle_cost")
 curve = cost.curve
 oracle = load("oracle")
 
 
-class _Server:
-    def __init__(self, *args, **kwargs):
-        self.base, self.model, self.id = "http://127.0.0.1:1", "m", "one-server"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+class _Server(StandInServer):
+    server_id = "one-server"
 
 
 def _setup(tmp_path, monkeypatch, tpot_of):

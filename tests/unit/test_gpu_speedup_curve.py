@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.gpu_scripts import GPU_DIR, load
+from tests.unit.gpu_scripts import GPU_DIR, StandInServer, load
 
 bars = load("bars")
 sg = load("speedup_grid")
@@ -561,17 +561,7 @@ def _plan_stub(adopt=True):
     return write
 
 
-class _StandInServer:
-    """A DFlash server's place (vLLM cannot run here): a base URL and a model name."""
-
-    def __init__(self, *args, **kwargs):
-        self.base, self.model, self.id = "http://127.0.0.1:1", "m", "stand-in"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+_StandInServer = StandInServer  # a DFlash server's place (vLLM cannot run here)
 
 
 def _dflash_batch_setup(curve, tmp_path, monkeypatch, acceptance_of):
