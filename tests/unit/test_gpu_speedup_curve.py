@@ -1105,3 +1105,19 @@ def test_the_page_says_how_many_distinct_tokens_the_references_hold(tmp_path):
     # the committed archives: the page's statement that the random-weight target repeats one token
     committed = report.reference_sets(GPU_DIR / "results" / "speedup-curve")
     assert committed and all(s["max_distinct"] == 1 for s in committed.values())
+
+
+def test_plan_lists_the_batches_run_makes_and_what_each_lacks(tmp_path, capsys):
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    record = srec.new(frozen)
+    done = sg.Point("0.33.0", 15, 1, 1.5)
+    srec.put(record, done, "baseline", _measure())
+    srec.put(record, done, "dflash", {**_measure(acceptance=1.5), "server": "s"})
+    srec.save(record, tmp_path / "curve.json")
+    assert curve.main(["plan", "--record", str(tmp_path / "curve.json"), "--frozen", str(frozen)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [b.id for v in ("0.33.0", "0.21.0") for b in sg.release_batches(v)]
+    k15 = next(line for line in lines if line.startswith("v0.33.0-k15-c1 "))
+    assert done.id not in k15 and "v0.33.0-k15-c1-a2-base" in k15 and "11/12 pending" in k15

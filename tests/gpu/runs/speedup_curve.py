@@ -690,6 +690,16 @@ def frozen_committed(frozen: Path) -> bool:
     return bars.blob_hash(frozen) in versions
 
 
+def plan_lines(record: dict, refs: Path, refs_from: str) -> list[str]:
+    """Each release's batches as ``run`` makes them, and what each still has to measure."""
+    out = []
+    for vllm in dict.fromkeys(p.vllm for p in sg.GRID):
+        for b in sg.release_batches(vllm, refs_from):
+            todo = srec.pending(b, record, has_reference(refs) if refs_from == "nodrafter" else (lambda p: True))
+            out.append(f"{b.id:28} {len(todo)}/{len(b.points)} pending  {' '.join(p.id for p in todo)}")
+    return out
+
+
 def server_arguments(p: argparse.ArgumentParser) -> None:
     """What a command that starts the curve's servers is told: the release, the checkpoints, how
     to start ``launcher serve``, and where its servers run."""
@@ -731,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--lane", help="I/N: the I-th of every N pending batches (run_lanes starts them)")
     p_run.add_argument("--gpus", help="GPUs of this host (e.g. 0,1): a lane each, records merged after")
     p_run.add_argument("--lane-dir", type=Path, help="where each lane saves its record (default: --work)")
-    p_run.add_argument("--refs-from", choices=REFS_FROM, default=REFS_FROM[0],
+    for p in (p_plan, p_run):
+        p.add_argument("--refs-from", choices=REFS_FROM, default=REFS_FROM[0],
                        help="where references are made (dflash: a DFlash server at the point's K and concurrency)")
     p_run.add_argument("--only", type=lambda v: set(filter(None, v.split(","))),
                        help="measure only these point ids (a pilot: does acceptance follow the plan?)")
@@ -752,9 +763,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"merged {len(args.lanes)} lane record(s) into {args.record}", flush=True)
         return 0
     if args.cmd == "plan":
-        for b in sg.batches():
-            todo = srec.pending(b, record, has_reference(args.refs))
-            print(f"{b.id:28} {len(todo)}/{len(b.points)} pending  {' '.join(p.id for p in todo)}")
+        for line in plan_lines(record, args.refs, args.refs_from):
+            print(line)
         return 0
     if not frozen_committed(args.frozen):
         parser.error(f"{args.frozen} is not committed: commit the frozen model before the curve")
