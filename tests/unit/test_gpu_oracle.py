@@ -216,7 +216,7 @@ class _BothPaths:
     the drafts must be the same, row for row, call for call."""
 
     def __init__(self, o):
-        self.o, self.device, self.calls = o, oracle.DeviceDrafts(o), 0
+        self.o, self.device, self.calls, self.partial = o, oracle.DeviceDrafts(o), 0, 0
 
     def step(self, rows, k):
         torch = pytest.importorskip("torch")
@@ -228,25 +228,36 @@ class _BothPaths:
             torch.tensor([r.num_rejected for r in rows]), torch.tensor([r.sampled for r in rows]), k)
         device = {i: drafts[i].tolist() for i in range(len(rows)) if bool(use[i])}
         assert device == host, f"call {self.calls + 1}"
+        # what each path writes over the real drafter's tokens (9s): the same, position for position
+        written = [torch.full((len(rows), k), 9, dtype=torch.int64) for _ in range(2)]
+        if k:
+            oracle._write_drafts(written[0], host, k, self.o.lengths)
+            oracle.DeviceDrafts.write(written[1], drafts, use, k, self.device.keep)
+        assert written[0].tolist() == written[1].tolist(), f"call {self.calls + 1}"
+        self.partial += sum(1 for row in written[0].tolist() if 9 in row and row != [9] * k)
         self.calls += 1
         return host
 
 
+@pytest.mark.parametrize("tail", oracle.TAILS)
 @pytest.mark.parametrize("short", [False, True])
-def test_device_drafts_equal_the_host_oracle_under_batching_chunks_preemption_and_trims(tmp_path, short):
+def test_device_drafts_equal_the_host_oracle_under_batching_chunks_preemption_and_trims(tmp_path, short, tail):
     """The timed runs' path (ORACLE_LOG=off) against the logged one, on the engine above; with
-    ``short`` the references end before max_tokens + K, so drafts run into the padding."""
+    ``short`` the references end before max_tokens + K, so drafts run into the padding; with the
+    ``drafter`` tail both set a proposal only up to its first wrong position."""
     prompts, refs, o = _setup(tmp_path, 6)
-    if short:  # the target still follows the whole reference; the plan holds less of it
-        oracle.make_plan_file(tmp_path / "plan.json", prompts, [r[:137 - 3 * i] for i, r in enumerate(refs)],
-                              [137] * 6, VOCAB, SPECIAL, seed=5, f_cycles=[[0, 1], [3], None, [15, 2], [1], None])
-        o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
+    cut = [r[:137 - 3 * i] for i, r in enumerate(refs)] if short else refs
+    # short: the target still follows the whole reference; the plan holds less of it
+    oracle.make_plan_file(tmp_path / "plan.json", prompts, cut, [137] * 6, VOCAB, SPECIAL, seed=5,
+                          f_cycles=[[0, 1], [3], None, [15, 2], [1], None], tail=tail)
+    o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
     both = _BothPaths(o)
     eng = _Engine(prompts, refs, [137] * 6, both)
     eng.run([0], chunked={0})
     eng.run([1, 2, 3, 4, 5], chunked={3}, preempt={(2, 5), (4, 9)}, trim={(1, 4): 3, (5, 6): 1})
     assert both.calls > 30 and len(eng.accepted) > 30
     assert len(set(eng.accepted)) > 3  # drafts both accepted and rejected, at several lengths
+    assert (both.partial > 0) == (tail == "drafter")  # rows whose tail kept the drafter's tokens
     # Unknown prompts and k = 0 keep the real drafter's tokens on both paths.
     assert both.step([oracle.Row("x", (9, 9, 9), 3, 0, 0)], K) == {}
     assert both.step([oracle.Row("y", tuple(prompts[0]), len(prompts[0]) + 1, 0, 0)], 0) == {}

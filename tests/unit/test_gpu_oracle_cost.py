@@ -44,7 +44,9 @@ def _setup(tmp_path, monkeypatch, tpot_of):
         elif path is not None:
             oracle.dropped_marker(path).touch()
         check()
-        kind = "oracle" if path is not None and path.exists() else "real_drafter"
+        kind = "real_drafter"
+        if path is not None and path.exists():
+            kind = cost.oracle_kind(json.loads(path.read_text()).get("tail", "reference"))
         timed.append(kind)
         return {"successful": 32, "failed": 0, "output_tok_s": 100.0, "tpot_ms_mean": tpot_of(kind, len(timed)),
                 "acceptance": {"mean_acceptance_length": 1.0}, **meta}
@@ -63,19 +65,28 @@ def _setup(tmp_path, monkeypatch, tpot_of):
     return argv, timed
 
 
-def test_the_two_kinds_alternate_on_one_server_and_the_summary_sets_them_apart(tmp_path, monkeypatch):
-    argv, timed = _setup(tmp_path, monkeypatch, lambda kind, n: 10.4 + 0.01 * n if kind == "oracle" else 10.0 + 0.02 * n)
+def test_the_kinds_alternate_on_one_server_and_the_summary_sets_them_apart(tmp_path, monkeypatch):
+    tpot = {"real_drafter": 10.0, "oracle": 10.4, "oracle_drafter_tail": 10.05}
+    argv, timed = _setup(tmp_path, monkeypatch, lambda kind, n: tpot[kind] + 0.01 * n)
     assert cost.main(argv) == 0
-    assert timed == ["real_drafter", "oracle"] * 3
+    assert timed == ["real_drafter", "oracle", "oracle_drafter_tail"] * 3
     rec = json.loads((tmp_path / "cost.json").read_text())
-    assert [r["kind"] for r in rec["runs"]] == timed and [r["round"] for r in rec["runs"]] == [1, 1, 2, 2, 3, 3]
+    assert [r["kind"] for r in rec["runs"]] == timed and [r["round"] for r in rec["runs"]] == [1] * 3 + [2] * 3 + [3] * 3
+    assert [r.get("tail") for r in rec["runs"][:3]] == [None, "reference", "drafter"]
     assert {r["server"] for r in rec["runs"]} == {"one-server"} and rec["point"]["id"] == "v0.33.0-k15-c4-a1-base"
     s = rec["summary"]
-    real = [10.02, 10.06, 10.10]
-    oracle_ = [10.42, 10.44, 10.46]
-    assert s["real_drafter"]["tpot_ms_mean"] == pytest.approx(sum(real) / 3)
-    assert s["real_drafter"]["spread"] == pytest.approx((10.10 - 10.02) / (sum(real) / 3))
-    assert s["oracle_cost"] == pytest.approx((sum(oracle_) / 3) / (sum(real) / 3) - 1)
+    real = [10.01, 10.04, 10.07]
+    assert s["kinds"]["real_drafter"]["tpot_ms_mean"] == pytest.approx(sum(real) / 3)
+    assert s["kinds"]["real_drafter"]["spread"] == pytest.approx((10.07 - 10.01) / (sum(real) / 3))
+    assert s["costs"]["oracle"] == pytest.approx((10.4 + 0.05) / (10.0 + 0.04) - 1)
+    assert s["costs"]["oracle_drafter_tail"] == pytest.approx((10.05 + 0.06) / (10.0 + 0.04) - 1)
+    # one tail asked for: two kinds a round
+    argv2, timed2 = _setup(tmp_path / "b", monkeypatch, lambda kind, n: tpot[kind])
+    (tmp_path / "b").mkdir()
+    assert cost.main([*argv2[:-2], "--record", str(tmp_path / "b.json"), "--tails", "reference"]) == 0
+    assert timed2 == ["real_drafter", "oracle"] * 3
+    with pytest.raises(SystemExit):
+        cost.main([*argv2, "--tails", "random"])
     # the references were made on this server before any plan, and the plan names them
     assert json.loads((tmp_path / "refs" / "v0.33.0-k15-c4-base.json").read_text())["made_on"] == "k15"
 
@@ -92,7 +103,8 @@ def test_a_real_drafter_run_after_a_plan_needs_the_oracle_to_have_let_it_go(tmp_
     with pytest.raises(RuntimeError, match="still holds its plan"):
         cost.main(argv)
     rec = json.loads((tmp_path / "cost.json").read_text())
-    assert [r["kind"] for r in rec["runs"]] == ["real_drafter", "oracle"]  # the third run was refused
+    # the second round's real drafter was refused
+    assert [r["kind"] for r in rec["runs"]] == ["real_drafter", "oracle", "oracle_drafter_tail"]
 
 
 def test_the_deadline_stops_between_runs_and_keeps_what_ran(tmp_path, monkeypatch):
@@ -101,7 +113,7 @@ def test_the_deadline_stops_between_runs_and_keeps_what_ran(tmp_path, monkeypatc
     monkeypatch.setattr(curve, "left", lambda args: next(clock))
     assert cost.main(argv) == 3
     rec = json.loads((tmp_path / "cost.json").read_text())
-    assert 0 < len(rec["runs"]) < 6 and rec["summary"]["oracle_cost"] == pytest.approx(0.0)
+    assert 0 < len(rec["runs"]) < 9 and rec["summary"]["costs"]["oracle"] == pytest.approx(0.0)
 
 
 def test_the_summary_leaves_out_short_runs_and_a_kind_without_runs():
@@ -110,5 +122,5 @@ def test_the_summary_leaves_out_short_runs_and_a_kind_without_runs():
             {"kind": "oracle", "successful": 20, "output_tok_s": 1.0, "tpot_ms_mean": 99.0,
              "acceptance": {"mean_acceptance_length": 1.0}}]
     s = cost.summary(runs)
-    assert s["real_drafter"] == {"runs": 1, "tpot_ms_mean": 10.0, "spread": None}
-    assert s["oracle"]["runs"] == 0 and s["oracle_cost"] is None
+    assert s["kinds"]["real_drafter"] == {"runs": 1, "tpot_ms_mean": 10.0, "spread": None}
+    assert s["kinds"]["oracle"]["runs"] == 0 and s["costs"]["oracle"] is None

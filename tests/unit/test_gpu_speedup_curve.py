@@ -552,7 +552,7 @@ def _stub_measure(base, model, point, prompts, *, with_drafter, meta, timeout=No
 
 def _plan_stub(adopt=True):
     """oracle_plan's stand-in: the plan noted, and read at once by the server's oracle."""
-    def write(path, points, refs, k, vocab):
+    def write(path, points, refs, k, vocab, tail="reference"):
         _PLANS.append(path)
         Path(path).write_text("{}")
         if adopt:
@@ -805,7 +805,7 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
 
     stub = _plan_stub()
 
-    def oracle_plan(path, points, refs, k, vocab):  # the plan written, and read by the server's oracle
+    def oracle_plan(path, points, refs, k, vocab, tail="reference"):  # the plan written, and read by the server's oracle
         plans.append([p.id for p in points])
         events.append("plan")
         stub(path, points, refs, k, vocab)

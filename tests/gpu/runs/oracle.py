@@ -48,6 +48,7 @@ import hooks  # noqa: E402
 
 K_DEFAULT = 15
 PLAN_VERSION = 1
+TAILS = ("reference", "drafter")  # a proposal past its first wrong position (make_plan_file)
 # ORACLE_LOG=off: no log line is written, and the drafts are gathered on the device (DeviceDrafts:
 # nothing read back while a run is timed); they are the same drafts.
 LOG_OFF = "off"
@@ -197,16 +198,21 @@ def hist_from_counters(num_drafts: int, pos: list[int]) -> list[int]:
 
 def make_plan_file(path, prompts: list[list[int]], references: list[list[int]],
                    max_tokens: list[int], vocab_size: int, special_ids=(), seed: int = 0,
-                   k: int = K_DEFAULT, f_cycles: list | None = None) -> dict:
+                   k: int = K_DEFAULT, f_cycles: list | None = None, tail: str = "reference") -> dict:
     """The plan the oracle reads on the GPU host. ``references[i]`` is the one-at-a-time
     greedy continuation of ``prompts[i]``; it should hold max_tokens[i] + k tokens (a
     verify step may accept drafts past max_tokens, and vLLM's counters count them).
-    ``f_cycles[i]``: the first-wrong pattern of request i (``planned_first_wrong``), or None."""
+    ``f_cycles[i]``: the first-wrong pattern of request i (``planned_first_wrong``), or None.
+    ``tail`` (``TAILS``): what a proposal holds past its first wrong position, which no verify
+    accepts: the reference's tokens, or the real drafter's own (the oracle then sets only the
+    positions acceptance needs, and a verify step sees the drafter's guesses after them)."""
     assert len(prompts) == len(references) == len(max_tokens)
+    if tail not in TAILS:
+        raise ValueError(f"tail {tail!r}: one of {', '.join(TAILS)}")
     cycles = [None] * len(prompts) if f_cycles is None else f_cycles
     assert len(cycles) == len(prompts)
     data = {"version": PLAN_VERSION, "k": k, "seed": seed, "vocab_size": vocab_size,
-            "special_ids": sorted(set(special_ids)),
+            "special_ids": sorted(set(special_ids)), **({"tail": tail} if tail != TAILS[0] else {}),
             "requests": [{"prompt": list(p), "reference": list(r), "max_tokens": m,
                           "short": len(r) < m + k, **({"f_cycle": list(fc)} if fc else {})}
                          for p, r, m, fc in zip(prompts, references, max_tokens, cycles)]}
@@ -283,6 +289,7 @@ class Oracle:
         self.steps: dict[str, int] = {}  # req_id -> proposals made so far
         self.calls = 0
         self.proposals = 0
+        self.lengths: dict[int, int] = {}  # the last call's rows set only in part (``step``)
         self.device = DeviceDrafts(self)  # the log-off path (timed runs)
 
     def adopt(self, plan_data: dict) -> None:
@@ -291,6 +298,7 @@ class Oracle:
         self.seed = plan_data["seed"]
         self.vocab_size = plan_data["vocab_size"]
         self.special_ids = tuple(plan_data.get("special_ids", ()))
+        self.tail = plan_data.get("tail", TAILS[0])
         self.requests = plan_data["requests"]
         self.by_prompt = {}
         for i, r in enumerate(self.requests):
@@ -333,6 +341,7 @@ class Oracle:
         k = self.k if k is None else k
         self.calls += 1
         out, lines = {}, []
+        self.lengths = {}  # rows whose proposal is set only up to its first wrong position (tail "drafter")
         for i, row in enumerate(rows):
             prompt = row.prompt if row.prompt is not None else self.prompts.get(row.req_id)
             p = self.by_prompt.get(prompt) if prompt is not None else None
@@ -354,6 +363,8 @@ class Oracle:
                                                  self.special_ids)
                 rec.update(step=step, f=f, f_eff=f_eff, k=k, tail=tail, draft=draft)
                 out[i] = draft
+                if self.tail == "drafter" and f_eff + 1 < k:
+                    self.lengths[i] = rec["set"] = f_eff + 1
                 self.proposals += 1
             lines.append(rec)
         if self.log_path is not None:
@@ -379,7 +390,10 @@ class DeviceDrafts:
 
     def __init__(self, oracle: "Oracle"):
         self.oracle = oracle
-        self.tables = None  # (plan, device, refs, wrong, first_wrong)
+        self.tables = None  # (plan, device, refs, wrong, first_wrong, reference lengths)
+        # the last call's [rows, k] mask of positions it sets (tail "drafter": up to the first
+        # wrong one), or None (every position of a used row): ``write``'s ``keep``
+        self.keep = None
         self.slots: dict[str, int] = {}  # req_id -> its proposal counter's index
         self.p_of: dict[str, int] = {}  # req_id -> plan request (-1: not planned)
         self.steps = None  # proposals made so far, per slot (device)
@@ -395,8 +409,9 @@ class DeviceDrafts:
         # past that the steps wrap, which keeps an f_cycle (one or two values) exact at any step.
         horizon = max((r["max_tokens"] for r in reqs), default=0) + 2
         horizon += horizon % 2
-        refs, wrong, first = [], [], []
+        refs, wrong, first, lens = [], [], [], []
         for p, r in enumerate(reqs):
+            lens.append([len(r["reference"])])
             ref = list(r["reference"])
             pad = wrong_token(ref[-1] if ref else 0, o.vocab_size, o.special_ids)
             fill = [pad] * (width - len(ref))
@@ -407,7 +422,7 @@ class DeviceDrafts:
         def as_tensor(rows):
             host = torch.tensor(rows or [[0]], dtype=torch.long)
             return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
-        self.tables = (o.plan, device, as_tensor(refs), as_tensor(wrong), as_tensor(first))
+        self.tables = (o.plan, device, as_tensor(refs), as_tensor(wrong), as_tensor(first), as_tensor(lens)[:, 0])
         self.p_of, self.rows_key = {}, None  # rows mapped under an earlier plan map again
 
     def _plan_request(self, req_id: str, prompt_of) -> int:
@@ -461,7 +476,7 @@ class DeviceDrafts:
         device = seq_lens.device
         if self.tables is None or self.tables[0] is not self.oracle.plan or self.tables[1] != device:
             self._build(device)
-        _, _, refs, wrong, first = self.tables
+        _, _, refs, wrong, first, lens = self.tables
         p, slot, plen = self._row_tensors(req_ids, prompt_of, device)
         planned = p >= 0
         p = p.clamp(min=0)
@@ -474,17 +489,22 @@ class DeviceDrafts:
         rows = p[:, None]
         out = torch.where(cols[None, :] == f[:, None], wrong[rows, pos], refs[rows, pos])
         self.steps.index_add_(0, slot, use.long())
+        self.keep = None
+        if self.oracle.tail == "drafter":  # the first position not reference-correct, as build_draft's f_eff
+            f_eff = torch.minimum(f, (lens[p] - n).clamp(min=0))
+            self.keep = cols[None, :] <= f_eff[:, None]
         return out, use
 
     @staticmethod
-    def write(out, drafts, use, k: int) -> None:
+    def write(out, drafts, use, k: int, keep=None) -> None:
         """Into the propose output ([rows, K]) in place, on the current stream: the used
-        rows' drafts in its first k columns."""
+        rows' drafts in its first k columns, only where ``keep`` ([rows, k]) is true if given."""
         import torch
 
         with torch.inference_mode():
             n = drafts.shape[0]
-            out[:n, :k] = torch.where(use[:, None], drafts.to(out.dtype), out[:n, :k])
+            mask = use[:, None] if keep is None else use[:, None] & keep
+            out[:n, :k] = torch.where(mask, drafts.to(out.dtype), out[:n, :k])
 
 
 def read_log(path) -> list[dict]:
@@ -561,18 +581,23 @@ def check_counters(analysis: dict, num_drafts: int, pos: list[int]) -> dict:
 # ------------------------------------------------------------------ hooks (GPU host)
 
 
-def _write_drafts(out, drafts: dict[int, list[int]], k: int) -> None:
+def _write_drafts(out, drafts: dict[int, list[int]], k: int, lengths: dict[int, int] | None = None) -> None:
     """Overwrite rows of the propose output tensor in place ([num_reqs, K] int64 on the
-    GPU), on the current stream, after the real drafter wrote it."""
+    GPU), on the current stream, after the real drafter wrote it; a row in ``lengths`` only
+    in its first ``lengths[row]`` columns (the rest keep the drafter's tokens)."""
     import torch
 
     if not drafts:
         return
-    idx = sorted(drafts)
+    lengths = lengths or {}
+    idx = sorted(i for i in drafts if i not in lengths)
     with torch.inference_mode():
-        rows = torch.tensor(idx, dtype=torch.long, device=out.device)
-        vals = torch.tensor([drafts[i] for i in idx], dtype=out.dtype, device=out.device)
-        out[rows, :k] = vals
+        if idx:
+            rows = torch.tensor(idx, dtype=torch.long, device=out.device)
+            vals = torch.tensor([drafts[i] for i in idx], dtype=out.dtype, device=out.device)
+            out[rows, :k] = vals
+        for i, n in lengths.items():  # the logged path: not timed, a copy a row is fine
+            out[i, :n] = torch.tensor(drafts[i][:n], dtype=out.dtype, device=out.device)
 
 
 def _install_v1(oracle: Oracle, hook: dict) -> None:
@@ -613,7 +638,7 @@ def _install_v1(oracle: Oracle, hook: dict) -> None:
             rows.append(Row(rid, prompt, int(seq[i]), int(batch.rejected[i]), len(spec.get(rid, ())),
                             sampled=batch.sampled[i], last_token=int(batch.bonus[i])))
         k = out.shape[-1]
-        _write_drafts(out, oracle.step(rows, k), k)
+        _write_drafts(out, oracle.step(rows, k), k, oracle.lengths)
         return out
 
     cls.propose = propose
@@ -660,7 +685,7 @@ def _install_v2(oracle: Oracle, hook: dict) -> None:
         k = out.shape[-1] if kspec is None else int(kspec)
         rows = [Row(rid, None, int(seq[i]), int(batch.rejected[i]), drafts[i], sampled=batch.sampled[i],
                     last_token=int(batch.bonus[i])) for i, rid in enumerate(batch.req_ids)]
-        _write_drafts(out, oracle.step(rows, k), k)
+        _write_drafts(out, oracle.step(rows, k), k, oracle.lengths)
         return out
 
     states_cls.add_request = add_request
@@ -697,7 +722,7 @@ def _timed_v1(oracle: Oracle, runner, a: dict, run):
     out = run()
     k = out.shape[-1]
     drafts, use = oracle.device.drafts(req_ids, prompt_of, seq, rej, sampled, k)
-    DeviceDrafts.write(out, drafts, use, k)
+    DeviceDrafts.write(out, drafts, use, k, oracle.device.keep)
     return out
 
 
@@ -717,7 +742,7 @@ def _timed_v2(oracle: Oracle, a: dict, run):
     kspec = a.get("num_speculative_tokens")
     k = out.shape[-1] if kspec is None else int(kspec)
     drafts, use = oracle.device.drafts(req_ids, oracle.prompts.get, seq, rej, sampled, k)
-    DeviceDrafts.write(out, drafts, use, k)
+    DeviceDrafts.write(out, drafts, use, k, oracle.device.keep)
     return out
 
 

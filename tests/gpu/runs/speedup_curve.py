@@ -216,9 +216,10 @@ def usable_reference(refs: Path, point: sg.Point, k: int, from_nodrafter: bool, 
     return all(origin.get(key) in (None, meta.get(key)) for key in ("gpu", "series"))
 
 
-def oracle_plan(path: Path, points: list[sg.Point], refs: Path, k: int, vocab_size: int) -> dict:
+def oracle_plan(path: Path, points: list[sg.Point], refs: Path, k: int, vocab_size: int, tail: str = "reference") -> dict:
     """A plan for a DFlash server: the points' prompts, references and first-wrong pattern (the
-    curve writes one point's before each point: the levels share their prompts)."""
+    curve writes one point's before each point: the levels share their prompts); ``tail``: what
+    a proposal holds past its first wrong position (``oracle.TAILS``)."""
     import oracle
 
     prompts, references, max_tokens, cycles = [], [], [], []
@@ -230,7 +231,7 @@ def oracle_plan(path: Path, points: list[sg.Point], refs: Path, k: int, vocab_si
             references.append(ref)
             max_tokens.append(sg.OUTPUT_LEN)
             cycles.append(cycle)
-    return oracle.make_plan_file(path, prompts, references, max_tokens, vocab_size, k=k, f_cycles=cycles)
+    return oracle.make_plan_file(path, prompts, references, max_tokens, vocab_size, k=k, f_cycles=cycles, tail=tail)
 
 
 # ------------------------------------------------------------------ a server
@@ -452,12 +453,12 @@ def ready_points(todo: list, usable) -> list:
     return ready
 
 
-def point_plan(plan: Path, point: sg.Point, refs: Path, k: int, vocab: int) -> None:
+def point_plan(plan: Path, point: sg.Point, refs: Path, k: int, vocab: int, tail: str = "reference") -> None:
     """The oracle's plan for one point, written whole over the last (the server's oracle reads it
     at its next propose call, the warm-up's), its marker removed first: after the timed run the
     marker shows that this plan was read."""
     oracle_adopted(plan).unlink(missing_ok=True)
-    oracle_plan(plan, [point], refs, k, vocab)
+    oracle_plan(plan, [point], refs, k, vocab, tail)
 
 
 def collapse_key(point: sg.Point, k: int, from_nodrafter: bool) -> str:
