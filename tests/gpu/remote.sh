@@ -1333,7 +1333,8 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
 speedup_oracle_cost() { # issue 53: oracle_cost.py on SPEEDUP_VLLM (default 0.33.0): the real drafter and
     # the oracle at a planned 1.0 timed in turn on one DFlash server at ORACLE_COST_K (15) and
     # ORACLE_COST_C (4), ORACLE_COST_ROUNDS (3) times, the oracle with each of ORACLE_COST_TAILS
-    # (reference,drafter: its tokens past the first wrong one); the record in $OUT/speedup-oracle-cost.json.
+    # (reference,drafter: its tokens past the first wrong one); the record in
+    # tests/gpu/results/speedup-oracle-cost.json (the curve's page shows it) and in $OUT.
     # One GPU (CUDA_VISIBLE_DEVICES); SPEEDUP_PORT and SPEEDUP_BUDGET_S as speedup-curve's.
     local t0=$SECONDS v=${SPEEDUP_VLLM:-$V33} site patched vargs rc=0 b
     read -r site patched < <(speedup_sites "$v")
@@ -1347,9 +1348,10 @@ speedup_oracle_cost() { # issue 53: oracle_cost.py on SPEEDUP_VLLM (default 0.33
         --launcher "$(full_launcher)" --refs "$WORK/speedup-refs" --work "$WORK/oracle-cost" \
         --k "${ORACLE_COST_K:-15}" --concurrency "${ORACLE_COST_C:-4}" --rounds "${ORACLE_COST_ROUNDS:-3}" \
         ${ORACLE_COST_TAILS:+--tails "$ORACLE_COST_TAILS"} \
-        --record "$OUT/speedup-oracle-cost.json" --port "${SPEEDUP_PORT:-8051}" "${vargs[@]}" \
+        --record tests/gpu/results/speedup-oracle-cost.json --port "${SPEEDUP_PORT:-8051}" "${vargs[@]}" \
         ${SPEEDUP_BUDGET_S:+--deadline-s $(( (b = SPEEDUP_BUDGET_S - (SECONDS - t0) - 60) > 1 ? b : 1 ))} || rc=$?
     [ "$rc" = 0 ] || echo "oracle_cost.py exited $rc" >&2
+    cp tests/gpu/results/speedup-oracle-cost.json "$OUT/" 2>/dev/null || true
     return "$rc"
 }
 

@@ -124,3 +124,16 @@ def test_the_summary_leaves_out_short_runs_and_a_kind_without_runs():
     s = cost.summary(runs)
     assert s["kinds"]["real_drafter"] == {"runs": 1, "tpot_ms_mean": 10.0, "spread": None}
     assert s["kinds"]["oracle"]["runs"] == 0 and s["costs"]["oracle"] is None
+
+
+def test_the_curves_page_shows_the_record(tmp_path, monkeypatch):
+    report = load("speedup_report")
+    tpot = {"real_drafter": 10.0, "oracle": 10.4, "oracle_drafter_tail": 10.05}
+    argv, _ = _setup(tmp_path, monkeypatch, lambda kind, n: tpot[kind] + (0.1 if n == 1 else 0.0))
+    assert cost.main(argv) == 0
+    rec = json.loads((tmp_path / "cost.json").read_text())
+    lines = "\n".join(report.oracle_cost_lines(rec))
+    assert "K 15, concurrency 4 (vLLM 0.33.0), 3 rounds" in lines
+    assert "| real_drafter | 3 | 10.03 | 1.0 % | - |" in lines  # 10.1, 10.0, 10.0
+    assert "| oracle | 3 | 10.40 | 0.0 % | 3.7 % |" in lines
+    assert report.oracle_cost_lines(None) == [] and report.oracle_cost_lines({"runs": []}) == []

@@ -222,6 +222,8 @@ PAGES: dict[str, tuple[Step, ...]] = {
         FULLSIZE_CHECKPOINTS,
         _remote("speedup-frozen", OUT),
         _remote("speedup-curve", OUT, name="speedup-curve-0.33.0"),
+        # the oracle's cost at K 15, concurrency 4, timed in turn with the real drafter
+        _remote("speedup-oracle-cost", OUT),
         _remote("speedup-curve", OUT, ("SPEEDUP_VLLM", "0.21.0"), name="speedup-curve-0.21.0"),
         Step("speedup-report", "cpu",
              ("{py}", "tests/gpu/reports/speedup_report.py", "--curve", "{results}/speedup-curve.json",
@@ -305,8 +307,9 @@ NOT_REPLAYED = {
                                          "which is not committed",
 }
 # Raw records committed as they came from the GPU host (`launcher bench` output files that served.json
-# names; the speed-up curve's frozen model and curve, which its batches commit): inputs, not pages.
-RAW_RECORDS = ("served-bench-", "speedup-frozen", "speedup-curve")
+# names; the speed-up curve's frozen model, curve and oracle-cost record, which its runs write): inputs,
+# not pages.
+RAW_RECORDS = ("served-bench-", "speedup-frozen", "speedup-curve", "speedup-oracle-cost")
 
 
 def replay(pages: list[str], results: Path, work: Path, committed: Path = RESULTS) -> list[str]:

@@ -9,6 +9,7 @@ From ``results/speedup-curve.json`` and ``results/speedup-frozen.json`` alone:
 * the ``logprobs`` and ``long`` points against the plain point they vary;
 * which K the curve favours for a drafter's per-position acceptance (``k_choice``);
 * what the oracle's references hold (the archives in ``speedup-curve/``: distinct tokens each);
+* the oracle's cost timed in turn with the real drafter (``speedup-oracle-cost.json``, if run);
 * ``speedup-curve.md`` (headline first), ``speedup-curve.png`` (speed-up against measured
   acceptance, one colour per K and concurrency, the frozen prediction dashed, 1.0 dashed black),
   and the launcher's table (``launcher/bench/breakeven.json``).
@@ -173,6 +174,26 @@ def stated(b: dict) -> str:
     return f"not stated (the points read {_f(b['break_even'])})"
 
 
+def oracle_cost_lines(record: dict | None) -> list[str]:
+    """The oracle's cost timed in turn with the real drafter (``runs/oracle_cost.py``), if run."""
+    if not record or not record.get("summary"):
+        return []
+    s, point = record["summary"], record.get("point") or {}
+    lines = ["", "## The oracle's cost, timed in turn", "",
+             f"One server at K {point.get('k')}, concurrency {point.get('concurrency')} (vLLM {point.get('vllm')}), "
+             f"{record.get('rounds')} rounds of the real drafter with no plan and the oracle at a planned 1.0 "
+             "(with the reference's tokens past the first wrong position, as the curve drafts, and with the real "
+             "drafter's own). The spread is a kind's largest TPOT less its smallest, over its mean. It judges "
+             "nothing: a cost inside the spread is not one the one-pair bar can tell.", "",
+             "| kind | runs | TPOT mean ms | spread | cost against the real drafter |", "|---|---|---|---|---|"]
+    for kind, got in s.get("kinds", {}).items():
+        cost = s.get("costs", {}).get(kind)
+        lines.append(f"| {kind} | {got['runs']} | {_f(got['tpot_ms_mean'])} | "
+                     f"{_f(None if got['spread'] is None else 100 * got['spread'], 1, ' %')} | "
+                     f"{_f(None if cost is None else 100 * cost, 1, ' %')} |")
+    return lines
+
+
 def reference_sets(folder: Path | None) -> dict[str, dict]:
     """What the oracle's references hold, from the archives a run left (``speedup-refs/*.json``
     in ``folder/*.tar.gz``; a set in a later archive replaces an earlier one): per set, its
@@ -226,7 +247,8 @@ def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[
 
 
 def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
-             acceptance_rows: list[dict] | None = None, refs: dict[str, dict] | None = None) -> str:
+             acceptance_rows: list[dict] | None = None, refs: dict[str, dict] | None = None,
+             oracle_cost: dict | None = None) -> str:
     rows = point_rows(curve)
     costs = oracle_costs(curve)
     table = break_evens(rows, frozen, costs)
@@ -298,6 +320,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
         for v in var:
             lines.append(f"| {v['id']} | {_f(v['speedup'])}x | {_f(v['plain_speedup'])}x | "
                          f"{_f(v['acceptance'])} / {_f(v['plain_acceptance'])} |")
+    lines += oracle_cost_lines(oracle_cost)
     lines += reference_lines(refs or {})
     if rows:
         lines += k_lines(rows, acceptance_rows or [], costs)
@@ -345,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     acceptance = args.acceptance or args.curve.with_name("acceptance.json")
     rows = json.loads(acceptance.read_text()) if acceptance.is_file() else []
     refs = reference_sets(args.refs_dir or args.curve.with_name("speedup-curve"))
-    args.md.write_text(markdown(curve, frozen, args.png.name, rows, refs))
+    cost_path = args.curve.with_name("speedup-oracle-cost.json")
+    cost = json.loads(cost_path.read_text()) if cost_path.is_file() else None
+    args.md.write_text(markdown(curve, frozen, args.png.name, rows, refs, cost))
     args.png.write_bytes(chart(curve, frozen))
     if args.table:
         args.table.write_text(json.dumps(launcher_table(curve, frozen), indent=1, sort_keys=True) + "\n")
