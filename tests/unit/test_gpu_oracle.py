@@ -264,13 +264,16 @@ def test_device_drafts_equal_the_host_oracle_under_batching_chunks_preemption_an
 
 
 @pytest.mark.gpu
-def test_device_drafts_never_wait_for_the_gpu(tmp_path):
+@pytest.mark.parametrize("tail", oracle.TAILS)
+def test_device_drafts_never_wait_for_the_gpu(tmp_path, tail):
     """On a CUDA device, with torch's sync debug mode raising on any synchronizing call: a run
-    of propose calls (the first one builds the tables) gives the host oracle's drafts."""
+    of propose calls (the first one builds the tables) writes what the host oracle writes."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: the check is that nothing synchronizes with one")
-    prompts, refs, o = _setup(tmp_path, 3)
+    prompts, refs, _ = _setup(tmp_path, 3)
+    oracle.make_plan_file(tmp_path / "plan.json", prompts, refs, [137] * 3, VOCAB, SPECIAL, seed=5, tail=tail)
+    o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
     device = oracle.DeviceDrafts(o)
     host = oracle.Oracle(o.plan, None)
     rids = ["a", "b", "c"]
@@ -287,14 +290,16 @@ def test_device_drafts_never_wait_for_the_gpu(tmp_path):
         try:
             drafts, use = device.drafts(rids, dict(zip(rids, map(tuple, prompts))).get, *cuda, K)
             out = torch.full((3, K), 9, dtype=torch.long, device="cuda")
-            oracle.DeviceDrafts.write(out, drafts, use, K)
+            oracle.DeviceDrafts.write(out, drafts, use, K, device.keep)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         got.append(out.tolist())
         rows = [oracle.Row(rids[i], tuple(prompts[i]), seq[i], rej[i], d) for i in range(3)]
-        step = host.step(rows, K)
-        want.append([step.get(i, [9] * K) for i in range(3)])
+        written = torch.full((3, K), 9, dtype=torch.long)
+        oracle._write_drafts(written, host.step(rows, K), K, host.lengths)
+        want.append(written.tolist())
     assert got == want
+    assert any(9 in row and row != [9] * K for call in got for row in call) == (tail == "drafter")
 
 
 def test_device_drafts_write_only_the_used_rows():
