@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import stand_in_openai
+
 GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
 sys.path.insert(0, str(GPU_DIR))
 
@@ -48,7 +50,8 @@ BLOCKER = textwrap.dedent(f"""\
 
 SERVER = textwrap.dedent("""\
     import json, os, sys, threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    sys.path.insert(0, STAND_IN_DIR)
+    import stand_in_openai
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])
     keep = ("VLLM_LOGGING_LEVEL", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
@@ -68,43 +71,21 @@ SERVER = textwrap.dedent("""\
     done = [0]
     lock = threading.Lock()
     preempt = float(os.environ.get("FAKE_PREEMPTIONS", "0"))
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a): pass
-        def _send(self, body, kind="application/json"):
-            data = body.encode()
-            self.send_response(200); self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
-        def do_GET(self):
-            if self.path == "/health":
-                self._send("")
-            elif self.path == "/v1/models":
-                self._send(json.dumps({"data": [{"id": "gemma4"}]}))
-            elif self.path == "/metrics":
-                with lock:
-                    n = done[0]
-                self._send(f'vllm:num_preemptions_total{{engine="0"}} {preempt if n else 0.0}\\n'
-                           f'vllm:request_success_total{{engine="0",finished_reason="length"}} {float(n)}\\n'
-                           f'vllm:num_requests_running{{engine="0"}} 3.0\\n'
-                           f'vllm:kv_cache_usage_perc{{engine="0"}} 0.125\\n', "text/plain")
-            else:
-                self.send_response(404); self.end_headers()
+    class H(stand_in_openai.Handler):
+        def metrics(self):
+            with lock:
+                n = done[0]
+            return (f'vllm:num_preemptions_total{{engine="0"}} {preempt if n else 0.0}\\n'
+                    f'vllm:request_success_total{{engine="0",finished_reason="length"}} {float(n)}\\n'
+                    f'vllm:num_requests_running{{engine="0"}} 3.0\\n'
+                    f'vllm:kv_cache_usage_perc{{engine="0"}} 0.125\\n')
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
-            for _ in range(3):
-                self.wfile.write(b'data: {"choices": [{"text": "t"}]}\\n\\n')
-            usage = {"prompt_tokens": 1024, "completion_tokens": body["max_tokens"]}
-            self.wfile.write(("data: " + json.dumps({"choices": [], "usage": usage}) + "\\n\\n").encode())
-            self.wfile.write(b"data: [DONE]\\n\\n")
+            body = self.read_body()
+            self.stream(3, {"prompt_tokens": 1024, "completion_tokens": body["max_tokens"]})
             with lock:
                 done[0] += 1
-    ThreadingHTTPServer.request_queue_size = 128  # 22 clients connect at once
-    srv = ThreadingHTTPServer(("127.0.0.1", port), H)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        sys.exit(0)
-""")
+    stand_in_openai.serve(port, H, 128)  # 22 clients connect at once
+""").replace("STAND_IN_DIR", repr(stand_in_openai.HERE))
 
 
 def _free_port() -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.docker_env import free_port  # a port claimed across test workers
+from tests.unit import stand_in_openai
 from tests.unit.gpu_scripts import GPU_DIR, load
 
 BLOCKER = textwrap.dedent("""\
@@ -37,11 +38,12 @@ BLOCKER = textwrap.dedent("""\
 
 SERVER = textwrap.dedent("""\
     import json, os, sys, threading, uuid
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from pathlib import Path
     sys.path.insert(0, os.environ["GPU_DIR"])
+    sys.path.insert(0, STAND_IN_DIR)
     import gpu_paths  # noqa: F401
     import oracle
+    import stand_in_openai
 
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])
@@ -78,50 +80,28 @@ SERVER = textwrap.dedent("""\
             steps += 1
         return out[:max_tokens]
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a): pass
-        def _send(self, body, kind="application/json"):
-            data = body.encode()
-            self.send_response(200); self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
-        def do_GET(self):
-            if self.path == "/health":
-                self._send("")
-            elif self.path == "/v1/models":
-                self._send(json.dumps({"data": [{"id": "gemma4"}]}))
-            elif self.path == "/metrics":
-                lines = []
-                if drafting:
-                    with lock:
-                        c = dict(counts, pos=list(counts["pos"]))
-                    lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {c["drafts"]}',
-                             f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {c["tokens"]}',
-                             f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {c["accepted"]}']
-                    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}'
-                              for i, v in enumerate(c["pos"])]
-                self._send("\\n".join(lines) + "\\n", "text/plain")
-            else:
-                self.send_response(404); self.end_headers()
+    class H(stand_in_openai.Handler):
+        def metrics(self):
+            if not drafting:
+                return "\\n"
+            with lock:
+                c = dict(counts, pos=list(counts["pos"]))
+            lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {c["drafts"]}',
+                     f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {c["tokens"]}',
+                     f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {c["accepted"]}']
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {v}'
+                      for i, v in enumerate(c["pos"])]
+            return "\\n".join(lines) + "\\n"
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.read_body()
             ids = generate(list(body["prompt"]), int(body["max_tokens"]))
             if not body.get("stream"):
-                self._send(json.dumps({"choices": [{"text": "t", "token_ids": ids}]}))
+                self.send_body(json.dumps({"choices": [{"text": "t", "token_ids": ids}]}))
                 return
-            self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
-            for _ in range(2):
-                self.wfile.write(b'data: {"choices": [{"text": "t"}]}\\n\\n')
-            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)}
-            self.wfile.write(("data: " + json.dumps({"choices": [], "usage": usage}) + "\\n\\n").encode())
-            self.wfile.write(b"data: [DONE]\\n\\n")
+            self.stream(2, {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids)})
 
-    ThreadingHTTPServer.request_queue_size = 64
-    srv = ThreadingHTTPServer(("127.0.0.1", port), H)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        sys.exit(0)
-""")
+    stand_in_openai.serve(port, H, 64)
+""").replace("STAND_IN_DIR", repr(stand_in_openai.HERE))
 
 ONLY = ["v0.33.0-k3-c1-a1-base", "v0.33.0-k3-c1-a2.5-base", "v0.33.0-k3-c4-a1-base", "v0.33.0-k3-c4-a4-base"]
 
