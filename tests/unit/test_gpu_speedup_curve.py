@@ -1121,3 +1121,26 @@ def test_plan_lists_the_batches_run_makes_and_what_each_lacks(tmp_path, capsys):
     assert [line.split()[0] for line in lines] == [b.id for v in ("0.33.0", "0.21.0") for b in sg.release_batches(v)]
     k15 = next(line for line in lines if line.startswith("v0.33.0-k15-c1 "))
     assert done.id not in k15 and "v0.33.0-k15-c1-a2-base" in k15 and "11/12 pending" in k15
+
+
+@pytest.mark.parametrize("release", ["0.21.0", "0.33.0"])
+def test_start_phases_read_the_start_up_lines_each_release_logs(release):
+    # The released wheel's own format strings, formatted with known numbers: a phase whose wording
+    # a release changed would no longer be found in its tree, or no longer parse.
+    import re
+
+    from tests.integration.patch_trees import pristine
+
+    curve = load("speedup_curve")
+    source = "\n".join(p.read_text(errors="replace") for p in (pristine(release, "site-packages") / "vllm").rglob("*.py"))
+    lines, want = [], {}
+    for i, (name, pattern) in enumerate(curve.START_PHASES.items()):
+        literal = re.search(pattern.replace("([0-9.]+)", r"%\.\d+f").replace("%s", ""), source)
+        assert literal, f"{release} no longer logs {name} as {pattern!r}"
+        number = 10.0 * (i + 1)  # whole seconds: one release logs the capture with %.0f
+        lines.append("INFO 11-30 10:00:00 [x.py:1] " + literal.group(0).replace("%%", "%") % number)
+        want[name] = number
+    lines.append(lines[0])  # the drafter's weights: a second load adds
+    want["load_weights_s"] *= 2
+    assert curve.start_phases("\n".join(lines)) == want
+    assert curve.start_phases("no start-up lines here") == {}

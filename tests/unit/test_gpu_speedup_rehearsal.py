@@ -140,6 +140,13 @@ def test_the_run_measures_the_points_it_was_given_and_their_baselines(rehearsal)
         assert row["dflash"]["series"] == "ab" * 32 and row["dflash"]["refs_from"] == "k3"
 
 
+def test_each_batch_records_how_long_its_server_took_to_start(rehearsal):
+    batches = rehearsal["record"]["batches"]
+    assert {b["id"] for b in batches} == {"v0.33.0-nodrafter-1", "v0.33.0-k3-c1", "v0.33.0-k3-c4"}
+    for b in batches:
+        assert isinstance(b["server_start"]["total_s"], float) and 0 < b["server_start"]["total_s"] < 60, b
+
+
 def test_measured_acceptance_follows_each_points_own_plan(rehearsal):
     # The four points share a server and, per concurrency, their prompts: only a plan read anew
     # before each point gives each its level.

@@ -107,8 +107,9 @@ def run(args) -> int:
     batch = sg.Batch(args.vllm, f"k{args.k}", 1, (point,), f"c{args.concurrency}")
     usable = lambda p: curve.usable_reference(refs, p, args.k, False, meta)  # noqa: E731
     try:
-        with curve.Server(args, f"oracle-cost-k{args.k}-c{args.concurrency}", args.k,
-                          curve.dflash_env(args, plan, later=True)) as server:
+        label = f"oracle-cost-k{args.k}-c{args.concurrency}"
+        with curve.Server(args, label, args.k, curve.dflash_env(args, plan, later=True)) as server:
+            record["server_start"] = curve.server_starts.get(label)
             curve.dflash_references(args, server, batch, args.k, [point], vocab, refs, meta, usable)
             if not usable(point):
                 raise curve.OutOfTime(f"{point.id}: no time left to make its references")

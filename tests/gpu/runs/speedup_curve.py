@@ -269,11 +269,15 @@ class Server:
                                    vllm_arg=a.vllm_arg)
         env = {**fsv.server_env(), **self.env}
         self.log = log = open(Path(a.work) / f"{self.label}.server.log", "w")
+        started = time.monotonic()
         self.proc = subprocess.Popen(fsv.server_argv(ns, fraction), stdout=log, stderr=subprocess.STDOUT,
                                      env=env, cwd=REPO, start_new_session=True)
         problem = fsv.wait_healthy(self.base, self.proc, fsv.now() + min(a.start_timeout_s, left(a) - POINT_S))
         if problem:
-            raise RuntimeError(f"{self.label}: server {problem} (log {log.name})")
+            raise RuntimeError(f"{self.label}: server {problem} after {time.monotonic() - started:.0f} s (log {log.name})")
+        log.flush()
+        server_starts[self.label] = {"total_s": round(time.monotonic() - started, 1),
+                                     **start_phases(Path(log.name).read_text(errors="replace"))}
         from launcher.bench.runner import server_models
 
         self.model = server_models(self.base, None)[0]
@@ -325,6 +329,32 @@ def port_free(port: int, timeout: float = 60.0) -> bool:
 
 # The points each batch has measured so far in this run (kept when OutOfTime ends one midway)
 batch_done: dict[str, list[str]] = {}
+# A server's start by label (a batch's id): seconds from launch to its health check, and the
+# phases vLLM's log states (start_phases). The record keeps them, since a server's start, not its
+# points, decides how many batches fit a GPU host's hold
+server_starts: dict[str, dict] = {}
+
+# vLLM's own start-up lines, as 0.21.0 and 0.33.0 word them; a phase that occurs more than once
+# (the target's and the drafter's weights) is summed
+START_PHASES = {
+    "load_weights_s": r"Loading weights took ([0-9.]+) seconds",
+    "compile_s": r"torch\.compile took ([0-9.]+) s in total",
+    "graph_capture_s": r"Graph capturing finished in ([0-9.]+) secs",
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s",
+}
+
+
+def start_phases(log: str) -> dict:
+    """The start-up phases a vLLM server's log states (``START_PHASES``), in seconds; a phase
+    the log does not state is left out."""
+    import re
+
+    out = {}
+    for name, pattern in START_PHASES.items():
+        found = [float(x) for x in re.findall(pattern, log)]
+        if found:
+            out[name] = round(sum(found), 1)
+    return out
 
 
 def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
@@ -788,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{batch.id}: {exc}\n{traceback.format_exc()}", flush=True)
             done, code = batch_done.get(batch.id, []), max(code, 1)
         if done:
-            record.setdefault("batches", []).append({"id": batch.id, **meta, "measured": done})
+            record.setdefault("batches", []).append({"id": batch.id, **meta, "measured": done,
+                                                     "server_start": server_starts.get(batch.id)})
             srec.save(record, args.record)
             print(f"{batch.id}: measured {len(done)} points; record {args.record}", flush=True)
             if args.commit:
