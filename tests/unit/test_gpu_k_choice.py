@@ -67,9 +67,15 @@ def test_the_best_k_is_the_fastest_at_its_own_acceptance_and_needs_two_curves():
 def test_the_report_compares_only_the_curves_whose_oracle_cost_holds():
     rows = _rows(7, 1, lambda a: a / 1.5) + _rows(15, 1, lambda a: a / 2.2)
     acc = json.loads((GPU_DIR / "results" / "acceptance.json").read_text())
-    held = {("0.33.0", 7, 1): {"holds": True}, ("0.33.0", 15, 1): {"holds": True}}
+    held = {("0.33.0", 7, 1, "reference"): {"holds": True}, ("0.33.0", 15, 1, "reference"): {"holds": True}}
     lines = "\n".join(report.k_lines(rows, acc, held))
     assert "| this project's trained drafter 4f7c6c17" in lines and "| 7 |" in lines
-    over = {**held, ("0.33.0", 7, 1): {"holds": False}}
+    over = {**held, ("0.33.0", 7, 1, "reference"): {"holds": False}}
     lines = "\n".join(report.k_lines(rows, acc, over))
     assert " 7: " not in lines and lines.rstrip().endswith("| - |")
+    # over the bar with the plain oracle, held with the second: K 7 is read on the second's points
+    second = [{**r, "variant": "dtail", "speedup": r["speedup"] * 1.5} for r in _rows(7, 1, lambda a: a / 1.5)]
+    both = {**over, ("0.33.0", 7, 1, "drafter"): {"holds": True}}
+    plain_read = kc.choose(rows, "0.33.0", 1, kc.trained_profile(acc))["per_k"][7]["speedup"]
+    lines = "\n".join(report.k_lines(rows + second, acc, both))
+    assert f" 7: " in lines and f"{1.5 * plain_read:.2f}x" in lines

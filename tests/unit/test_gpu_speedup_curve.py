@@ -221,7 +221,10 @@ def test_batches_hold_every_point_once_server_by_server_baselines_first():
     ids = [p.id for b in bs if b.server == "nodrafter" for p in b.points]
     assert sorted(ids) == sorted(p.id for p in sg.GRID)
     dflash = [p.id for b in bs if b.server != "nodrafter" for p in b.points]
-    assert sorted(dflash) == sorted(p.id for p in sg.GRID)
+    # the second oracle's points on the DFlash servers of their K, beside the plain ones; no
+    # server without the drafter for them (their baselines are the plain points')
+    assert sorted(dflash) == sorted(p.id for p in sg.GRID + sg.TAIL_POINTS)
+    assert {p.id for p in sg.TAIL_POINTS}.isdisjoint({p.id for p in sg.GRID})
     assert all(b.server == f"k{p.k}" for b in bs if b.server != "nodrafter" for p in b.points)
     # as few server starts as the lanes allow: 0.33.0's points without the drafter in two batches
     # of whole Ks (one for each GPU of a two-GPU host), 0.21.0's four in one, a batch per K
@@ -242,7 +245,7 @@ def test_a_rerun_measures_only_what_the_saved_record_lacks(tmp_path):
     path = tmp_path / "speedup-curve.json"
     record = srec.load(path, frozen)
     assert record["frozen"]["blob"] == bars.blob_hash(frozen) and record["points"] == {}
-    batch = sg.batches()[0]
+    batch = sg.batches(sg.GRID)[0]
     refs = set()
     has_ref = lambda p: p.id in refs  # noqa: E731
     assert srec.pending(batch, record, has_ref) == list(batch.points)
@@ -256,7 +259,7 @@ def test_a_rerun_measures_only_what_the_saved_record_lacks(tmp_path):
     # a fresh machine without the references: those still needing DFlash are measured again for them
     assert srec.pending(batch, again, lambda p: False) == list(batch.points)
     # a DFlash batch of K: only points without a valid DFlash run; a short run counts as missing
-    kb = next(b for b in sg.batches() if b.server == "k3")
+    kb = next(b for b in sg.batches(sg.GRID) if b.server == "k3")
     srec.put(again, kb.points[0], "dflash", {**_measure(acceptance=1.0), "server": "srv"})
     again.setdefault("oracle_controls", {})[srec.control_key(kb.points[0])] = {**_measure(acceptance=1.0), "server": "srv"}
     srec.put(again, kb.points[1], "dflash", _measure(successful=20, acceptance=1.5))
@@ -266,7 +269,7 @@ def test_a_rerun_measures_only_what_the_saved_record_lacks(tmp_path):
 
 def test_lanes_share_the_batches_and_their_records_merge_into_the_curve(tmp_path):
     curve = load("speedup_curve")
-    mine = [b for b in sg.batches() if b.vllm == sg.MAIN_VLLM]
+    mine = [b for b in sg.batches(sg.GRID) if b.vllm == sg.MAIN_VLLM]
     lanes = [curve.lane_batches(mine, f"{i}/2") for i in range(2)]
     assert sorted(b.id for lane in lanes for b in lane) == sorted(b.id for b in mine)  # each batch once
     assert not {b.id for b in lanes[0]} & {b.id for b in lanes[1]}
@@ -316,7 +319,7 @@ def test_run_lanes_merges_what_each_lane_measured_into_the_curve(tmp_path, monke
     curve = load("speedup_curve")
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
-    points = [b.points[0] for b in sg.batches()[:2]]
+    points = [b.points[0] for b in sg.batches(sg.GRID)[:2]]
 
     class Lane:
         def __init__(self, cmd, env):
@@ -408,24 +411,52 @@ def test_a_break_even_whose_oracle_costs_time_or_was_not_controlled_is_not_state
     frozen = _frozen()
     pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
     held = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.8)  # 2 % slower: within 3 %
-    cost = report.oracle_costs(held)[("0.33.0", 7, 1)]
+    cost = report.oracle_costs(held)[("0.33.0", 7, 1, "reference")]
     assert cost["cost"] == pytest.approx(10.0 / 9.8 - 1) and cost["holds"] is True
     assert [r["acceptance"] for r in report.launcher_table(held, frozen)["rows"]] == [pytest.approx(1.6)]
     over = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.0)  # 11 % slower
-    assert report.oracle_costs(over)[("0.33.0", 7, 1)]["holds"] is False
+    assert report.oracle_costs(over)[("0.33.0", 7, 1, "reference")]["holds"] is False
     assert report.launcher_table(over, frozen)["rows"] == []
     over_md = report.markdown(over, frozen)
     assert "oracle cost over the bar" in over_md and "not stated (the points read 1.60), 1.57 frozen" in over_md
     assert "| 0.33.0 | 7 | 1 | 1.60 (measured)" not in over_md
     drift = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=10.0)
     drift["oracle_controls"]["v0.33.0-k7-c1"]["acceptance"]["mean_acceptance_length"] = 1.2  # 0.1 off
-    assert report.oracle_costs(drift)[("0.33.0", 7, 1)]["holds"] is False
+    assert report.oracle_costs(drift)[("0.33.0", 7, 1, "reference")]["holds"] is False
     apart = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=10.0)
     apart["oracle_controls"]["v0.33.0-k7-c1"]["server"] = "another"  # not a pair
     assert report.oracle_costs(apart) == {}
     bare = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=None)
     assert report.oracle_costs(bare) == {} and report.launcher_table(bare, frozen)["rows"] == []
     assert "oracle cost unmeasured" in report.markdown(bare, frozen)
+
+
+def test_where_the_plain_oracle_costs_time_the_second_oracle_states_the_break_even_beside_the_miss():
+    frozen = _frozen()
+    plain = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    second = [sg.Point("0.33.0", 7, 1, level, sg.TAIL_VARIANT) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, plain, control_tpot=9.0)  # 11 % slower: over
+    tail = _curve_with(lambda p: (p.level + 0.1) / 1.5, second, control_tpot=9.8)  # 2 %: within
+    rec["points"].update(tail["points"])
+    rec["oracle_controls"].update(tail["oracle_controls"])
+    assert sorted(rec["oracle_controls"]) == ["v0.33.0-k7-c1", "v0.33.0-k7-c1-dtail"]
+    costs = report.oracle_costs(rec)
+    assert costs[("0.33.0", 7, 1, "reference")]["holds"] is False and costs[("0.33.0", 7, 1, "drafter")]["holds"] is True
+    table = report.launcher_table(rec, frozen)
+    assert [(r["oracle"], r["acceptance"]) for r in table["rows"]] == [("drafter", pytest.approx(1.5))]
+    assert table["left_out"] == []
+    md = report.markdown(rec, frozen)
+    # the plain oracle's miss stays on the page beside the second oracle's break-even
+    assert "| break-even K=7 c=1 | 0.33.0 |" in md and "not stated (the points read 1.60)" in md
+    assert "| break-even K=7 c=1 (second oracle) | 0.33.0 |" in md and "1.50 measured / 1.57 frozen" in md
+    # neither holding: nothing stated, the plain oracle's reason given
+    rec["oracle_controls"]["v0.33.0-k7-c1-dtail"]["tpot_ms_mean"] = 9.0
+    table = report.launcher_table(rec, frozen)
+    assert table["rows"] == [] and [r["why"] for r in table["left_out"]] == ["the oracle's cost is over the bar"]
+    # both holding: the plain oracle's
+    rec["oracle_controls"]["v0.33.0-k7-c1"]["tpot_ms_mean"] = 9.9
+    rec["oracle_controls"]["v0.33.0-k7-c1-dtail"]["tpot_ms_mean"] = 9.9
+    assert [r["oracle"] for r in report.launcher_table(rec, frozen)["rows"]] == ["reference"]
 
 
 def test_the_frozen_models_gpus_read_as_one_line():
@@ -470,7 +501,7 @@ def test_a_lane_record_left_by_a_cut_run_keeps_its_points_when_the_lanes_start_a
     frozen.write_text(json.dumps(_frozen()))
     lanes = tmp_path / "out"
     lanes.mkdir()
-    point = sg.batches()[0].points[0]
+    point = sg.batches(sg.GRID)[0].points[0]
     cut = srec.new(frozen)
     srec.put(cut, point, "baseline", _measure())
     srec.save(cut, lanes / "speedup-curve-lane-0.json")
@@ -495,7 +526,7 @@ def test_merge_puts_lane_records_brought_back_from_a_cut_run_into_the_curve(tmp_
     curve = load("speedup_curve")
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
-    points = [b.points[0] for b in sg.batches()[:2]]
+    points = [b.points[0] for b in sg.batches(sg.GRID)[:2]]
     paths = []
     for i, p in enumerate(points):
         rec = srec.new(frozen)
@@ -522,7 +553,7 @@ def test_no_server_starts_without_the_time_for_its_start_and_one_point(tmp_path,
     monkeypatch.setattr(curve, "Server", lambda *a, **k: started.append(a) or pytest.fail("a server started"))
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
-    batch = sg.batches()[0]
+    batch = sg.batches(sg.GRID)[0]
     args = _batch_args(tmp_path, curve.SERVER_START_S + curve.POINT_S - 5)
     with pytest.raises(curve.OutOfTime):
         curve.run_batch(args, batch, srec.new(frozen), {})
@@ -569,7 +600,7 @@ def _dflash_batch_setup(curve, tmp_path, monkeypatch, acceptance_of):
 
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
-    batch = next(b for b in sg.batches() if b.server == "k7")
+    batch = next(b for b in sg.batches(sg.GRID) if b.server == "k7")
     (tmp_path / "refs").mkdir()
     for p in batch.points:  # references this K's DFlash server made earlier
         curve.ref_path(tmp_path / "refs", p).write_text(json.dumps({"made_on": "k7"}))
@@ -665,13 +696,13 @@ def test_the_report_shows_how_far_the_two_controls_lie_apart_and_judges_on_the_f
     rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.6)  # 4.2 % over the first
     key = srec.control_key(pts[0])
     rec[srec.AFTER] = {key: {**rec[srec.BEFORE][key], "tpot_ms_mean": 10.1}}  # the second is close
-    cost = report.oracle_costs(rec)[("0.33.0", 7, 1)]
+    cost = report.oracle_costs(rec)[("0.33.0", 7, 1, "reference")]
     assert cost["holds"] is False and cost["controls_apart"] == pytest.approx(10.1 / 9.6 - 1)
     md = report.markdown(rec, frozen)
     assert "| 0.33.0 | 7 | 1 | 10.00 / 9.60, 10.10 |" in md and "| 5.2 % | False |" in md
     # a control after from another server is no pair: nothing shown
     rec[srec.AFTER][key]["server"] = "another"
-    assert report.oracle_costs(rec)[("0.33.0", 7, 1)]["controls_apart"] is None
+    assert report.oracle_costs(rec)[("0.33.0", 7, 1, "reference")]["controls_apart"] is None
     # lanes carry it into the curve
     merged = srec.merge({"frozen": rec["frozen"]}, {"frozen": rec["frozen"], srec.AFTER: {key: rec[srec.BEFORE][key]}})
     assert merged[srec.AFTER] == {key: rec[srec.BEFORE][key]}
@@ -730,7 +761,7 @@ def _nodrafter_batch_setup(curve, tmp_path, monkeypatch):
     monkeypatch.setattr(curve, "Server", _StandInServer)
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
     monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n, timeout=None: [1] * n)
-    return srec.new(frozen), sg.batches()[0]
+    return srec.new(frozen), sg.batches(sg.GRID)[0]
 
 
 def test_the_server_without_the_drafter_measures_one_baseline_a_concurrency_and_variant(tmp_path, monkeypatch):
@@ -796,7 +827,7 @@ def test_references_are_made_on_a_dflash_server_at_the_points_k_and_concurrency(
     curve = load("speedup_curve")
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
-    batch = next(b for b in sg.batches() if b.server == "k3")
+    batch = next(b for b in sg.batches(sg.GRID) if b.server == "k3")
     _RecordingServer.starts = []
     monkeypatch.setattr(curve, "Server", _RecordingServer)
     monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
@@ -863,7 +894,7 @@ def test_a_lane_killed_by_a_signal_or_ending_nonzero_is_the_runs_exit_code():
 
 def test_lanes_balance_the_batches_when_dflash_servers_make_their_references():
     curve = load("speedup_curve")
-    batches = [b for b in sg.batches() if b.vllm == "0.33.0"]
+    batches = [b for b in sg.batches(sg.GRID) if b.vllm == "0.33.0"]
     lanes = curve.balanced_lanes(batches, 2)
     assert sorted(b.id for lane in lanes for b in lane) == sorted(b.id for b in batches)
     loads = [sum(curve.batch_cost(b) for b in lane) for lane in lanes]
@@ -878,7 +909,7 @@ def test_lanes_balance_the_batches_when_dflash_servers_make_their_references():
 
 def test_references_made_another_way_or_elsewhere_are_not_drafted_on(tmp_path):
     curve = load("speedup_curve")
-    point = sg.batches()[2].points[0]
+    point = sg.batches(sg.GRID)[2].points[0]
     refs = tmp_path / "refs"
     refs.mkdir()
     meta = {"gpu": "H200", "series": "s" * 64}
@@ -967,7 +998,7 @@ def _make_here_setup(curve, tmp_path, monkeypatch, adopt=True):
     monkeypatch.setattr(curve, "oracle_plan", _plan_stub(adopt))
     monkeypatch.setattr(curve, "reference", lambda base, model, prompt, n, timeout=None: [7] * n)
     monkeypatch.setattr(curve, "measure", _stub_measure)
-    return next(b for b in sg.batches() if b.server == "k3"), srec.new(frozen)
+    return next(b for b in sg.batches(sg.GRID) if b.server == "k3"), srec.new(frozen)
 
 
 def test_a_plan_the_oracle_never_read_records_nothing(tmp_path, monkeypatch):
@@ -1144,3 +1175,76 @@ def test_start_phases_read_the_start_up_lines_each_release_logs(release):
     want["load_weights_s"] *= 2
     assert curve.start_phases("\n".join(lines)) == want
     assert curve.start_phases("no start-up lines here") == {}
+
+
+def test_the_second_oracles_points_share_the_plain_points_prompts_references_and_baselines(tmp_path, monkeypatch):
+    # K 7 at concurrency 4 as a record holds it once its plain points are measured: the batch
+    # the run makes next measures the dtail points alone, each with the drafter tail, on one
+    # server, with the plain points' references (none made) and baselines (no server without the
+    # drafter), and the dtail control kept apart from the plain one.
+    curve = load("speedup_curve")
+    from launcher.bench import workload
+
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    batch = next(b for b in sg.release_batches("0.33.0") if b.id == "v0.33.0-k7-c4")
+    plain = [p for p in batch.points if p.variant == "base"]
+    tails = [p for p in batch.points if p.variant == sg.TAIL_VARIANT]
+    assert len(tails) == len(plain) == len(sg.LEVELS[7]) and {p.tail for p in tails} == {"drafter"}
+    for p, t in zip(plain, tails):
+        assert sg.prompts(t) == sg.prompts(p) and curve.ref_path(tmp_path, t) == curve.ref_path(tmp_path, p)
+    meta = {"gpu": "H200", "series": "s"}
+    record = srec.new(frozen)
+    for p in plain:
+        srec.put(record, p, "baseline", {**_measure(), **meta})
+        srec.put(record, p, "dflash", {**_measure(acceptance=p.level), **meta, "server": "earlier"})
+    record[srec.BEFORE] = {srec.control_key(plain[0]): {**_measure(acceptance=1.0), **meta, "server": "earlier"}}
+    (tmp_path / "refs").mkdir()
+    curve.ref_path(tmp_path / "refs", plain[0]).write_text(json.dumps({"made_on": "k7", **meta}))
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
+    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    monkeypatch.setattr(curve, "reference", lambda *a, **k: pytest.fail("references made again"))
+    stub, tails_written = _plan_stub(), []
+
+    def oracle_plan(path, points, refs, k, vocab, tail="reference"):
+        tails_written.append((points[0].id, tail))
+        stub(path, points, refs, k, vocab)
+
+    monkeypatch.setattr(curve, "oracle_plan", oracle_plan)
+    monkeypatch.setattr(curve, "measure", _stub_measure)
+    done = curve.run_batch(_batch_args(tmp_path, None), batch, record, meta)
+    assert sorted(done) == sorted(p.id for p in tails)
+    assert tails_written == [(p.id, "drafter") for p in sorted(tails, key=lambda q: q.level)]
+    for t in tails:
+        assert record["points"][t.id]["baseline"]["shared_from"] in {p.id for p in plain}
+        assert srec.missing(record, t) == []
+    key = srec.control_key(tails[0])
+    assert key == "v0.33.0-k7-c4-dtail" and record[srec.BEFORE][key]["server"] == "stand-in"
+    assert record[srec.BEFORE]["v0.33.0-k7-c4"]["server"] == "earlier"  # the plain control stays
+    # none of it is part of the grid a record must hold
+    assert not any(t.id in line for t in tails for line in srec.grid_problems(srec.new(frozen)))
+
+
+def test_a_dtail_point_measured_in_one_lane_takes_the_baseline_another_lane_measured(tmp_path):
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    record = srec.new(frozen)
+    tail = next(p for p in sg.TAIL_POINTS if (p.k, p.level) == (15, 2.0))
+    plain = sg.Point(tail.vllm, tail.k, tail.concurrency, tail.level)
+    lanes = [json.loads(json.dumps(record)) for _ in range(2)]
+    srec.put(lanes[0], plain, "baseline", {**_measure(), "gpu": "H200", "series": "s"})
+    srec.put(lanes[1], tail, "dflash", {**_measure(acceptance=2.0), "gpu": "H200", "series": "s"})
+    paths = []
+    for i, lane in enumerate(lanes):
+        paths.append(tmp_path / f"lane-{i}.json")
+        srec.save(lane, paths[-1])
+    assert srec.missing(curve.merge_into(json.loads(json.dumps(record)), paths[1:]), tail) == ["baseline"]
+    merged = curve.merge_into(record, paths)
+    assert srec.missing(merged, tail) == [] and merged["points"][tail.id]["baseline"]["shared_from"] == plain.id
+    # a baseline from another GPU is not taken
+    other = srec.new(frozen)
+    srec.put(other, plain, "baseline", {**_measure(), "gpu": "H100", "series": "s"})
+    srec.save(other, paths[0])
+    assert srec.missing(curve.merge_into(srec.new(frozen), paths), tail) == ["baseline"]

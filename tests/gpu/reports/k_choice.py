@@ -79,16 +79,17 @@ def profiles(acceptance_rows: list[dict]) -> list[dict]:
     return out
 
 
-def choose(rows: list[dict], vllm: str, concurrency: int, profile: dict, usable=lambda k: True) -> dict:
+def choose(rows: list[dict], vllm: str, concurrency: int, profile: dict, usable=lambda k: True,
+           variant_of=lambda k: "base") -> dict:
     """For one profile and concurrency: tau and the curve's speed-up at each measured K whose curve
-    is ``usable(k)``, and the best K: None unless two Ks' curves reach their tau (one K alone is no
-    choice)."""
+    is ``usable(k)`` (read on the points of ``variant_of(k)``: the oracle that holds there), and
+    the best K: None unless two Ks' curves reach their tau (one K alone is no choice)."""
     per_k = {}
     for k in sorted({r["k"] for r in rows if r["vllm"] == vllm and r["concurrency"] == concurrency}):
         if not usable(k):
             continue
         pts = [(r["acceptance"], r["speedup"]) for r in rows if r["vllm"] == vllm and r["k"] == k
-               and r["concurrency"] == concurrency and r["variant"] == "base"]
+               and r["concurrency"] == concurrency and r["variant"] == variant_of(k)]
         t = tau(profile["per_position"], k)
         per_k[k] = {"tau": t, "speedup": speedup_at(pts, t)}
     read = {k: v["speedup"] for k, v in per_k.items() if v["speedup"] is not None}
@@ -96,8 +97,11 @@ def choose(rows: list[dict], vllm: str, concurrency: int, profile: dict, usable=
             "best_k": max(read, key=read.get) if len(read) > 1 else None}
 
 
-def table(rows: list[dict], vllm: str, acceptance_rows: list[dict], usable=lambda k, c: True) -> list[dict]:
+def table(rows: list[dict], vllm: str, acceptance_rows: list[dict], usable=lambda k, c: True,
+          variant_of=lambda k, c: "base") -> list[dict]:
     """Every profile at every concurrency the curve measured on ``vllm``; ``usable(k, c)``: that
-    K and concurrency's curve may be read (its oracle was shown to cost nothing there)."""
+    K and concurrency's curve may be read (its oracle was shown to cost nothing there), on the
+    points of ``variant_of(k, c)``."""
     cs = sorted({r["concurrency"] for r in rows if r["vllm"] == vllm})
-    return [choose(rows, vllm, c, p, lambda k, c=c: usable(k, c)) for p in profiles(acceptance_rows) for c in cs]
+    return [choose(rows, vllm, c, p, lambda k, c=c: usable(k, c), lambda k, c=c: variant_of(k, c))
+            for p in profiles(acceptance_rows) for c in cs]

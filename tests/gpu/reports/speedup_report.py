@@ -68,7 +68,8 @@ def point_rows(curve: dict) -> list[dict]:
 
 
 def oracle_costs(curve: dict) -> dict[tuple, dict]:
-    """Per (release, K, concurrency): the oracle's planned-1.0 point against the real drafter's
+    """Per (release, K, concurrency, the oracle's tail: ``reference`` for the plain points,
+    ``drafter`` for the second oracle's): the oracle's planned-1.0 point against the real drafter's
     control timed just before it on the same server and prompts (``speedup_record.paired_control``):
     the relative TPOT difference, held when within bars.yaml's ``speedup_curve.max_oracle_cost``
     and the two acceptances within ``max_control_acceptance_gap`` (else the TPOTs compare other
@@ -88,7 +89,7 @@ def oracle_costs(curve: dict) -> dict[tuple, dict]:
                "real_drafter": control["acceptance"]["mean_acceptance_length"]}
         again = srec.paired_control(curve, point, after=True) or {}
         after = again.get("tpot_ms_mean")
-        out[(point.vllm, point.k, point.concurrency)] = {
+        out[(point.vllm, point.k, point.concurrency, point.tail)] = {
             "cost": cost, "holds": abs(cost) <= bar and abs(acc["oracle"] - acc["real_drafter"]) <= gap_bar,
             "tpot_ms": {"oracle": dfl["tpot_ms_mean"], "real_drafter": control["tpot_ms_mean"], "real_drafter_after": after},
             # two runs of the real drafter on one server, the point between them: how far apart
@@ -97,17 +98,32 @@ def oracle_costs(curve: dict) -> dict[tuple, dict]:
     return out
 
 
+TAIL_OF_VARIANT = {"base": "reference", sg.TAIL_VARIANT: "drafter"}  # a curve's points by the oracle's tail
+VARIANT_OF_TAIL = {tail: variant for variant, tail in TAIL_OF_VARIANT.items()}
+
+
+def chosen_oracle(costs: dict, vllm: str, k: int, c: int) -> str | None:
+    """The oracle (its tail) whose points state the curve at a release, K and concurrency: the
+    plain one where its cost holds, else the second one where its cost holds; None where neither
+    does."""
+    for tail in ("reference", "drafter"):
+        if (costs.get((vllm, k, c, tail)) or {}).get("holds") is True:
+            return tail
+    return None
+
+
 def break_evens(rows: list[dict], frozen: dict, costs: dict | None = None) -> list[dict]:
-    """Per (release, K, concurrency) of the plain points: measured and predicted break-even, and
-    the oracle's cost there (``oracle_costs``; None: no control measured)."""
+    """Per (release, K, concurrency, oracle) of the plain points and the second oracle's:
+    measured and predicted break-even, and that oracle's cost there (``oracle_costs``; None: no
+    control measured)."""
     gap_bar = bars.get("speedup_curve", "max_break_even_gap")
     costs = costs or {}
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["variant"] == "base":
-            groups.setdefault((r["vllm"], r["k"], r["concurrency"]), []).append(r)
+        if r["variant"] in TAIL_OF_VARIANT:
+            groups.setdefault((r["vllm"], r["k"], r["concurrency"], TAIL_OF_VARIANT[r["variant"]]), []).append(r)
     out = []
-    for (vllm, k, c), members in sorted(groups.items(), key=lambda kv: (kv[0][0] != sg.MAIN_VLLM, kv[0])):
+    for (vllm, k, c, tail), members in sorted(groups.items(), key=lambda kv: (kv[0][0] != sg.MAIN_VLLM, kv[0])):
         got = breakeven.interpolate([(m["acceptance"], m["speedup"]) for m in members])
         try:
             # the frozen model's step times are one release's: another release's curve has no prediction
@@ -116,8 +132,9 @@ def break_evens(rows: list[dict], frozen: dict, costs: dict | None = None) -> li
             predicted = None
         gap = (abs(got["acceptance"] - predicted) / predicted
                if got["acceptance"] is not None and predicted else None)
-        cost = costs.get((vllm, k, c))
-        out.append({"vllm": vllm, "k": k, "concurrency": c, "break_even": got["acceptance"], "status": got["status"],
+        cost = costs.get((vllm, k, c, tail))
+        out.append({"vllm": vllm, "k": k, "concurrency": c, "oracle": tail,
+                    "break_even": got["acceptance"], "status": got["status"],
                     "measured_range": got["measured_range"], "points": got["points"], "predicted": predicted,
                     "relative_gap": gap, "over_bar": gap is not None and gap > gap_bar,
                     "oracle_cost": cost["cost"] if cost else None, "oracle_cost_holds": cost["holds"] if cost else None})
@@ -125,11 +142,12 @@ def break_evens(rows: list[dict], frozen: dict, costs: dict | None = None) -> li
 
 
 def variants(rows: list[dict]) -> list[dict]:
-    """Each variant point beside the plain point of the same release, K, concurrency and level."""
+    """Each variant point (logprobs, long prompts) beside the plain point of the same release, K,
+    concurrency and level; the second oracle's points have their own curve."""
     plain = {(r["vllm"], r["k"], r["concurrency"], r["level"]): r for r in rows if r["variant"] == "base"}
     out = []
     for r in rows:
-        if r["variant"] == "base":
+        if r["variant"] in TAIL_OF_VARIANT:
             continue
         b = plain.get((r["vllm"], r["k"], r["concurrency"], r["level"]))
         out.append({"id": r["id"], "variant": r["variant"], "speedup": r["speedup"],
@@ -142,16 +160,21 @@ def launcher_table(curve: dict | None, frozen: dict | None) -> dict:
     """What launcher/bench/breakeven.json holds: the measured break-evens (no rows without a curve)."""
     if not curve or not frozen:
         return {"source": None, "note": "no speed-up curve is committed yet: no measured break-even", "rows": []}
-    table = break_evens(point_rows(curve), frozen, oracle_costs(curve))
+    costs = oracle_costs(curve)
+    table = break_evens(point_rows(curve), frozen, costs)
     # A break-even whose oracle was not shown to cost nothing (no control, or over the bar) is
-    # not one a user is told.
-    return {"source": srec.CURVE_PATH, "frozen": curve.get("frozen"),
-            "rows": [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"], "acceptance": r["break_even"],
-                      "status": r["status"], "measured_range": r["measured_range"]} for r in table
-                     if r["oracle_cost_holds"]],
-            "left_out": [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"],
-                          "why": "no control paired with its planned-1.0 point" if r["oracle_cost_holds"] is None
-                          else "the oracle's cost is over the bar"} for r in table if not r["oracle_cost_holds"]]}
+    # not one a user is told: per release, K and concurrency, the plain oracle's where it holds,
+    # else the second oracle's where that holds, else none.
+    chosen = {(r["vllm"], r["k"], r["concurrency"]): chosen_oracle(costs, r["vllm"], r["k"], r["concurrency"])
+              for r in table}
+    rows = [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"], "oracle": r["oracle"],
+             "acceptance": r["break_even"], "status": r["status"], "measured_range": r["measured_range"]}
+            for r in table if chosen[(r["vllm"], r["k"], r["concurrency"])] == r["oracle"]]
+    left_out = [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"],
+                 "why": "no control paired with its planned-1.0 point" if r["oracle_cost_holds"] is None
+                 else "the oracle's cost is over the bar"}
+                for r in table if r["oracle"] == "reference" and chosen[(r["vllm"], r["k"], r["concurrency"])] is None]
+    return {"source": srec.CURVE_PATH, "frozen": curve.get("frozen"), "rows": rows, "left_out": left_out}
 
 
 def _f(x, digits=2, suffix=""):
@@ -164,6 +187,11 @@ def gpu_line(gpu: str | None) -> str | None:
     if len(set(lines)) == 1 and len(lines) > 1:
         return f"{len(lines)} x {lines[0]}"
     return "; ".join(lines) or gpu
+
+
+def oracle_label(tail: str) -> str:
+    """How a table names the second oracle's rows (the plain oracle's need no name)."""
+    return " (second oracle)" if tail == "drafter" else ""
 
 
 def stated(b: dict) -> str:
@@ -239,8 +267,9 @@ def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[
              f"Only the Ks measured at vLLM {sg.MAIN_VLLM} whose oracle cost holds are compared, and a best K "
              "needs two of them.", "",
              "| drafter | c | K: acceptance, speed-up | best K |", "|---|---|---|---|"]
-    holds = lambda k, c: (costs.get((sg.MAIN_VLLM, k, c)) or {}).get("holds") is True  # noqa: E731
-    for row in k_choice.table(rows, sg.MAIN_VLLM, acceptance_rows, holds):
+    chosen = lambda k, c: chosen_oracle(costs, sg.MAIN_VLLM, k, c)  # noqa: E731
+    for row in k_choice.table(rows, sg.MAIN_VLLM, acceptance_rows, lambda k, c: chosen(k, c) is not None,
+                              lambda k, c: VARIANT_OF_TAIL[chosen(k, c) or "reference"]):
         cells = "; ".join(f"{k}: {v['tau']:.2f}, {_f(v['speedup'])}x" for k, v in row["per_k"].items())
         lines.append(f"| {row['profile']} | {row['concurrency']} | {cells or 'no K usable yet'} | {row['best_k'] or '-'} |")
     return lines
@@ -259,7 +288,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
             return "oracle cost " + ("unmeasured" if b["oracle_cost_holds"] is None else "over the bar")
         return ("over the 15 % bar" if b["over_bar"] else "within 15 %") if b["relative_gap"] is not None \
             else b["status"]
-    head = [(f"break-even K={b['k']} c={b['concurrency']}", b["vllm"],
+    head = [(f"break-even K={b['k']} c={b['concurrency']}{oracle_label(b['oracle'])}", b["vllm"],
              headline.series_cell([r for r in records if r["vllm"] == b["vllm"]]),
              verdict(b), f"{stated(b)}, {_f(b['predicted'])} frozen" if b["oracle_cost_holds"] is not True
              else f"{_f(b['break_even'])} measured / {_f(b['predicted'])} frozen") for b in table]
@@ -279,12 +308,14 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
               "The chart: x = measured mean acceptance length (grid line every 1), y = output tok/s with "
               "the drafter over without (grid line every 1, dashed black at 1.0). Colours: "
               "K=3 blue, K=7 red, K=15 green (dark: concurrency 1, light: 4), 0.21.0 purple; dashed in "
-              "the same colour: the frozen prediction.", "",
+              "the same colour: the frozen prediction. Per K and concurrency it plots the points of the oracle "
+              "that states the break-even there: the plain one where its cost holds, else the second one "
+              "(`dtail`: the real drafter's tokens past the first wrong position) where its cost holds.", "",
               "## Break-even per K and concurrency", "",
               "| vLLM | K | c | measured break-even | frozen prediction | gap | points | measured acceptance |",
               "|---|---|---|---|---|---|---|---|"]
     for b in table:
-        lines.append(f"| {b['vllm']} | {b['k']} | {b['concurrency']} | {stated(b)} ({b['status']}) | "
+        lines.append(f"| {b['vllm']} | {b['k']}{oracle_label(b['oracle'])} | {b['concurrency']} | {stated(b)} ({b['status']}) | "
                      f"{_f(b['predicted'])} | {_f(None if b['relative_gap'] is None else 100 * b['relative_gap'], 1, ' %')}"
                      f"{' **over the bar**' if b['over_bar'] else ''} | {b['points']} | "
                      f"{_f(b['measured_range'][0])}-{_f(b['measured_range'][1])} |")
@@ -304,9 +335,9 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
               "| vLLM | K | c | TPOT oracle / real drafter (before, after) ms | acceptance oracle / real drafter | cost "
               "| controls apart | holds |",
               "|---|---|---|---|---|---|---|---|"]
-    for (vllm, k, c), cost in sorted(costs.items()):
+    for (vllm, k, c, tail), cost in sorted(costs.items()):
         tp = cost["tpot_ms"]
-        lines.append(f"| {vllm} | {k} | {c} | {_f(tp['oracle'])} / {_f(tp['real_drafter'])}, {_f(tp['real_drafter_after'])} | "
+        lines.append(f"| {vllm} | {k}{oracle_label(tail)} | {c} | {_f(tp['oracle'])} / {_f(tp['real_drafter'])}, {_f(tp['real_drafter_after'])} | "
                      f"{_f(cost['acceptance']['oracle'])} / {_f(cost['acceptance']['real_drafter'])} | "
                      f"{_f(100 * cost['cost'], 1, ' %')} | "
                      f"{_f(None if cost['controls_apart'] is None else 100 * cost['controls_apart'], 1, ' %')} | "
@@ -333,10 +364,13 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
 
 def chart(curve: dict, frozen: dict) -> bytes:
     rows = point_rows(curve)
+    costs = oracle_costs(curve)
     series = []
     for (k, c), color in COLORS.items():
+        # the points of the oracle that states the curve there (the plain one where neither holds)
+        variant = VARIANT_OF_TAIL[chosen_oracle(costs, sg.MAIN_VLLM, k, c) or "reference"]
         pts = [(r["acceptance"], r["speedup"]) for r in rows
-               if r["variant"] == "base" and r["vllm"] == sg.MAIN_VLLM and (r["k"], r["concurrency"]) == (k, c)]
+               if r["variant"] == variant and r["vllm"] == sg.MAIN_VLLM and (r["k"], r["concurrency"]) == (k, c)]
         if pts:
             series.append({"points": pts, "color": color})
             try:

@@ -170,12 +170,13 @@ def shared_baseline(record: dict, point: sg.Point, meta: dict) -> dict | None:
     """A baseline this point can take from another: without the drafter the run's cost does not
     depend on K or the planned level, only on the release, concurrency and variant (prompt
     length, logprobs), so one 32-request measurement a (concurrency, variant) stands for all its
-    points, measured on the same GPU and series; the copy names the point it came from."""
+    points, measured on the same GPU and series; the copy names the point it came from. A
+    ``dtail`` point sends the plain points' requests (``requests_like``), so it takes theirs."""
     for pid, row in sorted(record.get("points", {}).items()):
         base = row.get("baseline")
         if (pid != point.id and srec.valid(base, "baseline") and not base.get("shared_from")
                 and (row.get("vllm"), row.get("concurrency"), row.get("variant"))
-                == (point.vllm, point.concurrency, point.variant)
+                == (point.vllm, point.concurrency, point.requests_like)
                 and base.get("gpu") == meta.get("gpu") and base.get("series") == meta.get("series")):
             return {**base, "shared_from": pid}
     return None
@@ -186,8 +187,8 @@ def shared_baseline(record: dict, point: sg.Point, meta: dict) -> dict | None:
 
 def ref_path(refs: Path, point: sg.Point) -> Path:
     """A point's references, shared by the levels of its release, K, concurrency and variant
-    (they send the same prompts and are made at that K)."""
-    return refs / f"v{point.vllm}-k{point.k}-c{point.concurrency}-{point.variant}.json"
+    (they send the same prompts and are made at that K; a ``dtail`` point's are the plain ones)."""
+    return refs / f"v{point.vllm}-k{point.k}-c{point.concurrency}-{point.requests_like}.json"
 
 
 def has_reference(refs: Path):
@@ -362,12 +363,15 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     refs = Path(args.refs)
     refs.mkdir(parents=True, exist_ok=True)
     from_nodrafter = getattr(args, "refs_from", REFS_FROM[0]) == "nodrafter"
-    todo = srec.pending(batch, record, has_reference(refs) if from_nodrafter else (lambda p: True))
     only = getattr(args, "only", None)
+    shared = share_baselines(record, [p for p in batch.points if not only or p.id in only], meta)
+    if shared:
+        srec.save(record, args.record)
+    todo = srec.pending(batch, record, has_reference(refs) if from_nodrafter else (lambda p: True))
     if only:
         todo = [p for p in todo if p.id in only]
     if not todo:
-        return []
+        return shared if batch.server == "nodrafter" else []
     if left(args) < SERVER_START_S + POINT_S:
         raise OutOfTime(f"{batch.id}: {left(args):.0f} s left, under a server's start and a point")
     from launcher.bench import workload
@@ -376,6 +380,19 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     if batch.server == "nodrafter":
         return nodrafter_batch(args, batch, todo, record, meta, vocab, refs if from_nodrafter else None)
     return dflash_batch(args, batch, todo, record, meta, vocab, refs, from_nodrafter)
+
+
+def share_baselines(record: dict, points: list, meta: dict) -> list[str]:
+    """The points lacking a baseline that another point's can stand for (``shared_baseline``),
+    given it here: a batch whose points need nothing else starts no server."""
+    out = []
+    for p in points:
+        if "baseline" in srec.missing(record, p):
+            base = shared_baseline(record, p, meta)
+            if base is not None:
+                srec.put(record, p, "baseline", base)
+                out.append(p.id)
+    return out
 
 
 def nodrafter_batch(args, batch, todo, record, meta, vocab, refs) -> list[str]:
@@ -560,7 +577,7 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
                 oracle_control(args, server, p, record, meta, vocab, plan, planned)
             if left(args) < POINT_S:
                 raise OutOfTime(f"{p.id}: {left(args):.0f} s left, under a point's {POINT_S}")
-            point_plan(plan, p, refs, k, vocab)
+            point_plan(plan, p, refs, k, vocab, p.tail)
             planned = True
 
             def adopted(p=p):
@@ -661,10 +678,16 @@ def lane_record(lane_dir: Path, i: int) -> Path:
 
 
 def merge_into(record: dict, paths: list[Path]) -> dict:
-    """Every lane record in ``paths`` that exists merged into ``record``."""
+    """Every lane record in ``paths`` that exists merged into ``record``; then each dtail point
+    measured in one lane while its plain twin's baseline was measured in another takes that
+    baseline (measured on the GPU and series of its own DFlash run)."""
     for path in paths:
         if Path(path).is_file():
             srec.merge(record, json.loads(Path(path).read_text()))
+    for p in sg.TAIL_POINTS:
+        dflash = (record.get("points", {}).get(p.id) or {}).get("dflash") or {}
+        if srec.valid(dflash, "dflash"):
+            share_baselines(record, [p], {"gpu": dflash.get("gpu"), "series": dflash.get("series")})
     return record
 
 

@@ -12,6 +12,13 @@ one K (15) at concurrency 1 (``SPOT_LEVELS``); and two variants of 0.33.0's K = 
 level 2.5: ``logprobs`` (every request asks for two logprobs) and ``long`` (prompts of
 ``LONG_INPUT`` tokens).
 
+A second oracle, set before it ran (``TAIL_POINTS``, variant ``dtail``): at concurrency 4 the
+oracle's cost against the real drafter was over its bar at K = 7 and 15 with the reference's
+tokens past a proposal's first wrong position. The ``dtail`` points keep the real drafter's tokens
+there (the oracle's ``tail: drafter``), so a verify step differs from the real drafter's only in the
+positions that set acceptance. They share the plain points' prompts, references and baselines and
+have a control of their own (the same bar); they are not part of the grid a record must hold.
+
 A level L is made by the first-wrong pattern ``f_cycle(L)``: a proposal whose first wrong draft
 is at position f is accepted for f tokens, and the step emits f + 1; the pattern repeats the
 positions whose mean plus one is L (2.5: f = 1, 2, 1, 2, ...).
@@ -67,6 +74,10 @@ PROMPTS = "random ids seeded by variant and concurrency"
 TOKEN_BAND = (1000, 30000)  # launcher.bench.workload.RANDOM_TOKEN_RANGE: no special ids
 
 
+TAIL_VARIANT = "dtail"  # the oracle with the real drafter's tokens past the first wrong position
+TAIL_CONCURRENCY = 4
+
+
 @dataclass(frozen=True)
 class Point:
     vllm: str
@@ -78,6 +89,17 @@ class Point:
     @property
     def id(self) -> str:
         return f"v{self.vllm}-k{self.k}-c{self.concurrency}-a{self.level:g}-{self.variant}"
+
+    @property
+    def tail(self) -> str:
+        """What the oracle's proposals hold past their first wrong position (``oracle.TAILS``)."""
+        return "drafter" if self.variant == TAIL_VARIANT else "reference"
+
+    @property
+    def requests_like(self) -> str:
+        """The variant whose requests this point sends: a ``dtail`` point sends the plain
+        point's, so it shares their references and baseline."""
+        return "base" if self.variant == TAIL_VARIANT else self.variant
 
     @property
     def input_len(self) -> int:
@@ -108,6 +130,8 @@ def grid() -> list[Point]:
 
 
 GRID = grid()
+# The second oracle's points: every level of each K at concurrency 4 on 0.33.0
+TAIL_POINTS = [Point(MAIN_VLLM, k, TAIL_CONCURRENCY, level, TAIL_VARIANT) for k in KS for level in LEVELS[k]]
 
 
 def f_cycle(level: float, k: int) -> list[int]:
@@ -128,7 +152,7 @@ def prompts(point: Point, vocab_size: int | None = None) -> list[list[int]]:
     level and release of that variant and concurrency sends the same ones: the runs are paired,
     and one set of references serves a release, K, concurrency and variant. (Each run carries a
     cache salt of its own, so no run finds another's prompts in the prefix cache.)"""
-    rng = random.Random(f"speedup/{point.variant}/c{point.concurrency}")
+    rng = random.Random(f"speedup/{point.requests_like}/c{point.concurrency}")
     low, high = TOKEN_BAND
     if vocab_size is not None:
         high = min(high, vocab_size)
@@ -168,11 +192,13 @@ def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHE
     of whole Ks (one where there are too few to split), then one batch per K, or with
     ``by_concurrency`` one per K and concurrency (id ``...-k<K>-c<C>``), at the price of a
     server start each."""
-    points = GRID if points is None else points
+    points = GRID + TAIL_POINTS if points is None else points
     out: list[Batch] = []
     for vllm in dict.fromkeys(p.vllm for p in points):
         mine = [p for p in points if p.vllm == vllm]
-        groups = split_by_k(mine, max(1, min(nodrafter, len(mine) // MIN_SPLIT)))
+        # A dtail point's baseline is its plain twin's (shared by the run): no server without the drafter
+        plain = [p for p in mine if p.variant != TAIL_VARIANT]
+        groups = split_by_k(plain, max(1, min(nodrafter, len(plain) // MIN_SPLIT)))
         out += [Batch(vllm, "nodrafter", i + 1, tuple(g)) for i, g in enumerate(groups)]
         for k in sorted(dict.fromkeys(p.k for p in mine), key=K_ORDER.index):
             at_k = [p for p in mine if p.k == k]

@@ -67,9 +67,9 @@ def valid(measurement: dict | None, phase: str) -> bool:
 
 
 def needs_control(point: sg.Point) -> bool:
-    """A planned-1.0 plain point: the real drafter is timed on its prompts just before it, and
-    the two are compared as one pair (the oracle's cost)."""
-    return point.level == 1.0 and point.variant == "base"
+    """A planned-1.0 plain point, or one of the second oracle's (``dtail``): the real drafter is
+    timed on its prompts just before it, and the two are compared as one pair (that oracle's cost)."""
+    return point.level == 1.0 and point.variant in ("base", sg.TAIL_VARIANT)
 
 
 # Where the real drafter's controls are kept: the one timed right before a planned-1.0 point (the
@@ -122,8 +122,10 @@ def put(record: dict, point: sg.Point, phase: str, measurement: dict) -> dict:
 
 
 def control_key(point: sg.Point) -> str:
-    """Where the real drafter's control of ``point`` (its release, K and concurrency) is kept."""
-    return f"v{point.vllm}-k{point.k}-c{point.concurrency}"
+    """Where the real drafter's control of ``point`` (its release, K and concurrency; the second
+    oracle's with its variant) is kept."""
+    suffix = f"-{point.variant}" if point.variant == sg.TAIL_VARIANT else ""
+    return f"v{point.vllm}-k{point.k}-c{point.concurrency}{suffix}"
 
 
 def merge(record: dict, lane: dict) -> dict:
