@@ -68,6 +68,11 @@ SERVER = textwrap.dedent("""\
                 row = oracle.Row(rid, tuple(prompt), len(prompt) + n - 1, 0, k if steps else 0)
                 drafts = oracle_.step([row], k).get(0) if oracle_ else None
                 drafts = drafts or [7] * k  # never a target token: a random drafter's
+                keep = oracle_.lengths.get(0) if oracle_ else None  # tail "drafter": the rest is the drafter's
+                if keep is not None:
+                    drafts = drafts[:keep] + [7] * (k - keep)
+                    with open(os.environ["STAND_IN_TAIL_LOG"], "a") as fh:  # what the test reads
+                        fh.write(f"{keep}\\n")
                 a = 0
                 while a < k and drafts[a] == out[n + a]:
                     a += 1
@@ -103,7 +108,8 @@ SERVER = textwrap.dedent("""\
     stand_in_openai.serve(port, H, 64)
 """).replace("STAND_IN_DIR", repr(stand_in_openai.HERE))
 
-ONLY = ["v0.33.0-k3-c1-a1-base", "v0.33.0-k3-c1-a2.5-base", "v0.33.0-k3-c4-a1-base", "v0.33.0-k3-c4-a4-base"]
+ONLY = ["v0.33.0-k3-c1-a1-base", "v0.33.0-k3-c1-a2.5-base", "v0.33.0-k3-c4-a1-base", "v0.33.0-k3-c4-a4-base",
+        "v0.33.0-k3-c4-a1-dtail", "v0.33.0-k3-c4-a2.5-dtail"]
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +123,7 @@ def rehearsal(tmp_path_factory):
     (model / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 262144}}))
     mp = pytest.MonkeyPatch()
     mp.setenv("GPU_DIR", str(GPU_DIR))
+    mp.setenv("STAND_IN_TAIL_LOG", str(tmp / "tail-rows"))
     record = tmp / "speedup-curve.json"
     argv = ["run", "--vllm", "0.33.0", "--series-hash", "ab" * 32, "--model", str(model), "--drafter", str(tmp),
             "--launcher", shlex.join([sys.executable, str(tmp / "server.py")]),
@@ -181,6 +188,22 @@ def test_each_planned_1_point_has_its_control_from_the_same_server_on_the_real_d
     assert sorted(p.name for p in work.glob("*.plan.json*")) == [
         "v0.33.0-k3-c1.plan.json", "v0.33.0-k3-c1.plan.json.adopted", "v0.33.0-k3-c1.plan.json.dropped",
         "v0.33.0-k3-c4.plan.json", "v0.33.0-k3-c4.plan.json.adopted", "v0.33.0-k3-c4.plan.json.dropped"]
+
+
+def test_the_second_oracle_sets_only_the_positions_that_decide_acceptance(rehearsal):
+    # Its drafts keep the real drafter's tokens past the first wrong position: at a planned 1.0
+    # only that position is set, at 2.5 (first wrong at 1 or 2) the first two, or all three of
+    # K 3's (no row to mark then); the plain points set all of them.
+    import speedup_record as srec
+
+    kept = sorted(set(map(int, (rehearsal["tmp"] / "tail-rows").read_text().split())))
+    assert kept == [1, 2]
+    rec = rehearsal["record"]
+    control = rec[srec.BEFORE]["v0.33.0-k3-c4-dtail"]
+    assert control["prompts_of"] == "v0.33.0-k3-c4-a1-dtail"
+    assert control["server"] == rec["points"]["v0.33.0-k3-c4-a1-dtail"]["dflash"]["server"]
+    for pid in ("v0.33.0-k3-c4-a1-dtail", "v0.33.0-k3-c4-a2.5-dtail"):
+        assert rec["points"][pid]["baseline"]["shared_from"].endswith("-base")
 
 
 def test_one_reference_set_served_each_concurrency(rehearsal):

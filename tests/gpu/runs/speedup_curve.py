@@ -684,11 +684,20 @@ def merge_into(record: dict, paths: list[Path]) -> dict:
     for path in paths:
         if Path(path).is_file():
             srec.merge(record, json.loads(Path(path).read_text()))
+    share_tail_baselines(record)
+    return record
+
+
+def share_tail_baselines(record: dict) -> list[str]:
+    """Each measured dtail point without a baseline takes its plain twin's, measured on the GPU
+    and series of its own DFlash run: the twin's may come later than the point (another lane, or
+    a pilot's batches, the server without the drafter last)."""
+    out = []
     for p in sg.TAIL_POINTS:
         dflash = (record.get("points", {}).get(p.id) or {}).get("dflash") or {}
         if srec.valid(dflash, "dflash"):
-            share_baselines(record, [p], {"gpu": dflash.get("gpu"), "series": dflash.get("series")})
-    return record
+            out += share_baselines(record, [p], {"gpu": dflash.get("gpu"), "series": dflash.get("series")})
+    return out
 
 
 def run_lanes(args, argv: list[str]) -> int:
@@ -850,6 +859,8 @@ def main(argv: list[str] | None = None) -> int:
             ran += 1
         if code == 3 or (args.batches and ran >= args.batches):
             break
+    if share_tail_baselines(record):
+        srec.save(record, args.record)
     return code
 
 
