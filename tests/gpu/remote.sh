@@ -1018,16 +1018,11 @@ multinode_wait() { # wait up to MN_WAIT_S (default 480) for multinode-bg; its pr
     [ -f "$WORK/multinode.rc" ] && echo "multinode ended: rc $(cat "$WORK/multinode.rc")" || echo "multinode still running after ${waited}s"
 }
 
-any_alive() { # any_alive PID...: true while one of them runs
-    local p
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
-    return 1
-}
-
-served_all() { # served and served-v33 side by side, each with its phases side by side: one
-    # call for what took four. SERVED_JOBS: space-separated RECIPE:PHASES[:exact|default], each
-    # run on both versions, or on SERVED_VERSIONS (default: the multimodal recipe, SERVED_PHASES,
-    # SERVED_EXACT's numerics).
+served_all() { # served and served-v33 side by side, each with its phases side by side
+    # (tests/gpu/runs/served_all.py: the jobs, their ports and GPUs, the logs, what comes back).
+    # SERVED_JOBS: space-separated RECIPE:PHASES[:exact|default], each run on both versions, or on
+    # SERVED_VERSIONS (default: the multimodal recipe, SERVED_PHASES, SERVED_EXACT's numerics);
+    # SERVED_GPUS="0,1": job i on the i-th GPU, round-robin.
     # One H100 holds the servers: each gets an explicit KV cache (SERVED_KV_GIB, 4 GiB: vLLM then
     # sizes nothing from a memory profile, which the other servers' allocations would skew; 0.21.0
     # even asserts when another process frees memory during its profile) and a memory fraction
@@ -1036,25 +1031,11 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     prepare
     require_fa2
     mkdir -p "$OUT"
-    local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) rc=0 i=0 job recipe phases numerics v pids=() logs=()
+    local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) v
     local jobs=${SERVED_JOBS:-gemma4-moe-dflash:${SERVED_PHASES:-reference,dflash,stock}}
-    local versions=${SERVED_VERSIONS:-0.21.0 0.33.0} recipes
-    # Each job's folder is $WORK/served[-v33][-text]: two jobs of one recipe would share it.
-    recipes=$(for job in $jobs; do echo "${job%%:*}"; done)
-    if [ "$(sort <<< "$recipes" | uniq -d)" != "" ]; then
-        echo "SERVED_JOBS names a recipe twice (one folder per recipe and version): $jobs" >&2; return 2
-    fi
-    # SERVED_GPUS="0,1" (a host of several GPUs): job i runs on the i-th, round-robin.
-    local gpus=()
-    [ -n "${SERVED_GPUS:-}" ] && IFS=',' read -r -a gpus <<< "$SERVED_GPUS"
-    # A speed measurement needs its GPU to itself: one job and version per GPU.
-    case " $jobs " in
-        *:speed:*|*":speed "*)
-            if [ "$(( $(wc -w <<< "$jobs") * $(wc -w <<< "$versions") ))" -gt "$(( ${#gpus[@]} > 1 ? ${#gpus[@]} : 1 ))" ]; then
-                echo "the speed phase runs alone: one job and version per GPU (SERVED_VERSIONS=0.21.0, or SERVED_GPUS)" >&2
-                return 2
-            fi ;;
-    esac
+    local versions=${SERVED_VERSIONS:-0.21.0 0.33.0}
+    local plan=("$PY" tests/gpu/runs/served_all.py --jobs "$jobs" --versions "$versions" --gpus "${SERVED_GPUS:-}")
+    "${plan[@]}" check || return 2
     # A version "V-without-ID" serves V's series less patch ID (issue 50: 0.21.0 without
     # dflash-drafter-per-layer-attention): its tree is built here, before the jobs start side by side.
     for v in $versions; do
@@ -1066,43 +1047,9 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     # 0.33.0 captures every CUDA graph twice at start, once to estimate its memory, which an
     # explicit KV cache does not use (the real-shape runs set the same; not in issue 27's fit runs)
     export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=${VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:-0}
-    for job in $jobs; do
-        IFS=: read -r recipe phases numerics <<< "$job"
-        for v in $versions; do
-            logs+=("$WORK/served-all-$i-$v-${recipe#gemma4-moe-}-${phases//,/+}.log")
-            (
-                export SERVED_RECIPE=$recipe SERVED_PHASES=$phases SERVED_PORT_BASE=$((8000 + 100 * i))
-                case "${numerics:-}" in exact) export SERVED_EXACT=1 ;; default) export SERVED_EXACT=0 ;; esac
-                [ "${#gpus[@]}" -gt 0 ] && export CUDA_VISIBLE_DEVICES=${gpus[$((i % ${#gpus[@]}))]}
-                case "$v" in
-                    0.21.0) served_run "$SITE" "$SITE_PATCHED" served ;;
-                    *-without-*)
-                        local base=${v%%-without-*} id=${v#*-without-} from=$SITE
-                        [ "$base" = 0.21.0 ] || from=$SITE33
-                        SERVED_VARIANT="without $id" served_run "$from" "$REVERTED_SITES/$base/$id" "served-$v" ;;
-                    *) served_run "$SITE33" "$SITE33_PATCHED" served-v33 ;;
-                esac
-            ) > "${logs[-1]}" 2>&1 &
-            pids+=($!); i=$((i + 1))
-            sleep "${SERVED_JOB_STAGGER_S:-20}"
-        done
-    done
-    # Watched by the jobs' own PIDs: a pattern would also match another checkout's served.py.
-    ( while any_alive "${pids[@]}"; do
-          nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 30; done ) > "$WORK/served-all-memory.log" 2>&1 &
-    for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
-    for i in "${!logs[@]}"; do echo "== ${logs[$i]##*/}"; { grep -v "^\s*$" "${logs[$i]}" || true; } | tail -12; done
-    echo "== GPU memory used, every 30 s: $(tr '\n' ' ' < "$WORK/served-all-memory.log")"
-    # $OUT brings back 8 files: the logs in one archive (the phases' raw records are in NAME-logs)
-    tar -C "$WORK" -czf "$OUT/served-all-logs.tar.gz" "${logs[@]##*/}" served-all-memory.log
-    # At most 8 files come back from $OUT: past that, all but the record and its page travel as
-    # one archive (raw folders, logs, benchmark files).
-    if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-        (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name served.json ! -name served.md ! -name served-out.tar.gz \
-            -printf '%P\n' | sort > "$WORK/served-out.list" \
-            && tar -czf served-out.tar.gz -T "$WORK/served-out.list" && xargs rm -rf < "$WORK/served-out.list")
-    fi
-    return $rc
+    "${plan[@]}" run --work "$WORK" --out "$OUT" --stagger-s "${SERVED_JOB_STAGGER_S:-20}" \
+        --command "${SERVED_RUN:-bash tests/gpu/remote.sh served-run}" --site "$SITE" --site-patched "$SITE_PATCHED" \
+        --site33 "$SITE33" --site33-patched "$SITE33_PATCHED" --reverted "$REVERTED_SITES"
 }
 
 served_run() { # served_run SITE PATCHED_SITE NAME: served.py's phases in $WORK/NAME[-text]
@@ -1390,6 +1337,7 @@ case "$cmd" in
     full-bench) FIT_CONCURRENCY=${FIT_CONCURRENCY:-1,4,16,max} FIT_DEBUG_LOG=${FIT_DEBUG_LOG:-0} fit ;;
     served) served ;;
     served-all) served_all ;;
+    served-run) served_run "$@" ;;
     prepare) prepare ;;
     drafter-bg) drafter_background ;;
     drafter-sweep) drafter_sweep ;;

@@ -557,14 +557,19 @@ def test_remote_sh_calls_served_py_with_flags_it_knows():
     assert flags <= known, flags - known
     assert {"--phases", "--model", "--drafter", "--site-patched", "--site-stock", "--work", "--out"} <= flags
     assert "    served) served ;;" in text and "    served-all) served_all ;;" in text
-    # Both releases go through the one runner, each with its own site, patched copy and folder.
+    # Both releases go through the one runner, each with its own site, patched copy and folder
+    # (served-all's jobs through the served-run verb: served_all.Sites).
     assert 'served_run "$SITE" "$SITE_PATCHED" served\n' in text
-    assert 'served_run "$SITE33" "$SITE33_PATCHED" served-v33 ;;\n' in text
+    assert '    served-run) served_run "$@" ;;\n' in text
+    import served_all
+
+    sites = served_all.Sites("/s", "/p", "/s33", "/p33", "/rev")
+    assert sites.of("0.33.0")[:3] == ("/s33", "/p33", "served-v33") and sites.of("0.21.0")[:3] == ("/s", "/p", "served")
     # served-all: every job on its own port base (8000 + 100 i), wider than a job's phase ports.
+    assert served_all.PORT_STEP > max(served.PORT_OFFSETS.values())
+    ports = [j.env(sites)["SERVED_PORT_BASE"] for j in served_all.plan("a:x b:y", "0.21.0 0.33.0", [])]
+    assert ports == ["8000", "8100", "8200", "8300"]
     both = text[text.index("\nserved_all() {"):text.index("\nserved_run() {")]
-    step = int(re.search(r"SERVED_PORT_BASE=\$\(\(8000 \+ (\d+) \* i\)\)", both).group(1))
-    assert step > max(served.PORT_OFFSETS.values())
-    assert "i=$((i + 1))" in both
     assert "--parallel" in call and "--port-base" in call and "--kv-cache-memory-bytes=" in both
 
 
@@ -741,9 +746,10 @@ def test_numerics_are_read_off_records_that_did_not_keep_them():
 
 def _served_all_script(tmp_path, jobs: str, versions: str | None = None,
                        gpus: str | None = None, served_run: str | None = None) -> subprocess.CompletedProcess:
-    """remote.sh's served_all with its collaborators stubbed (prepare, served_run record their
-    arguments, or ``served_run`` is the stub's body): the job checks and the runs it starts,
-    without vLLM."""
+    """remote.sh's served_all with its collaborators stubbed (prepare and reverted_site as shell
+    functions; each job's ``served-run SITE PATCHED NAME`` a script that records its arguments, or
+    whose body is ``served_run``): the job checks, the runs started (served_all.py), and what they
+    leave, without vLLM."""
     text = (GPU_DIR / "remote.sh").read_text()
 
     def fn(name):
@@ -754,15 +760,16 @@ def _served_all_script(tmp_path, jobs: str, versions: str | None = None,
     site.mkdir(parents=True)
     (site / "_vllm_fa2_C.abi3.so").write_text("")
     record = ('echo "run $3 $SERVED_RECIPE $SERVED_PHASES ${SERVED_EXACT:-unset} $SERVED_PORT_BASE'
-              '${SERVED_VARIANT:+ [$SERVED_VARIANT] $1 $2}${CUDA_VISIBLE_DEVICES:+ gpu$CUDA_VISIBLE_DEVICES}" >> "$WORK/runs";')
-    stubs = ('prepare() { :; }\nrequire_fa2() { :; }\nreverted_site() { echo "revert $1 $2" >> "$WORK/reverted"; }\n'
-             f'served_run() {{ {served_run or record} }}\n')
-    env = (f'WORK={tmp_path}/work\nOUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n'
+              '${SERVED_VARIANT:+ [$SERVED_VARIANT] $1 $2}${CUDA_VISIBLE_DEVICES:+ gpu$CUDA_VISIBLE_DEVICES}" >> "$WORK/runs"')
+    (tmp_path / "served-run.sh").write_text("set -eu\n" + (served_run or record) + "\n")
+    stubs = 'prepare() { :; }\nrequire_fa2() { :; }\nreverted_site() { echo "revert $1 $2" >> "$WORK/reverted"; }\n'
+    env = (f'export WORK={tmp_path}/work OUT={tmp_path}/out\nSITE={tmp_path}/site\nSERVED_JOB_STAGGER_S=0\n'
+           f'PY={sys.executable}\nSERVED_RUN="bash {tmp_path}/served-run.sh"\n'
            'SITE_PATCHED=/p SITE33=/s33 SITE33_PATCHED=/p33 REVERTED_SITES=/rev\n')
     env += f"SERVED_JOBS='{jobs}'\n" + (f"SERVED_VERSIONS='{versions}'\n" if versions else "")
     env += f"SERVED_GPUS='{gpus}'\n" if gpus else ""
     script = "set -euo pipefail\n" + env + "mkdir -p $WORK\n" + stubs + fn("served_all") + "served_all\n"
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=GPU_DIR.parents[1])
 
 
 def test_served_all_starts_each_job_on_each_release_with_its_numerics(tmp_path):

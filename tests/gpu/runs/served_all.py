@@ -1,0 +1,210 @@
+"""served-all's jobs (``remote.sh served-all``): which served runs start, on which release, port and GPU, side by side, and what comes back.
+
+``--jobs`` (SERVED_JOBS: ``RECIPE:PHASES[:exact|default]``, space-separated) times ``--versions``
+(SERVED_VERSIONS: ``0.21.0``, ``0.33.0``, or ``V-without-ID``, V's series less patch ID, whose tree
+remote.sh builds before) make the jobs. Each runs ``--command SITE PATCHED NAME`` (remote.sh's
+``served-run``: served.py's phases in ``$WORK/NAME``) with its recipe, phases and numerics, a port
+base of its own (8000 + 100 i, wider than a job's phase ports) and, with ``--gpus``, the i-th GPU
+round-robin. They start ``--stagger-s`` apart (engine start-up is mostly CPU), each logging to
+``$WORK/served-all-I-V-RECIPE-PHASES.log``; while any runs, the GPUs' memory is sampled every 30 s.
+Once all have ended: each log's tail, the logs in ``$OUT/served-all-logs.tar.gz``, and past 8 files
+in ``$OUT`` (what a GPU host hands back at most) all but the record and its page as
+``served-out.tar.gz``.
+
+``check`` refuses, with exit 2 and before anything starts: a recipe named twice (its folder is
+per recipe and version), and a speed phase that would share a GPU with another job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PORT_BASE, PORT_STEP = 8000, 100
+OUT_LIMIT = 8  # files a GPU host's $OUT brings back
+KEEP_APART = ("served.json", "served.md", "served-out.tar.gz")
+MEMORY_EVERY_S = 30
+TAIL_LINES = 12
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Sites:
+    """Where each release's stock and patched vLLM are (remote.sh's SITE*, REVERTED_SITES)."""
+
+    site: str
+    site_patched: str
+    site33: str
+    site33_patched: str
+    reverted: str
+
+    def of(self, version: str) -> tuple[str, str, str, str | None]:
+        """(stock site, patched site, run name, variant) of a version."""
+        if version == "0.21.0":
+            return self.site, self.site_patched, "served", None
+        if "-without-" in version:
+            base, patch = version.split("-without-", 1)
+            stock = self.site if base == "0.21.0" else self.site33
+            return stock, f"{self.reverted}/{base}/{patch}", f"served-{version}", f"without {patch}"
+        return self.site33, self.site33_patched, "served-v33", None
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int
+    recipe: str
+    phases: str
+    numerics: str  # "exact", "default", or "" (served.py's default)
+    version: str
+    gpu: str | None
+
+    @property
+    def log_name(self) -> str:
+        return (f"served-all-{self.index}-{self.version}-{self.recipe.removeprefix('gemma4-moe-')}-"
+                f"{self.phases.replace(',', '+')}.log")
+
+    def env(self, sites: Sites) -> dict[str, str]:
+        out = {"SERVED_RECIPE": self.recipe, "SERVED_PHASES": self.phases,
+               "SERVED_PORT_BASE": str(PORT_BASE + PORT_STEP * self.index)}
+        if self.numerics:
+            out["SERVED_EXACT"] = "1" if self.numerics == "exact" else "0"
+        if self.gpu is not None:
+            out["CUDA_VISIBLE_DEVICES"] = self.gpu
+        variant = sites.of(self.version)[3]
+        if variant:
+            out["SERVED_VARIANT"] = variant
+        return out
+
+    def argv(self, command: list[str], sites: Sites) -> list[str]:
+        return [*command, *sites.of(self.version)[:3]]
+
+
+def plan(jobs: str, versions: str, gpus: list[str]) -> list[Job]:
+    """The jobs, in start order (each job on each version); a PlanError says why none may start."""
+    specs = [job.split(":") for job in jobs.split()]
+    if not specs or any(len(s) not in (2, 3) or not all(s[:2]) for s in specs):
+        raise PlanError(f"SERVED_JOBS: space-separated RECIPE:PHASES[:exact|default], not {jobs!r}")
+    recipes = [s[0] for s in specs]
+    if len(set(recipes)) != len(recipes):
+        raise PlanError(f"SERVED_JOBS names a recipe twice (one folder per recipe and version): {jobs}")
+    numerics = [s[2] if len(s) == 3 else "" for s in specs]
+    if any(n not in ("", "exact", "default") for n in numerics):
+        raise PlanError(f"SERVED_JOBS: numerics are exact or default: {jobs}")
+    vs = versions.split()
+    if any("speed" in s[1].split(",") for s in specs) and len(specs) * len(vs) > max(len(gpus), 1):
+        raise PlanError("the speed phase runs alone: one job and version per GPU (SERVED_VERSIONS=0.21.0, "
+                        "or SERVED_GPUS)")
+    out = []
+    for (recipe, phases, *_), num in zip(specs, numerics):
+        for v in vs:
+            i = len(out)
+            out.append(Job(i, recipe, phases, num, v, gpus[i % len(gpus)] if gpus else None))
+    return out
+
+
+def sample_memory(path: Path, procs: list[subprocess.Popen], every_s: float = MEMORY_EVERY_S) -> threading.Thread:
+    """The GPUs' used memory every ``every_s`` while one of ``procs`` runs (watched by the jobs'
+    own processes: a name pattern would match another checkout's served.py too)."""
+    def loop():
+        with path.open("w") as fh:
+            while any(p.poll() is None for p in procs):
+                got = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                                     capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+                fh.write((got.stdout if got and got.returncode == 0 else "no nvidia-smi\n"))
+                fh.flush()
+                for _ in range(int(every_s * 10)):
+                    if all(p.poll() is not None for p in procs):
+                        break
+                    time.sleep(0.1)
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.is_file() else []
+    return lines[-n:]
+
+
+def pack_out(out: Path, limit: int = OUT_LIMIT, keep: tuple[str, ...] = KEEP_APART) -> bool:
+    """Past ``limit`` files under ``out``: every top-level entry but ``keep`` into
+    ``served-out.tar.gz`` (raw folders, logs, benchmark files), then removed. True if packed."""
+    if sum(1 for p in out.rglob("*") if p.is_file()) <= limit:
+        return False
+    entries = sorted(p for p in out.iterdir() if p.name not in keep)
+    with tarfile.open(out / "served-out.tar.gz.partial", "w:gz") as tar:
+        for p in entries:
+            tar.add(p, arcname=p.name)
+    (out / "served-out.tar.gz.partial").replace(out / "served-out.tar.gz")
+    for p in entries:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    return True
+
+
+def run(jobs: list[Job], command: list[str], sites: Sites, work: Path, out: Path, stagger_s: float) -> int:
+    """Start every job, wait for all, report, pack; 1 if one failed."""
+    procs, logs = [], []
+    for n, job in enumerate(jobs):
+        logs.append(work / job.log_name)
+        with logs[-1].open("w") as log:
+            procs.append(subprocess.Popen(job.argv(command, sites), stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env={**os.environ, **job.env(sites)}))
+        if n + 1 < len(jobs):
+            time.sleep(stagger_s)
+    memory = work / "served-all-memory.log"
+    sampler = sample_memory(memory, procs)
+    rc = 0 if all(p.wait() == 0 for p in procs) else 1
+    sampler.join()
+    for log in logs:
+        print(f"== {log.name}", *tail(log), sep="\n")
+    print(f"== GPU memory used, every {MEMORY_EVERY_S} s: {' '.join(memory.read_text().split())}")
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "served-all-logs.tar.gz", "w:gz") as tar:
+        for path in (*logs, memory):
+            tar.add(path, arcname=path.name)
+    pack_out(out)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("check", "run"))
+    parser.add_argument("--jobs", required=True)
+    parser.add_argument("--versions", default="0.21.0 0.33.0")
+    parser.add_argument("--gpus", default="", help="comma-separated: job i on the i-th, round-robin")
+    parser.add_argument("--work", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--command", default="bash tests/gpu/remote.sh served-run",
+                        help="what runs one job, given SITE PATCHED NAME")
+    parser.add_argument("--stagger-s", type=float, default=20.0)
+    for name in ("site", "site-patched", "site33", "site33-patched", "reverted"):
+        parser.add_argument(f"--{name}", default="")
+    args = parser.parse_args(argv)
+    try:
+        jobs = plan(args.jobs, args.versions, [g for g in args.gpus.split(",") if g])
+    except PlanError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.action == "check":
+        return 0
+    if args.work is None or args.out is None:
+        parser.error("run needs --work and --out")
+    sites = Sites(args.site, args.site_patched, args.site33, args.site33_patched, args.reverted)
+    args.work.mkdir(parents=True, exist_ok=True)
+    return run(jobs, shlex.split(args.command), sites, args.work, args.out, args.stagger_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

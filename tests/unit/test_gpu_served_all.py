@@ -1,0 +1,96 @@
+"""tests/gpu/runs/served_all.py: served-all's jobs planned, started side by side, reported and packed.
+
+The jobs run stand-in commands (a served run needs vLLM and a GPU); ``remote.sh served-all``'s
+own checks through the shell are in test_gpu_served.py."""
+
+from __future__ import annotations
+
+import sys
+import tarfile
+
+import pytest
+
+from tests.unit.gpu_scripts import load
+
+sa = load("served_all")
+SITES = sa.Sites("/s", "/p", "/s33", "/p33", "/rev")
+
+
+def test_each_job_runs_on_each_version_with_its_port_numerics_gpu_and_sites():
+    jobs = sa.plan("gemma4-moe-dflash:bench:exact gemma4-moe-dflash-text:dflash,reference",
+                   "0.21.0 0.33.0-without-some-patch", ["0", "1", "2"])
+    assert [(j.recipe, j.version, j.gpu) for j in jobs] == [
+        ("gemma4-moe-dflash", "0.21.0", "0"), ("gemma4-moe-dflash", "0.33.0-without-some-patch", "1"),
+        ("gemma4-moe-dflash-text", "0.21.0", "2"), ("gemma4-moe-dflash-text", "0.33.0-without-some-patch", "0")]
+    assert jobs[0].env(SITES) == {"SERVED_RECIPE": "gemma4-moe-dflash", "SERVED_PHASES": "bench",
+                                  "SERVED_PORT_BASE": "8000", "SERVED_EXACT": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    # no numerics given: served.py's own default (SERVED_EXACT unset); a reverted tree names its patch
+    assert "SERVED_EXACT" not in jobs[3].env(SITES) and jobs[3].env(SITES)["SERVED_VARIANT"] == "without some-patch"
+    assert jobs[3].argv(["cmd"], SITES) == ["cmd", "/s33", "/rev/0.33.0/some-patch", "served-0.33.0-without-some-patch"]
+    assert jobs[2].log_name == "served-all-2-0.21.0-dflash-text-dflash+reference.log"
+    assert [j.gpu for j in sa.plan("a:x", "0.21.0 0.33.0", [])] == [None, None]
+
+
+@pytest.mark.parametrize("jobs, versions, gpus, why", [
+    ("a:x b:y a:z", "0.21.0", [], "names a recipe twice"),
+    ("a:speed", "0.21.0 0.33.0", [], "the speed phase runs alone"),
+    ("a:bench,speed b:x", "0.21.0", ["0"], "the speed phase runs alone"),
+    ("a:x:fast", "0.21.0", [], "exact or default"),
+    ("a", "0.21.0", [], "RECIPE:PHASES"),
+    ("", "0.21.0", [], "RECIPE:PHASES"),
+])
+def test_jobs_that_would_collide_or_share_a_speed_measurement_are_refused(jobs, versions, gpus, why, capsys):
+    with pytest.raises(sa.PlanError, match=why):
+        sa.plan(jobs, versions, gpus)
+    assert sa.main(["check", "--jobs", jobs, "--versions", versions, "--gpus", ",".join(gpus)]) == 2
+    assert why in capsys.readouterr().err
+    assert len(sa.plan("a:speed", "0.21.0 0.33.0", ["0", "1"])) == 2  # a GPU each: allowed
+
+
+def test_the_jobs_run_side_by_side_and_a_failed_one_fails_the_call(tmp_path, capsys, monkeypatch):
+    # Each stand-in job writes its arguments and port, sleeps, and the third fails: all three run
+    # at once (the first still runs when the last starts), every log's tail is printed, and the
+    # logs come back in one archive.
+    job = tmp_path / "job.py"
+    job.write_text("import os, sys, time\n"
+                   "print('args', *sys.argv[1:], os.environ['SERVED_PORT_BASE'], flush=True)\n"
+                   "open(os.environ['MARKS'], 'a').write(f\"start {os.environ['SERVED_PORT_BASE']} {time.time()}\\n\")\n"
+                   "time.sleep(0.5)\n"
+                   "open(os.environ['MARKS'], 'a').write(f\"end {os.environ['SERVED_PORT_BASE']} {time.time()}\\n\")\n"
+                   "sys.exit(3 if os.environ['SERVED_PORT_BASE'] == '8200' else 0)\n")
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    monkeypatch.setenv("MARKS", str(tmp_path / "marks"))  # the jobs' environment is the caller's and theirs
+    rc = sa.run(sa.plan("a:x b:y", "0.21.0 0.33.0", [])[:3], [sys.executable, str(job)], SITES, work, out, 0.05)
+    assert rc == 1
+    marks = [line.split() for line in (tmp_path / "marks").read_text().splitlines()]
+    starts = [float(t) for kind, _, t in marks if kind == "start"]
+    ends = [float(t) for kind, _, t in marks if kind == "end"]
+    assert len(starts) == 3 and max(starts) < min(ends)  # side by side
+    printed = capsys.readouterr().out
+    assert "args /s /p served 8000" in printed and "args /s33 /p33 served-v33 8100" in printed
+    assert "== GPU memory used, every 30 s:" in printed
+    with tarfile.open(out / "served-all-logs.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted([j.log_name for j in sa.plan("a:x b:y", "0.21.0 0.33.0", [])[:3]]
+                                                + ["served-all-memory.log"])
+    ok = sa.run(sa.plan("a:x", "0.21.0", []), [sys.executable, "-c", "pass"], SITES, work, out, 0)
+    assert ok == 0
+
+
+def test_out_past_eight_files_keeps_the_record_and_its_page_apart(tmp_path):
+    out = tmp_path / "out"
+    (out / "served-raw").mkdir(parents=True)
+    for name in ("a.json", "b.json", "c.log"):
+        (out / "served-raw" / name).write_text("x")
+    (out / "served.json").write_text("r")
+    (out / "served.md").write_text("m")
+    (out / "served-bench.json").write_text("b")
+    assert sa.pack_out(out) is False and (out / "served-raw").is_dir()  # 6 files: nothing to do
+    for i in range(3):
+        (out / f"extra-{i}.log").write_text("e")
+    assert sa.pack_out(out) is True
+    assert sorted(p.name for p in out.iterdir()) == ["served-out.tar.gz", "served.json", "served.md"]
+    with tarfile.open(out / "served-out.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"served-raw/a.json", "served-raw/c.log", "served-bench.json", "extra-2.log"} <= names
+    assert "served.json" not in names
