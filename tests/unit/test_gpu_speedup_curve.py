@@ -1152,6 +1152,14 @@ def test_plan_lists_the_batches_run_makes_and_what_each_lacks(tmp_path, capsys):
     assert [line.split()[0] for line in lines] == [b.id for v in ("0.33.0", "0.21.0") for b in sg.release_batches(v)]
     k15 = next(line for line in lines if line.startswith("v0.33.0-k15-c1 "))
     assert done.id not in k15 and "v0.33.0-k15-c1-a2-base" in k15 and "11/12 pending" in k15
+    # --lanes 2: the lane of each batch, as each lane of a two-GPU run will take it
+    assert curve.main(["plan", "--record", str(tmp_path / "curve.json"), "--frozen", str(frozen), "--lanes", "2"]) == 0
+    lanes = {line.split()[0]: line.split("lane ")[1].split()[0] for line in capsys.readouterr().out.splitlines()}
+    left = lambda b: len(srec.pending(b, record, lambda p: True))  # noqa: E731
+    batches = sg.release_batches("0.33.0")
+    for i in range(2):
+        assert {b.id for b in curve.lane_batches(batches, f"{i}/2", "dflash", left)} == {
+            b for b, lane in lanes.items() if lane == f"{i}/2" and b.startswith("v0.33.0")}
 
 
 @pytest.mark.parametrize("release", ["0.21.0", "0.33.0"])
@@ -1248,3 +1256,27 @@ def test_a_dtail_point_measured_in_one_lane_takes_the_baseline_another_lane_meas
     srec.put(other, plain, "baseline", {**_measure(), "gpu": "H100", "series": "s"})
     srec.save(other, paths[0])
     assert srec.missing(curve.merge_into(srec.new(frozen), paths), tail) == ["baseline"]
+
+
+def test_a_rerun_balances_its_lanes_on_what_is_left_to_measure(tmp_path):
+    # K 15 and 7 at concurrency 4 left with their second oracle's points only, K 3 not begun: the
+    # two GPUs split the work left (two server starts each), not the batches' whole sizes, which
+    # would put three starts and 28 points in one lane and 8 in the other.
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    record = srec.new(frozen)
+    for p in sg.GRID:
+        if p.vllm == "0.33.0":
+            srec.put(record, p, "baseline", _measure())  # the baselines all measured
+        if p.vllm == "0.33.0" and p.k != 3:
+            srec.put(record, p, "dflash", {**_measure(acceptance=p.level), "server": "s"})
+            if srec.needs_control(p):
+                record.setdefault(srec.BEFORE, {})[srec.control_key(p)] = {**_measure(acceptance=1.0), "server": "s"}
+    batches = sg.release_batches("0.33.0")
+    left = lambda b: len(srec.pending(b, record, lambda p: True))  # noqa: E731
+    lanes = [curve.lane_batches(batches, f"{i}/2", "dflash", left) for i in range(2)]
+    work = [sorted((b.id, left(b)) for b in lane if left(b)) for lane in lanes]
+    assert sorted(work) == [[("v0.33.0-k15-c4", 10), ("v0.33.0-k7-c4", 8)], [("v0.33.0-k3-c1", 6), ("v0.33.0-k3-c4", 12)]]
+    whole = [[b.id for b in curve.lane_batches(batches, f"{i}/2", "dflash") if left(b)] for i in range(2)]
+    assert sorted(map(len, whole)) == [1, 3]  # what balancing on whole sizes would have done

@@ -607,19 +607,20 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
     return done
 
 
-def lane_batches(batches: list, lane: str | None, refs_from: str = "nodrafter") -> list:
+def lane_batches(batches: list, lane: str | None, refs_from: str = "nodrafter", pending=None) -> list:
     """``I/N``: a lane's share (None: all). With references from the server without the drafter,
     those servers go round the lanes in order and each DFlash batch runs in the lane that made
     the references of its points, after that lane's servers without the drafter, so no lane
     drafts on references another has yet to make. With references made by the DFlash batches
-    themselves, the batches are balanced (``balanced_lanes``)."""
+    themselves, the batches are balanced (``balanced_lanes``) on what each still has to measure
+    (``pending(batch)``: its count of points; None: all of them)."""
     if not lane:
         return batches
     i, n = (int(x) for x in lane.split("/"))
     if not 0 <= i < n:
         raise ValueError(f"--lane {lane}: I/N with 0 <= I < N")
     if refs_from == "dflash":
-        return balanced_lanes(batches, n)[i]
+        return balanced_lanes(batches, n, pending)[i]
     made = [b for b in batches if b.server == "nodrafter"]
     owner = {p.id: j % n for j, b in enumerate(made) for p in b.points}
     mine = [b for j, b in enumerate(made) if j % n == i]
@@ -631,24 +632,29 @@ def lane_batches(batches: list, lane: str | None, refs_from: str = "nodrafter") 
     return mine
 
 
-def batch_cost(batch: sg.Batch) -> int:
+def batch_cost(batch: sg.Batch, pending: int | None = None) -> int:
     """A batch's weight in minutes, roughly: a server start about 5, and on a DFlash server two
     runs a point (its timed run, and its share of the references and controls, which its
-    concurrency's levels share); the baselines without the drafter are shared, a few runs a batch."""
+    concurrency's levels share); the baselines without the drafter are shared, a few runs a batch.
+    ``pending``: how many of its points are still to measure (0: it starts no server)."""
+    points = len(batch.points) if pending is None else pending
+    if points == 0:
+        return 0
     if batch.server == "nodrafter":
         return 5 + 4
-    return 5 + 2 * len(batch.points)
+    return 5 + 2 * points
 
 
-def balanced_lanes(batches: list, n: int) -> list[list]:
-    """The batches in ``n`` lanes, the costliest first into the lightest lane (``batch_cost``);
-    in each lane the servers without the drafter first, then the DFlash batches, each in the
-    order ``batches`` gives."""
+def balanced_lanes(batches: list, n: int, pending=None) -> list[list]:
+    """The batches in ``n`` lanes, the costliest first into the lightest lane (``batch_cost``, on
+    ``pending(batch)`` points where given: a rerun balances what is left); in each lane the
+    servers without the drafter first, then the DFlash batches, each in the order ``batches`` gives."""
+    cost = {b.id: batch_cost(b, None if pending is None else pending(b)) for b in batches}
     lanes, load = [[] for _ in range(n)], [0] * n
-    for b in sorted(batches, key=batch_cost, reverse=True):
+    for b in sorted(batches, key=lambda b: cost[b.id], reverse=True):
         j = load.index(min(load))
         lanes[j].append(b)
-        load[j] += batch_cost(b)
+        load[j] += cost[b.id]
     order = {b.id: (b.server != "nodrafter", k) for k, b in enumerate(batches)}
     return [sorted(lane, key=lambda b: order[b.id]) for lane in lanes]
 
@@ -753,13 +759,20 @@ def frozen_committed(frozen: Path) -> bool:
     return bars.blob_hash(frozen) in versions
 
 
-def plan_lines(record: dict, refs: Path, refs_from: str) -> list[str]:
-    """Each release's batches as ``run`` makes them, and what each still has to measure."""
+def plan_lines(record: dict, refs: Path, refs_from: str, lanes: int = 1) -> list[str]:
+    """Each release's batches as ``run`` makes them, what each still has to measure, and with
+    ``lanes`` > 1 (``--gpus`` of that many) the lane that runs it."""
     out = []
+    ready = has_reference(refs) if refs_from == "nodrafter" else (lambda p: True)
+    left = lambda b: len(srec.pending(b, record, ready))  # noqa: E731
     for vllm in dict.fromkeys(p.vllm for p in sg.GRID):
-        for b in sg.release_batches(vllm, refs_from):
-            todo = srec.pending(b, record, has_reference(refs) if refs_from == "nodrafter" else (lambda p: True))
-            out.append(f"{b.id:28} {len(todo)}/{len(b.points)} pending  {' '.join(p.id for p in todo)}")
+        batches = sg.release_batches(vllm, refs_from)
+        lane_of = {b.id: f"lane {i}/{lanes}" for i in range(lanes)
+                   for b in lane_batches(batches, f"{i}/{lanes}", refs_from, left)} if lanes > 1 else {}
+        for b in batches:
+            todo = srec.pending(b, record, ready)
+            out.append(f"{b.id:28} {len(todo)}/{len(b.points)} pending  {lane_of.get(b.id, ''):10} "
+                       f"{' '.join(p.id for p in todo)}".rstrip())
     return out
 
 
@@ -793,6 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_plan = sub.add_parser("plan")
+    p_plan.add_argument("--lanes", type=int, default=1, help="the GPUs run will have: which lane runs each batch")
     p_run = sub.add_parser("run")
     for p in (p_plan, p_run):
         p.add_argument("--record", type=Path, default=REPO / srec.CURVE_PATH)
@@ -826,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"merged {len(args.lanes)} lane record(s) into {args.record}", flush=True)
         return 0
     if args.cmd == "plan":
-        for line in plan_lines(record, args.refs, args.refs_from):
+        for line in plan_lines(record, args.refs, args.refs_from, args.lanes):
             print(line)
         return 0
     if not frozen_committed(args.frozen):
@@ -837,7 +851,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = run_meta(args)
     args.end = None if args.deadline_s is None else time.monotonic() + args.deadline_s
     ran, code = 0, 0
-    batches = lane_batches(sg.release_batches(args.vllm, args.refs_from), args.lane, args.refs_from)
+    todo = has_reference(args.refs) if args.refs_from == "nodrafter" else (lambda p: True)
+    batches = lane_batches(sg.release_batches(args.vllm, args.refs_from), args.lane, args.refs_from,
+                           lambda b: len(srec.pending(b, record, todo)))
     if args.only:  # a pilot: acceptance first, the baselines after
         batches = sorted(batches, key=lambda b: b.server == "nodrafter")
     for batch in batches:
