@@ -805,7 +805,7 @@ trained_setup() { # what every trained-target run needs: the target (and the dra
 
 trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes side by side, or RUNS
     # (default: every trained run of VLLM) in one, merged into $OUT; then the acceptance report
-    local v=$1 raw=$2 meta=$3 lane i=0 pids=()
+    local v=$1 raw=$2 meta=$3
     shift 3
     mkdir -p "$WORK/$raw"
     if [ -n "${RS_PARALLEL:-}" ]; then
@@ -817,20 +817,11 @@ trained_lanes() { # trained_lanes VLLM RAW META SITE_ARGS..: RS_PARALLEL lanes s
         # RS_LANE_GPUS="0,1,2,3" (a machine of several GPUs): lane i runs on the i-th, round-robin.
         "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" \
             --check-lanes "$RS_PARALLEL" --vllm "$v" ${RS_LANE_GPUS:+--lane-gpus "$RS_LANE_GPUS"} || return 1
-        IFS=';' read -r -a lanes <<< "$RS_PARALLEL"
-        local gpus=()
-        [ -n "${RS_LANE_GPUS:-}" ] && IFS=',' read -r -a gpus <<< "$RS_LANE_GPUS"
-        for lane in "${lanes[@]}"; do
-            # shellcheck disable=SC2046
-            env $([ "${#gpus[@]}" -gt 0 ] && echo "CUDA_VISIBLE_DEVICES=${gpus[$((i % ${#gpus[@]}))]}") \
-            RS_GPU_UTIL=${RS_GPU_UTIL:-0.25} RS_KV_CACHE_GIB=${RS_KV_CACHE_GIB:-6} \
-                "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$v" \
-                --deadline-s "${ROUND_DEADLINE_S:-540}" --runs "$lane" "$@" \
-                > "$WORK/$raw-lane-$i.log" 2>&1 &
-            pids+=($!); i=$((i + 1)); sleep "${RS_LANE_STAGGER_S:-20}"
-        done
-        # (lane logs named by RAW: realshape-trained and realshape-v33-trained may run side by side)
-        for i in "${!pids[@]}"; do wait "${pids[$i]}" || true; grep -v "^\s*$" "$WORK/$raw-lane-$i.log" | tail -12 || true; done
+        # Each lane's process on its GPU (RS_LANE_GPUS), RS_LANE_STAGGER_S apart, its log
+        # $WORK/$raw-lane-I.log (realshape.py --run-lanes; RS_GPU_UTIL, RS_KV_CACHE_GIB pass through).
+        "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$v" \
+            --deadline-s "${ROUND_DEADLINE_S:-540}" --run-lanes "$RS_PARALLEL" ${RS_LANE_GPUS:+--lane-gpus "$RS_LANE_GPUS"} \
+            --lane-stagger-s "${RS_LANE_STAGGER_S:-20}" "$@"
     else
         local names
         names=${RUNS:-$("$PY" -c 'import sys; sys.path.insert(0, "tests/gpu"); import gpu_paths, realshape as r; print(",".join(n for n, s in r.RUNS.items() if s.trained and s.vllm == sys.argv[1]))' "$v")}

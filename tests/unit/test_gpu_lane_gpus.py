@@ -1,6 +1,6 @@
 """RS_LANE_GPUS: on a machine of several GPUs, realshape's lanes each take a GPU round-robin, and a
 speed run may then run in a lane that has its GPU to itself. Runs remote.sh's own trained_lanes and
-lanes_background, and realshape.py's own lane check; the runs themselves (vLLM on a GPU, which
+lanes_background, and realshape.py's own lane check and lanes (--run-lanes); the runs themselves (vLLM on a GPU, which
 cannot exist here) are a stand-in realshape.py that writes down the GPU and runs it was given."""
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ STAND_IN = f'''import os, sys
 sys.path.insert(0, {str(GPU)!r})
 import gpu_paths
 import realshape
+if "--run-lanes" in sys.argv:  # realshape.py's own lanes, each this stand-in
+    sys.exit(realshape.main(sys.argv[1:]))
 if "--check-lanes" in sys.argv or "--merge-only" in sys.argv:
     sys.exit(realshape.main(sys.argv[1:]) if "--check-lanes" in sys.argv else 0)
 runs = sys.argv[sys.argv.index("--runs") + 1]
@@ -138,3 +140,28 @@ def test_the_walk_along_each_runs_output_comes_after_the_lanes_and_before_the_me
     assert (tmp_path / "work" / "placed.txt").read_text().count("gpu=") == 2  # the lanes ran first
     # The walk's log is kept with the raw records: the logs tarball of the verb holds it.
     assert (tmp_path / "work" / "raw" / "walk-along.log").read_text() == "walked along\n"
+
+
+def test_a_lane_process_is_this_script_with_its_runs_its_gpu_and_the_shared_options(tmp_path):
+    raw = tmp_path / "work" / "realshape-raw-trained"
+    argv = ["--models", "/m", "--raw-dir", str(raw), "--vllm", "0.21.0", "--deadline-s", "900",
+            "--run-lanes", f"{A};{B},{C}", "--lane-gpus=0,1", "--lane-stagger-s", "5", "--site-stock", "/s"]
+    jobs = rs.lane_jobs(argv, f"{A};{B},{C}", raw, ["0", "1"], environ={"RS_KV_CACHE_GIB": "9"},
+                        script=Path("/x/realshape.py"))
+    shared = ["--models", "/m", "--raw-dir", str(raw), "--vllm", "0.21.0", "--deadline-s", "900", "--site-stock", "/s"]
+    assert [j.argv for j in jobs] == [[sys.executable, "/x/realshape.py", *shared, "--runs", lane] for lane in (A, f"{B},{C}")]
+    assert [j.log for j in jobs] == [tmp_path / "work" / f"realshape-raw-trained-lane-{i}.log" for i in range(2)]
+    assert [j.env for j in jobs] == [{"RS_GPU_UTIL": "0.25", "RS_KV_CACHE_GIB": "9", "CUDA_VISIBLE_DEVICES": g}
+                                     for g in ("0", "1")]
+    assert "CUDA_VISIBLE_DEVICES" not in rs.lane_jobs(argv, A, raw, None)[0].env
+
+
+def test_a_failed_lane_does_not_stop_the_others_and_each_logs_apart(tmp_path):
+    fails = STAND_IN.replace("runs = sys.argv", "sys.exit(4) if sys.argv[sys.argv.index('--runs') + 1] == "
+                             f"{A!r} else None\nruns = sys.argv")
+    assert fails != STAND_IN
+    done = _lanes(tmp_path, f"{A};{B}", fails, RS_LANE_GPUS="0,1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "work" / "placed.txt").read_text() == f"{B} gpu=1\n"
+    assert "raw-lane-0.log rc 4" in done.stdout and "raw-lane-1.log rc 0" in done.stdout
+    assert (tmp_path / "work" / "raw-lane-0.log").is_file() and (tmp_path / "work" / "raw-lane-1.log").is_file()

@@ -1909,6 +1909,40 @@ def lane_problems(lanes: str, raw_dir: Path, gpus: list[str] | None = None, vllm
     return problems
 
 
+# What a lane's process is given unless the caller's environment says otherwise: each lane's
+# engines share one GPU with the other lanes' (RS_GPU_UTIL of its memory, RS_KV_CACHE_GIB of KV)
+LANE_ENV_DEFAULTS = {"RS_GPU_UTIL": "0.25", "RS_KV_CACHE_GIB": "6"}
+# The options of a lanes run that its lanes' processes are not given
+_LANES_ONLY = ("--run-lanes", "--lane-gpus", "--lane-stagger-s")
+
+
+def lane_jobs(argv: list[str], lanes: str, raw_dir: Path, gpus: list[str] | None, environ=os.environ,
+              script: Path | None = None) -> list:
+    """RS_PARALLEL lanes ("a,b;c,d") as processes side by side: each ``script`` (this one) with
+    ``argv`` less the lanes options and with ``--runs`` its lane, on its GPU (``lane_gpus``),
+    logging to ``<raw_dir>-lane-I.log`` (named by the raw folder: two releases' lanes may run at once)."""
+    import side_by_side
+
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in _LANES_ONLY:
+            skip = True
+            continue
+        if a.split("=", 1)[0] in _LANES_ONLY:
+            continue
+        rest.append(a)
+    split = [lane for lane in lanes.split(";") if lane]
+    env = {k: environ.get(k, v) for k, v in LANE_ENV_DEFAULTS.items()}
+    script = Path(__file__).resolve() if script is None else script
+    return [side_by_side.Job([sys.executable, str(script), *rest, "--runs", lane],
+                             raw_dir.parent / f"{raw_dir.name}-lane-{i}.log",
+                             {**env, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})})
+            for i, (lane, gpu) in enumerate(zip(split, lane_gpus(len(split), gpus)))]
+
+
 def run_tree_hash(site: str | None) -> str | None:
     """The series hash stamped into the vLLM tree a run imported (the first entry of its
     PYTHONPATH), or None for an unpatched tree."""
@@ -1961,13 +1995,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-lanes", metavar="RS_PARALLEL",
                         help="run nothing: exit 2 if an oracle run of these lanes may start before its reference")
     parser.add_argument("--lane-gpus", metavar="IDS",
-                        help="with --check-lanes: the GPUs the lanes take round-robin (RS_LANE_GPUS, e.g. 0,1,2,3)")
+                        help="with --check-lanes or --run-lanes: the GPUs the lanes take round-robin (RS_LANE_GPUS, "
+                             "e.g. 0,1,2,3)")
+    parser.add_argument("--run-lanes", metavar="RS_PARALLEL",
+                        help="the lanes side by side, each this script with its runs (--runs) and the other options; "
+                             "raw records only (a merge judges them after); a lane that fails does not stop the others")
+    parser.add_argument("--lane-stagger-s", type=float, default=20.0, help="with --run-lanes: seconds between lane starts")
     args = parser.parse_args(argv)
+    gpus = [g for g in (args.lane_gpus or "").split(",") if g] or None
     if args.check_lanes is not None:
-        gpus = [g for g in (args.lane_gpus or "").split(",") if g] or None
         problems = lane_problems(args.check_lanes, args.raw_dir or Path("/tmp/realshape-raw"), gpus, args.vllm)
         print("\n".join(problems) or "lanes ok", flush=True)
         return 2 if problems else 0
+    if args.run_lanes is not None:
+        import side_by_side
+
+        if args.raw_dir is None:
+            parser.error("--run-lanes needs --raw-dir")
+        # the lanes run the script this process runs as (a stand-in's, under test)
+        jobs = lane_jobs(sys.argv[1:] if argv is None else argv, args.run_lanes, args.raw_dir, gpus,
+                         script=Path(sys.argv[0]).resolve() if sys.argv[0].endswith(".py") else None)
+        codes = side_by_side.run(jobs, args.lane_stagger_s)
+        print("lanes ended: " + ", ".join(f"{j.log.name} rc {c}" for j, c in zip(jobs, codes)), flush=True)
+        return 0
     args.vllm = args.vllm or "0.21.0"
     if args.reverts_of is not None:
         # None named: the runs remote.sh runs when neither RUNS nor RS_PARALLEL narrows them.

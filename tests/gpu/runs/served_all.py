@@ -18,22 +18,20 @@ per recipe and version), and a speed phase that would share a GPU with another j
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tarfile
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
+import side_by_side  # noqa: E402
 
 PORT_BASE, PORT_STEP = 8000, 100
 OUT_LIMIT = 8  # files a GPU host's $OUT brings back
 KEEP_APART = ("served.json", "served.md", "served-out.tar.gz")
-MEMORY_EVERY_S = 30
-TAIL_LINES = 12
 
 
 class PlanError(ValueError):
@@ -114,30 +112,6 @@ def plan(jobs: str, versions: str, gpus: list[str]) -> list[Job]:
     return out
 
 
-def sample_memory(path: Path, procs: list[subprocess.Popen], every_s: float = MEMORY_EVERY_S) -> threading.Thread:
-    """The GPUs' used memory every ``every_s`` while one of ``procs`` runs (watched by the jobs'
-    own processes: a name pattern would match another checkout's served.py too)."""
-    def loop():
-        with path.open("w") as fh:
-            while any(p.poll() is None for p in procs):
-                got = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
-                                     capture_output=True, text=True) if shutil.which("nvidia-smi") else None
-                fh.write((got.stdout if got and got.returncode == 0 else "no nvidia-smi\n"))
-                fh.flush()
-                for _ in range(int(every_s * 10)):
-                    if all(p.poll() is not None for p in procs):
-                        break
-                    time.sleep(0.1)
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    return thread
-
-
-def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.is_file() else []
-    return lines[-n:]
-
-
 def pack_out(out: Path, limit: int = OUT_LIMIT, keep: tuple[str, ...] = KEEP_APART) -> bool:
     """Past ``limit`` files under ``out``: every top-level entry but ``keep`` into
     ``served-out.tar.gz`` (raw folders, logs, benchmark files), then removed. True if packed."""
@@ -155,24 +129,13 @@ def pack_out(out: Path, limit: int = OUT_LIMIT, keep: tuple[str, ...] = KEEP_APA
 
 def run(jobs: list[Job], command: list[str], sites: Sites, work: Path, out: Path, stagger_s: float) -> int:
     """Start every job, wait for all, report, pack; 1 if one failed."""
-    procs, logs = [], []
-    for n, job in enumerate(jobs):
-        logs.append(work / job.log_name)
-        with logs[-1].open("w") as log:
-            procs.append(subprocess.Popen(job.argv(command, sites), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env={**os.environ, **job.env(sites)}))
-        if n + 1 < len(jobs):
-            time.sleep(stagger_s)
     memory = work / "served-all-memory.log"
-    sampler = sample_memory(memory, procs)
-    rc = 0 if all(p.wait() == 0 for p in procs) else 1
-    sampler.join()
-    for log in logs:
-        print(f"== {log.name}", *tail(log), sep="\n")
-    print(f"== GPU memory used, every {MEMORY_EVERY_S} s: {' '.join(memory.read_text().split())}")
+    runs = [side_by_side.Job(job.argv(command, sites), work / job.log_name, job.env(sites)) for job in jobs]
+    rc = 0 if all(code == 0 for code in side_by_side.run(runs, stagger_s, memory)) else 1
+    print(f"== GPU memory used, every {side_by_side.MEMORY_EVERY_S} s: {' '.join(memory.read_text().split())}")
     out.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out / "served-all-logs.tar.gz", "w:gz") as tar:
-        for path in (*logs, memory):
+        for path in (*(r.log for r in runs), memory):
             tar.add(path, arcname=path.name)
     pack_out(out)
     return rc
