@@ -481,10 +481,18 @@ background_verb() { # bg VERB: remote.sh VERB detached, from a snapshot of this 
     # command's 600 s (a machine's hold still bounds it); the calling environment goes with it
     # (SERVED_*, SPEEDUP_*, ...), its $OUT is $WORK/bg-NAME/out, and bg-wait NAME collects. NAME is
     # BG_NAME, by default VERB: one verb twice at once under two names (e.g. both releases' curves)
-    local verb=${1:?bg VERB} name=${BG_NAME:-$1} dir
+    local verb=${1:?bg VERB} name=${BG_NAME:-$1} dir short
     dir=$WORK/bg-$name
     if [ -f "$dir/run.log" ] && [ ! -f "$dir/rc" ]; then
         echo "$name already running in the background ($dir/run.log)"; return 0
+    fi
+    # A verb installs what is staged first: started while a bundle lacks parts, it would stop on
+    # them, and the log would say so only at bg-wait
+    short=$(parts incomplete | tr '\n' ' ') || true
+    if [ -n "$short" ] && [ -z "${BG_PARTIAL_OK:-}" ]; then
+        echo "bg $verb: staged bundles still lack parts (held/all: ${short% }): receive them first" \
+            "(BG_PARTIAL_OK=1 starts it anyway)" >&2
+        return 1
     fi
     rm -rf "$dir" && mkdir -p "$dir/out"
     : > "$dir/run.log"  # before the job starts, so that a second bg at once sees it running

@@ -81,3 +81,29 @@ def test_one_verb_runs_twice_at_once_under_two_names(tmp_path):
     _run(tmp_path, "BG_NAME=curve-a background_verb speedup-curve", "out4", STAND_IN_S="3")
     again = _run(tmp_path, "BG_NAME=curve-a background_verb speedup-curve", "out5")
     assert "curve-a already running" in again.stdout
+
+
+def test_a_verb_is_not_started_while_a_staged_bundle_lacks_parts(tmp_path):
+    # A verb installs what is staged first: detached while the 0.21.0 bundle still lacked parts,
+    # full-size-checkpoints stopped on them, and said so only at bg-wait. The real parts.py reads
+    # a manifest of two parts with one received.
+    import json
+    import shutil
+
+    tree = _tree(tmp_path)
+    (tree / "tests" / "gpu" / "staging").mkdir()
+    shutil.copy(ROOT / "tests" / "gpu" / "staging" / "parts.py", tree / "tests" / "gpu" / "staging" / "parts.py")
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "bundle.json").write_text(json.dumps({"sha256": "0", "parts": [
+        {"name": "bundle.tar.xz.part00", "sha256": "0"}, {"name": "bundle.tar.xz.part01", "sha256": "0"}]}))
+    (bundles / "bundle.tar.xz.part00").write_text("x")
+    refused = _run(tmp_path, "background_verb full-size-checkpoints", "out0", BUNDLE_DIR=str(bundles))
+    assert refused.returncode == 1 and "staged bundles still lack parts (held/all: bundle 1/2)" in refused.stderr
+    assert not (tmp_path / "work" / "bg-full-size-checkpoints").exists()
+    anyway = _run(tmp_path, "background_verb full-size-checkpoints", "out1", BUNDLE_DIR=str(bundles), BG_PARTIAL_OK="1")
+    assert anyway.returncode == 0 and "in the background" in anyway.stdout
+    (bundles / "bundle.tar.xz.part01").write_text("y")
+    whole = _run(tmp_path, "background_wait full-size-checkpoints; BG_NAME=again background_verb full-size-checkpoints",
+                 "out2", BUNDLE_DIR=str(bundles), BG_WAIT_S="60")
+    assert whole.returncode == 0 and "again in the background" in whole.stdout

@@ -9,6 +9,8 @@ its bundle folder and asks this module what it holds:
     parts.py held DIR              per manifest in DIR: the parts held; a part whose sha256 fails
                                    is deleted and named
     parts.py missing DIR STEM      the parts of STEM not yet in DIR, one a line (exit 0 either way)
+    parts.py incomplete DIR        each bundle in DIR with parts still to copy, as STEM HELD/ALL
+                                   (nothing when every one is whole, or DIR holds none)
     parts.py sha DIR STEM          the whole's sha256 as the manifest names it
     parts.py assemble DIR STEM     every part's path in order, once all are there and their bytes
                                    together make the whole's sha256; else exit 1 and say which
@@ -90,6 +92,18 @@ def missing(folder: Path, stem: str) -> list[str]:
     return [p["name"] for p in manifest(folder, stem)["parts"] if not (folder / p["name"]).exists()]
 
 
+def incomplete(folder: Path) -> list[str]:
+    """``STEM HELD/ALL`` for each bundle manifest in ``folder`` with parts not yet there: a verb
+    started now would stop on them (remote.sh's bg refuses to start it detached)."""
+    out = []
+    for path in sorted(p for pattern in PATTERNS for p in folder.glob(pattern)) if folder.is_dir() else []:
+        parts = json.loads(path.read_text()).get("parts") or []
+        gone = missing(folder, path.stem) if parts else []
+        if gone:
+            out.append(f"{path.stem} {len(parts) - len(gone)}/{len(parts)}")
+    return out
+
+
 def assemble(folder: Path, stem: str) -> list[Path]:
     """The parts of ``stem`` in order, once all are present and together make the whole."""
     m = manifest(folder, stem)
@@ -118,12 +132,12 @@ def corpus(folder: Path, pins: Path = CORPUS) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: parts.py receive STAGE DIR | held DIR | missing DIR STEM | sha DIR STEM | assemble DIR STEM"
-             " | corpus DIR")
+    usage = ("usage: parts.py receive STAGE DIR | held DIR | missing DIR STEM | incomplete DIR | sha DIR STEM"
+             " | assemble DIR STEM | corpus DIR")
     if not args:
         raise SystemExit(usage)
     cmd, rest = args[0], args[1:]
-    arity = {"receive": 2, "held": 1, "missing": 2, "sha": 2, "assemble": 2, "corpus": 1}
+    arity = {"receive": 2, "held": 1, "missing": 2, "incomplete": 1, "sha": 2, "assemble": 2, "corpus": 1}
     if cmd not in arity or len(rest) != arity[cmd]:
         raise SystemExit(usage)
     if cmd == "receive":
@@ -137,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         out = held(folder)
     elif cmd == "missing":
         out = missing(folder, rest[1])
+    elif cmd == "incomplete":
+        out = incomplete(folder)
     elif cmd == "sha":
         out = [manifest(folder, rest[1])["sha256"]]
     else:
