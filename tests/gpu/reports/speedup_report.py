@@ -112,6 +112,12 @@ def chosen_oracle(costs: dict, vllm: str, k: int, c: int) -> str | None:
     return None
 
 
+def curve_variant(costs: dict, vllm: str, k: int, c: int) -> str:
+    """The points that draw the curve at a release, K and concurrency: the chosen oracle's
+    (``chosen_oracle``), the plain ones where neither oracle holds."""
+    return VARIANT_OF_TAIL[chosen_oracle(costs, vllm, k, c) or "reference"]
+
+
 def break_evens(rows: list[dict], frozen: dict, costs: dict | None = None) -> list[dict]:
     """Per (release, K, concurrency, oracle) of the plain points and the second oracle's:
     measured and predicted break-even, and that oracle's cost there (``oracle_costs``; None: no
@@ -269,7 +275,7 @@ def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[
              "| drafter | c | K: acceptance, speed-up | best K |", "|---|---|---|---|"]
     chosen = lambda k, c: chosen_oracle(costs, sg.MAIN_VLLM, k, c)  # noqa: E731
     for row in k_choice.table(rows, sg.MAIN_VLLM, acceptance_rows, lambda k, c: chosen(k, c) is not None,
-                              lambda k, c: VARIANT_OF_TAIL[chosen(k, c) or "reference"]):
+                              lambda k, c: curve_variant(costs, sg.MAIN_VLLM, k, c)):
         cells = "; ".join(f"{k}: {v['tau']:.2f}, {_f(v['speedup'])}x" for k, v in row["per_k"].items())
         lines.append(f"| {row['profile']} | {row['concurrency']} | {cells or 'no K usable yet'} | {row['best_k'] or '-'} |")
     return lines
@@ -367,8 +373,7 @@ def chart(curve: dict, frozen: dict) -> bytes:
     costs = oracle_costs(curve)
     series = []
     for (k, c), color in COLORS.items():
-        # the points of the oracle that states the curve there (the plain one where neither holds)
-        variant = VARIANT_OF_TAIL[chosen_oracle(costs, sg.MAIN_VLLM, k, c) or "reference"]
+        variant = curve_variant(costs, sg.MAIN_VLLM, k, c)
         pts = [(r["acceptance"], r["speedup"]) for r in rows
                if r["variant"] == variant and r["vllm"] == sg.MAIN_VLLM and (r["k"], r["concurrency"]) == (k, c)]
         if pts:
