@@ -1280,3 +1280,19 @@ def test_a_rerun_balances_its_lanes_on_what_is_left_to_measure(tmp_path):
     assert sorted(work) == [[("v0.33.0-k15-c4", 10), ("v0.33.0-k7-c4", 8)], [("v0.33.0-k3-c1", 6), ("v0.33.0-k3-c4", 12)]]
     whole = [[b.id for b in curve.lane_batches(batches, f"{i}/2", "dflash") if left(b)] for i in range(2)]
     assert sorted(map(len, whole)) == [1, 3]  # what balancing on whole sizes would have done
+
+
+def test_the_page_shows_each_servers_start_where_the_record_kept_it():
+    curve = load("speedup_curve")
+    assert tuple(curve.START_PHASES) == report.START_PHASES  # the columns are the phases the run reads
+    frozen = _frozen()
+    pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts)
+    assert "## Server starts" not in report.markdown(rec, frozen)  # older batches kept none
+    rec["batches"] = [{"id": "v0.33.0-k7-c1", "lane": "1/2", "measured": [],
+                       "server_start": {"total_s": 251.4, "load_weights_s": 10.0, "compile_s": 71.2,
+                                        "init_engine_s": 218.6}},
+                      {"id": "v0.33.0-nodrafter-1", "measured": [], "server_start": None}]
+    md = report.markdown(rec, frozen)
+    assert "| v0.33.0-k7-c1 | 1/2 | 251 | 10 | 71 | - | 219 |" in md
+    assert "v0.33.0-nodrafter-1 |" not in md.split("## Server starts")[1]

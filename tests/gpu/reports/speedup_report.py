@@ -228,6 +228,26 @@ def oracle_cost_lines(record: dict | None) -> list[str]:
     return lines
 
 
+START_PHASES = ("load_weights_s", "compile_s", "graph_capture_s", "init_engine_s")  # speedup_curve.START_PHASES
+
+
+def start_lines(curve: dict) -> list[str]:
+    """Each server's start as the batches recorded it (``batches[].server_start``): the seconds
+    from launch to health, and the phases vLLM's log states. What decides how many batches a
+    GPU host's hold measures; none before the record kept them."""
+    starts = [(b["id"], b.get("lane"), b["server_start"]) for b in curve.get("batches", []) if b.get("server_start")]
+    if not starts:
+        return []
+    lines = ["", "## Server starts", "",
+             "Seconds from `launcher serve` to a healthy server, and the phases in vLLM's own log (the target's "
+             "and the drafter's summed).", "",
+             "| batch | lane | total | weights | torch.compile | graph capture | engine init |", "|---|---|---|---|---|---|---|"]
+    for batch, lane, got in starts:
+        cells = " | ".join(_f(got.get(key), 0) for key in START_PHASES)
+        lines.append(f"| {batch} | {lane or '-'} | {_f(got.get('total_s'), 0)} | {cells} |")
+    return lines
+
+
 def reference_sets(folder: Path | None) -> dict[str, dict]:
     """What the oracle's references hold, from the archives a run left (``speedup-refs/*.json``
     in ``folder/*.tar.gz``; a set in a later archive replaces an earlier one): per set, its
@@ -358,6 +378,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
             lines.append(f"| {v['id']} | {_f(v['speedup'])}x | {_f(v['plain_speedup'])}x | "
                          f"{_f(v['acceptance'])} / {_f(v['plain_acceptance'])} |")
     lines += oracle_cost_lines(oracle_cost)
+    lines += start_lines(curve)
     lines += reference_lines(refs or {})
     if rows:
         lines += k_lines(rows, acceptance_rows or [], costs)
