@@ -1170,10 +1170,9 @@ def test_start_phases_read_the_start_up_lines_each_release_logs(release):
 
     from tests.integration.patch_trees import pristine
 
-    curve = load("speedup_curve")
     source = "\n".join(p.read_text(errors="replace") for p in (pristine(release, "site-packages") / "vllm").rglob("*.py"))
     lines, want = [], {}
-    for i, (name, pattern) in enumerate(curve.START_PHASES.items()):
+    for i, (name, pattern) in enumerate(srec.START_PHASES.items()):
         literal = re.search(pattern.replace("([0-9.]+)", r"%\.\d+f").replace("%s", ""), source)
         assert literal, f"{release} no longer logs {name} as {pattern!r}"
         number = 10.0 * (i + 1)  # whole seconds: one release logs the capture with %.0f
@@ -1181,8 +1180,8 @@ def test_start_phases_read_the_start_up_lines_each_release_logs(release):
         want[name] = number
     lines.append(lines[0])  # the drafter's weights: a second load adds
     want["load_weights_s"] *= 2
-    assert curve.start_phases("\n".join(lines)) == want
-    assert curve.start_phases("no start-up lines here") == {}
+    assert srec.start_phases("\n".join(lines)) == want
+    assert srec.start_phases("no start-up lines here") == {}
 
 
 def test_the_second_oracles_points_share_the_plain_points_prompts_references_and_baselines(tmp_path, monkeypatch):
@@ -1191,7 +1190,6 @@ def test_the_second_oracles_points_share_the_plain_points_prompts_references_and
     # server, with the plain points' references (none made) and baselines (no server without the
     # drafter), and the dtail control kept apart from the plain one.
     curve = load("speedup_curve")
-    from launcher.bench import workload
 
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
@@ -1211,7 +1209,7 @@ def test_the_second_oracles_points_share_the_plain_points_prompts_references_and
     curve.ref_path(tmp_path / "refs", plain[0]).write_text(json.dumps({"made_on": "k7", **meta}))
     monkeypatch.setattr(curve, "Server", _StandInServer)
     monkeypatch.setattr(curve.fsv, "server_env", lambda: {"PYTHONPATH": ""})
-    monkeypatch.setattr(workload, "vocab_size", lambda model: 262144)
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 262144}}))  # the model folder
     monkeypatch.setattr(curve, "reference", lambda *a, **k: pytest.fail("references made again"))
     stub, tails_written = _plan_stub(), []
 
@@ -1283,8 +1281,6 @@ def test_a_rerun_balances_its_lanes_on_what_is_left_to_measure(tmp_path):
 
 
 def test_the_page_shows_each_servers_start_where_the_record_kept_it():
-    curve = load("speedup_curve")
-    assert tuple(curve.START_PHASES) == report.START_PHASES  # the columns are the phases the run reads
     frozen = _frozen()
     pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
     rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts)
@@ -1294,5 +1290,7 @@ def test_the_page_shows_each_servers_start_where_the_record_kept_it():
                                         "init_engine_s": 218.6}},
                       {"id": "v0.33.0-nodrafter-1", "measured": [], "server_start": None}]
     md = report.markdown(rec, frozen)
+    header = next(line for line in md.split("## Server starts")[1].splitlines() if line.startswith("| batch"))
+    assert header.count("|") - 1 == 3 + len(srec.START_PHASES)  # a column for each phase the run reads
     assert "| v0.33.0-k7-c1 | 1/2 | 251 | 10 | 71 | - | 219 |" in md
     assert "v0.33.0-nodrafter-1 |" not in md.split("## Server starts")[1]

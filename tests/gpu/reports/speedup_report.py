@@ -228,9 +228,6 @@ def oracle_cost_lines(record: dict | None) -> list[str]:
     return lines
 
 
-START_PHASES = ("load_weights_s", "compile_s", "graph_capture_s", "init_engine_s")  # speedup_curve.START_PHASES
-
-
 def start_lines(curve: dict) -> list[str]:
     """Each server's start as the batches recorded it (``batches[].server_start``): the seconds
     from launch to health, and the phases vLLM's log states. What decides how many batches a
@@ -243,7 +240,7 @@ def start_lines(curve: dict) -> list[str]:
              "and the drafter's summed).", "",
              "| batch | lane | total | weights | torch.compile | graph capture | engine init |", "|---|---|---|---|---|---|---|"]
     for batch, lane, got in starts:
-        cells = " | ".join(_f(got.get(key), 0) for key in START_PHASES)
+        cells = " | ".join(_f(got.get(key), 0) for key in srec.START_PHASES)
         lines.append(f"| {batch} | {lane or '-'} | {_f(got.get('total_s'), 0)} | {cells} |")
     return lines
 

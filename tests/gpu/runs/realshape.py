@@ -1923,17 +1923,7 @@ def lane_jobs(argv: list[str], lanes: str, raw_dir: Path, gpus: list[str] | None
     logging to ``<raw_dir>-lane-I.log`` (named by the raw folder: two releases' lanes may run at once)."""
     import side_by_side
 
-    rest, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in _LANES_ONLY:
-            skip = True
-            continue
-        if a.split("=", 1)[0] in _LANES_ONLY:
-            continue
-        rest.append(a)
+    rest = side_by_side.without_options(argv, _LANES_ONLY)
     split = [lane for lane in lanes.split(";") if lane]
     env = {k: environ.get(k, v) for k, v in LANE_ENV_DEFAULTS.items()}
     script = Path(__file__).resolve() if script is None else script

@@ -25,6 +25,20 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)  # on top of the caller's environment
 
 
+def without_options(argv: list[str], valued: tuple[str, ...], flags: tuple[str, ...] = ()) -> list[str]:
+    """``argv`` less the options a parent keeps to itself: each of ``valued`` with its value
+    (``--opt V`` or ``--opt=V``) and each of ``flags``; what is left goes to its children."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in valued:
+            skip = True
+        elif a not in flags and a.split("=", 1)[0] not in valued:
+            out.append(a)
+    return out
+
+
 def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     """The last ``n`` lines of ``path`` that are not blank (none if it does not exist)."""
     if not path.is_file():

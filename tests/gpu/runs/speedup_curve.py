@@ -278,7 +278,7 @@ class Server:
             raise RuntimeError(f"{self.label}: server {problem} after {time.monotonic() - started:.0f} s (log {log.name})")
         log.flush()
         server_starts[self.label] = {"total_s": round(time.monotonic() - started, 1),
-                                     **start_phases(Path(log.name).read_text(errors="replace"))}
+                                     **srec.start_phases(Path(log.name).read_text(errors="replace"))}
         from launcher.bench.runner import server_models
 
         self.model = server_models(self.base, None)[0]
@@ -331,32 +331,9 @@ def port_free(port: int, timeout: float = 60.0) -> bool:
 # The points each batch has measured so far in this run (kept when OutOfTime ends one midway)
 batch_done: dict[str, list[str]] = {}
 # A server's start by label (a batch's id): seconds from launch to its health check, and the
-# phases vLLM's log states (start_phases). The record keeps them, since a server's start, not its
+# phases vLLM's log states (speedup_record.start_phases). The record keeps them, since a server's start, not its
 # points, decides how many batches fit a GPU host's hold
 server_starts: dict[str, dict] = {}
-
-# vLLM's own start-up lines, as 0.21.0 and 0.33.0 word them; a phase that occurs more than once
-# (the target's and the drafter's weights) is summed
-START_PHASES = {
-    "load_weights_s": r"Loading weights took ([0-9.]+) seconds",
-    "compile_s": r"torch\.compile took ([0-9.]+) s in total",
-    "graph_capture_s": r"Graph capturing finished in ([0-9.]+) secs",
-    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s",
-}
-
-
-def start_phases(log: str) -> dict:
-    """The start-up phases a vLLM server's log states (``START_PHASES``), in seconds; a phase
-    the log does not state is left out."""
-    import re
-
-    out = {}
-    for name, pattern in START_PHASES.items():
-        found = [float(x) for x in re.findall(pattern, log)]
-        if found:
-            out[name] = round(sum(found), 1)
-    return out
-
 
 def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     """Measure the batch's pending points; the record is saved after each. Returns their ids."""
@@ -662,17 +639,9 @@ def balanced_lanes(batches: list, n: int, pending=None) -> list[list]:
 def lane_commands(argv: list[str], gpus: list[str], lane_dir: Path, port: int) -> list[tuple[list[str], dict]]:
     """One ``run`` per GPU: this command's arguments less ``--gpus`` and ``--commit``, with its lane,
     a record of its own in ``lane_dir``, a port of its own, and CUDA_VISIBLE_DEVICES."""
-    base, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--gpus", "--record", "--port", "--lane-dir"):
-            skip = True
-            continue
-        if a == "--commit" or a.startswith(("--gpus=", "--record=", "--port=", "--lane-dir=")):
-            continue
-        base.append(a)
+    import side_by_side
+
+    base = side_by_side.without_options(argv, ("--gpus", "--record", "--port", "--lane-dir"), ("--commit",))
     n = len(gpus)
     return [([sys.executable, str(Path(__file__).resolve()), *base, "--lane", f"{i}/{n}",
               "--record", str(lane_record(lane_dir, i)), "--port", str(port + 10 * i)],

@@ -222,3 +222,26 @@ def frozen_order(repo: Path, curve_path: str = CURVE_PATH, frozen_path: str = FR
         out.append(f"frozen record {blob} ({frozen_commit[:12]}) was not committed before the curve "
                    f"({curve_commit[:12]})")
     return out
+
+
+# vLLM's own start-up lines, as 0.21.0 and 0.33.0 word them; a phase that occurs more than once
+# (the target's and the drafter's weights) is summed
+START_PHASES = {
+    "load_weights_s": r"Loading weights took ([0-9.]+) seconds",
+    "compile_s": r"torch\.compile took ([0-9.]+) s in total",
+    "graph_capture_s": r"Graph capturing finished in ([0-9.]+) secs",
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s",
+}
+
+
+def start_phases(log: str) -> dict:
+    """The start-up phases a vLLM server's log states (``START_PHASES``), in seconds; a phase
+    the log does not state is left out."""
+    import re
+
+    out = {}
+    for name, pattern in START_PHASES.items():
+        found = [float(x) for x in re.findall(pattern, log)]
+        if found:
+            out[name] = round(sum(found), 1)
+    return out
