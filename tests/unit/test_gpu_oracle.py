@@ -302,6 +302,57 @@ def test_device_drafts_never_wait_for_the_gpu(tmp_path, tail):
     assert any(9 in row and row != [9] * K for call in got for row in call) == (tail == "drafter")
 
 
+def _graph_calls(o, rids, prompts, calls, k_of, torch, mode="default"):
+    """``DeviceDrafts.timed`` over ``calls`` propose calls on CUDA, the batch shrinking and growing
+    (rows 3, then 2, then 3 again) and K changing: each call's written output (9s: the real
+    drafter's tokens), and the DeviceDrafts. ``mode``: torch's sync debug mode past the first call."""
+    device = oracle.DeviceDrafts(o)
+    prompt_of = dict(zip(rids, map(tuple, prompts))).get
+    n, got = [1] * len(rids), []
+    for call in range(calls):
+        live = [0, 2] if 4 <= call < 8 else [0, 1, 2]
+        accepted = [(call + i) % 4 for i in live]
+        n = [x + 1 + (accepted[live.index(i)] if i in live else 0) for i, x in enumerate(n)]
+        k = k_of(call)
+        seq = torch.tensor([len(prompts[i]) + n[i] + k for i in live], dtype=torch.int32, device="cuda")
+        rej = torch.tensor([k - a for a in accepted], dtype=torch.int32, device="cuda")
+        sampled = torch.ones(len(live), dtype=torch.int32, device="cuda")
+        out = torch.full((len(live), 15), 9, dtype=torch.long, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode(mode if call else "default")
+        try:
+            device.timed([rids[i] for i in live], prompt_of, seq, rej, sampled, lambda: out, k)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        got.append(out.tolist())
+    return got, device
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail", oracle.TAILS)
+def test_graphed_drafts_equal_the_eager_gather(tmp_path, tail, monkeypatch):
+    """On a CUDA device the timed path replays a CUDA graph (oracle_graph): it writes what the
+    eager gather writes, call for call, as the batch shrinks and grows, K changes and a new plan is
+    adopted, with nothing synchronizing after the first call; and it did capture."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: CUDA graphs need one")
+    prompts, refs, _ = _setup(tmp_path, 3)
+    oracle.make_plan_file(tmp_path / "plan.json", prompts, refs, [137] * 3, VOCAB, SPECIAL, seed=5, tail=tail)
+    rids = ["a", "b", "c"]
+    k_of = lambda call: 3 if call % 5 == 4 else K  # noqa: E731
+    o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
+    monkeypatch.setenv("ORACLE_GRAPHS", "0")
+    want, eager = _graph_calls(o, rids, prompts, 12, k_of, torch)
+    assert eager.graphs is None
+    monkeypatch.setenv("ORACLE_GRAPHS", "1")
+    o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
+    got, graphed = _graph_calls(o, rids, prompts, 12, k_of, torch, mode="error")
+    assert graphed.graphs.failed is None and graphed.graphs.captures >= 4
+    assert got == want
+    assert any(row != [9] * 15 for call in got for row in call)
+
+
 def test_device_drafts_write_only_the_used_rows():
     torch = pytest.importorskip("torch")
     out = torch.full((3, 4), 9, dtype=torch.int64)

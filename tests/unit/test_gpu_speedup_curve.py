@@ -690,6 +690,24 @@ def test_the_real_drafter_is_timed_again_right_after_each_planned_1_point(tmp_pa
                                                and p.level == 1.5).id].get("dflash"), "dflash")
 
 
+def test_a_measurement_names_the_oracle_it_ran_with_and_the_page_its_gather():
+    """run_meta names the oracle's files by blob hash; a measurement naming oracle_graph.py was
+    gathered by a CUDA graph, one naming none (from before it) eagerly, and the cost table says so."""
+    import types
+
+    args = types.SimpleNamespace(series_hash="s", vllm="0.33.0", gpu_file=None, lane=None)
+    meta = load("speedup_curve").run_meta(args)
+    runs = Path(srec.__file__).parent
+    assert meta["oracle"] == {name: bars.blob_hash(runs / name) for name in ("oracle.py", "oracle_graph.py")}
+    assert srec.gather_of({"tpot_ms_mean": 1.0, "oracle": meta["oracle"]}) == "graph"
+    assert srec.gather_of({"oracle": {"oracle.py": "x"}}) == "eager" and srec.gather_of({}) == "eager"
+    frozen = _frozen()
+    pts = [p for p in sg.GRID if (p.vllm, p.k, p.concurrency, p.variant) == ("0.33.0", 7, 1, "base")]
+    rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.6)
+    rec["points"][pts[0].id]["dflash"]["oracle"] = meta["oracle"]
+    assert "| 0.33.0 | 7 | 1 | graph | 10.00 / 9.60" in report.markdown(rec, frozen)
+
+
 def test_the_report_shows_how_far_the_two_controls_lie_apart_and_judges_on_the_first():
     frozen = _frozen()
     pts = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
@@ -699,7 +717,7 @@ def test_the_report_shows_how_far_the_two_controls_lie_apart_and_judges_on_the_f
     cost = report.oracle_costs(rec)[("0.33.0", 7, 1, "reference")]
     assert cost["holds"] is False and cost["controls_apart"] == pytest.approx(10.1 / 9.6 - 1)
     md = report.markdown(rec, frozen)
-    assert "| 0.33.0 | 7 | 1 | 10.00 / 9.60, 10.10 |" in md and "| 5.2 % | False |" in md
+    assert "| 0.33.0 | 7 | 1 | eager | 10.00 / 9.60, 10.10 |" in md and "| 5.2 % | False |" in md
     # a control after from another server is no pair: nothing shown
     rec[srec.AFTER][key]["server"] = "another"
     assert report.oracle_costs(rec)[("0.33.0", 7, 1, "reference")]["controls_apart"] is None
@@ -1257,9 +1275,9 @@ def test_a_dtail_point_measured_in_one_lane_takes_the_baseline_another_lane_meas
 
 
 def test_a_rerun_balances_its_lanes_on_what_is_left_to_measure(tmp_path):
-    # K 15 and 7 at concurrency 4 left with their second oracle's points only, K 3 not begun: the
-    # two GPUs split the work left (two server starts each), not the batches' whole sizes, which
-    # would put three starts and 28 points in one lane and 8 in the other.
+    # K 15 and 7 at concurrency 4 left with their second oracle's points only, K 3 at
+    # concurrency 1 with its plain points only, K 3 at 4 not begun: the two GPUs split the work
+    # left, not the batches' whole sizes.
     curve = load("speedup_curve")
     frozen = tmp_path / "speedup-frozen.json"
     frozen.write_text(json.dumps(_frozen()))
@@ -1267,7 +1285,7 @@ def test_a_rerun_balances_its_lanes_on_what_is_left_to_measure(tmp_path):
     for p in sg.GRID:
         if p.vllm == "0.33.0":
             srec.put(record, p, "baseline", _measure())  # the baselines all measured
-        if p.vllm == "0.33.0" and p.k != 3:
+        if p.vllm == "0.33.0" and (p.k, p.concurrency) != (3, 4):
             srec.put(record, p, "dflash", {**_measure(acceptance=p.level), "server": "s"})
             if srec.needs_control(p):
                 record.setdefault(srec.BEFORE, {})[srec.control_key(p)] = {**_measure(acceptance=1.0), "server": "s"}
@@ -1276,8 +1294,8 @@ def test_a_rerun_balances_its_lanes_on_what_is_left_to_measure(tmp_path):
     lanes = [curve.lane_batches(batches, f"{i}/2", "dflash", left) for i in range(2)]
     work = [sorted((b.id, left(b)) for b in lane if left(b)) for lane in lanes]
     assert sorted(work) == [[("v0.33.0-k15-c4", 10), ("v0.33.0-k7-c4", 8)], [("v0.33.0-k3-c1", 6), ("v0.33.0-k3-c4", 12)]]
-    whole = [[b.id for b in curve.lane_batches(batches, f"{i}/2", "dflash") if left(b)] for i in range(2)]
-    assert sorted(map(len, whole)) == [1, 3]  # what balancing on whole sizes would have done
+    whole = [[left(b) for b in curve.lane_batches(batches, f"{i}/2", "dflash") if left(b)] for i in range(2)]
+    assert sorted(map(sum, whole)) == [16, 20]  # what balancing on whole sizes would have done
 
 
 def test_the_page_shows_each_servers_start_where_the_record_kept_it():

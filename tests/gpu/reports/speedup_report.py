@@ -94,7 +94,8 @@ def oracle_costs(curve: dict) -> dict[tuple, dict]:
             "tpot_ms": {"oracle": dfl["tpot_ms_mean"], "real_drafter": control["tpot_ms_mean"], "real_drafter_after": after},
             # two runs of the real drafter on one server, the point between them: how far apart
             # they lie says what a cost that size can be told from (shown, judging nothing)
-            "controls_apart": after / control["tpot_ms_mean"] - 1.0 if after else None, "acceptance": acc}
+            "controls_apart": after / control["tpot_ms_mean"] - 1.0 if after else None, "acceptance": acc,
+            "gather": srec.gather_of(dfl)}
     return out
 
 
@@ -354,19 +355,22 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
               f"{bars.get('speedup_curve', 'max_control_acceptance_gap'):g}. "
               "A K and concurrency without a control, or over the bar, states no break-even. Where the real drafter "
               "was timed again right after the point, the two controls' gap is shown beside the cost (it judges "
-              "nothing).", "",
-              "| vLLM | K | c | TPOT oracle / real drafter (before, after) ms | acceptance oracle / real drafter | cost "
-              "| controls apart | holds |",
-              "|---|---|---|---|---|---|---|---|"]
+              "nothing). Gather: how the oracle set its drafts, `eager` (about 30 small operations a propose call, "
+              "0.4-0.65 ms of host time on an H200 host) or `graph` (one CUDA graph replay, under 0.11 ms; "
+              "`speedup-oracle-overhead.json`).", "",
+              "| vLLM | K | c | gather | TPOT oracle / real drafter (before, after) ms | acceptance oracle / real drafter "
+              "| cost | controls apart | holds |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for (vllm, k, c, tail), cost in sorted(costs.items()):
         tp = cost["tpot_ms"]
-        lines.append(f"| {vllm} | {k}{oracle_label(tail)} | {c} | {_f(tp['oracle'])} / {_f(tp['real_drafter'])}, {_f(tp['real_drafter_after'])} | "
+        lines.append(f"| {vllm} | {k}{oracle_label(tail)} | {c} | {cost['gather']} | {_f(tp['oracle'])} / "
+                     f"{_f(tp['real_drafter'])}, {_f(tp['real_drafter_after'])} | "
                      f"{_f(cost['acceptance']['oracle'])} / {_f(cost['acceptance']['real_drafter'])} | "
                      f"{_f(100 * cost['cost'], 1, ' %')} | "
                      f"{_f(None if cost['controls_apart'] is None else 100 * cost['controls_apart'], 1, ' %')} | "
                      f"{cost['holds']} |")
     if not costs:
-        lines.append("| - | - | - | no control measured | - | - | - | - |")
+        lines.append("| - | - | - | - | no control measured | - | - | - | - |")
     var = variants(rows)
     if var:
         lines += ["", "## What logprobs and long prompts cost", "",

@@ -398,6 +398,7 @@ class DeviceDrafts:
         self.p_of: dict[str, int] = {}  # req_id -> plan request (-1: not planned)
         self.steps = None  # proposals made so far, per slot (device)
         self.rows_key, self.rows = None, None
+        self.graphs = None  # oracle_graph.GraphedDrafts, made on the first CUDA call of a timed run
 
     def _build(self, device) -> None:
         import torch
@@ -432,7 +433,7 @@ class DeviceDrafts:
             self.p_of[req_id] = -1 if p is None else p
         return self.p_of[req_id]
 
-    def _row_tensors(self, req_ids: list[str], prompt_of, device):
+    def row_tensors(self, req_ids: list[str], prompt_of, device):
         """(plan request, counter slot, prompt length) of each row, on the device: sent again
         only when the rows' requests change."""
         import torch
@@ -471,13 +472,24 @@ class DeviceDrafts:
             return self._drafts(req_ids, prompt_of, seq_lens, rejected, sampled, k)
 
     def _drafts(self, req_ids, prompt_of, seq_lens, rejected, sampled, k: int):
-        import torch
-
         device = seq_lens.device
+        self.ready(device)
+        p, slot, plen = self.row_tensors(req_ids, prompt_of, device)
+        out, use, self.keep = self.compute(p, slot, plen, seq_lens, rejected, sampled, k)
+        return out, use
+
+    def ready(self, device) -> None:
+        """The plan's tables on ``device``, built again when the plan or the device changed."""
         if self.tables is None or self.tables[0] is not self.oracle.plan or self.tables[1] != device:
             self._build(device)
-        _, _, refs, wrong, first, lens = self.tables
-        p, slot, plen = self._row_tensors(req_ids, prompt_of, device)
+
+    def compute(self, p, slot, plen, seq_lens, rejected, sampled, k: int):
+        """(drafts [rows, k], use [rows], keep [rows, k] or None) from the rows' tensors, and each
+        used row's proposal counted: device operations only, nothing read back, so that a CUDA
+        graph can hold them (``oracle_graph.GraphedDrafts``)."""
+        import torch
+
+        _, device, refs, wrong, first, lens = self.tables
         planned = p >= 0
         p = p.clamp(min=0)
         n = seq_lens.long() - rejected.long() + 1 - plen
@@ -489,11 +501,38 @@ class DeviceDrafts:
         rows = p[:, None]
         out = torch.where(cols[None, :] == f[:, None], wrong[rows, pos], refs[rows, pos])
         self.steps.index_add_(0, slot, use.long())
-        self.keep = None
+        keep = None
         if self.oracle.tail == "drafter":  # the first position not reference-correct, as build_draft's f_eff
             f_eff = torch.minimum(f, (lens[p] - n).clamp(min=0))
-            self.keep = cols[None, :] <= f_eff[:, None]
-        return out, use
+            keep = cols[None, :] <= f_eff[:, None]
+        return out, use, keep
+
+    def timed(self, req_ids: list[str], prompt_of, seq_lens, rejected, sampled, run, k=None):
+        """One propose call of a timed run: the rows' values copied (the real propose may edit
+        seq_lens in place), ``run()`` (the real propose: its [rows, K] output), then the used
+        rows' drafts written over that output, which is returned. ``rejected`` None: none;
+        ``sampled``: a flag or count a row (a host tensor goes over non-blocking, pinned). On a
+        CUDA device the gather is one graph replay (``oracle_graph``) unless ``ORACLE_GRAPHS=0``:
+        at about 30 small operations a call its launches cost the host more than half a
+        millisecond on an H200 host (results/speedup-oracle-overhead.json), which a short step
+        does not hide."""
+        import torch
+
+        if seq_lens.is_cuda and os.environ.get("ORACLE_GRAPHS", "1") != "0":
+            if self.graphs is None:
+                import oracle_graph
+
+                self.graphs = oracle_graph.GraphedDrafts(self)
+            if not self.graphs.failed:
+                return self.graphs.timed(req_ids, prompt_of, seq_lens, rejected, sampled, run, k)
+        seq = seq_lens.to(torch.long, copy=True)
+        rej = rejected.to(torch.long, copy=True) if rejected is not None else torch.zeros_like(seq)
+        on = sampled.to(seq.device, non_blocking=True) > 0
+        out = run()
+        k = out.shape[-1] if k is None else int(k)
+        drafts, use = self.drafts(req_ids, prompt_of, seq, rej, on, k)
+        self.write(out, drafts, use, k, self.keep)
+        return out
 
     @staticmethod
     def write(out, drafts, use, k: int, keep=None) -> None:
@@ -699,51 +738,36 @@ def _plan_read(oracle: Oracle) -> bool:
 
 
 def _timed_v1(oracle: Oracle, runner, a: dict, run):
-    """0.21.0 with the log off: the rows' values copied on the device before the real propose
-    (it edits seq_lens in place), the drafts gathered there after it (``DeviceDrafts``)."""
+    """0.21.0 with the log off: ``DeviceDrafts.timed`` around the real propose (it edits seq_lens
+    in place, so the rows' values are copied before it); a row is sampled unless the runner's
+    discard mask holds it."""
     import torch
 
     if not _plan_read(oracle):
         return run()
     req_ids = list(runner.input_batch.req_ids)
     n = len(req_ids)
-    # Copies, not views: the real propose subtracts the rejected from seq_lens in place.
-    seq = a["common_attn_metadata"].seq_lens[:n].to(torch.long, copy=True)
+    seq = a["common_attn_metadata"].seq_lens[:n]
     rej = a.get("num_rejected_tokens_gpu")
-    rej = rej[:n].to(torch.long, copy=True) if rej is not None else torch.zeros_like(seq)
     mask = getattr(getattr(runner, "discard_request_mask", None), "np", None)
     keep = torch.tensor([not bool(mask[i]) if mask is not None else True for i in range(n)])
-    sampled = (keep.pin_memory() if seq.is_cuda else keep).to(seq.device, non_blocking=True)
 
     def prompt_of(rid):
         ids = getattr(runner.requests.get(rid), "prompt_token_ids", None)
         return tuple(ids) if ids is not None else None
 
-    out = run()
-    k = out.shape[-1]
-    drafts, use = oracle.device.drafts(req_ids, prompt_of, seq, rej, sampled, k)
-    DeviceDrafts.write(out, drafts, use, k, oracle.device.keep)
-    return out
+    return oracle.device.timed(req_ids, prompt_of, seq, rej[:n] if rej is not None else None,
+                               keep.pin_memory() if seq.is_cuda else keep, run)
 
 
 def _timed_v2(oracle: Oracle, a: dict, run):
     """0.33.0 with the log off: as ``_timed_v1``; prompts come from ``add_request``."""
-    import torch
-
     if not _plan_read(oracle):
         return run()
     ib = a["input_batch"]
     n = ib.num_reqs
-    req_ids = list(ib.req_ids)[:n]
-    seq = ib.seq_lens[:n].to(torch.long, copy=True)
-    rej = a["num_rejected"][:n].to(torch.long, copy=True)
-    sampled = a["num_sampled"][:n] > 0
-    out = run()
-    kspec = a.get("num_speculative_tokens")
-    k = out.shape[-1] if kspec is None else int(kspec)
-    drafts, use = oracle.device.drafts(req_ids, oracle.prompts.get, seq, rej, sampled, k)
-    DeviceDrafts.write(out, drafts, use, k, oracle.device.keep)
-    return out
+    return oracle.device.timed(list(ib.req_ids)[:n], oracle.prompts.get, ib.seq_lens[:n], a["num_rejected"][:n],
+                               a["num_sampled"][:n], run, a.get("num_speculative_tokens"))
 
 
 _INSTALLED: dict = {}

@@ -3,7 +3,8 @@
 The curve's control compares the real drafter with the oracle at a planned 1.0 on one server; at
 K = 3, concurrency 1 the oracle ran 15 % slower (speedup-curve.md). This times the hook's own work
 alone, outside vLLM: ``oracle._timed_v2`` on a stand-in batch whose real propose is a no-op, with a
-plan (the drafts gathered and written) and without one (the hook's stat of the plan file only).
+plan (the drafts gathered and written: on CUDA by a graph replay, and by the eager gather with
+``ORACLE_GRAPHS=0``) and without one (the hook's stat of the plan file only).
 Per call: host time without a sync (what the CPU spends, which async scheduling hides only while
 the GPU step is longer), and device time from CUDA events. It prints numbers and judges nothing.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -93,11 +95,15 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         o, plan, call_args, out = stand_in(Path(tmp), args.k, args.rows, args.level, device)
         with_plan = time_calls(o, call_args, out, args.calls, device)
+        os.environ["ORACLE_GRAPHS"] = "0"
+        eager = time_calls(oracle.Oracle(o.plan, None, later=plan), call_args, out, args.calls, device)
+        os.environ.pop("ORACLE_GRAPHS")
         plan.unlink()  # the control's state: the plan let go, the hook only stats the file
         without = time_calls(o, call_args, out, args.calls, device)
     rec = {"k": args.k, "rows": args.rows, "level": args.level, "calls": args.calls, "device": str(device),
            "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "torch": torch.__version__,
-           "oracle": with_plan, "no_plan": without,
+           "oracle": with_plan, "oracle_eager": eager, "no_plan": without,
+           "graphs": o.device.graphs.captures if o.device.graphs else 0,
            "added_host_us": round(with_plan["host_us"] - without["host_us"], 1)}
     print(json.dumps(rec))
     if args.json:

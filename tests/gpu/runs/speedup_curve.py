@@ -764,9 +764,10 @@ def server_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_meta(args) -> dict:
-    """What every measurement of a run names: series, release, GPU, date (and its lane)."""
+    """What every measurement of a run names: series, release, GPU, date, the oracle's code (and its lane)."""
     gpu = args.gpu_file.read_text().strip() if args.gpu_file and args.gpu_file.is_file() else None
     return {"series": args.series_hash, "vllm": args.vllm, "gpu": gpu, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "oracle": srec.oracle_blobs(),
             # a lane ran beside others, one a GPU of the same host
             **({"lane": args.lane} if getattr(args, "lane", None) else {})}
 

@@ -14,9 +14,11 @@ level 2.5: ``logprobs`` (every request asks for two logprobs) and ``long`` (prom
 
 A second oracle, set before it ran (``TAIL_POINTS``, variant ``dtail``): at concurrency 4 the
 oracle's cost against the real drafter was over its bar at K = 7 and 15 with the reference's
-tokens past a proposal's first wrong position. The ``dtail`` points keep the real drafter's tokens
-there (the oracle's ``tail: drafter``), so a verify step differs from the real drafter's only in the
-positions that set acceptance. They share the plain points' prompts, references and baselines and
+tokens past a proposal's first wrong position, and so was it at K = 3, concurrency 1
+(``TAIL_CELLS``). The ``dtail`` points keep the real drafter's tokens there (the oracle's ``tail:
+drafter``), so a verify step differs from the real drafter's only in the positions that set
+acceptance; they run with the gather as a CUDA graph (``oracle_graph``), which the plain points
+before it did not have. They share the plain points' prompts, references and baselines and
 have a control of their own (the same bar); they are not part of the grid a record must hold.
 
 A level L is made by the first-wrong pattern ``f_cycle(L)``: a proposal whose first wrong draft
@@ -131,7 +133,10 @@ def grid() -> list[Point]:
 
 GRID = grid()
 # The second oracle's points: every level of each K at concurrency 4 on 0.33.0
-TAIL_POINTS = [Point(MAIN_VLLM, k, TAIL_CONCURRENCY, level, TAIL_VARIANT) for k in KS for level in LEVELS[k]]
+# (K, concurrency) cells the second oracle measures: concurrency 4, and K = 3 at concurrency 1,
+# whose plain control missed as those did
+TAIL_CELLS = [(3, 1)] + [(k, TAIL_CONCURRENCY) for k in KS]
+TAIL_POINTS = [Point(MAIN_VLLM, k, c, level, TAIL_VARIANT) for k, c in TAIL_CELLS for level in LEVELS[k]]
 
 
 def f_cycle(level: float, k: int) -> list[int]:

@@ -27,6 +27,20 @@ import speedup_grid as sg  # noqa: E402
 
 KIND = "speedup-curve"
 CURVE_PATH = "tests/gpu/results/speedup-curve.json"
+RUNS = Path(__file__).resolve().parent
+# The oracle's code a measurement ran with, by file: oracle_graph.py absent means the eager gather
+ORACLE_FILES = ("oracle.py", "oracle_graph.py")
+
+
+def oracle_blobs() -> dict:
+    """Each oracle file's git blob hash (``bars.blob_hash``), for the record's batches."""
+    return {name: bars.blob_hash(RUNS / name) for name in ORACLE_FILES if (RUNS / name).is_file()}
+
+
+def gather_of(measurement: dict) -> str:
+    """How the oracle gathered its drafts in a measurement: ``graph`` (one CUDA graph replay a
+    propose call) or ``eager`` (measurements from before ``oracle_graph``, which name no oracle)."""
+    return "graph" if "oracle_graph.py" in ((measurement or {}).get("oracle") or {}) else "eager"
 FROZEN_PATH = "tests/gpu/results/speedup-frozen.json"
 PHASES = ("baseline", "dflash")
 
