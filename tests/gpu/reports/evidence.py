@@ -307,9 +307,9 @@ NOT_REPLAYED = {
                                          "which is not committed",
 }
 # Raw records committed as they came from the GPU host (`launcher bench` output files that served.json
-# names; the speed-up curve's frozen model, curve and oracle-cost record, which its runs write): inputs,
-# not pages.
-RAW_RECORDS = ("served-bench-", "speedup-frozen", "speedup-curve", "speedup-oracle-cost")
+# names; the speed-up curve's frozen model, curve, oracle-cost record and the oracle's overhead benchmark,
+# which its runs write): inputs, not pages.
+RAW_RECORDS = ("served-bench-", "speedup-frozen", "speedup-curve", "speedup-oracle-cost", "speedup-oracle-overhead")
 
 
 def replay(pages: list[str], results: Path, work: Path, committed: Path = RESULTS) -> list[str]:

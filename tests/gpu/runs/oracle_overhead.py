@@ -1,12 +1,12 @@
-"""What the oracle's timed path adds to one propose call, in host and device time (issue 53).
+"""What the oracle's timed path adds to one propose call, in host time and GPU time (issue 53).
 
 The curve's control compares the real drafter with the oracle at a planned 1.0 on one server; at
 K = 3, concurrency 1 the oracle ran 15 % slower (speedup-curve.md). This times the hook's own work
 alone, outside vLLM: ``oracle._timed_v2`` on a stand-in batch whose real propose is a no-op, with a
 plan (the drafts gathered and written: on CUDA by a graph replay, and by the eager gather with
 ``ORACLE_GRAPHS=0``) and without one (the hook's stat of the plan file only).
-Per call: host time without a sync (what the CPU spends, which async scheduling hides only while
-the GPU step is longer), and device time from CUDA events. It prints numbers and judges nothing.
+For each propose: host time without a sync (what the CPU spends, which async scheduling hides only while
+the GPU step is longer), and GPU time from CUDA events. It prints numbers and judges nothing.
 
 ``python tests/gpu/runs/oracle_overhead.py --k 3 --rows 1 --calls 2000 [--device cuda] [--json F]``
 """
@@ -54,7 +54,7 @@ def stand_in(tmp: Path, k: int, rows: int, level: float, device):
 
 
 def time_calls(o, args, out, calls: int, device) -> dict:
-    """Mean host microseconds a call (no sync), and device microseconds a call (CUDA events)."""
+    """Mean host microseconds a propose (no sync), and GPU microseconds a propose (CUDA events)."""
     import torch
 
     cuda = device.type == "cuda"
