@@ -690,22 +690,35 @@ def test_the_real_drafter_is_timed_again_right_after_each_planned_1_point(tmp_pa
                                                and p.level == 1.5).id].get("dflash"), "dflash")
 
 
-def test_a_measurement_names_the_oracle_it_ran_with_and_the_page_its_gather():
-    """run_meta names the oracle's files by blob hash; a measurement naming oracle_graph.py was
-    gathered by a CUDA graph, one naming none (from before it) eagerly, and the cost table says so."""
+def test_a_measurement_names_the_oracle_it_ran_with_and_the_page_its_gather(tmp_path):
+    """run_meta names the oracle's files by blob hash; a point records how its server's oracle
+    said it gathered (its marker beside the plan; none: unknown), points from before it were
+    gathered eagerly, and the cost table says which."""
     import types
 
     args = types.SimpleNamespace(series_hash="s", vllm="0.33.0", gpu_file=None, lane=None)
     meta = load("speedup_curve").run_meta(args)
     runs = Path(srec.__file__).parent
     assert meta["oracle"] == {name: bars.blob_hash(runs / name) for name in ("oracle.py", "oracle_graph.py")}
-    assert srec.gather_of({"tpot_ms_mean": 1.0, "oracle": meta["oracle"]}) == "graph"
-    assert srec.gather_of({"oracle": {"oracle.py": "x"}}) == "eager" and srec.gather_of({}) == "eager"
+    assert srec.gather_of({"tpot_ms_mean": 1.0, "oracle": meta["oracle"], "gather": "graph"}) == "graph"
+    assert srec.gather_of({"oracle": meta["oracle"], "gather": "eager: no CUDA device"}) == "eager"
+    assert srec.gather_of({"oracle": meta["oracle"], "gather": "unknown"}) == "unknown"
+    assert srec.gather_of({}) == "eager"  # measured before the oracle said
     frozen = _frozen()
     pts = [p for p in sg.GRID if (p.vllm, p.k, p.concurrency, p.variant) == ("0.33.0", 7, 1, "base")]
     rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, pts, control_tpot=9.6)
-    rec["points"][pts[0].id]["dflash"]["oracle"] = meta["oracle"]
+    rec["points"][pts[0].id]["dflash"].update(oracle=meta["oracle"], gather="graph")
     assert "| 0.33.0 | 7 | 1 | graph | 10.00 / 9.60" in report.markdown(rec, frozen)
+    scurve = load("speedup_curve")
+    plan = tmp_path / "k7.plan.json"
+    assert scurve.oracle_gather(plan) == "unknown"
+    o = oracle.Oracle(oracle.empty_plan(), None, later=plan)
+    oracle.make_plan_file(plan, [[5, 6, 7]], [[9] * 40], [20], 100, (), seed=1, k=3)
+    torch = pytest.importorskip("torch")
+    assert o.read_later_plan()
+    out = torch.zeros(1, 3, dtype=torch.long)
+    o.device.timed(["r"], lambda rid: (5, 6, 7), torch.tensor([4]), None, torch.tensor([1]), lambda: out, 3)
+    assert scurve.oracle_gather(plan) == "eager: no CUDA device" and out.tolist() != [[0, 0, 0]]
 
 
 def test_the_report_shows_how_far_the_two_controls_lie_apart_and_judges_on_the_first():

@@ -235,6 +235,13 @@ def dropped_marker(plan_path) -> Path:
     return Path(str(plan_path) + ".dropped")
 
 
+def gather_marker(plan_path) -> Path:
+    """The file an oracle leaves beside a watched plan saying how its timed path gathers drafts:
+    ``graph``, or ``eager: `` and why (no CUDA device, ``ORACLE_GRAPHS=0``, a capture that failed);
+    written again when that changes."""
+    return Path(str(plan_path) + ".gather")
+
+
 def adopted_marker(plan_path) -> Path:
     """The file an oracle leaves beside a watched plan each time it has read it (the harness
     removes it before it writes the plan)."""
@@ -399,6 +406,7 @@ class DeviceDrafts:
         self.steps = None  # proposals made so far, per slot (device)
         self.rows_key, self.rows = None, None
         self.graphs = None  # oracle_graph.GraphedDrafts, made on the first CUDA call of a timed run
+        self.gather = None  # how the last timed call gathered (gather_marker)
 
     def _build(self, device) -> None:
         import torch
@@ -478,6 +486,11 @@ class DeviceDrafts:
         out, use, self.keep = self.compute(p, slot, plen, seq_lens, rejected, sampled, k)
         return out, use
 
+    def _say_gather(self, how: str) -> None:
+        if how != self.gather and self.oracle.later is not None:
+            gather_marker(self.oracle.later).write_text(how + "\n")
+        self.gather = how
+
     def ready(self, device) -> None:
         """The plan's tables on ``device``, built again when the plan or the device changed."""
         if self.tables is None or self.tables[0] is not self.oracle.plan or self.tables[1] != device:
@@ -518,13 +531,22 @@ class DeviceDrafts:
         does not hide."""
         import torch
 
-        if seq_lens.is_cuda and os.environ.get("ORACLE_GRAPHS", "1") != "0":
-            if self.graphs is None:
-                import oracle_graph
+        graphs = seq_lens.is_cuda and os.environ.get("ORACLE_GRAPHS", "1") != "0"
+        if graphs and self.graphs is None:
+            import oracle_graph
 
-                self.graphs = oracle_graph.GraphedDrafts(self)
-            if not self.graphs.failed:
-                return self.graphs.timed(req_ids, prompt_of, seq_lens, rejected, sampled, run, k)
+            self.graphs = oracle_graph.GraphedDrafts(self)
+        if graphs and not self.graphs.failed:
+            out = self.graphs.timed(req_ids, prompt_of, seq_lens, rejected, sampled, run, k)
+        else:
+            out = self._timed_eager(req_ids, prompt_of, seq_lens, rejected, sampled, run, k)
+        why = "no CUDA device" if not seq_lens.is_cuda else "ORACLE_GRAPHS=0" if not graphs else self.graphs.failed
+        self._say_gather("graph" if why is None else f"eager: {why}")
+        return out
+
+    def _timed_eager(self, req_ids, prompt_of, seq_lens, rejected, sampled, run, k):
+        import torch
+
         seq = seq_lens.to(torch.long, copy=True)
         rej = rejected.to(torch.long, copy=True) if rejected is not None else torch.zeros_like(seq)
         on = sampled.to(seq.device, non_blocking=True) > 0

@@ -9,7 +9,8 @@ holds, the graph (the same ``compute``) replays after the real propose, and one 
 its drafts over the propose output. A graph is captured the first time a (rows, K, dtype) occurs
 under a plan, during a run's warm-up; a plan adopted later, or the proposal counters grown, capture
 again. A capture that fails leaves the eager path in place for the rest of the process, said once
-on stderr. Test harness only, like ``oracle.py``.
+on stderr and in the marker beside the watched plan (``oracle.gather_marker``), which the curve
+records with each point. Test harness only, like ``oracle.py``.
 """
 
 from __future__ import annotations

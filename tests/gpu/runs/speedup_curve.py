@@ -469,6 +469,20 @@ def oracle_adopted(plan: Path) -> Path:
     return oracle.adopted_marker(plan)
 
 
+def oracle_gather_marker(plan: Path) -> Path:
+    """The marker in which the server's oracle says how it gathers its drafts."""
+    import oracle
+
+    return oracle.gather_marker(plan)
+
+
+def oracle_gather(plan: Path) -> str:
+    """How the server's oracle gathered its drafts, as it said (``graph``, or ``eager: `` and why);
+    ``unknown`` where it said nothing."""
+    said = oracle_gather_marker(plan)
+    return said.read_text().strip() if said.exists() else "unknown"
+
+
 def ready_points(todo: list, usable) -> list:
     """The points with usable references; the others said."""
     ready = [p for p in todo if usable(p)]
@@ -529,6 +543,7 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
     plan = (Path(args.work) / f"{batch.id}.plan.json").resolve()  # the server's cwd is another
     plan.unlink(missing_ok=True)  # an earlier run's plan must not be read before this one's
     oracle_adopted(plan).unlink(missing_ok=True)
+    oracle_gather_marker(plan).unlink(missing_ok=True)
     if not make_here and not any(usable(p) for p in todo):
         ready_points(todo, usable)  # says which lack references
         return []
@@ -566,6 +581,7 @@ def dflash_batch(args, batch, todo, record, meta, vocab, refs: Path, from_nodraf
                           meta={**meta, "f_cycle": sg.f_cycle(p.level, k), "planned_level": p.level,
                                 "refs_from": reference_origin(refs, p)["made_on"], "server": server.id})
             got["off_plan"] = off_plan(p, got)
+            got["gather"] = oracle_gather(plan)
             srec.put(record, p, "dflash", got)
             srec.save(record, args.record)
             done.append(p.id)

@@ -39,8 +39,12 @@ def oracle_blobs() -> dict:
 
 def gather_of(measurement: dict) -> str:
     """How the oracle gathered its drafts in a measurement: ``graph`` (one CUDA graph replay a
-    propose call) or ``eager`` (measurements from before ``oracle_graph``, which name no oracle)."""
-    return "graph" if "oracle_graph.py" in ((measurement or {}).get("oracle") or {}) else "eager"
+    propose call), ``eager`` or ``unknown``, as the run recorded it (``speedup_curve.oracle_gather``);
+    measurements from before ``oracle_graph`` record none: eager."""
+    m = measurement or {}
+    if "gather" in m:
+        return m["gather"].split(":")[0]
+    return "eager"
 FROZEN_PATH = "tests/gpu/results/speedup-frozen.json"
 PHASES = ("baseline", "dflash")
 
