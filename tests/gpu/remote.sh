@@ -399,6 +399,8 @@ MODELS_POLISHED=${MODELS_POLISHED:-/tmp/models-polished}
 target_background() { # train_target.py on the pinned corpus in a session of its own; with
     # POLISH=1 then its polish stage, which then takes $MODELS_TRAINED's place (the first stage
     # moves to $MODELS_TRAINED-first), so the verbs after it serve the polished target; with
+    # POLISH_AGAIN=RECIPE a second polish on the polished target (train_target.py --polish-recipe;
+    # the one before it moves to $MODELS_TRAINED-polished); with
     # CHAIN_DRAFTER=1 then train_drafter.py on it (only if its greedy probe passes the gate), the
     # extra corpus being corpus.json's transformers wheel: no vLLM bundle needed. What is on disk
     # already (trained, or restored by receive-trained: a polished target, a drafter for it) is
@@ -419,6 +421,12 @@ target_background() { # train_target.py on the pinned corpus in a session of its
 { [ -f $MODELS_POLISHED/$name/train-record.json ] || $PY tests/gpu/models/train_target.py $MODELS_POLISHED \
 --corpus-wheels $CORPUS_WHEELS --polish $TRAINED; } && rm -rf $MODELS_TRAINED-first \
 && mv $MODELS_TRAINED $MODELS_TRAINED-first && mv $MODELS_POLISHED $MODELS_TRAINED; }; }"
+    fi
+    if [ -n "${POLISH_AGAIN:-}" ]; then  # a second polish (train_target.py POLISH_RECIPES) on the polished target
+        steps="$steps && { $(json_test "$rec" train_config.seq_prefix_cycle) || { \
+{ [ -f $MODELS_POLISHED/$name/train-record.json ] || $PY tests/gpu/models/train_target.py $MODELS_POLISHED \
+--corpus-wheels $CORPUS_WHEELS --polish $TRAINED --polish-recipe $POLISH_AGAIN; } && rm -rf $MODELS_TRAINED-polished \
+&& mv $MODELS_TRAINED $MODELS_TRAINED-polished && mv $MODELS_POLISHED $MODELS_TRAINED; }; }"
     fi
     if [ "${CHAIN_DRAFTER:-0}" = 1 ]; then
         steps="$steps && $PY tests/gpu/staging/trained_pack.py gate $rec && { $(json_same "$DRAFTER_TRAINED/drafter-train-record.json" \

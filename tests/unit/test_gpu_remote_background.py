@@ -156,13 +156,16 @@ _DISPATCH = """#!/bin/bash
 if [ "$1" = -c ]; then exec python3 "$@"; fi
 exec bash "$@"
 """
-_TRAIN_TARGET = """out=$1; shift; polish=""
-while [ $# -gt 0 ]; do [ "$1" = --polish ] && polish=$2; shift; done
+_TRAIN_TARGET = """out=$1; shift; polish=""; recipe=""
+while [ $# -gt 0 ]; do [ "$1" = --polish ] && polish=$2; [ "$1" = --polish-recipe ] && recipe=$2; shift; done
 mkdir -p "$out/trained-a4b-r30" && echo "{}" > "$out/shapes.json"
-if [ -n "$polish" ]; then rec='{"target_sha256": "p2", "polished_from": {"target_sha256": "f1"}}'
+if [ -n "$recipe" ]; then rec='{"target_sha256": "p3", "polished_from": {"target_sha256": "p2"}, '\
+'"train_config": {"seq_prefix_cycle": [128, 1280]}}'
+elif [ -n "$polish" ]; then rec='{"target_sha256": "p2", "polished_from": {"target_sha256": "f1"}, '\
+'"train_config": {"seq_prefix_cycle": []}}'
 else rec='{"target_sha256": "f1", "polished_from": null}'; fi
 echo "$rec" > "$out/trained-a4b-r30/train-record.json"
-echo "target $(basename "$out")${polish:+ polish}" >> "$WORK/calls.txt"
+echo "target $(basename "$out")${polish:+ polish}${recipe:+ $recipe}" >> "$WORK/calls.txt"
 """
 _TRAIN_DRAFTER = """mkdir -p "$1/dflash-r5-trained"
 python3 -c 'import json, sys; t = json.load(open(sys.argv[1]))["target_sha256"]; \\
@@ -190,10 +193,10 @@ def _recipe_repo(tmp_path):
     return repo
 
 
-def _run_recipe(tmp_path, repo) -> list[str]:
+def _run_recipe(tmp_path, repo, **extra) -> list[str]:
     work = tmp_path / "work"
     env = dict(os.environ, WORK=str(work), OUT=str(work / "out"), PY=str(tmp_path / "py"),
-               MODELS_TRAINED=str(tmp_path / "models"), MODELS_POLISHED=str(tmp_path / "polished"))
+               MODELS_TRAINED=str(tmp_path / "models"), MODELS_POLISHED=str(tmp_path / "polished"), **extra)
     done = subprocess.run(["bash", str(tmp_path / "recipe.sh")], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and (work / "target-bg.rc").read_text().strip() == "0", done.stdout + done.stderr
@@ -235,3 +238,22 @@ def test_a_restored_first_stage_is_polished_and_a_stale_drafter_retrained(tmp_pa
     (models / "dflash-r5-trained" / "drafter-train-record.json").write_text('{"target_sha256": "f1"}')
     assert _run_recipe(tmp_path, repo) == ["target polished polish", "drafter models"]
     assert _record(models / "dflash-r5-trained" / "drafter-train-record.json")["target_sha256"] == "p2"
+
+
+def test_a_second_polish_takes_the_polished_targets_place_and_its_drafter_follows(tmp_path):
+    """A polished target restored from a pack, with its drafter: POLISH_AGAIN=long polishes it
+    again (train_target.py --polish-recipe long), moves it aside, trains a drafter for the new
+    one; run again, it trains nothing (the record's prefix cycle says the second polish is done)."""
+    repo, models = _recipe_repo(tmp_path), tmp_path / "models"
+    (models / "trained-a4b-r30").mkdir(parents=True)
+    (models / "shapes.json").write_text("{}")
+    (models / "trained-a4b-r30" / "train-record.json").write_text(
+        '{"target_sha256": "p2", "polished_from": {"target_sha256": "f1"}, "train_config": {"seq_prefix_cycle": []}}')
+    (models / "dflash-r5-trained").mkdir()
+    (models / "dflash-r5-trained" / "drafter-train-record.json").write_text('{"target_sha256": "p2"}')
+    assert _run_recipe(tmp_path, repo, POLISH_AGAIN="long") == ["target polished polish long", "drafter models"]
+    assert _record(models / "trained-a4b-r30" / "train-record.json")["target_sha256"] == "p3"
+    assert _record(tmp_path / "models-polished" / "trained-a4b-r30" / "train-record.json")["target_sha256"] == "p2"
+    assert _record(models / "dflash-r5-trained" / "drafter-train-record.json")["target_sha256"] == "p3"
+    (tmp_path / "work" / "calls.txt").unlink()
+    assert _run_recipe(tmp_path, repo, POLISH_AGAIN="long") == []

@@ -57,6 +57,7 @@ def test_polish_source_names_the_checkpoint_it_starts_from(tmp_path):
     assert source["target_sha256"] == tt.checkpoint_sha256(folder)
     assert source["greedy_probe"] == {"looping_sequences": 4}
     assert source["recipe"] == tt.POLISH
+    assert tt.polish_source(folder, tmp_path / "polished", CORPUS, tt.POLISH_LONG)["recipe"] == tt.POLISH_LONG
 
 
 def test_polish_source_refuses_weights_that_are_not_their_records(tmp_path):
@@ -154,3 +155,58 @@ def test_every_sequence_the_gate_calls_looping_ends_on_a_marked_token():
             checked += 1
             assert tt.loop_mask(tokens, 0, 32, 8)[-1], (period, len(tail))
     assert checked >= 50
+
+
+def test_the_long_polishes_draw_the_gates_prompt_lengths_and_are_watched_on_them():
+    for name in ("long", "long-heavy"):
+        cfg = dataclasses.replace(tt.TrainConfig(), **tt.POLISH_RECIPES[name])  # every key a field
+        assert cfg.steps == 0 and cfg.seq_new == tt.MAX_TOKENS and cfg.seq_mask == "loop"
+        prefixes = [tt.seq_prefix_at(s, cfg) for s in range(cfg.seq_steps)]
+        assert sorted(set(prefixes)) == sorted(cfg.seq_prefix_cycle) and prefixes[:2] == [128, 384]
+        assert max(cfg.seq_prefix_cycle) + cfg.seq_new <= tt.MAX_POSITIONS
+        assert max(cfg.validation_lengths) >= 1400 > max(tt.TrainConfig().validation_lengths)
+        assert cfg.seq_seed_offset not in (tt.POLISH["seq_seed_offset"], tt.TrainConfig().seq_seed_offset)
+    assert tt.POLISH_RECIPES["long-heavy"]["seq_weight"] == 2 * tt.POLISH_RECIPES["long"]["seq_weight"]
+    assert tt.POLISH_RECIPES["polish"] is tt.POLISH
+    first = tt.TrainConfig()
+    assert [tt.seq_prefix_at(s, first) for s in (0, 5)] == [first.seq_prefix] * 2
+
+
+class _Words:
+    """A tokenizer stand-in: a text's ids are its words' lengths."""
+
+    def encode_batch(self, texts, add_special_tokens=False):
+        return [types.SimpleNamespace(ids=[len(w) for w in t.split()]) for t in texts]
+
+
+def _heldout(n=60):
+    import random
+
+    rng = random.Random(4)
+    return [(f"f{i}.py", " ".join("x" * rng.randrange(1, 9) for _ in range(rng.randrange(50, 1800))))
+            for i in range(n)]
+
+
+def test_validation_prompts_of_one_length_are_the_ones_the_first_stage_was_watched_on():
+    """The defaults pick what the single-length selection always picked (files of 200 tokens or
+    more, shuffled with the seed + 3, the first 32), so the first stage's records do not change."""
+    import random
+
+    heldout, taken = _heldout(), {"f3.py", "f7.py"}
+    got = tt.validation_prompts(_Words(), heldout, taken, 20261126)
+    docs = [(p, [len(w) for w in t.split()]) for p, t in heldout if p not in taken]
+    long_docs = [d for d in docs if len(d[1]) >= 200]
+    random.Random(20261126 + 3).shuffle(long_docs)
+    bos = tt.lm_files.CONFIG_IDS["bos_token_id"]
+    assert [p["token_ids"] for p in got] == [[bos] + ids[:199] for _, ids in long_docs[:32]]
+    assert [p["source"] for p in got] == [path for path, _ in long_docs[:32]]
+
+
+def test_validation_prompts_take_their_lengths_in_turn_from_distinct_files_the_proof_does_not_use():
+    heldout, taken = _heldout(), {"f1.py"}
+    got = tt.validation_prompts(_Words(), heldout, taken, 5, count=12, lengths=(200, 1400))
+    long_files = sum(1 for p, t in heldout if p not in taken and len(t.split()) >= 1400)
+    assert [len(p["token_ids"]) for p in got[:2]] == [200, 1400]
+    assert sum(len(p["token_ids"]) == 1400 for p in got) == min(6, long_files) and long_files > 0
+    sources = [p["source"] for p in got]
+    assert len(set(sources)) == len(sources) and "f1.py" not in sources

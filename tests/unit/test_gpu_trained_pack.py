@@ -281,6 +281,11 @@ def test_has_and_same_read_records_and_say_no_for_a_missing_or_broken_file(tmp_p
     assert pack.main(["has", str(a), "polished_from"]) == 0
     assert pack.main(["has", str(a), "empty"]) == 1 and pack.main(["has", str(b), "polished_from"]) == 1
     assert pack.main(["has", str(tmp_path / "none.json"), "x"]) == 1 and pack.main(["has", str(broken), "x"]) == 1
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"train_config": {"seq_prefix_cycle": [128, 1280], "empty": []}, "flat": 3}')
+    assert pack.main(["has", str(nested), "train_config.seq_prefix_cycle"]) == 0
+    assert pack.main(["has", str(nested), "train_config.empty"]) == 1
+    assert pack.main(["has", str(nested), "train_config.missing"]) == 1 and pack.main(["has", str(nested), "flat.x"]) == 1
     assert pack.main(["same", str(a), str(b), "target_sha256"]) == 0
     b.write_text(json.dumps({"target_sha256": "t2"}))
     assert pack.main(["same", str(a), str(b), "target_sha256"]) == 1

@@ -186,9 +186,13 @@ def probe_gate(record: dict) -> int:
 
 
 def _field(path: Path, key: str):
-    """``key`` of the JSON object in ``path``; None where the file is missing or not JSON."""
+    """``key`` of the JSON object in ``path`` (``a.b``: b inside a); None where the file is
+    missing or not JSON, or the key is not there."""
     try:
-        return json.loads(path.read_text()).get(key)
+        value = json.loads(path.read_text())
+        for part in key.split("."):
+            value = value.get(part)
+        return value
     except (OSError, ValueError, AttributeError):
         return None
 
