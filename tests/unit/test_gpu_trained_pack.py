@@ -303,3 +303,31 @@ def test_identity_checks_the_checkpoint_against_its_record(tmp_path, capsys):
     (trained / "model.safetensors").write_bytes(b"other weights")
     assert pack.main(["identity", str(trained)]) == 1
     assert "is not its record's" in capsys.readouterr().err
+
+
+def test_choose_polish_keeps_the_passing_polish_whose_last_validation_probe_loops_least(tmp_path):
+    """The rule train_target.POLISH_LONG's comment fixed: gate first (the greedy probes of the
+    committed records: 083e4869's passes, e3f0284d's fails), then the fewest loops at the last
+    validation probe, a tie keeping "long"."""
+    results = Path(pack.__file__).resolve().parents[1] / "results" / "trained" / "target-2026-11-29"
+    passing = json.loads((results / "polish-record-083e4869-h200.json").read_text())["greedy_probe"]
+    failing = json.loads((results / "train-record-e3f0284d-h200.json").read_text())["greedy_probe"]
+
+    def rec(probe, *loops):
+        return {"greedy_probe": probe,
+                "sequence_phase": {"validation_probes": [{"step": 15 * i, "looping_sequences": n}
+                                                         for i, n in enumerate(loops)]}}
+
+    assert pack.choose_polish({"long": rec(passing, 9, 4), "long-heavy": rec(passing, 1, 3)}) == "long-heavy"
+    assert pack.choose_polish({"long": rec(passing, 0, 3), "long-heavy": rec(passing, 5, 3)}) == "long"
+    assert pack.choose_polish({"long-heavy": rec(passing, 5, 3), "long": rec(passing, 0, 3)}) == "long"
+    assert pack.choose_polish({"long": rec(failing, 0, 0), "long-heavy": rec(passing, 6, 6)}) == "long-heavy"
+    assert pack.choose_polish({"long": rec(failing, 1), "long-heavy": rec(failing, 1)}) is None
+    import train_target
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({**rec(passing, 2), "polished_from": {"recipe": train_target.POLISH_RECIPES["long"]}}))
+    b.write_text(json.dumps({**rec(failing, 0), "polished_from": {"recipe": train_target.POLISH_RECIPES["long-heavy"]}}))
+    assert pack.main(["choose-polish", f"long={a}", f"long-heavy={b}"]) == 0
+    assert pack.main(["choose-polish", f"long-heavy={b}"]) == 3
+    assert pack.main(["choose-polish", f"long-heavy={a}"]) == 2  # a record of the other recipe

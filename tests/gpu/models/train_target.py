@@ -179,7 +179,7 @@ POLISH = dict(steps=0, seq_steps=60, seq_new=128, seq_mask="loop", seq_weight=4.
 # prompts have, and is watched on prompts of those lengths. "long-heavy" doubles the weight on
 # the loop tokens. Which to keep, fixed before either ran: the one whose last validation probe
 # loops least; a tie keeps "long"; neither is kept unless its transformers probe on the proof's
-# prompts passes the gate (trained_pack.py gate).
+# prompts passes the gate (trained_pack.py choose-polish applies it).
 POLISH_LONG = dict(POLISH, seq_prefix_cycle=(128, 384, 768, 1280), seq_seed_offset=11,
                    probe_every=15, validation_count=64, validation_lengths=(200, 600, 1000, 1400))
 POLISH_RECIPES = {"polish": POLISH, "long": POLISH_LONG, "long-heavy": dict(POLISH_LONG, seq_weight=8.0)}

@@ -22,6 +22,7 @@ the drafter that ``extras-trained`` holds.
     python tests/gpu/staging/trained_pack.py repeat RECORD_A RECORD_B           (device)
     python tests/gpu/staging/trained_pack.py better NEW_DRAFTER_RECORD OLD_DRAFTER_RECORD  (device)
     DRAFTER_SWEEP='[{...}, ...]' python tests/gpu/staging/trained_pack.py sweep-plan --gpus N    (device)
+    python tests/gpu/staging/trained_pack.py choose-polish long=RECORD long-heavy=RECORD  (device)
 
 ``better`` decides whether a retrained drafter replaces the one on disk: only when its held-out
 acceptance (the train record's own evaluation, on the same prompts and target) is not lower.
@@ -185,6 +186,22 @@ def probe_gate(record: dict) -> int:
     return 0 if not why else 3
 
 
+def choose_polish(records: dict[str, dict]) -> str | None:
+    """Which second polish to keep, by the rule train_target.POLISH_LONG's comment fixed before
+    either ran: among the records (by recipe name) whose greedy probe passes the gate, the one
+    whose last validation probe loops least; a tie keeps "long". None when none passes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
+    import gate
+
+    def loops(record: dict) -> int:
+        probes = (record.get("sequence_phase") or {}).get("validation_probes") or []
+        return probes[-1]["looping_sequences"] if probes else 10 ** 9
+
+    passing = [name for name, rec in records.items() if not gate.failures(rec.get("greedy_probe"))]
+    return min(passing, key=lambda name: (loops(records[name]), name != "long"), default=None)
+
+
 def _field(path: Path, key: str):
     """``key`` of the JSON object in ``path`` (``a.b``: b inside a); None where the file is
     missing or not JSON, or the key is not there."""
@@ -242,7 +259,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("key")
     i = sub.add_parser("identity", help="exit 0 when a trained checkpoint is the one its train record names")
     i.add_argument("trained", type=Path)
+    cp = sub.add_parser("choose-polish", help="which second polish to keep (choose_polish): its RECIPE=RECORD "
+                                              "printed, exit 0; exit 3 when none passes the gate")
+    cp.add_argument("records", nargs="+", metavar="RECIPE=RECORD")
     args = parser.parse_args(argv)
+    if args.cmd == "choose-polish":
+        import train_target
+
+        paths = dict(arg.split("=", 1) for arg in args.records)
+        records = {name: json.loads(Path(path).read_text()) for name, path in paths.items()}
+        for name, rec in records.items():  # each record was made by the recipe it is named for
+            want = json.loads(json.dumps(train_target.POLISH_RECIPES.get(name)))
+            if want is None or (rec.get("polished_from") or {}).get("recipe") != want:
+                print(f"{paths[name]}: not a record of the {name!r} polish", file=sys.stderr)
+                return 2
+        chosen = choose_polish(records)
+        print(f"{chosen}={paths[chosen]}" if chosen else "no second polish passes the gate")
+        return 0 if chosen else 3
     if args.cmd == "has":
         return 0 if _field(args.record, args.key) else 1
     if args.cmd == "same":
