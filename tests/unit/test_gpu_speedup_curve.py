@@ -1325,3 +1325,18 @@ def test_the_page_shows_each_servers_start_where_the_record_kept_it():
     assert header.count("|") - 1 == 3 + len(srec.START_PHASES)  # a column for each phase the run reads
     assert "| v0.33.0-k7-c1 | 1/2 | 251 | 10 | 71 | - | 219 |" in md
     assert "v0.33.0-nodrafter-1 |" not in md.split("## Server starts")[1]
+
+
+def test_the_page_shows_the_oracles_own_work_from_its_record():
+    """The committed benchmark's numbers, each from its run (the eager gather the points before the
+    graph ran with beside the eager and graphed ones now); no record, no section."""
+    record = json.loads((GPU_DIR / "results" / "speedup-oracle-overhead.json").read_text())
+    frozen = _frozen()
+    rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 4.0)])
+    assert "## The oracle's own work" not in report.markdown(rec, frozen)
+    md = report.markdown(rec, frozen, overhead=record)
+    for run in record["runs"]:
+        before = next(b for b in record["eager_before"]["runs"] if (b["k"], b["rows"]) == (run["k"], run["rows"]))
+        row = (f"| {run['k']} | {run['rows']} | {before['oracle']['host_us']:.0f} | {run['oracle_eager']['host_us']:.0f} | "
+               f"{run['oracle']['host_us']:.0f} | {run['oracle']['device_us']:.0f} | {run['no_plan']['host_us']:.0f} |")
+        assert row in md, row

@@ -229,6 +229,25 @@ def oracle_cost_lines(record: dict | None) -> list[str]:
     return lines
 
 
+def overhead_lines(record: dict | None) -> list[str]:
+    """The oracle's own work per propose call, timed alone on the GPU host (``runs/oracle_overhead.py``):
+    the eager gather the points before ``oracle_graph`` ran with, and now eager and graphed."""
+    if not record or not record.get("runs"):
+        return []
+    before = {(r["k"], r["rows"]): r for r in (record.get("eager_before") or {}).get("runs", [])}
+    lines = ["", "## The oracle's own work", "",
+             f"Host and GPU microseconds a propose call of the oracle's timed path, outside vLLM, on {record.get('host')} "
+             f"(`speedup-oracle-overhead.json`, means of {record['runs'][0].get('calls'):,} calls): where a step is short "
+             "enough for the host to set its pace, the host's time adds to the step.", "",
+             "| K | c | eager, as the points so far ran it | eager | graph | graph, GPU | no plan |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(record["runs"], key=lambda r: (r["k"], r["rows"])):
+        old = before.get((r["k"], r["rows"]), {}).get("oracle", {}).get("host_us")
+        lines.append(f"| {r['k']} | {r['rows']} | {_f(old, 0)} | {_f(r['oracle_eager']['host_us'], 0)} | "
+                     f"{_f(r['oracle']['host_us'], 0)} | {_f(r['oracle']['device_us'], 0)} | {_f(r['no_plan']['host_us'], 0)} |")
+    return lines
+
+
 def start_lines(curve: dict) -> list[str]:
     """Each server's start as the batches recorded it (``batches[].server_start``): the seconds
     from launch to health, and the phases vLLM's log states. What decides how many batches a
@@ -301,7 +320,7 @@ def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[
 
 def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
              acceptance_rows: list[dict] | None = None, refs: dict[str, dict] | None = None,
-             oracle_cost: dict | None = None) -> str:
+             oracle_cost: dict | None = None, overhead: dict | None = None) -> str:
     rows = point_rows(curve)
     costs = oracle_costs(curve)
     table = break_evens(rows, frozen, costs)
@@ -355,9 +374,8 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
               f"{bars.get('speedup_curve', 'max_control_acceptance_gap'):g}. "
               "A K and concurrency without a control, or over the bar, states no break-even. Where the real drafter "
               "was timed again right after the point, the two controls' gap is shown beside the cost (it judges "
-              "nothing). Gather: how the oracle set its drafts, `eager` (about 30 small operations a propose call, "
-              "0.4-0.65 ms of host time on an H200 host) or `graph` (one CUDA graph replay, under 0.11 ms; "
-              "`speedup-oracle-overhead.json`).", "",
+              "nothing). Gather: how the oracle set its drafts, `eager` (about 30 small operations a propose call) or "
+              "`graph` (one CUDA graph replay); \"The oracle's own work\" below times both.", "",
               "| vLLM | K | c | gather | TPOT oracle / real drafter (before, after) ms | acceptance oracle / real drafter "
               "| cost | controls apart | holds |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -379,6 +397,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
             lines.append(f"| {v['id']} | {_f(v['speedup'])}x | {_f(v['plain_speedup'])}x | "
                          f"{_f(v['acceptance'])} / {_f(v['plain_acceptance'])} |")
     lines += oracle_cost_lines(oracle_cost)
+    lines += overhead_lines(overhead)
     lines += start_lines(curve)
     lines += reference_lines(refs or {})
     if rows:
@@ -431,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     refs = reference_sets(args.refs_dir or args.curve.with_name("speedup-curve"))
     cost_path = args.curve.with_name("speedup-oracle-cost.json")
     cost = json.loads(cost_path.read_text()) if cost_path.is_file() else None
-    args.md.write_text(markdown(curve, frozen, args.png.name, rows, refs, cost))
+    overhead_path = args.curve.with_name("speedup-oracle-overhead.json")
+    overhead = json.loads(overhead_path.read_text()) if overhead_path.is_file() else None
+    args.md.write_text(markdown(curve, frozen, args.png.name, rows, refs, cost, overhead))
     args.png.write_bytes(chart(curve, frozen))
     if args.table:
         args.table.write_text(json.dumps(launcher_table(curve, frozen), indent=1, sort_keys=True) + "\n")
