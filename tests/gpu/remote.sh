@@ -423,7 +423,9 @@ target_background() { # train_target.py on the pinned corpus in a session of its
 && mv $MODELS_TRAINED $MODELS_TRAINED-first && mv $MODELS_POLISHED $MODELS_TRAINED; }; }"
     fi
     if [ -n "${POLISH_AGAIN:-}" ]; then  # a second polish (train_target.py POLISH_RECIPES) on the polished target
-        steps="$steps && { $(json_test "$rec" train_config.seq_prefix_cycle) || { \
+        case $POLISH_AGAIN in long|long-heavy) ;; *) echo "POLISH_AGAIN=$POLISH_AGAIN: long or long-heavy" >&2; return 2 ;; esac
+        [ "$MODELS_POLISHED" != "$MODELS_TRAINED-polished" ] || { echo "MODELS_POLISHED is where the target before it goes" >&2; return 2; }
+        steps="$steps && { $PY tests/gpu/staging/trained_pack.py polished-by $rec $POLISH_AGAIN || { \
 { [ -f $MODELS_POLISHED/$name/train-record.json ] || $PY tests/gpu/models/train_target.py $MODELS_POLISHED \
 --corpus-wheels $CORPUS_WHEELS --polish $TRAINED --polish-recipe $POLISH_AGAIN; } && rm -rf $MODELS_TRAINED-polished \
 && mv $MODELS_TRAINED $MODELS_TRAINED-polished && mv $MODELS_POLISHED $MODELS_TRAINED; }; }"

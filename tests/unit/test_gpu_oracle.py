@@ -302,10 +302,12 @@ def test_device_drafts_never_wait_for_the_gpu(tmp_path, tail):
     assert any(9 in row and row != [9] * K for call in got for row in call) == (tail == "drafter")
 
 
-def _graph_calls(o, rids, prompts, calls, k_of, torch, mode="default"):
+def _graph_calls(o, plan, rids, prompts, calls, k_of, torch, mode="default"):
     """``DeviceDrafts.timed`` over ``calls`` propose calls on CUDA, the batch shrinking and growing
-    (rows 3, then 2, then 3 again) and K changing: each call's written output (9s: the real
-    drafter's tokens), and the DeviceDrafts. ``mode``: torch's sync debug mode past the first call."""
+    (rows 3, then 2, then 3 again), K changing, the plan adopted again (new tables) at call 6, the
+    counters grown at call 7 and an int32 output at calls 9 and 10: each call's written output (9s:
+    the real drafter's tokens), and the DeviceDrafts. ``mode``: torch's sync debug mode past the
+    first call."""
     device = oracle.DeviceDrafts(o)
     prompt_of = dict(zip(rids, map(tuple, prompts))).get
     n, got = [1] * len(rids), []
@@ -314,10 +316,15 @@ def _graph_calls(o, rids, prompts, calls, k_of, torch, mode="default"):
         accepted = [(call + i) % 4 for i in live]
         n = [x + 1 + (accepted[live.index(i)] if i in live else 0) for i, x in enumerate(n)]
         k = k_of(call)
+        if call == 6:
+            o.adopt(oracle.load_plan(plan))
+        if call == 7:
+            device._grow(2 * oracle.STEP_SLOTS, torch.device("cuda"))
         seq = torch.tensor([len(prompts[i]) + n[i] + k for i in live], dtype=torch.int32, device="cuda")
         rej = torch.tensor([k - a for a in accepted], dtype=torch.int32, device="cuda")
         sampled = torch.ones(len(live), dtype=torch.int32, device="cuda")
-        out = torch.full((len(live), 15), 9, dtype=torch.long, device="cuda")
+        dtype = torch.int32 if call in (9, 10) else torch.long
+        out = torch.full((len(live), 15), 9, dtype=dtype, device="cuda")
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode(mode if call else "default")
         try:
@@ -332,8 +339,9 @@ def _graph_calls(o, rids, prompts, calls, k_of, torch, mode="default"):
 @pytest.mark.parametrize("tail", oracle.TAILS)
 def test_graphed_drafts_equal_the_eager_gather(tmp_path, tail, monkeypatch):
     """On a CUDA device the timed path replays a CUDA graph (oracle_graph): it writes what the
-    eager gather writes, call for call, as the batch shrinks and grows, K changes and a new plan is
-    adopted, with nothing synchronizing after the first call; and it did capture."""
+    eager gather writes, call for call, as the batch shrinks and grows, K changes, a new plan is
+    adopted, the counters grow and the output's dtype changes, with nothing synchronizing after
+    the first call; and it did capture again where it had to."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: CUDA graphs need one")
@@ -343,12 +351,13 @@ def test_graphed_drafts_equal_the_eager_gather(tmp_path, tail, monkeypatch):
     k_of = lambda call: 3 if call % 5 == 4 else K  # noqa: E731
     o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
     monkeypatch.setenv("ORACLE_GRAPHS", "0")
-    want, eager = _graph_calls(o, rids, prompts, 12, k_of, torch)
+    want, eager = _graph_calls(o, tmp_path / "plan.json", rids, prompts, 12, k_of, torch)
     assert eager.graphs is None
     monkeypatch.setenv("ORACLE_GRAPHS", "1")
     o = oracle.Oracle(oracle.load_plan(tmp_path / "plan.json"), None)
-    got, graphed = _graph_calls(o, rids, prompts, 12, k_of, torch, mode="error")
-    assert graphed.graphs.failed is None and graphed.graphs.captures >= 4
+    got, graphed = _graph_calls(o, tmp_path / "plan.json", rids, prompts, 12, k_of, torch, mode="error")
+    assert graphed.graphs.failed is None and graphed.graphs.captures >= 8
+    assert len({id(g.tables) for g in graphed.graphs.graphs.values()}) == 1  # the old plan's graphs dropped
     assert got == want
     assert any(row != [9] * 15 for call in got for row in call)
 

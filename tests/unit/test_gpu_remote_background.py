@@ -159,8 +159,9 @@ exec bash "$@"
 _TRAIN_TARGET = """out=$1; shift; polish=""; recipe=""
 while [ $# -gt 0 ]; do [ "$1" = --polish ] && polish=$2; [ "$1" = --polish-recipe ] && recipe=$2; shift; done
 mkdir -p "$out/trained-a4b-r30" && echo "{}" > "$out/shapes.json"
-if [ -n "$recipe" ]; then rec='{"target_sha256": "p3", "polished_from": {"target_sha256": "p2"}, '\
-'"train_config": {"seq_prefix_cycle": [128, 1280]}}'
+if [ -n "$recipe" ]; then rec=$(python3 -c 'import json, sys; r = json.loads(sys.argv[1])[sys.argv[2]]; \
+print(json.dumps({"target_sha256": "p3", "polished_from": {"target_sha256": "p2", "recipe": r}, "train_config": r}))' \
+"$RECIPES" "$recipe")
 elif [ -n "$polish" ]; then rec='{"target_sha256": "p2", "polished_from": {"target_sha256": "f1"}, '\
 '"train_config": {"seq_prefix_cycle": []}}'
 else rec='{"target_sha256": "f1", "polished_from": null}'; fi
@@ -195,8 +196,15 @@ def _recipe_repo(tmp_path):
 
 def _run_recipe(tmp_path, repo, **extra) -> list[str]:
     work = tmp_path / "work"
+    import json
+    import sys
+
+    sys.path.insert(0, str(REMOTE.parent / "models"))
+    import train_target
+
     env = dict(os.environ, WORK=str(work), OUT=str(work / "out"), PY=str(tmp_path / "py"),
-               MODELS_TRAINED=str(tmp_path / "models"), MODELS_POLISHED=str(tmp_path / "polished"), **extra)
+               MODELS_TRAINED=str(tmp_path / "models"), MODELS_POLISHED=str(tmp_path / "polished"),
+               RECIPES=json.dumps(train_target.POLISH_RECIPES), **extra)
     done = subprocess.run(["bash", str(tmp_path / "recipe.sh")], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and (work / "target-bg.rc").read_text().strip() == "0", done.stdout + done.stderr
@@ -257,3 +265,18 @@ def test_a_second_polish_takes_the_polished_targets_place_and_its_drafter_follow
     assert _record(models / "dflash-r5-trained" / "drafter-train-record.json")["target_sha256"] == "p3"
     (tmp_path / "work" / "calls.txt").unlink()
     assert _run_recipe(tmp_path, repo, POLISH_AGAIN="long") == []
+
+
+def test_a_second_polish_names_a_long_recipe_and_keeps_the_target_before_it_apart(tmp_path):
+    repo = _recipe_repo(tmp_path)
+    work = tmp_path / "work"
+    for extra, why in (({"POLISH_AGAIN": "polish"}, "long or long-heavy"),
+                       ({"POLISH_AGAIN": "long", "MODELS_POLISHED": str(tmp_path / "models-polished")},
+                        "where the target before it goes")):
+        env = dict(os.environ, WORK=str(work), OUT=str(work / "out"), PY=str(tmp_path / "py"),
+                   MODELS_TRAINED=str(tmp_path / "models"), MODELS_POLISHED=str(tmp_path / "polished"))
+        env.update(extra)
+        done = subprocess.run(["bash", str(tmp_path / "recipe.sh")], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert why in done.stderr, done.stderr  # refused before anything started
+        assert not (work / "target-bg.rc").exists() and not (work / "target-bg.out").exists()

@@ -57,6 +57,10 @@ def test_polish_source_names_the_checkpoint_it_starts_from(tmp_path):
     assert source["target_sha256"] == tt.checkpoint_sha256(folder)
     assert source["greedy_probe"] == {"looping_sequences": 4}
     assert source["recipe"] == tt.POLISH
+    with pytest.raises(SystemExit, match="builds on a polished target"):
+        tt.polish_source(folder, tmp_path / "polished", CORPUS, tt.POLISH_LONG)
+    record = json.loads((folder / "train-record.json").read_text())
+    (folder / "train-record.json").write_text(json.dumps({**record, "polished_from": {"target_sha256": "f1"}}))
     assert tt.polish_source(folder, tmp_path / "polished", CORPUS, tt.POLISH_LONG)["recipe"] == tt.POLISH_LONG
 
 
@@ -210,3 +214,19 @@ def test_validation_prompts_take_their_lengths_in_turn_from_distinct_files_the_p
     assert sum(len(p["token_ids"]) == 1400 for p in got) == min(6, long_files) and long_files > 0
     sources = [p["source"] for p in got]
     assert len(set(sources)) == len(sources) and "f1.py" not in sources
+
+
+def test_the_longest_validation_prompts_take_the_scarce_long_files_first(capsys):
+    """Few files are 1,400 tokens long: the 1,400-token prompts get them before the 200-token ones
+    take any, and a length left short is said."""
+    heldout = [(f"long{i}.py", " ".join(["ab"] * 1500)) for i in range(3)]
+    heldout += [(f"short{i}.py", " ".join(["ab"] * 300)) for i in range(10)]
+    got = tt.validation_prompts(_Words(), heldout, set(), 1, count=8, lengths=(200, 1400))
+    assert sorted(p["source"] for p in got if len(p["token_ids"]) == 1400) == ["long0.py", "long1.py", "long2.py"]
+    assert [len(p["token_ids"]) for p in got[:2]] == [200, 1400] and len(got) == 7
+    assert "7 of 8; too few held-out files of [1400] tokens" in capsys.readouterr().out
+
+
+def test_a_second_polish_recipe_needs_the_polish_it_builds_on():
+    with pytest.raises(SystemExit):
+        tt.main(["/tmp/nowhere", "--polish-recipe", "long"])

@@ -314,7 +314,7 @@ def test_choose_polish_keeps_the_passing_polish_whose_last_validation_probe_loop
     failing = json.loads((results / "train-record-e3f0284d-h200.json").read_text())["greedy_probe"]
 
     def rec(probe, *loops):
-        return {"greedy_probe": probe,
+        return {"greedy_probe": probe, "polished_from": {"target_sha256": "p2"},
                 "sequence_phase": {"validation_probes": [{"step": 15 * i, "looping_sequences": n}
                                                          for i, n in enumerate(loops)]}}
 
@@ -323,11 +323,28 @@ def test_choose_polish_keeps_the_passing_polish_whose_last_validation_probe_loop
     assert pack.choose_polish({"long-heavy": rec(passing, 5, 3), "long": rec(passing, 0, 3)}) == "long"
     assert pack.choose_polish({"long": rec(failing, 0, 0), "long-heavy": rec(passing, 6, 6)}) == "long-heavy"
     assert pack.choose_polish({"long": rec(failing, 1), "long-heavy": rec(failing, 1)}) is None
+    other = rec(passing, 0)
+    other["polished_from"] = {"target_sha256": "another"}
+    with pytest.raises(ValueError, match="one target"):
+        pack.choose_polish({"long": rec(passing, 1), "long-heavy": other})
     import train_target
 
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(json.dumps({**rec(passing, 2), "polished_from": {"recipe": train_target.POLISH_RECIPES["long"]}}))
-    b.write_text(json.dumps({**rec(failing, 0), "polished_from": {"recipe": train_target.POLISH_RECIPES["long-heavy"]}}))
+    def made_by(record, name):
+        recipe = json.loads(json.dumps(train_target.POLISH_RECIPES[name]))
+        return {**record, "polished_from": {"target_sha256": "p2", "recipe": recipe},
+                "train_config": {**recipe, "seed": 1}}
+
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps(made_by(rec(passing, 2), "long")))
+    b.write_text(json.dumps(made_by(rec(failing, 0), "long-heavy")))
+    overridden = made_by(rec(passing, 2), "long")
+    overridden["train_config"]["seq_steps"] = 5
+    c.write_text(json.dumps(overridden))
     assert pack.main(["choose-polish", f"long={a}", f"long-heavy={b}"]) == 0
     assert pack.main(["choose-polish", f"long-heavy={b}"]) == 3
     assert pack.main(["choose-polish", f"long-heavy={a}"]) == 2  # a record of the other recipe
+    assert pack.main(["choose-polish", f"long={c}"]) == 2  # an override beside the recipe
+    assert pack.main(["choose-polish", str(a)]) == 2 and pack.main(["choose-polish", f"long={a}", f"long={a}"]) == 2
+    assert pack.main(["polished-by", str(a), "long"]) == 0 and pack.main(["polished-by", str(a), "long-heavy"]) == 1
+    assert pack.main(["polished-by", str(c), "long"]) == 1 and pack.main(["polished-by", str(a), "polish"]) == 1
+    assert pack.main(["polished-by", str(tmp_path / "none.json"), "long"]) == 1

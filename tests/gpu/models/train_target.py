@@ -588,7 +588,8 @@ def _probe_summary(probe: dict) -> dict:
 def validation_prompts(tokenizer, heldout: list[tuple[str, str]], taken: set[str], seed: int,
                        count: int = 32, lengths: tuple[int, ...] = (200,)) -> list[dict]:
     """``count`` prompts from held-out files the proof's prompts do not use, their lengths
-    ``lengths`` in turn, one file each (a length no file left is long enough for is skipped).
+    ``lengths`` in turn, one file each. The longest lengths take their files first (fewer files
+    are that long); a length no file is left for goes short, and is said.
 
     The sequence phase is watched on these, so the proof's own prompts never steer training.
     """
@@ -599,15 +600,18 @@ def validation_prompts(tokenizer, heldout: list[tuple[str, str]], taken: set[str
                zip(docs, tokenizer.encode_batch([t for _, t in docs], add_special_tokens=False))]
     pool = [d for d in encoded if len(d[1]) >= min(lengths)]
     rng.shuffle(pool)
-    out, used = [], set()
-    for i in range(count):
-        length = lengths[i % len(lengths)]
-        doc = next(((path, ids) for path, ids in pool if path not in used and len(ids) >= length), None)
+    slots = [lengths[i % len(lengths)] for i in range(count)]
+    chosen, used = {}, set()
+    for i in sorted(range(count), key=lambda i: -slots[i]):  # stable: one length keeps the pool's order
+        doc = next(((path, ids) for path, ids in pool if path not in used and len(ids) >= slots[i]), None)
         if doc is not None:
             used.add(doc[0])
-            out.append({"source": doc[0], "start": 0, "token_ids": [bos] + doc[1][:length - 1],
-                        "max_tokens": MAX_TOKENS})
-    return out
+            chosen[i] = {"source": doc[0], "start": 0, "token_ids": [bos] + doc[1][:slots[i] - 1],
+                         "max_tokens": MAX_TOKENS}
+    if len(chosen) < count:
+        short = sorted({slots[i] for i in range(count) if i not in chosen})
+        print(f"validation prompts: {len(chosen)} of {count}; too few held-out files of {short} tokens", flush=True)
+    return [chosen[i] for i in sorted(chosen)]
 
 
 def heldout_perplexity(model, stream: list[int], cfg: TrainConfig, device: str) -> float:
@@ -752,6 +756,8 @@ def polish_source(folder: Path, out: Path, corpus: dict, recipe: dict = POLISH) 
     if have != record.get("target_sha256"):
         raise SystemExit(f"--polish {folder}: its weights ({have[:12]}) are not its train record's "
                          f"({str(record.get('target_sha256'))[:12]})")
+    if recipe is not POLISH and not record.get("polished_from"):
+        raise SystemExit(f"--polish {folder}: a second polish builds on a polished target; this one is not")
     if record.get("corpus", {}).get("sha256") != corpus.get("sha256"):
         raise SystemExit(f"--polish {folder}: trained on corpus {record.get('corpus', {}).get('sha256')}, "
                          f"not this one ({corpus.get('sha256')})")
@@ -797,6 +803,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--polish-recipe", choices=sorted(POLISH_RECIPES), default="polish",
                         help="which polish (default %(default)s: POLISH; long: POLISH_LONG, on a polished target)")
     args = parser.parse_args(argv)
+    if args.polish is None and args.polish_recipe != "polish":
+        parser.error("--polish-recipe needs --polish FROM")
     recipe = POLISH_RECIPES[args.polish_recipe]
     cfg = TrainConfig() if args.polish is None else dataclasses.replace(TrainConfig(), **recipe)
     if args.steps is not None:

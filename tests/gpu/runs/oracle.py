@@ -52,6 +52,7 @@ TAILS = ("reference", "drafter")  # a proposal past its first wrong position (ma
 # ORACLE_LOG=off: no log line is written, and the drafts are gathered on the device (DeviceDrafts:
 # nothing read back while a run is timed); they are the same drafts.
 LOG_OFF = "off"
+STEP_SLOTS = 65536  # DeviceDrafts' proposal counters: requests a server sees before they grow
 
 # Hook points, by release (checked against the released sources in tests/unit/test_gpu_oracle.py).
 HOOKS = {
@@ -463,7 +464,9 @@ class DeviceDrafts:
         import torch
 
         if self.steps is None or self.steps.shape[0] < n:
-            steps = torch.zeros(max(64, 2 * n), dtype=torch.long, device=device)
+            # room for a server's whole run (a slot a request), so that a timed run does not grow
+            # it: the graphs read it by address and would be captured again
+            steps = torch.zeros(max(STEP_SLOTS, 2 * n), dtype=torch.long, device=device)
             if self.steps is not None:
                 steps[:self.steps.shape[0]] = self.steps
             self.steps = steps

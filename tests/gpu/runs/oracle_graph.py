@@ -35,6 +35,9 @@ class _Graph:
     graph: object
     drafts: object  # [rows, k], the output's dtype
     mask: object  # [rows, k]: where the drafts go
+    # what the graph reads by address, held so that it outlives the graph (never freed under it)
+    tables: object
+    steps: object
 
 
 class GraphedDrafts:
@@ -42,19 +45,25 @@ class GraphedDrafts:
         self.dd = device_drafts
         self.inputs: dict[int, _Inputs] = {}
         self.graphs: dict[tuple, _Graph] = {}
+        self.pool = None  # one memory pool for every graph: dropped graphs' memory serves the next
         self.captures = 0
         self.failed = None  # the capture's error, once one failed
 
     def timed(self, req_ids, prompt_of, seq_lens, rejected, sampled, run, k=None):
-        """As ``DeviceDrafts.timed``, on a CUDA device."""
+        """As ``DeviceDrafts.timed``, on a CUDA device: the real propose outside inference mode as
+        there, the oracle's own work inside it. Every call is assumed on the stream the engine
+        proposes on (one stream: the inputs and outputs are reused call after call)."""
         import torch
 
-        with torch.inference_mode():  # as vLLM's propose runs
+        if not req_ids:
+            return run()
+        with torch.inference_mode():
             inp = self._stage(req_ids, prompt_of, seq_lens, rejected, sampled)
-            out = run()
-            k = out.shape[-1] if k is None else int(k)
-            if k == 0:
-                return out
+        out = run()
+        k = out.shape[-1] if k is None else int(k)
+        if k == 0:
+            return out
+        with torch.inference_mode():
             g = self._graph(len(req_ids), k, out.dtype, seq_lens.device)
             if g is None:  # no graph: this call, and every later one, the eager way
                 drafts, use, keep = self.dd.compute(*inp.rows, inp.seq, inp.rej, inp.sampled, k)
@@ -63,7 +72,7 @@ class GraphedDrafts:
             g.graph.replay()
             view = out[:len(req_ids), :k]
             torch.where(g.mask, g.drafts, view, out=view)
-            return out
+        return out
 
     def _stage(self, req_ids, prompt_of, seq_lens, rejected, sampled) -> _Inputs:
         """The rows' values into the inputs of their batch size, before the real propose runs."""
@@ -97,8 +106,9 @@ class GraphedDrafts:
         if self.failed is not None:
             return None
         dd = self.dd
-        # a graph holds the addresses of the plan's tables and of the counters: new ones, new graphs
-        where = (id(dd.tables), dd.steps.data_ptr())
+        # a graph reads the plan's tables and the counters by address: new ones, new graphs (the
+        # graphs hold the objects, so an id here is never one a freed object had)
+        where = (id(dd.tables), id(dd.steps))
         if (n, k, dtype) + where not in self.graphs:
             self.graphs = {key: g for key, g in self.graphs.items() if key[3:] == where}
             try:
@@ -119,9 +129,11 @@ class GraphedDrafts:
         import torch
 
         graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device=device)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            graph.capture_begin(capture_error_mode="thread_local")
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
                 drafts, use, keep = self.dd.compute(*inp.rows, inp.seq, inp.rej, inp.sampled, k)
                 mask = (use[:, None] if keep is None else use[:, None] & keep).expand(-1, k)
@@ -130,4 +142,4 @@ class GraphedDrafts:
                 graph.capture_end()
         torch.cuda.current_stream(device).wait_stream(stream)
         self.captures += 1
-        return _Graph(graph, drafts, mask)
+        return _Graph(graph, drafts, mask, self.dd.tables, self.dd.steps)

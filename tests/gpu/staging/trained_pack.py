@@ -198,8 +198,26 @@ def choose_polish(records: dict[str, dict]) -> str | None:
         probes = (record.get("sequence_phase") or {}).get("validation_probes") or []
         return probes[-1]["looping_sequences"] if probes else 10 ** 9
 
+    sources = {(rec.get("polished_from") or {}).get("target_sha256") for rec in records.values()}
+    watched = {json.dumps([(rec.get("train_config") or {}).get(k) for k in ("validation_count", "validation_lengths")])
+               for rec in records.values()}
+    if len(sources) > 1 or len(watched) > 1:
+        raise ValueError("the polishes compared must start from one target and be watched on the same prompts")
     passing = [name for name, rec in records.items() if not gate.failures(rec.get("greedy_probe"))]
     return min(passing, key=lambda name: (loops(records[name]), name != "long"), default=None)
+
+
+def polished_by(record: dict, name: str) -> bool:
+    """Whether a train record is the named polish's (train_target.POLISH_RECIPES) as it stands: its
+    recorded recipe, and every setting of the recipe in its train_config (no override beside it)."""
+    import train_target
+
+    recipe = train_target.POLISH_RECIPES.get(name)
+    if recipe is None:
+        return False
+    want = json.loads(json.dumps(recipe))
+    config = record.get("train_config") or {}
+    return (record.get("polished_from") or {}).get("recipe") == want and all(config.get(k) == v for k, v in want.items())
 
 
 def _field(path: Path, key: str):
@@ -262,18 +280,32 @@ def main(argv: list[str] | None = None) -> int:
     cp = sub.add_parser("choose-polish", help="which second polish to keep (choose_polish): its RECIPE=RECORD "
                                               "printed, exit 0; exit 3 when none passes the gate")
     cp.add_argument("records", nargs="+", metavar="RECIPE=RECORD")
+    pb = sub.add_parser("polished-by", help="exit 0 when RECORD is the named polish's (polished_by)")
+    pb.add_argument("record", type=Path)
+    pb.add_argument("recipe")
     args = parser.parse_args(argv)
+    if args.cmd == "polished-by":
+        try:
+            record = json.loads(args.record.read_text())
+        except (OSError, ValueError):
+            return 1
+        return 0 if isinstance(record, dict) and polished_by(record, args.recipe) else 1
     if args.cmd == "choose-polish":
-        import train_target
-
-        paths = dict(arg.split("=", 1) for arg in args.records)
+        pairs = [arg.split("=", 1) for arg in args.records]
+        if any(len(p) != 2 for p in pairs) or len({p[0] for p in pairs}) != len(pairs):
+            print("choose-polish: RECIPE=RECORD, each recipe once", file=sys.stderr)
+            return 2
+        paths = dict(pairs)
         records = {name: json.loads(Path(path).read_text()) for name, path in paths.items()}
         for name, rec in records.items():  # each record was made by the recipe it is named for
-            want = json.loads(json.dumps(train_target.POLISH_RECIPES.get(name)))
-            if want is None or (rec.get("polished_from") or {}).get("recipe") != want:
+            if not polished_by(rec, name):
                 print(f"{paths[name]}: not a record of the {name!r} polish", file=sys.stderr)
                 return 2
-        chosen = choose_polish(records)
+        try:
+            chosen = choose_polish(records)
+        except ValueError as exc:
+            print(f"choose-polish: {exc}", file=sys.stderr)
+            return 2
         print(f"{chosen}={paths[chosen]}" if chosen else "no second polish passes the gate")
         return 0 if chosen else 3
     if args.cmd == "has":
