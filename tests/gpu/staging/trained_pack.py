@@ -190,9 +190,7 @@ def choose_polish(records: dict[str, dict]) -> str | None:
     """Which second polish to keep, by the rule train_target.POLISH_LONG's comment fixed before
     either ran: among the records (by recipe name) whose greedy probe passes the gate, the one
     whose last validation probe loops least; a tie keeps "long". None when none passes."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
-    import gate
+    import gate  # (on sys.path through gpu_paths, imported above)
 
     def loops(record: dict) -> int:
         probes = (record.get("sequence_phase") or {}).get("validation_probes") or []
