@@ -230,3 +230,53 @@ def test_the_longest_validation_prompts_take_the_scarce_long_files_first(capsys)
 def test_a_second_polish_recipe_needs_the_polish_it_builds_on():
     with pytest.raises(SystemExit):
         tt.main(["/tmp/nowhere", "--polish-recipe", "long"])
+
+
+def _tiny_target(torch):
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    import make_checkpoints as mc
+
+    shape = mc.TargetShape("chunk-test", 2, top_k_experts=2, hidden_size=64, num_attention_heads=2,
+                           num_key_value_heads=1, num_global_key_value_heads=1, num_experts=4,
+                           moe_intermediate_size=32, intermediate_size=64, sliding_window=16)
+    cfg = mc.gemma4_config_dict(shape, vocab=512, max_positions=512)
+    config = Gemma4Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():  # logits that differ from token to token, and some repeats
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    for layer in model.model.language_model.layers:
+        layer.experts.forward = types.MethodType(tt._experts_forward, layer.experts)
+    return model
+
+
+def test_the_sequence_loss_in_row_chunks_gives_the_gradient_of_one_batch():
+    torch = pytest.importorskip("torch", reason="the launcher venv installs CPU torch for these tests")
+    pytest.importorskip("transformers")
+    model = _tiny_target(torch)
+    prefixes = torch.tensor([[2] + [(7 * r + 13 * i) % 500 + 3 for i in range(11)] for r in range(4)])
+    one = dataclasses.replace(tt.TrainConfig(), seq_new=24)
+    # 4 rows of 36 tokens: 5,184; a budget of 2,600 takes 2 rows a forward
+    chunked = dataclasses.replace(one, seq_rows_len2=2600)
+    assert tt.seq_chunk_rows(4, 36, one) == 4 and tt.seq_chunk_rows(4, 36, chunked) == 2
+    assert tt.seq_chunk_rows(32, 1408, tt.TrainConfig()) == 2  # the long polish's longest prefixes
+    assert tt.seq_chunk_rows(32, 256, tt.TrainConfig()) == 32  # the first polish: one chunk, as before
+
+    grads, losses = [], []
+    for cfg in (one, chunked):
+        model.zero_grad(set_to_none=True)
+        loss, share, done = tt.sequence_unlikelihood_loss(model, prefixes, cfg)
+        assert done is (cfg is chunked)
+        if not done:
+            loss.backward()
+        assert share > 0  # some continuation tokens are penalised: the gradient says something
+        losses.append(float(loss.detach()))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert grads[0].abs().sum() > 0 and grads[0].shape == grads[1].shape
+    assert losses[1] == pytest.approx(losses[0], rel=1e-3)
+    # bf16 autocast rounds a batch of 2 rows apart from one of 4; a chunk divided by its own
+    # tokens (not the step's) would be off by a factor of 2
+    assert float((grads[1] - grads[0]).norm() / grads[0].norm()) < 1e-2

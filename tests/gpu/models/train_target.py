@@ -139,6 +139,14 @@ class TrainConfig:
     # None: seq_lr throughout; a number: seq_lr decays linearly to it over the steps.
     seq_lr_floor: float | None = None
     seq_mle_windows: int = 8
+    # Rows times squared length (prefix and continuation) one forward of the sequence-level loss
+    # may take; more rows go in chunks, each backward on its own, then the token-level loss's.
+    # Why: eager attention's fp32 score matrices grow with rows x length^2, and the long polish's
+    # 1,280-token prefixes at 32 rows need some 60 times what 128-token ones do: on an H200 its
+    # second step (384 + 128 tokens, 32 rows, 8.4 M) beside the token-level windows (8 x 1024^2)
+    # ran out of its 140 GiB. Every recipe before it (at most 32 x 256^2 = 2.1 M) is one chunk,
+    # one backward, as it was.
+    seq_rows_len2: int = 1 << 22
     # The sequence phase's window draws: seed + this (a polish stage draws windows of its own).
     seq_seed_offset: int = 2
     # Prefix lengths the sequence-level steps take in turn (empty: ``seq_prefix`` at every step).
@@ -489,9 +497,10 @@ def loop_mask(tokens: list[int], start: int, max_period: int, min_match: int) ->
 
 
 def sequence_unlikelihood_loss(model, prefixes, cfg: TrainConfig):
-    """(loss, share of continuation tokens penalised): greedy-decode ``seq_new`` tokens after
-    ``prefixes`` [B, P], then -log(1 - p(x_t)) at the tokens of repeated n-grams, summed and
-    divided by all continuation tokens."""
+    """(loss, share of continuation tokens penalised, backward done): greedy-decode ``seq_new``
+    tokens after ``prefixes`` [B, P], then -log(1 - p(x_t)) at the tokens of repeated n-grams,
+    summed and divided by all continuation tokens. Over ``seq_rows_len2`` the rows go in chunks,
+    each backward already done (the loss returned is then a detached total)."""
     import torch
 
     import fast_decode
@@ -507,13 +516,36 @@ def sequence_unlikelihood_loss(model, prefixes, cfg: TrainConfig):
     else:
         rows = [repeated_ngram_mask(row, cfg.seq_ngram) for row in cont.tolist()]
     mask = torch.tensor(rows, device=out.device)
+    share = float(mask.float().mean())
+    chunk = seq_chunk_rows(out.shape[0], out.shape[1], cfg)
+    if chunk >= out.shape[0]:
+        return _continuation_penalty(model, out, cont, mask, width, cfg, cont.numel()), share, False
+    total = 0.0
+    for start in range(0, out.shape[0], chunk):
+        rows_ = slice(start, start + chunk)
+        part = _continuation_penalty(model, out[rows_], cont[rows_], mask[rows_], width, cfg, cont.numel())
+        part.backward()
+        total += float(part.detach())
+    return torch.tensor(total), share, True
+
+
+def seq_chunk_rows(rows: int, length: int, cfg: TrainConfig) -> int:
+    """Rows per forward of the sequence-level loss (``seq_rows_len2``); at least one."""
+    return max(1, min(rows, cfg.seq_rows_len2 // (length * length)))
+
+
+def _continuation_penalty(model, out, cont, mask, width: int, cfg: TrainConfig, denominator: int):
+    """``seq_weight`` times -log(1 - p(x_t)) at the masked continuation tokens of ``out``,
+    summed and divided by ``denominator`` (all continuation tokens of the step, so chunks add up)."""
+    import torch
+
     with torch.autocast(out.device.type, dtype=torch.bfloat16):
         logits = model(input_ids=out, use_cache=False).logits
     # logits at width-1+t predict continuation token t
     logp = torch.log_softmax(logits[:, width - 1:-1].float(), dim=-1)
     p_tok = logp.gather(-1, cont.unsqueeze(-1)).squeeze(-1).exp()
     penalty = -torch.log(torch.clamp(1.0 - p_tok, min=1e-5)) * mask
-    return cfg.seq_weight * penalty.sum() / cont.numel(), float(mask.float().mean())
+    return cfg.seq_weight * penalty.sum() / denominator
 
 
 _SHADOW: dict = {}
@@ -563,10 +595,10 @@ def sequence_phase(model, stream: list[int], cfg: TrainConfig, device: str, prob
         for group in opt.param_groups:
             group["lr"] = seq_lr_at(step, cfg)
         prefixes = torch.from_numpy(windows(data, cfg.seq_batch, seq_prefix_at(step, cfg), rng)).to(device)
-        seq_loss, share = sequence_unlikelihood_loss(model, prefixes, cfg)
+        seq_loss, share, done = sequence_unlikelihood_loss(model, prefixes, cfg)
         batch = torch.from_numpy(windows(data, cfg.seq_mle_windows, cfg.seq_len, rng)).to(device)
         mle = _loss(model, batch, cfg.unlikelihood)
-        (seq_loss + mle).backward()
+        (mle if done else seq_loss + mle).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
