@@ -45,7 +45,7 @@ class GraphedDrafts:
         self.dd = device_drafts
         self.inputs: dict[int, _Inputs] = {}
         self.graphs: dict[tuple, _Graph] = {}
-        self.pool = None  # one memory pool for every graph: dropped graphs' memory serves the next
+        self.pool = None  # one memory pool for the graphs of one plan (and counters)
         self.captures = 0
         self.failed = None  # the capture's error, once one failed
 
@@ -111,6 +111,11 @@ class GraphedDrafts:
         where = (id(dd.tables), id(dd.steps))
         if (n, k, dtype) + where not in self.graphs:
             self.graphs = {key: g for key, g in self.graphs.items() if key[3:] == where}
+            if not self.graphs:
+                # Every graph on the pool is gone: its use count is 0, and the allocator asserts
+                # when a capture joins such a pool (an H200 run did, "use_count > 0"). A new
+                # plan's graphs take a new pool; the old one's memory goes back with its blocks.
+                self.pool = None
             try:
                 for m in range(1, n + 1):
                     if (m, k, dtype) + where not in self.graphs:
