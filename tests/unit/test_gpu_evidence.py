@@ -138,8 +138,74 @@ def test_the_033_speed_pair_has_time_for_its_drafter_servers_start():
     # On 0.33.0 the drafter server took 337 s and 412 s to become ready, and a served-all at its
     # default 540 s ended before both servers benched 32 requests a level (results/served/): every
     # page's 0.33.0 speed step asks for more
-    steps = [s for steps in ev.PAGES.values() for s in steps if s.name == "served-speed-0.33.0"]
-    assert len(steps) >= 2
+    steps = [s for steps in ev.PAGES.values() for s in steps if s.name in ("served-speed-0.33.0", "served-speed-paired")]
+    assert len(steps) >= 4
     for step in steps:
         env = dict(step.env)
         assert int(env["SERVED_DEADLINE_S"]) >= 412 + 2 * 120 + 120, step
+
+
+def _served_jobs(steps) -> list[tuple[str, str, str]]:
+    """(recipe:phases[:numerics], version, folder) of every served job the steps start, as
+    remote.sh's served-all reads SERVED_JOBS and SERVED_VERSIONS (its defaults from remote.sh)."""
+    text = (GPU_DIR / "remote.sh").read_text()
+    default_jobs = re.search(r"local jobs=\$\{SERVED_JOBS:-gemma4-moe-dflash:\$\{SERVED_PHASES:-([\w,]+)\}\}", text)
+    default_versions = re.search(r"local versions=\$\{SERVED_VERSIONS:-([\d. ]+)\}", text)
+    assert default_jobs and default_versions
+    jobs = []
+    for step in steps:
+        if step.argv[-1] != "served-all":
+            continue
+        env = dict(step.env)
+        for spec in env.get("SERVED_JOBS", f"gemma4-moe-dflash:{default_jobs.group(1)}").split():
+            for version in env.get("SERVED_VERSIONS", default_versions.group(1)).split():
+                jobs.append((spec, version))
+    return sorted(jobs)
+
+
+def test_a_host_of_one_gpu_and_one_of_two_serve_the_same_jobs():
+    """The served runs' two forms (ev.ONE_GPU, ev.GPUS_2) start the same jobs of the same
+    releases, each once; the paired form in two served-all commands, a GPU per job."""
+    for page in ("served", "acceptance"):
+        steps = ev.sequence([page], ("gpu",))
+        one = [s for s in steps if s.runs_on(1)]
+        two = [s for s in steps if s.runs_on(2)]
+        assert _served_jobs(one) == _served_jobs(two), page
+        assert len(set(_served_jobs(one))) == len(_served_jobs(one))
+        assert [s for s in one if s.argv[-1] != "served-all"] == [s for s in two if s.argv[-1] != "served-all"]
+        paired = [s for s in two if s.argv[-1] == "served-all"]
+        assert all(dict(s.env).get("SERVED_GPUS") == "0,1" for s in paired)
+        assert len(paired) < len([s for s in one if s.argv[-1] == "served-all"])
+    served = _served_jobs(ev.sequence(["served"], ("gpu",)))
+    assert ("gemma4-moe-dflash-text:reference,dflash", "0.33.0") in served
+    assert ("gemma4-moe-dflash:speed:default", "0.21.0") in served
+
+
+def test_the_served_all_plans_of_both_forms_pass_served_alls_own_check():
+    import served_all
+
+    for step in ev.sequence(["served", "acceptance"], ("gpu",)):
+        if step.argv[-1] != "served-all":
+            continue
+        env = dict(step.env)
+        argv = ["--jobs", env.get("SERVED_JOBS", "gemma4-moe-dflash:reference,dflash,stock"),
+                "--versions", env.get("SERVED_VERSIONS", "0.21.0 0.33.0"), "--gpus", env.get("SERVED_GPUS", ""), "check"]
+        assert served_all.main(argv) == 0, step.name
+    # a speed job beside another on one GPU is what served_all refuses: the one-GPU form keeps them apart
+    assert served_all.main(["--jobs", "gemma4-moe-dflash:speed:default", "--versions", "0.21.0 0.33.0",
+                            "--gpus", "", "check"]) != 0
+
+
+def test_run_takes_the_form_of_the_hosts_gpu_count(tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+
+    def mark(name, gpus):
+        return ev.Step(name, "cpu", ("{py}", "-c", f"open({str(marks)!r}, 'a').write('{name} ')"), gpus=gpus)
+
+    monkeypatch.setitem(ev.PAGES, "x", (mark("any", (0, 1 << 10)), mark("one", ev.ONE_GPU), mark("two", ev.GPUS_2)))
+    for gpus, want in ((0, "any one "), (1, "any one "), (2, "any two "), (8, "any two ")):
+        marks.write_text("")
+        assert ev.run(["x"], ("cpu",), tmp_path / "r", tmp_path / "w", gpus=gpus) == 0
+        assert marks.read_text() == want, gpus
+    monkeypatch.setenv("EVIDENCE_GPUS", "2")
+    assert ev.gpu_count() == 2
