@@ -146,7 +146,7 @@ def test_the_033_speed_pair_has_time_for_its_drafter_servers_start():
 
 
 def _served_jobs(steps) -> list[tuple[str, str, str]]:
-    """(recipe:phases[:numerics], version, folder) of every served job the steps start, as
+    """(recipe:phases[:numerics], version) of every served job the steps start, as
     remote.sh's served-all reads SERVED_JOBS and SERVED_VERSIONS (its defaults from remote.sh)."""
     text = (GPU_DIR / "remote.sh").read_text()
     default_jobs = re.search(r"local jobs=\$\{SERVED_JOBS:-gemma4-moe-dflash:\$\{SERVED_PHASES:-([\w,]+)\}\}", text)
@@ -208,4 +208,9 @@ def test_run_takes_the_form_of_the_hosts_gpu_count(tmp_path, monkeypatch):
         assert ev.run(["x"], ("cpu",), tmp_path / "r", tmp_path / "w", gpus=gpus) == 0
         assert marks.read_text() == want, gpus
     monkeypatch.setenv("EVIDENCE_GPUS", "2")
+    assert ev.gpu_count() == 2
+    monkeypatch.delenv("EVIDENCE_GPUS")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert ev.gpu_count() == 1  # a host of two limited to one: the one-GPU form
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert ev.gpu_count() == 2

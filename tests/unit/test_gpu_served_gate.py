@@ -76,6 +76,32 @@ def test_bad_labels_and_preferences_are_refused(capsys):
     assert "LABEL=PATH" in capsys.readouterr().err
 
 
+def test_one_file_or_one_run_given_twice_is_refused(tmp_path, capsys):
+    path, other = tmp_path / "t.json", tmp_path / "u.json"
+    for p in (path, other):
+        p.write_text(json.dumps(_twin(0)))
+    # "a:x" is run 1 of a at x: naming it again as a:x:1 is the same run
+    with pytest.raises(SystemExit):
+        served_gate.main(["--twin", f"a:x={path}", "--twin", f"a:x:1={other}", "--prefer", "a"])
+    assert "given twice" in capsys.readouterr().err
+    # one file is one run: as run 1 and run 2 it would "reproduce" itself
+    with pytest.raises(SystemExit):
+        served_gate.main(["--twin", f"a:x:1={path}", "--twin", f"a:x:2={tmp_path}/../{tmp_path.name}/t.json",
+                          "--prefer", "a"])
+    assert "is also a:x:1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        served_gate.main(["--twin", f"a:x:1={tmp_path / 'missing.json'}", "--prefer", "a"])
+    assert "missing.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        served_gate.main(["--twin", f"a:x:1={path}", "--prefer", ","])
+    assert "at least one target" in capsys.readouterr().err
+    # two files of one target agreeing: kept, exit 0, the record written
+    out = tmp_path / "verdict.json"
+    assert served_gate.main(["--twin", f"a:x:1={path}", "--twin", f"a:x:2={other}", "--prefer", "a",
+                             "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["kept"] == "a"
+
+
 def _committed_twins() -> dict[str, dict]:
     twins = {}
     with tarfile.open(RESULTS / "served-twins-2026-11-30.tar.xz") as tar:

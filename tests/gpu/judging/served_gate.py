@@ -83,20 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefer", required=True, help="targets in the order to keep one, comma-separated")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    twins = {}
+    twins, seen_runs, seen_paths = {}, set(), {}
     for item in args.twin:
         label, sep, path = item.partition("=")
         if not sep:
             parser.error(f"--twin {item!r}: LABEL=PATH")
         try:
-            parse_label(label)
+            run = parse_label(label)
         except ValueError as exc:
             parser.error(str(exc))
-        if label in twins:
-            parser.error(f"--twin {label} twice")
-        twins[label] = json.loads(Path(path).read_text())
+        if run in seen_runs:
+            parser.error(f"--twin {label}: run {':'.join(run)} given twice")
+        real = Path(path).resolve()
+        if real in seen_paths:  # one file is one run: it never reproduces itself
+            parser.error(f"--twin {label}: {path} is also {seen_paths[real]}")
+        seen_runs.add(run)
+        seen_paths[real] = label
+        try:
+            twins[label] = json.loads(real.read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"--twin {label}: {path}: {exc}")
+    prefer = [t for t in args.prefer.split(",") if t]
+    if not prefer:
+        parser.error("--prefer: at least one target")
     try:
-        verdict = judge(twins, [t for t in args.prefer.split(",") if t])
+        verdict = judge(twins, prefer)
     except ValueError as exc:
         parser.error(str(exc))
     text = json.dumps(verdict, indent=2) + "\n"

@@ -142,7 +142,7 @@ class TrainConfig:
     # Rows times squared length (prefix and continuation) one forward of the sequence-level loss
     # may take; more rows go in chunks, each backward on its own, then the token-level loss's.
     # Why: eager attention's fp32 score matrices grow with rows x length^2, and the long polish's
-    # 1,280-token prefixes at 32 rows need some 60 times what 128-token ones do: on an H200 its
+    # 1,280-token prefixes at 32 rows need some 30 times what the first polish's 128-token ones do: on an H200 its
     # second step (384 + 128 tokens, 32 rows, 8.4 M) beside the token-level windows (8 x 1024^2)
     # ran out of its 140 GiB. Every recipe before it (at most 32 x 256^2 = 2.1 M) is one chunk,
     # one backward, as it was.

@@ -93,8 +93,9 @@ SPEED_DEADLINE_V33 = ("SERVED_DEADLINE_S", "900")
 # time (a speed job never shares its GPU: served_all.py refuses it). Two or more: the default and
 # text recipes' jobs of both releases in one served-all, a GPU each in turn, then both speed jobs
 # at once, one GPU each. The jobs write into one $OUT/served.json either way. Why: in turn they
-# took some 1,850 s on an H200 (the default jobs about 600 s, the 0.33.0 speed job 560 s), over
-# the 30 minutes a GPU host may be held; paired, about 1,160 s.
+# add up to some 1,850 s on an H200 by their logs (the default jobs about 600 s, the 0.33.0 speed
+# job 560 s), paired to an estimated 1,160 s: the served page then fits a GPU host held for half
+# an hour.
 ONE_GPU = (0, 1)
 GPUS_2 = (2, 1 << 10)
 SERVED_JOBS_BOTH = "gemma4-moe-dflash:reference,dflash,stock gemma4-moe-dflash-text:reference,dflash"
@@ -280,9 +281,14 @@ def values(results: Path, work: Path, table: Path = TABLE) -> dict:
 
 
 def gpu_count() -> int:
-    """The GPUs this host has: EVIDENCE_GPUS where set, else nvidia-smi's list (0 without it)."""
+    """The GPUs this host's runs see: EVIDENCE_GPUS where set; else CUDA_VISIBLE_DEVICES's list
+    where set (a host of two GPUs limited to one runs the one-GPU form); else nvidia-smi's list
+    (0 without it)."""
     if os.environ.get("EVIDENCE_GPUS"):
         return int(os.environ["EVIDENCE_GPUS"])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
     except OSError:
@@ -297,6 +303,7 @@ def run(pages: list[str], where: tuple[str, ...], results: Path = RESULTS, work:
     gpus = gpu_count() if gpus is None else gpus
     for step in sequence(pages, where):
         if not step.runs_on(gpus):
+            print(f"[{step.name}] not on a host of {gpus} GPU(s): the other form runs", flush=True)
             continue
         print(f"[{step.name}] {' '.join(step.command(vals))}", flush=True)
         proc = subprocess.run(step.command(vals), cwd=REPO, env={**os.environ, **step.environ(vals)})
