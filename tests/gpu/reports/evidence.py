@@ -83,6 +83,9 @@ PER_LAYER = "dflash-drafter-per-layer-attention"
 # The conformance run's raw records: each job's folder ({work}/served*/conformance*.json) and z-lab's
 # record as out/zlab-reference.json
 CONFORMANCE_ARCHIVE = "conformance/served-raw.tar.xz"
+# served_gate.py's verdict on the conformance run's target: its twins, served twice, pass the gate
+# on both releases and reproduce (exit 1 otherwise, which stops the page before its report)
+SERVED_GATE = "conformance/served-gate.json"
 
 # The 0.33.0 speed pair's deadline: its drafter server took 337 s and 412 s to become ready on an
 # H200 (the V2 runner's kernel warmup among them), and the job's default 540 s then ran out before
@@ -211,14 +214,30 @@ PAGES: dict[str, tuple[Step, ...]] = {
     # served no-drafter twin and the served drafter, then the judgement.
     "conformance": (
         STAGE_BUNDLE, STAGE_FA2, STAGE_V33, STAGE_CORPUS, RECEIVE,
-        _remote("target-bg", ("POLISH", "1"), ("CHAIN_DRAFTER", "1")),
+        # The first stage, its polish, the second polish "long" (84c26c18: choose-polish kept
+        # "long-heavy", 9b666f25, whose references served by 0.21.0 loop in 4 of 36;
+        # results/trained/target-2026-11-29/served-gate-2026-11-30.json), then the drafter.
+        _remote("target-bg", ("POLISH", "1"), ("POLISH_AGAIN", "long"), ("CHAIN_DRAFTER", "1")),
         _remote("target-wait", OUT, ("TARGET_WAIT_S", "14400")),
+        # The twins served once, in a work folder of their own, before the conformance run
+        # serves them again: the target is fit only when both runs pass the gate on both
+        # releases and give the same tokens (the served-gate step below).
+        _remote("served-all", ("WORK", "{work}/twins-first"), ("OUT", "{work}/twins-first/out"),
+                ("SERVED_JOBS", "gemma4-moe-dflash:conformance-twin:exact"), ("SERVED_VERSIONS", "0.21.0 0.33.0"),
+                name="served-twins"),
         _remote("zlab-reference", OUT),
         # Exact numerics, one prompt at a time (issue 50, item 4); 0.21.0 also on its series less
         # the per-layer drafter attention (item 5). Each job serves its own no-drafter twin.
         _remote("served-all", OUT, ("SERVED_JOBS", "gemma4-moe-dflash:conformance-twin,conformance:exact"),
                 ("SERVED_VERSIONS", f"0.21.0 0.33.0 0.21.0-without-{PER_LAYER}"),
                 name="served-conformance", replay=(CONFORMANCE_ARCHIVE,)),
+        Step("served-gate", "cpu",
+             ("{py}", "tests/gpu/judging/served_gate.py", "--prefer", "target", "--out", "{results}/" + SERVED_GATE,
+              "--twin", "target:0.21.0:1={work}/twins-first/served/conformance-twin.json",
+              "--twin", "target:0.21.0:2={work}/served/conformance-twin.json",
+              "--twin", "target:0.33.0:1={work}/twins-first/served-v33/conformance-twin.json",
+              "--twin", "target:0.33.0:2={work}/served-v33/conformance-twin.json"),
+             writes=(SERVED_GATE,)),
         Step("conformance-report", "cpu",
              ("{py}", "tests/gpu/judging/conformance.py", "--zlab", "{work}/out/zlab-reference.json",
               "--twin", "{work}/served/conformance-twin.json", "--served", "{work}/served/conformance.json",
