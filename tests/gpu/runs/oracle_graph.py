@@ -114,7 +114,7 @@ class GraphedDrafts:
             if not self.graphs:
                 # Every graph on the pool is gone: its use count is 0, and the allocator asserts
                 # when a capture joins such a pool (an H200 run did, "use_count > 0"). A new
-                # plan's graphs take a new pool; the old one's memory goes back with its blocks.
+                # plan's graphs take a new pool; the old one's blocks go back at the allocator's next release.
                 self.pool = None
             try:
                 for m in range(1, n + 1):
