@@ -1357,5 +1357,5 @@ case "$cmd" in
     lanes-wait) lanes_wait ;;
     bg) background_verb "$@" ;;
     bg-wait) background_wait "$@" ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference|bg VERB|bg-wait VERB" >&2; exit 2 ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference|speedup-frozen|speedup-curve|speedup-oracle-cost|served-run SITE PATCHED NAME|bg VERB|bg-wait VERB" >&2; exit 2 ;;
 esac

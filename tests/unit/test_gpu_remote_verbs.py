@@ -92,3 +92,13 @@ def test_a_verb_nothing_names_is_found(tmp_path):
     sources = _sources()
     sources[1] += "\nghost:\n\tbash tests/gpu/remote.sh ghost-b\n"  # the Makefile runs ghost-b
     assert unused(text, sources) == ["ghost-a"]
+
+
+def test_the_usage_line_names_every_verb():
+    """remote.sh with no verb or an unknown one prints its usage: a newcomer reads the verbs there."""
+    text = REMOTE.read_text()
+    verbs, _ = _split(text)
+    usage = re.search(r'^    \*\) echo "usage: \$0 ([^"]+)"', text, re.M).group(1)
+    listed = set(re.findall(r"(?:^|\|)([a-z0-9-]+)", usage))
+    assert set(verbs) - listed == set()
+    assert listed - set(verbs) == set()
