@@ -95,7 +95,7 @@ install_bundle() { # install_bundle STEM SITE REQUIREMENTS: one staged vLLM into
 
 host_env() { # host_env CMD...: CMD with the folders install.py reads (remote.sh's variables)
     BUNDLE_DIR=$BUNDLE_DIR WORK=$WORK SITE=$SITE SITE_PATCHED=$SITE_PATCHED MODELS_RS=$MODELS_RS \
-        MODELS_TRAINED=$MODELS_TRAINED SITE_QUANT=$SITE_QUANT PY=$PY "$@"
+        MODELS_TRAINED=$MODELS_TRAINED SITE_QUANT=$SITE_QUANT SITE_RAY=$SITE_RAY PY=$PY "$@"
 }
 
 install() { # vLLM 0.21.0 and its wheels into $SITE
@@ -239,6 +239,7 @@ proof() {
 
 MODELS_RS=${MODELS_RS:-/tmp/models-rs}
 SITE_QUANT=${SITE_QUANT:-/tmp/site-quant}
+SITE_RAY=${SITE_RAY:-/tmp/site-ray}  # extras-ray (stage.py --ray): engine-check's Ray plans
 
 extras() { # every extras* bundle staged: FA2 into the installed vLLM, checkpoints into $MODELS_RS
     # (tests/gpu/staging/install.py extras)
@@ -979,13 +980,19 @@ prepare() { # both releases installed (0.33.0 where its bundle is staged), FA2 a
 engine_check() { # every multi-node plan's node argv (multinode_engine_check.py --dump DIR --version V,
     # made with the launcher's Python into $MULTINODE_DUMP) through vLLM V's parser and, on this GPU
     # host, its create_engine_config too (--require-engine-config); V is ENGINE_CHECK_VERSION
-    # (0.33.0 or 0.21.0, the staged bundles); the verdicts into $OUT
-    local version=${ENGINE_CHECK_VERSION:-$V33} site
+    # (0.33.0 or 0.21.0, the staged bundles); the verdicts into $OUT. With extras-ray staged
+    # (stage.py --ray), Ray is on PYTHONPATH, and the output's first line names its version.
+    local version=${ENGINE_CHECK_VERSION:-$V33} site ray=""
     receive_parts
     if [ "$version" = "$V33" ]; then install_v33; site=$SITE33; else install; site=$SITE; fi
+    if [ -f "$BUNDLE_DIR/extras-ray.json" ]; then extras && ray=:$SITE_RAY; fi
     mkdir -p "$OUT"
-    PYTHONPATH=.:$site "$PY" tests/integration/multinode_engine_check.py "${MULTINODE_DUMP:?the plans folder}" \
-        --require-engine-config 2>&1 | grep -v "^WARNING\|^INFO" | tee "$OUT/multinode-engine-check-$version.txt"
+    {
+        if [ -n "$ray" ]; then PYTHONPATH=$SITE_RAY "$PY" -c "import ray; print('ray', ray.__version__, 'from', ray.__file__)"
+        else echo "ray: not staged (stage.py --ray)"; fi
+        PYTHONPATH=.:$site$ray "$PY" tests/integration/multinode_engine_check.py "${MULTINODE_DUMP:?the plans folder}" \
+            --require-engine-config 2>&1 | grep -v "^WARNING\|^INFO"
+    } | tee "$OUT/multinode-engine-check-$version.txt"
 }
 
 multinode_background() { # issue 54 on a host with two GPUs: multinode_served.py (two `launcher serve`

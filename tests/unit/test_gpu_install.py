@@ -111,6 +111,22 @@ def test_extras_put_fa2_into_vllm_and_its_patched_copy_and_the_checkpoints_besid
     assert install.extras(host) == ["extras-fa2 already installed"]
 
 
+def test_ray_goes_into_a_folder_of_its_own_and_modelopt_into_another(tmp_path):
+    host = install.Host(**{**_host(tmp_path).__dict__, "site_ray": tmp_path / "site-ray"})
+    host.bundle_dir.mkdir()
+    for stem, pkg in (("extras-ray", "ray"), ("extras-quant", "modelopt")):
+        wheels = tmp_path / f"{stem}-wheels"
+        wheels.mkdir()
+        _wheel(wheels / f"{pkg}-1.0-py3-none-any.whl", {f"{pkg}/__init__.py": "V = 1\n"}, name=pkg)
+        stage.pack_extras(None, [], host.bundle_dir, stem, wheels)
+    said = install.extras(host)
+    assert said == ["extras-quant installed", "extras-ray installed"]
+    assert (host.site_ray / "ray" / "__init__.py").is_file() and not (host.site_ray / "modelopt").exists()
+    assert (host.site_quant / "modelopt" / "__init__.py").is_file() and not (host.site_quant / "ray").exists()
+    assert install.Host.from_env({}).site_ray == Path("/tmp/site-ray")
+    assert install.Host.from_env({"SITE_RAY": str(tmp_path / "r")}).site_ray == tmp_path / "r"
+
+
 def test_no_extras_received_says_what_runs_instead(tmp_path):
     host = _host(tmp_path)
     host.bundle_dir.mkdir()
@@ -138,3 +154,40 @@ def test_remote_sh_installs_through_it(staged, tmp_path):
     assert "extras-fa2 installed" in done.stdout
     assert (host.site / install.FA2).read_bytes() == FA2_BYTES
     assert (host.models_rs / "tiny-model" / "config.json").is_file()
+
+
+def test_engine_check_puts_ray_on_the_path_only_when_extras_ray_is_staged(tmp_path):
+    """remote.sh engine_check's wiring: its own function, with the installs and vLLM's interpreter
+    replaced (they need the GPU host's bundles); a stand-in PY prints what it was given."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    functions = (root / "tests" / "gpu" / "remote.sh").read_text().split("\ncmd=${1:-}\n")[0]
+    py = tmp_path / "py"
+    py.write_text('#!/bin/sh\necho "PY PYTHONPATH=$PYTHONPATH ARGS=$*"\n')
+    py.chmod(0o755)
+    script = tmp_path / "f.sh"
+    script.write_text(functions + '\nreceive_parts() { :; }\ninstall_v33() { :; }\nextras() { echo "extras ran"; }\n'
+                      "engine_check\n")
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    env = dict(os.environ, BUNDLE_DIR=str(bundles), WORK=str(tmp_path / "w"), OUT=str(tmp_path / "out"),
+               SITE_RAY=str(tmp_path / "site-ray"), MULTINODE_DUMP=str(tmp_path / "plans"), PY=str(py))
+
+    def run() -> str:
+        done = subprocess.run(["bash", str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        written = (tmp_path / "out" / "multinode-engine-check-0.33.0.txt").read_text()
+        assert done.stdout.replace("extras ran\n", "") == written  # the record: every line but the install's
+        return done.stdout
+
+    without = run()
+    assert "ray: not staged" in without and "extras ran" not in without and "site-ray" not in without
+    (bundles / "extras-ray.json").write_text("{}")
+    with_ray = run()
+    lines = with_ray.splitlines()
+    assert lines[0] == "extras ran"
+    assert lines[1].startswith(f"PY PYTHONPATH={tmp_path / 'site-ray'} ARGS=-c import ray")
+    assert lines[2].endswith(f":{tmp_path / 'site-ray'} ARGS=tests/integration/multinode_engine_check.py "
+                             f"{tmp_path / 'plans'} --require-engine-config")

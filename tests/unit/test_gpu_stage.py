@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 
 import pytest
@@ -106,3 +108,27 @@ def test_a_part_fits_one_call_beside_this_tree():
     Fails when the tree has outgrown the parts: shrink the tree (log archives as xz) or cut
     smaller parts (stage.py --resplit)."""
     assert stage.tree_bytes() + stage.PART_BYTES + 3 * 2**20 <= stage.CALL_BYTES
+
+
+def test_ray_is_its_own_extras_bundle_of_the_pinned_wheel(tmp_path, monkeypatch, capsys):
+    """`stage.py --ray`: the pinned Ray wheel packed as extras-ray. The download is replaced by a
+    stand-in wheel (Ray's is about 80 MB); what is asked for and what is packed are the real path."""
+    import tarfile
+    import zipfile
+
+    asked = []
+
+    def download(dest, *what):
+        asked.append(what)
+        dest.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(dest / "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl", "w") as zf:
+            zf.writestr("ray/__init__.py", "__version__ = '2.60.0'\n")
+
+    monkeypatch.setattr(stage, "_download_binaries", download)
+    assert stage.main(["--ray", "--out", str(tmp_path)]) == 0
+    assert asked == [(stage.RAY_PIN,)] and stage.RAY_PIN.startswith("ray==")
+    manifest = json.loads((tmp_path / "extras-ray.json").read_text())
+    whole = b"".join((tmp_path / p["name"]).read_bytes() for p in manifest["parts"])
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        assert tar.getnames() == ["wheels", "wheels/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"]
+    assert "extras-ray:" in capsys.readouterr().out

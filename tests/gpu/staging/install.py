@@ -8,10 +8,11 @@
     install.py extras                          every ``extras*`` bundle received, in name order
         (``extras-update-drafter`` lands over ``extras-trained``'s drafter): FA2 into the
         installed 0.21.0 and its patched copy, checkpoints into the model folders, modelopt's
-        wheels into a folder of their own; ``SITE/.<stem>-installed`` holds the sha256 installed
+        wheels into a folder of their own (``extras-ray``'s Ray into another); ``SITE/.<stem>-installed``
+        holds the sha256 installed
 
 Folders (the environment remote.sh sets, the same defaults): ``BUNDLE_DIR``, ``WORK``, ``SITE``,
-``SITE_PATCHED``, ``MODELS_RS``, ``MODELS_TRAINED``, ``SITE_QUANT``; ``PY`` runs pip and the
+``SITE_PATCHED``, ``MODELS_RS``, ``MODELS_TRAINED``, ``SITE_QUANT``, ``SITE_RAY``; ``PY`` runs pip and the
 import checks. A part missing or failing its sha256 installs nothing (``parts.assemble``).
 """
 
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import parts  # noqa: E402
 
 FA2 = "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
+RAY_STEM = "extras-ray"  # stage.py --ray
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Host:
     models_trained: Path
     site_quant: Path
     py: str
+    # Ray (extras-ray) apart from modelopt's wheels: only the Ray plans' checks put it on PYTHONPATH
+    site_ray: Path = Path("/tmp/site-ray")
 
     @classmethod
     def from_env(cls, env=os.environ) -> "Host":
@@ -52,7 +56,7 @@ class Host:
         return cls(get("BUNDLE_DIR", "/tmp/vllm-bundle"), get("WORK", "/tmp/gpu-proof"), get("SITE", "/tmp/site"),
                    get("SITE_PATCHED", "/tmp/site-patched"), get("MODELS_RS", "/tmp/models-rs"),
                    get("MODELS_TRAINED", "/tmp/models-trained"), get("SITE_QUANT", "/tmp/site-quant"),
-                   env.get("PY") or sys.executable)
+                   env.get("PY") or sys.executable, get("SITE_RAY", "/tmp/site-ray"))
 
 
 class Joined(io.RawIOBase):
@@ -128,9 +132,10 @@ def extras(host: Host) -> list[str]:
         copy_tree(tmp / "models", host.models_rs)
         copy_tree(tmp / "models-trained", host.models_trained)
         wheels = sorted((tmp / "wheels").glob("*")) if (tmp / "wheels").is_dir() else []
-        if wheels:  # apart from SITE: only the quantize step puts them on PYTHONPATH
+        if wheels:  # apart from SITE: only the step that needs them puts them on PYTHONPATH
+            target = host.site_ray if stem == RAY_STEM else host.site_quant
             subprocess.run([host.py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
-                            "--target", str(host.site_quant), *map(str, wheels)], check=True)
+                            "--target", str(target), *map(str, wheels)], check=True)
         shutil.rmtree(tmp)
         # extras-trained holds only models: it may arrive before the bundle made SITE
         host.site.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,19 @@ def download_wheels(dest: Path, requirements: Path = REQUIREMENTS) -> list[Path]
 
 
 QUANT_REQUIREMENTS = Path(__file__).resolve().parents[1] / "quantize-requirements.txt"
+# Ray for the multi-node Ray plans' checks on the GPU host (remote.sh engine-check): vLLM installs no
+# Ray, and without it create_engine_config refuses a Ray head ("Failed to import Ray"). The wheel
+# alone: what it requires (click, filelock, jsonschema, msgpack, packaging, protobuf, pyyaml,
+# requests) the device image and the vLLM bundles hold. Pinned: the release current when staged.
+RAY_PIN = "ray==2.60.0"
+
+
+def download_ray_wheel(dest: Path) -> Path:
+    """The pinned Ray wheel for the device's interpreter, alone in ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    _download_binaries(dest, RAY_PIN)
+    return dest
 SDIST_ONLY = {"antlr4-python3-runtime"}
 
 
@@ -294,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a folder of wheels/sdists for $SITE_QUANT (e.g. modelopt to quantize there)")
     parser.add_argument("--quant-wheels", action="store_true",
                         help="download quantize-requirements.txt into --out/quant-wheels and pack it as --wheels")
+    parser.add_argument("--ray", action="store_true",
+                        help=f"pack only the extras-ray bundle: the {RAY_PIN} wheel (remote.sh engine-check's Ray plans)")
     parser.add_argument("--vllm", default=VLLM_VERSION,
                         help=f"the vLLM release to bundle (default {VLLM_VERSION}; others are bundle-<version>)")
     parser.add_argument("--with-fa2", action="store_true",
@@ -315,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         for stem in args.resplit:
             manifest = resplit(out, stem, int(args.part_mb * 1e6))
             print(f"{stem}: {len(manifest['parts'])} parts of at most {args.part_mb:.1f} MB")
+        return 0
+    if args.ray:
+        manifest = pack_extras(None, [], out, "extras-ray", download_ray_wheel(out / "ray-wheel"))
+        print(f"extras-ray: {manifest['bytes'] / 1e6:.1f} MB in {len(manifest['parts'])} parts under {out}")
         return 0
     if args.extras is not None:
         if not args.extras_name.startswith("extras"):
