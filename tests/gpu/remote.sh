@@ -988,7 +988,7 @@ engine_check() { # every multi-node plan's node argv (multinode_engine_check.py 
     if [ -f "$BUNDLE_DIR/extras-ray.json" ]; then extras && ray=:$SITE_RAY; fi
     mkdir -p "$OUT"
     {
-        if [ -n "$ray" ]; then PYTHONPATH=$SITE_RAY "$PY" -c "import ray; print('ray', ray.__version__, 'from', ray.__file__)"
+        if [ -n "$ray" ]; then PYTHONPATH=$site$ray "$PY" -c "import ray; print('ray', ray.__version__, 'from', ray.__file__)" 2>&1 | tail -n 3 || true
         else echo "ray: not staged (stage.py --ray)"; fi
         PYTHONPATH=.:$site$ray "$PY" tests/integration/multinode_engine_check.py "${MULTINODE_DUMP:?the plans folder}" \
             --require-engine-config 2>&1 | grep -v "^WARNING\|^INFO"
