@@ -173,7 +173,8 @@ def test_engine_check_puts_ray_on_the_path_only_when_extras_ray_is_staged(tmp_pa
     bundles = tmp_path / "bundles"
     bundles.mkdir()
     env = dict(os.environ, BUNDLE_DIR=str(bundles), WORK=str(tmp_path / "w"), OUT=str(tmp_path / "out"),
-               SITE_RAY=str(tmp_path / "site-ray"), MULTINODE_DUMP=str(tmp_path / "plans"), PY=str(py))
+               SITE_RAY=str(tmp_path / "site-ray"), SITE33=str(tmp_path / "site33"), MULTINODE_DUMP=str(tmp_path / "plans"),
+               PY=str(py))
 
     def run() -> str:
         done = subprocess.run(["bash", str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
@@ -188,6 +189,7 @@ def test_engine_check_puts_ray_on_the_path_only_when_extras_ray_is_staged(tmp_pa
     with_ray = run()
     lines = with_ray.splitlines()
     assert lines[0] == "extras ran"
-    assert lines[1].startswith(f"PY PYTHONPATH={tmp_path / 'site-ray'} ARGS=-c import ray")
-    assert lines[2].endswith(f":{tmp_path / 'site-ray'} ARGS=tests/integration/multinode_engine_check.py "
-                             f"{tmp_path / 'plans'} --require-engine-config")
+    # Ray imports beside vLLM's site (its jsonschema is there, not in the image)
+    assert lines[1].startswith(f"PY PYTHONPATH={tmp_path / 'site33'}:{tmp_path / 'site-ray'} ARGS=-c import ray")
+    assert lines[2] == (f"PY PYTHONPATH=.:{tmp_path / 'site33'}:{tmp_path / 'site-ray'} ARGS=tests/integration/"
+                        f"multinode_engine_check.py {tmp_path / 'plans'} --require-engine-config")
