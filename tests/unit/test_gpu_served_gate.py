@@ -102,13 +102,16 @@ def test_one_file_or_one_run_given_twice_is_refused(tmp_path, capsys):
     assert json.loads(out.read_text())["kept"] == "a"
 
 
-def _committed_twins() -> dict[str, dict]:
+def _committed_twins(*archives: str) -> dict[str, dict]:
     twins = {}
-    with tarfile.open(RESULTS / "served-twins-2026-11-30.tar.xz") as tar:
-        for member in tar.getmembers():
-            if member.name.endswith(".json"):
-                target, release, run = member.name[:-len(".json")].split("-")
-                twins[f"{target}:{release}:{run[len('run'):]}"] = json.load(io.TextIOWrapper(tar.extractfile(member)))
+    for archive in archives or ("served-twins-2026-11-30.tar.xz",):
+        with tarfile.open(RESULTS / archive) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".json"):
+                    target, release, run = member.name[:-len(".json")].split("-")
+                    label = f"{target}:{release}:{run[len('run'):]}"
+                    assert label not in twins, f"{label} twice"
+                    twins[label] = json.load(io.TextIOWrapper(tar.extractfile(member)))
     return twins
 
 
@@ -130,5 +133,29 @@ def test_the_recorded_served_gate_is_what_the_committed_twins_give():
     assert recorded["targets"]["84c26c18"] == {"passes_every_release": True, "reproduces_every_release": False}
     assert recorded["kept"] is None
     # every twin ran the current series of its release
+    assert {b["series"][:8] for label, b in recorded["twins"].items() if ":0.21.0:" in label} == {"d5c6c37d"}
+    assert {b["series"][:8] for label, b in recorded["twins"].items() if ":0.33.0:" in label} == {"33ead67f"}
+
+
+def test_the_second_served_run_keeps_84c26c18():
+    """84c26c18 served again on both releases, on another host that rebuilt it from 083e4869
+    (rebuild-84c26c18-h200.json): the verdict replays from both archives of raw twins."""
+    recorded = json.loads((RESULTS / "served-gate-84c26c18.json").read_text())
+    twins = _committed_twins("served-twins-2026-11-30.tar.xz", "served-twins-84c26c18-run2.tar.xz")
+    assert served_gate.judge(twins, recorded["prefer"]) == recorded
+    # the same order as before: choose-polish's pick first, and it still fails on 0.21.0
+    assert recorded["prefer"] == json.loads((RESULTS / "served-gate-2026-11-30.json").read_text())["prefer"]
+    assert recorded["targets"]["9b666f25"]["passes_every_release"] is False
+    # the second runs gave the first runs' tokens, and each stays under the gate
+    for release in ("0.21.0", "0.33.0"):
+        pair = recorded["pairs"][f"84c26c18:{release}"]
+        assert pair["reproduces"] is True and pair["passes"] is True
+        assert pair["looping_sequences"] == [2, 2]
+    assert recorded["kept"] == "84c26c18"
+    # the target served the second time is the recorded one, rebuilt bit for bit
+    rebuild = json.loads((RESULTS / "rebuild-84c26c18-h200.json").read_text())
+    assert rebuild["reproduced"] is True
+    assert rebuild["polish_again"]["again"] == rebuild["polish_again"]["first"]
+    assert rebuild["polish_again"]["first"].startswith(recorded["kept"])
     assert {b["series"][:8] for label, b in recorded["twins"].items() if ":0.21.0:" in label} == {"d5c6c37d"}
     assert {b["series"][:8] for label, b in recorded["twins"].items() if ":0.33.0:" in label} == {"33ead67f"}
