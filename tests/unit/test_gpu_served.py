@@ -937,3 +937,27 @@ def test_served_all_leaves_at_most_eight_files_in_out_keeping_the_record_apart(t
     with tarfile.open(out / "served-out.tar.gz") as tar:
         names = set(tar.getnames())
     assert {"served-raw/a.json", "served-v33-raw/b.log", "served-bench-served.json", "served-all-logs.tar.gz"} <= names
+
+
+def test_the_log_summary_names_only_what_this_command_ran(model_dir, monkeypatch, tmp_path, capsys):
+    """served.json keeps the rows of earlier runs; the summary a run prints must not pass them
+    off as its own (a twin-only run once printed DFlash and stock rows from the record)."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    earlier = {"meta": {}, "servers": [{"server": "dflash", "started": True, "acceptance_length": 2.83,
+                                        "stock_error": None, "lossless": True}]}
+    (out / "served.json").write_text(json.dumps(earlier))
+
+    def fake_twin(args):
+        (args.work / "conformance-twin.json").write_text(json.dumps(
+            {"server": "conformance-twin", "started": True, "ready_s": 41.0, "rows": [{"id": "p0"}, {"id": "p1"}]}))
+
+    monkeypatch.setitem(served.PHASES, "conformance-twin", fake_twin)
+    served.main(["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
+                 "--work", str(work), "--out", str(out), "--phases", "conformance-twin"])
+    printed = capsys.readouterr().out.splitlines()
+    summary = [line for line in printed if ": started=" in line or ": no record" in line]
+    assert summary == ["conformance-twin: started=True ready_s=41.0 prompts=2 lossless=None acceptance=None "
+                       "stock_error=None"]
+    # a phase that left no record says so instead of vanishing from the log
+    assert served.ran_summary(work, ["reference"]) == [f"reference: no record in {work}"]

@@ -992,12 +992,29 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(EXACT_ENV)
         args.vllm_arg = args.vllm_arg + EXACT_ARGS
     run_phases(args, names)
-    doc = assemble(args.work, args.out, meta(args))
-    for row in doc["servers"]:
-        print(f"{row['server']}: started={row.get('started')} lossless={row.get('lossless')} "
-              f"images_change_output={row.get('images_change_output')} acceptance={row.get('acceptance_length')} "
-              f"stock_error={row.get('stock_error')}", flush=True)
+    assemble(args.work, args.out, meta(args))
+    for line in ran_summary(args.work, names):
+        print(line, flush=True)
     return 0
+
+
+def ran_summary(work: Path, names: list[str]) -> list[str]:
+    """One line per server the phases NAMES ran, from their own records in WORK. The assembled
+    served.json also holds the rows of earlier runs and other folders: printed as this run's,
+    a log of a twin-only run showed DFlash and stock results it never measured."""
+    lines = []
+    for name in names:
+        for rec in RECORDS.get(name, (name,)):
+            path = work / f"{rec}.json"
+            if not path.exists():
+                lines.append(f"{rec}: no record in {work}")
+                continue
+            phase = json.loads(path.read_text())
+            row = next(iter(report.rows({rec: phase})), {})
+            lines.append(f"{rec}: started={phase.get('started')} ready_s={phase.get('ready_s')} "
+                         f"prompts={len(phase.get('rows') or [])} lossless={row.get('lossless')} "
+                         f"acceptance={row.get('acceptance_length')} stock_error={row.get('stock_error')}")
+    return lines
 
 
 if __name__ == "__main__":
