@@ -974,11 +974,21 @@ def format_nodes(plan: Plan) -> str:
         if ifname:
             out.append("  " + multinode.host_ip_line(ifname))
         for key in sorted(k for k in plan.env if k not in node.env and k != "VLLM_HOST_IP"):
-            shown = redact.env({key: plan.env[key]})[key]
-            out.append(f"  export {key}={shown if shown == redact.MASK else shlex.quote(shown)}")
+            out.append(f"  export {paste_value(key, plan.env[key])}")
         for step in node.steps:
             out.append("  " + shlex.join(redact.argv(step)))
     return "\n".join(out)
+
+
+def paste_value(key: str, value: str) -> str:
+    """``KEY=value`` for a shell on another node. A secret is never printed, and a mask pasted as
+    a value would set the token to ``***``: the line keeps that node's own value and refuses,
+    naming the variable, where it has none."""
+    from launcher import redact
+
+    if redact.is_secret_name(key) and value:
+        return f'{key}="${{{key}:?set {key} on this node first}}"'
+    return f"{key}={shlex.quote(value)}"
 
 
 def flag_groups(argv: list[str]) -> list[str]:

@@ -66,8 +66,7 @@ def sources_for(
         if hub is None:
             raise LauncherError(
                 f"recipe {rec.name}: the {role} {ref.name} has no hub source to download",
-                hint=f"it comes from {ref.source or 'elsewhere'}; make it with `launcher quantize` "
-                f"(bf16 models) and put it in {models_dir / ref.name}, or pass --model/--drafter to serve",
+                hint=_no_hub_hint(role, ref.source, fmt, models_dir / ref.name),
             )
         if override:
             revision, note = override, "--revision" if role == "target" else "--drafter-revision"
@@ -83,6 +82,20 @@ def sources_for(
             )
         )
     return out
+
+
+def _no_hub_hint(role: str, source: str | None, fmt: str | None, dest: Path) -> str:
+    """What to do about a model the recipe names but pins no download for. Only a quantized
+    target is made by `launcher quantize`; a bf16 model or a drafter is fetched as published."""
+    flag = "--model" if role == "target" else "--drafter"
+    origin = (source or "").split(" (", 1)[0] or None
+    if role == "target" and fmt and fmt != "bf16":
+        how = f"quantize {origin or 'its bf16 checkpoint'} with `launcher quantize`"
+    elif origin:
+        how = f"download {origin} from the Hugging Face hub"
+    else:
+        how = "fetch it by hand"
+    return f"{how} into {dest}, or pass {flag} to serve"
 
 
 def human_bytes(n: int | None) -> str:

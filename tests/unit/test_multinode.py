@@ -77,6 +77,29 @@ def test_dry_run_prints_every_node_and_a_block_for_the_other(models):
     assert text.count("--headless") == 2  # the worker's command, twice: in the list and in its block
 
 
+def test_the_paste_block_never_prints_a_secret_nor_pastes_a_mask(models):
+    """A token in this node's environment is neither shown nor pasted as "***" (which would set
+    the other node's token to three stars): the line keeps that node's own value, or refuses."""
+    import subprocess
+
+    ctx = ctx_on(HEAD)
+    ctx.environ.update({"HF_TOKEN": "hf_abcdefgh12345678", "VLLM_LOGGING_LEVEL": "DEBUG"})
+    plan = resolve(Request("gemma4-31b-dflash", vllm_version="0.33.0",
+                           nodes=multinode.request(2, 0, HEAD, None, None, None)), ctx)
+    text = format_nodes(plan)
+    assert "hf_abcdefgh12345678" not in text and "HF_TOKEN=***" not in text
+    line = next(x.strip() for x in text.splitlines() if x.strip().startswith("export HF_TOKEN="))
+    assert "export VLLM_LOGGING_LEVEL=DEBUG" in text  # not a secret: pasted as it is
+    # run as a shell would on the other node: its own token kept, a missing one named
+    kept = subprocess.run(["bash", "-c", f'{line}; echo "$HF_TOKEN"'], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HF_TOKEN": "hf_theirs"})
+    assert kept.returncode == 0 and kept.stdout.strip() == "hf_theirs"
+    missing = subprocess.run(["bash", "-c", f"{line}; echo pasted"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin"})
+    assert missing.returncode != 0 and "set HF_TOKEN on this node first" in missing.stderr
+    assert "pasted" not in missing.stdout
+
+
 def test_cli_dry_run_of_both_nodes(models):
     result = CliRunner().invoke(app, ["serve", "--recipe", "gemma4-moe-dflash", "--nnodes", "2", "--node-rank", "0",
                                       "--master-addr", HEAD, "--dry-run", "--json"])

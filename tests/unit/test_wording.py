@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from launcher import recipe as recipes
@@ -28,6 +29,22 @@ def test_models_list_says_a_model_without_a_pinned_hub_repo_is_not_fetched_and_w
     row = next(line for line in res.output.splitlines() if line.startswith(rec.drafter.name + " "))
     assert f"(models pull does not fetch it; from {rec.drafter.source})" in row
     assert "no hub source" not in res.output
+
+
+@pytest.mark.parametrize("recipe, only, says", [
+    # a bf16 target and a drafter are downloaded as published, not made by `launcher quantize`
+    ("gemma4-e4b", "target", "download google/gemma-4-e4b-it from the Hugging Face hub into "),
+    ("gemma4-31b-dflash", "drafter", "download z-lab/gemma-4-31B-it-DFlash from the Hugging Face hub into "),
+    # a quantized target without a pinned download is made from its bf16 source
+    ("gemma4-31b-dflash", "target", "quantize google/gemma-4-31B-it with `launcher quantize` into "),
+])
+def test_models_pull_says_how_to_get_a_model_it_cannot_fetch(models, recipe, only, says):
+    res = invoke("models", "pull", "--recipe", recipe, "--only", only, "--dry-run")
+    assert res.exit_code != 0
+    hint = next(line for line in res.output.splitlines() if line.startswith("hint: "))
+    assert hint.startswith("hint: " + says), hint
+    assert ("--model" if only == "target" else "--drafter") in hint
+    assert not ("quantize" in hint and only == "drafter")
 
 
 def test_models_path_prints_the_drafter_too(models):
