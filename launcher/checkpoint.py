@@ -753,13 +753,16 @@ def _fc_reasons(path: Path, f: _DrafterFields, num_features: int, target: Checkp
 # --------------------------------------------------------------------------- arguments
 
 
-def quantization_flag_warning(extra_args: list[str], info: CheckpointInfo | None) -> Reason | None:
+def quantization_flag_warning(extra_args: list[str], info: CheckpointInfo | None,
+                              recipe_format: str | None = None) -> Reason | None:
     """A warning when the user passes ``--quantization modelopt`` for a ModelOpt checkpoint.
 
     vLLM detects ModelOpt from hf_quant_config.json; forcing the method by
-    hand is what broke the user's start (issue #43858).
+    hand is what broke the user's start (issue #43858). Where the checkpoint is not on disk yet
+    (a dry run before the download) the recipe's declared format stands in for it.
     """
-    if info is None or info.format != "modelopt-nvfp4":
+    fmt = info.format if info is not None else recipe_format
+    if fmt != "modelopt-nvfp4":
         return None
     for i, arg in enumerate(extra_args):
         if arg in ("--quantization", "-q") and i + 1 < len(extra_args):
@@ -773,7 +776,7 @@ def quantization_flag_warning(extra_args: list[str], info: CheckpointInfo | None
         if value.startswith("modelopt"):
             return Reason(
                 "checkpoint",
-                f"`{shown}` was passed after `--` for a ModelOpt {info.quant_algo or 'NVFP4'} checkpoint",
+                f"`{shown}` was passed after `--` for a ModelOpt {(info and info.quant_algo) or 'NVFP4'} checkpoint",
                 False,
                 "drop it: vLLM detects ModelOpt from hf_quant_config.json, and forcing it is known to break the start",
             )

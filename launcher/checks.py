@@ -316,6 +316,6 @@ def checkpoint(plan: Plan, rec, ctx: Context) -> None:
         plan.reasons.extend(ckpt.inspect_drafter(plan.drafter, target=info))
         per_layer = next((p.applied for p in plan.patches if p.id == ckpt.PER_LAYER_DRAFTER_PATCH), None)
         plan.reasons.extend(ckpt.drafter_version_warning(plan.drafter, plan.vllm_version, per_layer))
-    warn = ckpt.quantization_flag_warning(plan.argv, info) if info is not None else None
+    warn = ckpt.quantization_flag_warning(plan.argv, info, rec.target.format)
     if warn:
         plan.reasons.append(warn)

@@ -513,6 +513,15 @@ def test_no_warning_without_modelopt_flag(args):
 def test_no_warning_for_bf16_checkpoint():
     assert quantization_flag_warning(["--quantization", "modelopt"], CheckpointInfo(path=Path("/m"), format="bf16")) is None
     assert quantization_flag_warning(["--quantization", "modelopt"], None) is None
+    assert quantization_flag_warning(["--quantization", "modelopt"], None, "bf16") is None
+
+
+def test_warned_from_the_recipe_format_before_the_checkpoint_is_on_disk():
+    reason = quantization_flag_warning(["--quantization", "modelopt"], None, "modelopt-nvfp4")
+    assert reason is not None and "ModelOpt NVFP4 checkpoint" in reason.message and not reason.blocking
+    # what was on disk decides where there is a checkpoint: a bf16 folder is not warned about
+    assert quantization_flag_warning(["--quantization", "modelopt"], CheckpointInfo(path=Path("/m"), format="bf16"),
+                                     "modelopt-nvfp4") is None
 
 
 # ------------------------------------------------- drafter layers the vLLM version cannot build

@@ -76,3 +76,14 @@ def test_image_preflight_outside_an_image_is_refused():
     res = invoke("image", "preflight", "--", "--model", "/models/x")
     assert res.exit_code == 2
     assert "not inside a vllm-sm12x image" in res.output and "vllm-sm12x: starting" not in res.output
+
+
+def test_forcing_modelopt_is_warned_in_a_dry_run_before_the_download(models):
+    """The README promises the warning; before the checkpoint is on disk the recipe's format says
+    it will be ModelOpt NVFP4."""
+    plan = resolve(Request("gemma4-moe-dflash", extra_args=["--quantization", "modelopt"]), make_ctx(None))
+    assert not plan.model.exists()
+    warned = [r for r in plan.reasons if r.area == "checkpoint" and "--quantization modelopt" in r.message]
+    assert len(warned) == 1 and not warned[0].blocking
+    quiet = resolve(Request("gemma4-e4b", extra_args=["--quantization", "modelopt"]), make_ctx(None))
+    assert not [r for r in quiet.reasons if "--quantization modelopt" in r.message]
