@@ -4,6 +4,7 @@ always prints the whole plan with every reason at once."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import shlex
 import subprocess
@@ -217,7 +218,11 @@ def patches(plan: Plan, rec, ctx: Context) -> None:
     for pid in required:
         if pid not in known:
             plan.patches.append(PatchState(pid, False, f"missing from the {ser.version} series"))
-            plan.reasons.append(Reason("patches", f"patch {pid} is not in the vLLM {ser.version} series"))
+            close = difflib.get_close_matches(pid, sorted(known), n=1, cutoff=0.6)
+            plan.reasons.append(Reason(
+                "patches", f"patch {pid} is not in the vLLM {ser.version} series"
+                           + (f" (did you mean {close[0]}?)" if close else ""),
+                hint="fix the recipe's patches list: `launcher recipes validate FILE` names its line"))
             continue
         if plan.runtime == "docker":
             plan.patches.append(PatchState(pid, None, "applied in the image (its build fails otherwise)"))

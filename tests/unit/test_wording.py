@@ -87,3 +87,20 @@ def test_forcing_modelopt_is_warned_in_a_dry_run_before_the_download(models):
     assert len(warned) == 1 and not warned[0].blocking
     quiet = resolve(Request("gemma4-e4b", extra_args=["--quantization", "modelopt"]), make_ctx(None))
     assert not [r for r in quiet.reasons if "--quantization modelopt" in r.message]
+
+
+def test_a_misspelt_patch_in_a_recipe_file_is_named_with_the_likely_one(models, tmp_path):
+    """serve plans a user's recipe file; a patch id with a typo says which id was meant and how to
+    find its line (recipes validate), as `recipes validate` itself does."""
+    import re
+
+    text = (recipes.available()["gemma4-moe-dflash"]).read_text()
+    wrong = re.sub(r"- triton-unified-attention-fully-masked-tile\b", "- triton-unified-attention-fully-masked-tyle", text, count=1)
+    assert wrong != text
+    path = tmp_path / "mine.yaml"
+    path.write_text(wrong.replace("name: gemma4-moe-dflash", "name: mine", 1))
+    plan = resolve(Request(str(path), vllm_version="0.21.0"), make_ctx(None))
+    said = [r for r in plan.reasons if r.area == "patches" and "masked-tyle" in r.message]
+    assert len(said) == 1 and said[0].blocking
+    assert said[0].message.endswith("(did you mean triton-unified-attention-fully-masked-tile?)")
+    assert "recipes validate" in said[0].hint
