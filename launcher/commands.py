@@ -51,7 +51,7 @@ def serve(
     recipe: Annotated[str, typer.Option("--recipe", "-r", help="Recipe name (launcher recipes list) or a YAML file.")],
     model: Annotated[Optional[str], typer.Option(help="Target model folder (default: $MODELS_DIR/<recipe target>).")] = None,
     drafter: Annotated[Optional[str], typer.Option(help="Drafter folder (default: $MODELS_DIR/<recipe drafter>).")] = None,
-    profile: Annotated[Optional[str], typer.Option(help="Hardware profile: rtx5090 | dgx-spark (default: detected).")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Hardware profile: rtx5090 | dgx-spark | dgx-spark-x2 (with --nnodes 2); the recipe lists its own (default: detected).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind (or publish on, with docker).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 8000,
     api_key: Annotated[Optional[str], typer.Option("--api-key", help="Require this API key (never printed).")] = None,

@@ -341,7 +341,8 @@ def _choose_profile(req: Request, rec, host: HostInfo, reasons: list[Reason]) ->
     nnodes = req.nodes.nnodes if req.nodes else 1
     if req.profile:
         if req.profile not in PROFILES:
-            raise LauncherError(f"unknown profile {req.profile!r}", hint=f"known: {', '.join(PROFILES)}")
+            known = [p for p in PROFILES if p in rec.profiles]
+            raise LauncherError(f"unknown profile {req.profile!r}", hint=f"recipe {rec.name} has: {', '.join(known)}")
         if req.profile not in rec.profiles:
             raise LauncherError(f"recipe {rec.name} has no profile {req.profile!r}", hint=f"it has: {', '.join(rec.profiles)}")
         nodes = PROFILES[req.profile].nodes

@@ -104,3 +104,10 @@ def test_a_misspelt_patch_in_a_recipe_file_is_named_with_the_likely_one(models, 
     assert len(said) == 1 and said[0].blocking
     assert said[0].message.endswith("(did you mean triton-unified-attention-fully-masked-tile?)")
     assert "recipes validate" in said[0].hint
+
+
+def test_an_unknown_profile_lists_the_recipes_own(models):
+    res = invoke("serve", "--recipe", "gemma4-e4b", "--profile", "nosuch", "--dry-run")
+    assert res.exit_code == 2
+    assert "hint: recipe gemma4-e4b has: " in res.output and "dgx-spark-x2" not in res.output
+    assert "dgx-spark-x2" in invoke("serve", "--help").output
