@@ -56,7 +56,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 8000,
     api_key: Annotated[Optional[str], typer.Option("--api-key", help="Require this API key (never printed).")] = None,
     runtime: Annotated[str, typer.Option(help="native (vllm serve here) or docker.")] = "native",
-    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the recipe's first).")] = None,
+    vllm_version: Annotated[Optional[str], typer.Option("--vllm-version", help="Plan for this vLLM (default: installed, else the newest the recipe supports, which launcher install installs).")] = None,
     image: Annotated[Optional[str], typer.Option(help="Docker image (docker runtime).")] = None,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", envvar="VLLM_PYTHON", help="Native: the python whose vLLM runs (default: this Python if it has vLLM, else the one behind `vllm` on PATH).")] = None,
     restart: Annotated[str, typer.Option(help="Docker runtime: no (foreground, removed at exit) or a restart policy: unless-stopped (back after a reboot until `launcher stop`), always, on-failure.")] = "no",

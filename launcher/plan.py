@@ -45,7 +45,7 @@ class Plan:
     profile: str
     profile_source: str  # "detected" | "default (no GPU detected)" | "--profile"
     vllm_version: str
-    vllm_version_source: str  # "installed" | "--vllm-version" | "recipe default"
+    vllm_version_source: str  # "installed" | "--vllm-version" | "image TAG" | "recipe default: ..."
     runtime: str  # "native" | "docker"
     model: Path
     drafter: Path | None
@@ -493,7 +493,9 @@ def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason], buil
         return vllm_compat.parse_version(ctx.installed_vllm), "installed"
     if built is not None and _image_version(built):
         return _image_version(built), f"image {built.tag}"
-    return vllm_compat.parse_version(rec.vllm_versions[0]), "recipe default"
+    # The newest the recipe supports: what `launcher install` installs, so that the plan shown
+    # before the install is the one that runs after it.
+    return max(map(vllm_compat.parse_version, rec.vllm_versions)), "recipe default: the newest, as launcher install"
 
 
 def _image_version(image: LocalImage):

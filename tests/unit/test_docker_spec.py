@@ -167,7 +167,8 @@ def test_cli_dry_run_prints_the_spec_without_a_daemon(models, tmp_path):
          "--dry-run", "--api-key", "sk-never-printed"],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
     )
-    assert "container\n  image       vllm-sm12x:0.21.0-sm120-amd64" in proc.stdout, proc.stdout + proc.stderr
+    # no image built here: the newest release the recipe supports, as `launcher install` would install
+    assert "container\n  image       vllm-sm12x:0.33.0-sm120-amd64" in proc.stdout, proc.stdout + proc.stderr
     assert "vllm serve /models/gemma-4-26B-A4B-it-NVFP4" in proc.stdout
     assert "VLLM_API_KEY=***" in proc.stdout
     assert "sk-never-printed" not in proc.stdout + proc.stderr
@@ -299,12 +300,12 @@ def test_without_image_the_plan_takes_the_newest_image_built_for_this_card(model
 
 def test_a_missing_image_blocks_the_plan_and_names_what_is_here(models):
     plan = _docker_plan([SPARK_033])  # built for the Spark, the card here is a 5090
-    assert plan.image == "vllm-sm12x:0.21.0-sm120-amd64"
+    assert plan.image == "vllm-sm12x:0.33.0-sm120-amd64"  # the recipe's newest, for the card here
     [reason] = _image_reasons(plan)
     assert reason.blocking
-    assert reason.message == ("image vllm-sm12x:0.21.0-sm120-amd64 is not on this machine; vllm-sm12x images here: "
+    assert reason.message == ("image vllm-sm12x:0.33.0-sm120-amd64 is not on this machine; vllm-sm12x images here: "
                               "vllm-sm12x:0.33.0-sm121-arm64-overlay (sm121 arm64, vLLM 0.33.0)")
-    assert "make image-overlay VLLM_VERSION=0.21.0 TARGET=sm120" in reason.hint
+    assert "make image-overlay VLLM_VERSION=0.33.0 TARGET=sm120" in reason.hint
     [none] = _image_reasons(_docker_plan([]))
     assert none.message.endswith("is not on this machine; no vllm-sm12x image is here")
 

@@ -111,3 +111,19 @@ def test_an_unknown_profile_lists_the_recipes_own(models):
     assert res.exit_code == 2
     assert "hint: recipe gemma4-e4b has: " in res.output and "dgx-spark-x2" not in res.output
     assert "dgx-spark-x2" in invoke("serve", "--help").output
+
+
+def test_the_plan_before_the_install_is_the_one_after_it(models):
+    """Without vLLM the plan is for the release `launcher install` would install, so that the
+    plan `make serve` shows and its hint (launcher install) agree."""
+    from launcher import vllm_install
+
+    for name in ("gemma4-moe-dflash", "gemma4-e4b"):
+        rec = recipes.load(name)
+        before = resolve(Request(name), make_ctx(None))
+        chosen = vllm_install.choose_version(rec, None)
+        assert before.vllm_version == chosen, name
+        assert before.vllm_version_source.startswith("recipe default")
+        after = resolve(Request(name), make_ctx(None, vllm=chosen, transformers="5.13.1"))
+        assert (after.vllm_version, after.vllm_version_source) == (chosen, "installed")
+        assert after.argv == before.argv
