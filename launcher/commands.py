@@ -128,13 +128,21 @@ def _given(ctx: typer.Context, *names: str) -> set[str]:
     return {n for n in names if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
 
 
+def _shown_spec(spec: dict | None) -> dict | None:
+    """The container spec as printed: a key given after `--` is masked, as in the text plan (the
+    spec's env holds no secret values: those stay in secret_env, names only)."""
+    from launcher import redact
+
+    return spec if spec is None else {**spec, "command": redact.argv(spec["command"])}
+
+
 def _print_plan(plan, as_json: bool, restart: str = "no") -> None:
     from launcher import plan as plans
 
     if as_json:
         data = plans.to_dict(plan)
         if plan.runtime == "docker":
-            data["container"] = _container_spec(plan, restart)
+            data["container"] = _shown_spec(_container_spec(plan, restart))
         typer.echo(json.dumps(data, indent=2))
         return
     typer.echo(plans.format_plan(plan))

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import multinode, passthrough
+from launcher import multinode, passthrough, redact
 from launcher import recipe as recipes
 from launcher import vllm_compat
 from launcher.errors import LauncherError
@@ -478,12 +478,17 @@ def launcher_line(req: Request, rank: int) -> str:
         parts += ["--image", req.image]
     if req.vllm_version:
         parts += ["--vllm-version", req.vllm_version]
+    secret_sets = []
     for item in req.sets:
-        parts += ["--set", item]
+        key, _, value = item.partition("=")
+        if redact.is_secret_name(key) and value:
+            secret_sets.append("--set " + paste_value(key, value))  # that node's own value, never this one's
+        else:
+            parts += ["--set", item]
     if req.test_gpu:
         parts.append("--test-gpu")
-    line = shlex.join(parts)
-    return line + (" -- " + shlex.join(req.extra_args) if req.extra_args else "")
+    line = " ".join([shlex.join(parts), *secret_sets])
+    return line + (" -- " + shlex.join(redact.argv(req.extra_args)) if req.extra_args else "")
 
 
 def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason], built: LocalImage | None = None):
@@ -823,7 +828,8 @@ def _b12x_moe_checks(plan: Plan, rec) -> None:
 
 
 def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:
-    key_on_argv = any(a == "--api-key" or a.startswith("--api-key=") for a in extra_args)
+    key_on_argv = any(redact.is_secret_flag(a) and a.partition("=")[0].replace("_", "-") == "--api-key"
+                      for a in extra_args)
     if key_on_argv:
         plan.warnings.append(
             "--api-key after `--` puts the key on vLLM's command line, where `ps` and vLLM's log of its "
@@ -856,7 +862,6 @@ def _remote_code(model: Path) -> list[str] | None:
 
 
 def to_dict(plan: Plan) -> dict:
-    from launcher import redact
 
     return {
         "recipe": plan.recipe,
@@ -886,8 +891,6 @@ def to_dict(plan: Plan) -> dict:
 
 
 def format_plan(plan: Plan) -> str:
-    from launcher import redact
-
     lines = [
         f"recipe        {plan.recipe}",
         f"profile       {plan.profile}  [{plan.profile_source}]",
@@ -956,8 +959,6 @@ def _cluster_lines(plan: Plan) -> list[str]:
 
 def format_nodes(plan: Plan) -> str:
     """Every node's commands, then a block to paste on each other node (``--dry-run``)."""
-    from launcher import redact
-
     out = ["nodes"]
     for node in plan.nodes:
         here = "  (this node)" if node.rank == plan.node_rank else ""
@@ -987,8 +988,6 @@ def paste_value(key: str, value: str) -> str:
     """``KEY=value`` for a shell on another node. A secret is never printed, and a mask pasted as
     a value would set the token to ``***``: the line keeps that node's own value and refuses,
     naming the variable, where it has none."""
-    from launcher import redact
-
     if redact.is_secret_name(key) and value:
         return f'{key}="${{{key}:?set {key} on this node first}}"'
     return f"{key}={shlex.quote(value)}"

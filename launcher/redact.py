@@ -17,21 +17,25 @@ def env(values: dict[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret_name(k) and v else v) for k, v in values.items()}
 
 
+def is_secret_flag(arg: str) -> bool:
+    """``--api-key``, ``--api_key=K`` and the like: vLLM's parser takes either spelling."""
+    return arg.partition("=")[0].replace("_", "-") in _SECRET_FLAGS
+
+
 def argv(args: list[str]) -> list[str]:
+    """``args`` with every value of a secret flag masked. vLLM's ``--api-key`` takes several keys
+    (``--api-key K1 K2``): every word up to the next option is one."""
     out: list[str] = []
-    hide_next = False
+    hiding = False
     for arg in args:
-        if hide_next:
+        if hiding and not arg.startswith("-"):
             out.append(MASK)
-            hide_next = False
             continue
-        flag, eq, _ = arg.partition("=")
-        if flag in _SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}={MASK}")
-            else:
-                out.append(arg)
-                hide_next = True
+        hiding = False
+        if is_secret_flag(arg):
+            flag, eq, _ = arg.partition("=")
+            out.append(f"{flag}={MASK}" if eq else arg)
+            hiding = not eq
             continue
         out.append(arg)
     return out
@@ -43,3 +47,13 @@ def text(line: str, secrets: list[str]) -> str:
         if secret and len(secret) >= 4:
             line = line.replace(secret, MASK)
     return line
+
+
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def url_credentials(line: str) -> str:
+    """``https://user:token@host/...`` shown as ``https://***@host/...`` (pip's own output hides
+    them too; an index URL given with --pip-arg carries them)."""
+    return _URL_CREDENTIALS.sub(MASK + "@", line)
+

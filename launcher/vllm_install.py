@@ -21,6 +21,7 @@ Windows venv), so the plan of an install can be tested on Linux.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from pathlib import Path, PurePath, PureWindowsPath
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
+from launcher import redact
 from launcher.errors import EXIT_PROBLEMS, LauncherError
 from launcher.vllm_compat import nearest_release, parse_version
 
@@ -111,7 +113,7 @@ class InstallPlan:
         if self.create_venv:
             out.append("step 1        " + shell_join([sys.executable, "-m", "venv", str(self.create_venv)],
                                                     windows=self.windows))
-        out.append("step 2        " + shell_join(self.pip, windows=self.windows))
+        out.append("step 2        " + redact.url_credentials(shell_join(self.pip, windows=self.windows)))
         out.append(f"step 3        launcher patch apply --vllm-python {shell_join([str(self.python)], windows=self.windows)}")
         out.append("step 4        launcher patch status (every patch applied)")
         return out
@@ -146,7 +148,7 @@ def _where(venv, vllm_python, own_python, own_is_venv, exists, listdir) -> tuple
         python = venv_python(venv)
         if exists(str(python)):
             return python, None
-        if exists(str(venv)) and listdir(str(venv)):
+        if exists(str(venv)) and _entries(listdir, venv, f"--venv {venv} is a file, not a folder for a venv"):
             raise LauncherError(f"--venv {venv} is a folder that holds no venv (no {python})",
                                 hint="name an empty or new folder, or an existing venv")
         return python, venv
@@ -154,6 +156,14 @@ def _where(venv, vllm_python, own_python, own_is_venv, exists, listdir) -> tuple
         raise LauncherError(f"the launcher's Python ({own_python}) is not a venv; pip would change the system's packages",
                             hint="pass --venv DIR (made if missing) or --vllm-python PATH")
     return own_python, None
+
+
+def _entries(listdir, folder: PurePath, not_a_folder: str) -> list[str]:
+    """The names in ``folder``; a file given where a folder belongs is the user's error, said so."""
+    try:
+        return listdir(str(folder))
+    except NotADirectoryError:
+        raise LauncherError(not_a_folder) from None
 
 
 def _what(recipe, version, wheel, offline, exists, listdir) -> tuple[str, str, list[str]]:
@@ -169,7 +179,8 @@ def _what(recipe, version, wheel, offline, exists, listdir) -> tuple[str, str, l
         if parse_version(found) != parse_version(chosen):
             raise LauncherError(f"--wheel {wheel.name} is vLLM {found}, not {version}")
         return chosen, f"the wheel {wheel}", [str(wheel)]
-    wheels = [n for n in listdir(str(wheel)) if n.startswith("vllm-") and n.endswith(".whl")]
+    wheels = [n for n in _entries(listdir, wheel, f"--wheel {wheel} is neither a .whl file nor a folder of wheels")
+              if n.startswith("vllm-") and n.endswith(".whl")]
     chosen = choose_version(recipe, version, [wheel_version(PurePath(n)) for n in wheels])
     if version and not any(parse_version(wheel_version(PurePath(n))) == parse_version(chosen) for n in wheels):
         raise LauncherError(f"--wheel {wheel}: no vLLM {chosen} wheel there (found: {', '.join(sorted(wheels)) or 'none'})")
@@ -187,19 +198,37 @@ def run(plan: InstallPlan, echo) -> int:
 
     if plan.create_venv is not None:
         echo(f"creating the venv {plan.create_venv}")
-        _run([sys.executable, "-m", "venv", str(plan.create_venv)], "python -m venv")
+        try:
+            _run([sys.executable, "-m", "venv", str(plan.create_venv)], "python -m venv")
+        except BaseException:
+            # Half a venv (a python, no pip) would be taken as one by every later install.
+            shutil.rmtree(plan.create_venv, ignore_errors=True)
+            raise
     before = vllm_env.inspect(str(plan.python), "launcher install")
     if before.has_vllm and parse_version(before.vllm_version) == parse_version(plan.version):
         echo(f"vLLM {before.vllm_version} is already installed in {plan.python}: pip not run")
     else:
         if before.has_vllm:
             _revert_stamped(Path(before.package_dir), echo)
-        echo("running: " + shell_join(plan.pip, windows=plan.windows))
+        echo("running: " + redact.url_credentials(shell_join(plan.pip, windows=plan.windows)))
+        _has_pip(plan.python)
         _run(plan.pip, "pip install")
     after = vllm_env.inspect(str(plan.python), "launcher install")
     if not after.has_vllm or parse_version(after.vllm_version) != parse_version(plan.version):
         raise LauncherError(f"after pip, {plan.python} has vLLM {after.vllm_version or 'none'}, not {plan.version}")
     return _patch_and_verify(Path(after.package_dir), plan, echo)
+
+
+def _has_pip(python: PurePath) -> None:
+    """pip must be there before it is run: a venv whose creation was cut short has a python and
+    no pip, and pip's own "No module named pip" does not say what to do."""
+    try:
+        ok = subprocess.run([str(python), "-c", "import pip"], capture_output=True).returncode == 0
+    except OSError as exc:
+        raise LauncherError(f"cannot run {python}: {exc.strerror}") from None
+    if not ok:
+        raise LauncherError(f"{python} has no pip (a venv whose creation was interrupted?)",
+                            hint=f"run `{python} -m ensurepip`, or remove that venv and run launcher install again")
 
 
 def _run(argv: list[str], what: str) -> None:

@@ -31,6 +31,34 @@ def test_plan_text_and_json_hide_secrets(models):
 def test_redact_argv_forms():
     assert redact.argv(["--api-key", "k1", "--api-key=k2", "--port", "1"]) == [
         "--api-key", "***", "--api-key=***", "--port", "1"]
+    # vLLM's --api-key takes several keys, and its parser takes the underscore spelling too
+    assert redact.argv(["--api-key", "k1", "k2", "--port", "1"]) == ["--api-key", "***", "***", "--port", "1"]
+    assert redact.argv(["--api_key", "k1", "--hf_token=hf_x"]) == ["--api_key", "***", "--hf_token=***"]
+
+
+def test_the_other_nodes_command_and_the_container_json_hide_secrets(models, tmp_path):
+    """The paste line for the other node repeats the user's --set and the words after `--`; the
+    docker --json spec repeats vLLM's argv: neither may carry a key."""
+    import os
+    import subprocess
+    import sys
+
+    from launcher import multinode
+
+    ctx = make_ctx(RTX5090)
+    ctx.host.interfaces = {"lo": ["127.0.0.1"], "eth0": ["192.168.1.1"]}
+    plan = resolve(Request("gemma4-31b-dflash", vllm_version="0.33.0", sets=[f"HF_TOKEN={SECRET}"],
+                           extra_args=["--api-key", KEY, "k2-" + KEY],
+                           nodes=multinode.request(2, 0, "192.168.1.1", None, None, None)), ctx)
+    shown = plans.format_nodes(plan) + json.dumps(plans.to_dict(plan))
+    assert SECRET not in shown and KEY not in shown
+    assert '--set HF_TOKEN="${HF_TOKEN:?set HF_TOKEN on this node first}"' in plan.nodes[1].launcher
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/nobody.sock", MODELS_DIR=str(models))
+    out = subprocess.run([sys.executable, "-m", "launcher", "serve", "--recipe", "gemma4-moe-dflash", "--runtime",
+                          "docker", "--image", "foo:1", "--dry-run", "--json", "--", f"--api-key={KEY}"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert KEY not in out.stdout and "--api-key=***" in json.loads(out.stdout)["container"]["command"]
 
 
 def test_redact_text():

@@ -97,3 +97,64 @@ def test_next_steps_repeat_a_recipe_file_as_given():
     steps = next_steps(plan, PurePosixPath("/src/.venv/bin/python"), "/home/ann/my recipes/r.yaml")
     assert steps == ["next: launcher models pull --recipe '/home/ann/my recipes/r.yaml'",
                      "      launcher serve --recipe '/home/ann/my recipes/r.yaml' --vllm-python /opt/v/bin/python"]
+
+
+def _linux_plan(tmp_path, **kw):
+    import os
+    import sys
+    from pathlib import Path
+
+    args = dict(recipe=recipes.load("gemma4-moe-dflash"), version=None, venv=tmp_path / "venv", vllm_python=None,
+                wheel=None, offline=False, pip_args=[], windows=False, own_python=Path(sys.executable),
+                own_is_venv=True, exists=os.path.exists, listdir=os.listdir)
+    args.update(kw)
+    return plan_install(**args)
+
+
+def test_a_file_where_a_folder_belongs_is_named(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a wheel\n")
+    with pytest.raises(LauncherError, match="--wheel .*notes.txt is neither a .whl file nor a folder of wheels"):
+        _linux_plan(tmp_path, wheel=notes)
+    with pytest.raises(LauncherError, match="--venv .*notes.txt is a file, not a folder for a venv"):
+        _linux_plan(tmp_path, venv=notes)
+
+
+def test_credentials_in_an_index_url_are_not_printed(tmp_path):
+    url = "https://__token__:glpat-SECRET123@gitlab.example.com/api/simple"
+    plan = _linux_plan(tmp_path, pip_args=[f"--extra-index-url={url}"])
+    shown = "\n".join(plan.lines())
+    assert "glpat-SECRET123" not in shown and "__token__" not in shown
+    assert "--extra-index-url=https://***@gitlab.example.com/api/simple" in shown
+    assert f"--extra-index-url={url}" in plan.pip  # pip itself still gets them
+
+
+def test_a_cut_short_venv_is_removed_and_a_venv_without_pip_is_named(tmp_path, monkeypatch):
+    """An interrupted `python -m venv` leaves a python and no pip, which every later install would
+    take for a venv. The launcher removes what it made; one already left says what to do."""
+    import subprocess
+    import sys
+
+    from launcher import vllm_install
+
+    plan = _linux_plan(tmp_path)
+    assert plan.create_venv == tmp_path / "venv"
+
+    real_run = subprocess.run
+
+    def cut_short(argv, *a, **k):  # a real partial venv (no pip), then the user's Ctrl-C
+        real_run([sys.executable, "-m", "venv", "--without-pip", str(plan.create_venv)], check=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vllm_install.subprocess, "run", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        vllm_install.run(plan, echo=lambda _: None)
+    assert not plan.create_venv.exists()
+    monkeypatch.undo()
+    # one left by an earlier launcher (or a kill): pip is checked before it is run, with the way out
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(plan.create_venv)], check=True)
+    again = _linux_plan(tmp_path)
+    assert again.create_venv is None
+    with pytest.raises(LauncherError, match="has no pip") as info:
+        vllm_install._has_pip(again.python)
+    assert "ensurepip" in info.value.hint
