@@ -77,6 +77,29 @@ def run(plan: Plan, *, wait: bool = False, timeout: float = 1800.0) -> int:
               file=sys.stderr, flush=True)
         wait = False
     run_steps(plan)
+    try:
+        return _serve(plan, cmd, wait, timeout)
+    finally:
+        _stop_ray_head(plan)
+
+
+def _stop_ray_head(plan: Plan) -> None:
+    """`ray stop` once vLLM has ended on a Ray head this run started (run_steps returned): `ray start
+    --head` leaves its daemons running in the background, holding port 6379, and the next start
+    on this node would find Ray already running."""
+    if not any(step[:3] == ["ray", "start", "--head"] for step in plan.steps):
+        return
+    cmd = command(plan, ["ray", "stop"])
+    print("running: " + shlex.join(cmd), file=sys.stderr, flush=True)
+    try:
+        code = subprocess.run(cmd, env=child_env(plan)).returncode
+    except OSError as exc:
+        code = exc.strerror
+    if code:
+        print(f"warning: `ray stop` did not succeed ({code}): stop Ray on this node by hand", file=sys.stderr, flush=True)
+
+
+def _serve(plan: Plan, cmd: list[str], wait: bool, timeout: float) -> int:
     print("starting: " + shlex.join(redact.argv(cmd)), file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(cmd, env=child_env(plan))

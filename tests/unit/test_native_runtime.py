@@ -364,3 +364,35 @@ def test_the_first_reply_never_prints_the_api_key_even_when_the_server_echoes_it
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "first reply: 'hi from gemma4-e4b Bearer ***'" in proc.stdout
     assert secret not in proc.stdout + proc.stderr
+
+
+def test_a_ray_head_started_here_is_stopped_when_vllm_ends(tmp_path, monkeypatch):
+    """`ray start --head` daemonizes: whether vLLM then exits or fails to start, the launcher runs
+    `ray stop` with the same Ray (beside vLLM's python), and only for a head it started."""
+    from types import SimpleNamespace
+
+    calls = tmp_path / "calls"
+    ray = tmp_path / "ray"  # a real executable where the runtime looks for Ray
+    ray.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    ray.chmod(0o755)
+    head = SimpleNamespace(argv=["vllm", "serve", "m"], vllm_python=str(tmp_path / "python"), serves_api=False,
+                           node_rank=0, role="head", env={},
+                           steps=[["ray", "start", "--head", "--port", "6379"], ["vllm", "serve", "m"]])
+    monkeypatch.setattr(native, "run_steps", lambda plan: None)
+    monkeypatch.setattr(native, "child_env", lambda plan: dict(os.environ))
+    monkeypatch.setattr(native, "_serve", lambda *a: 0)
+    assert native.run(head) == 0
+    assert calls.read_text().splitlines() == ["stop"]
+
+    def fails(*a):
+        raise LauncherError("cannot start vLLM")
+
+    monkeypatch.setattr(native, "_serve", fails)
+    with pytest.raises(LauncherError):
+        native.run(head)
+    assert calls.read_text().splitlines() == ["stop", "stop"]
+    # a node that started no Ray head (a worker's `ray start --address ... --block` is its own
+    # main command; the native multi-node runs no Ray at all) stops nothing
+    monkeypatch.setattr(native, "_serve", lambda *a: 0)
+    native.run(SimpleNamespace(**{**vars(head), "steps": [["vllm", "serve", "m"]]}))
+    assert calls.read_text().splitlines() == ["stop", "stop"]
