@@ -46,6 +46,11 @@ def _index(project: str) -> dict:
             f"cannot reach the package index {INDEX} for {project}: {exc}",
             hint="check the network, or set VLLM_SM12X_PYPI_INDEX to a mirror",
         ) from exc
+    except ValueError:  # HTML, or anything else that is not JSON
+        raise LauncherError(
+            f"the package index {INDEX} answered for {project} with something that is not JSON",
+            hint="VLLM_SM12X_PYPI_INDEX must serve the JSON simple API (PEP 691), as pypi.org/simple does",
+        ) from None
 
 
 def latest_release(project: str) -> str:

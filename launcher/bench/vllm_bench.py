@@ -58,7 +58,14 @@ def run_level(target: Target, run: Run, *, tokenizer: str, temperature: float, s
         env = dict(os.environ)
         if target.api_key:
             env["OPENAI_API_KEY"] = target.api_key  # how vllm bench's openai backend takes the key
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise LauncherError(f"vllm bench serve did not finish {run.key} within {timeout:g} s",
+                                hint="pass a larger --timeout, or fewer requests") from None
+        except OSError as exc:
+            raise LauncherError(f"cannot run vllm bench serve ({cmd[0]}): {exc.strerror}",
+                                hint="--client builtin measures without vLLM") from None
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
             raise LauncherError(f"vllm bench serve failed for {run.key} (exit {proc.returncode}):\n{tail}",

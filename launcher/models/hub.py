@@ -60,7 +60,12 @@ def auth_state() -> str:
     from huggingface_hub import constants
 
     token_file = Path(constants.HF_TOKEN_PATH)
-    if token_file.is_file() and token_file.read_text(encoding="utf-8").strip():
+    try:
+        stored = token_file.is_file() and token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        # e.g. written by `sudo hf auth login`: the Hub library will not read it either
+        return f"unreadable token file {token_file} ({getattr(exc, 'strerror', None) or 'not UTF-8'})"
+    if stored:
         return "the token stored by `hf auth login`"
     return "none (public repos only)"
 
