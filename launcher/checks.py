@@ -296,16 +296,21 @@ def _unfinished_pulls(plan: Plan, rec) -> None:
             )
 
 
+def _missing_dir(path) -> str:
+    """Why a folder the plan needs is not one: absent, or a file where the folder should be."""
+    return "is a file, not a folder (a model is the folder that holds config.json)" if path.exists() else "does not exist"
+
+
 def checkpoint(plan: Plan, rec, ctx: Context) -> None:
     if not plan.model.is_dir():
         plan.reasons.append(
-            Reason("checkpoint", f"model directory {plan.model} does not exist",
+            Reason("checkpoint", f"model directory {plan.model} " + _missing_dir(plan.model),
                    hint=_fetch_hint(plan, rec, rec.target, plan.model,
                                     f"put {rec.target.name} there (from {rec.target.source}), set MODELS_DIR, or pass --model"))
         )
     if plan.drafter is not None and not plan.drafter.is_dir():
         plan.reasons.append(
-            Reason("drafter", f"drafter directory {plan.drafter} does not exist",
+            Reason("drafter", f"drafter directory {plan.drafter} " + _missing_dir(plan.drafter),
                    hint=_fetch_hint(plan, rec, rec.drafter, plan.drafter, f"download {rec.drafter.source} there, or pass --drafter"))
         )
     try:

@@ -81,8 +81,8 @@ def request(nnodes: int | None, node_rank: int | None, master_addr: str | None, 
     if nnodes < 1:
         raise LauncherError(f"--nnodes {nnodes}: the number of machines is 1 or more")
     if node_rank is None:
-        raise LauncherError(f"--nnodes {nnodes} needs --node-rank: 0 on the head (it serves the API), "
-                            f"1 ... {nnodes - 1} on the others")
+        others = "1 on the other" if nnodes == 2 else f"1 to {nnodes - 1} on the others"
+        raise LauncherError(f"--nnodes {nnodes} needs --node-rank: 0 on the head (it serves the API), {others}")
     if not 0 <= node_rank < nnodes:
         raise LauncherError(f"--node-rank {node_rank}: with --nnodes {nnodes} a node's rank is 0 to {nnodes - 1}")
     if not master_addr:

@@ -110,13 +110,12 @@ class InstallPlan:
                f"vLLM          {self.version}  [{self.version_source}]",
                f"from          {self.source}",
                f"python        {self.python}" + ("  (a new venv)" if self.create_venv else "")]
-        if self.create_venv:
-            out.append("step 1        " + shell_join([sys.executable, "-m", "venv", str(self.create_venv)],
-                                                    windows=self.windows))
-        out.append("step 2        " + redact.url_credentials(shell_join(self.pip, windows=self.windows)))
-        out.append(f"step 3        launcher patch apply --vllm-python {shell_join([str(self.python)], windows=self.windows)}")
-        out.append("step 4        launcher patch status (every patch applied)")
-        return out
+        steps = [shell_join([sys.executable, "-m", "venv", str(self.create_venv)], windows=self.windows)
+                 ] if self.create_venv else []
+        steps += [redact.url_credentials(shell_join(self.pip, windows=self.windows)),
+                  f"launcher patch apply --vllm-python {shell_join([str(self.python)], windows=self.windows)}",
+                  "launcher patch status (every patch applied)"]
+        return out + [f"step {i:<9}{step}" for i, step in enumerate(steps, 1)]
 
 
 def plan_install(*, recipe, version: str | None, venv: PurePath | None, vllm_python: PurePath | None,

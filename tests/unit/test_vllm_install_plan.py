@@ -158,3 +158,15 @@ def test_a_cut_short_venv_is_removed_and_a_venv_without_pip_is_named(tmp_path, m
     with pytest.raises(LauncherError, match="has no pip") as info:
         vllm_install._has_pip(again.python)
     assert "ensurepip" in info.value.hint
+
+
+def test_the_steps_are_numbered_from_one_whether_or_not_a_venv_is_made(tmp_path):
+    import sys
+    from pathlib import Path
+
+    new = [line for line in _linux_plan(tmp_path).lines() if line.startswith("step")]
+    assert [line.split()[1] for line in new] == ["1", "2", "3", "4"] and " -m venv " in new[0]
+    assert new[0].index(sys.executable) == new[1].index("/") == len("step 1        ")  # one column
+    own = [line for line in _linux_plan(tmp_path, venv=None, own_python=Path(sys.executable)).lines()
+           if line.startswith("step")]
+    assert [line.split()[1] for line in own] == ["1", "2", "3"] and " pip install " in own[0]

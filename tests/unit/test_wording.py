@@ -127,3 +127,20 @@ def test_the_plan_before_the_install_is_the_one_after_it(models):
         after = resolve(Request(name), make_ctx(None, vllm=chosen, transformers="5.13.1"))
         assert (after.vllm_version, after.vllm_version_source) == (chosen, "installed")
         assert after.argv == before.argv
+
+
+def test_a_file_given_as_the_model_is_called_a_file(models, tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 8)
+    plan = resolve(Request("gemma4-moe-dflash", model=str(weights)), make_ctx(None))
+    [said] = [r for r in plan.reasons if r.area == "checkpoint" and str(weights) in r.message]
+    assert said.blocking and "is a file, not a folder" in said.message and "does not exist" not in said.message
+
+
+def test_two_nodes_without_a_rank_say_which_rank_the_other_takes():
+    from launcher import multinode
+    from launcher.errors import LauncherError
+
+    with pytest.raises(LauncherError) as info:
+        multinode.request(2, None, "10.0.0.1", None, None, None)
+    assert info.value.message.endswith("0 on the head (it serves the API), 1 on the other")
