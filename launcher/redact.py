@@ -41,6 +41,17 @@ def argv(args: list[str]) -> list[str]:
     return out
 
 
+def argv_secrets(args: list[str]) -> list[str]:
+    """The values :func:`argv` masks, for masking them in a log that repeats them (vLLM logs its
+    non-default arguments)."""
+    shown = argv(args)
+    out = []
+    for given, masked in zip(args, shown):
+        if given != masked:
+            out.append(given.partition("=")[2] if masked.endswith("=" + MASK) else given)
+    return out
+
+
 def text(line: str, secrets: list[str]) -> str:
     """Mask known secret values inside free text (log lines)."""
     for secret in secrets:

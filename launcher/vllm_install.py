@@ -29,7 +29,7 @@ from pathlib import Path, PurePath, PureWindowsPath
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from launcher import redact
+from launcher import interrupts, redact
 from launcher.errors import EXIT_PROBLEMS, LauncherError
 from launcher.vllm_compat import nearest_release, parse_version
 
@@ -218,6 +218,17 @@ def run(plan: InstallPlan, echo) -> int:
     return _patch_and_verify(Path(after.package_dir), plan, echo)
 
 
+def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """The child ended: asked first (SIGTERM), then killed after ``grace_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _has_pip(python: PurePath) -> None:
     """pip must be there before it is run: a venv whose creation was cut short has a python and
     no pip, and pip's own "No module named pip" does not say what to do."""
@@ -233,9 +244,20 @@ def _has_pip(python: PurePath) -> None:
 def _run(argv: list[str], what: str) -> None:
     # pip's own progress goes straight to the terminal: a download of gigabytes must not look stuck.
     try:
-        code = subprocess.run(argv).returncode
+        proc = subprocess.Popen(argv)
     except OSError as exc:
         raise LauncherError(f"{what} could not start ({argv[0]}): {exc.strerror}") from None
+    try:
+        # SIGTERM or SIGHUP sent to the launcher alone would end it and leave pip running on.
+        with interrupts.unwinding():
+            code = proc.wait()
+    except interrupts.Signalled as sig:
+        _end(proc)
+        raise LauncherError(f"{what} stopped by {sig.name}; it was ended too, and nothing was patched",
+                            exit_code=sig.exit_status) from None
+    except BaseException:  # Ctrl-C reaches pip too (one process group): let it finish going
+        _end(proc)
+        raise
     if code != 0:
         raise LauncherError(f"{what} failed (exit {code}); nothing was patched", hint="its output is above")
 

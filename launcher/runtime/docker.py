@@ -411,7 +411,8 @@ def run(
     _require_mount_sources(spec)
     _clear_stale(client, spec["name"])
     print("starting: " + starting_line(spec), file=err, flush=True)
-    secrets = [v for v in (plan.api_key, *(plan.env.get(k) for k in spec["secret_env"])) if v]
+    secrets = [v for v in (plan.api_key, *(plan.env.get(k) for k in spec["secret_env"]),
+                           *redact.argv_secrets(plan.argv)) if v]
     container = None
     logs = None
     detached = False

@@ -63,3 +63,10 @@ def test_the_other_nodes_command_and_the_container_json_hide_secrets(models, tmp
 
 def test_redact_text():
     assert redact.text(f"token {SECRET} used", [SECRET]) == "token *** used"
+
+
+def test_the_values_masked_on_argv_are_masked_in_logs_too():
+    args = ["vllm", "serve", "m", "--api-key", "k1-long", "k2-long", "--port", "1", "--hf_token=hf_xyz1"]
+    assert redact.argv_secrets(args) == ["k1-long", "k2-long", "hf_xyz1"]
+    line = "non-default args: {'api_key': ['k1-long', 'k2-long'], 'hf_token': 'hf_xyz1'}"
+    assert redact.text(line, redact.argv_secrets(args)) == "non-default args: {'api_key': ['***', '***'], 'hf_token': '***'}"

@@ -140,13 +140,11 @@ def test_a_cut_short_venv_is_removed_and_a_venv_without_pip_is_named(tmp_path, m
     plan = _linux_plan(tmp_path)
     assert plan.create_venv == tmp_path / "venv"
 
-    real_run = subprocess.run
-
-    def cut_short(argv, *a, **k):  # a real partial venv (no pip), then the user's Ctrl-C
-        real_run([sys.executable, "-m", "venv", "--without-pip", str(plan.create_venv)], check=True)
+    def cut_short(argv, what):  # a real partial venv (no pip), then the user's Ctrl-C
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(plan.create_venv)], check=True)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(vllm_install.subprocess, "run", cut_short)
+    monkeypatch.setattr(vllm_install, "_run", cut_short)
     with pytest.raises(KeyboardInterrupt):
         vllm_install.run(plan, echo=lambda _: None)
     assert not plan.create_venv.exists()
@@ -170,3 +168,42 @@ def test_the_steps_are_numbered_from_one_whether_or_not_a_venv_is_made(tmp_path)
     own = [line for line in _linux_plan(tmp_path, venv=None, own_python=Path(sys.executable)).lines()
            if line.startswith("step")]
     assert [line.split()[1] for line in own] == ["1", "2", "3"] and " pip install " in own[0]
+
+
+def test_a_sigterm_to_the_launcher_ends_the_pip_it_runs(tmp_path):
+    """SIGTERM to the launcher alone (systemd, a supervisor) used to end it and leave its child
+    running on. A real child here: it is ended, and the error carries 128+15."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from launcher import vllm_install
+
+    started, pid_file = tmp_path / "started", tmp_path / "pid"
+    child = [sys.executable, "-c", f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); "
+             f"pathlib.Path({str(started)!r}).touch(); time.sleep(60)"]
+
+    def send_once_started():
+        for _ in range(200):
+            if started.exists():
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=send_once_started, daemon=True).start()
+    with pytest.raises(LauncherError, match="stopped by SIGTERM") as info:
+        vllm_install._run(child, "pip install")
+    assert info.value.exit_code == 128 + signal.SIGTERM
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # reaped by _run: gone from the process table
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"pip's stand-in {pid} outlived the launcher")
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler was put back
