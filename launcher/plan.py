@@ -478,17 +478,43 @@ def launcher_line(req: Request, rank: int) -> str:
         parts += ["--image", req.image]
     if req.vllm_version:
         parts += ["--vllm-version", req.vllm_version]
-    secret_sets = []
+    # A secret is written as that node's own variable, never as this node's value nor as the mask.
+    secret = []
     for item in req.sets:
         key, _, value = item.partition("=")
-        if redact.is_secret_name(key) and value:
-            secret_sets.append("--set " + paste_value(key, value))  # that node's own value, never this one's
+        if "." not in key and redact.is_secret_name(key) and value:  # an env setting, not a recipe field
+            secret.append("--set " + paste_value(key, value))
         else:
             parts += ["--set", item]
     if req.test_gpu:
         parts.append("--test-gpu")
-    line = " ".join([shlex.join(parts), *secret_sets])
-    return line + (" -- " + shlex.join(redact.argv(req.extra_args)) if req.extra_args else "")
+    if rank == 0 and req.api_key:  # the head serves the API: with the key the user gave here
+        secret.append("--api-key " + _from_env("VLLM_API_KEY"))
+    line = " ".join([shlex.join(parts), *secret])
+    return line + (" -- " + _paste_args(req.extra_args) if req.extra_args else "")
+
+
+def _from_env(name: str) -> str:
+    """A shell word that is ``$name`` on the node it is pasted on, and refuses where it is unset."""
+    return f'"${{{name}:?set {name} on this node first}}"'
+
+
+def _paste_args(args: list[str]) -> str:
+    """The words after ``--``, each secret flag's values as the variable vLLM would read them from."""
+    shown, count = redact.argv(args), {}
+    words = []
+    flag = None
+    for given, masked in zip(args, shown):
+        if redact.is_secret_flag(given):
+            flag = given.partition("=")[0]
+        if given == masked:
+            words.append(shlex.quote(given))
+            continue
+        name = redact.env_name(flag)
+        count[name] = count.get(name, 0) + 1
+        name += "" if count[name] == 1 else f"_{count[name]}"
+        words.append(f"{flag}={_from_env(name)}" if masked.endswith("=" + redact.MASK) else _from_env(name))
+    return " ".join(words)
 
 
 def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason], built: LocalImage | None = None):
@@ -989,7 +1015,7 @@ def paste_value(key: str, value: str) -> str:
     a value would set the token to ``***``: the line keeps that node's own value and refuses,
     naming the variable, where it has none."""
     if redact.is_secret_name(key) and value:
-        return f'{key}="${{{key}:?set {key} on this node first}}"'
+        return f"{key}={_from_env(key)}"
     return f"{key}={shlex.quote(value)}"
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 MASK = "***"
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY)", re.I)
+# A word of the name, between underscores: HF_TOKEN and AWS_SECRET_ACCESS_KEY are secrets, while
+# TOKENIZERS_PARALLELISM and serve.max_num_batched_tokens are not.
+_SECRET_NAME = re.compile(r"(?:^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIALS?|PRIVATE_KEY)(?:$|_)", re.I)
 _SECRET_FLAGS = {"--api-key", "--hf-token", "--ssl-keyfile-password"}
 
 
@@ -26,16 +28,18 @@ def argv(args: list[str]) -> list[str]:
     """``args`` with every value of a secret flag masked. vLLM's ``--api-key`` takes several keys
     (``--api-key K1 K2``): every word up to the next option is one."""
     out: list[str] = []
-    hiding = False
+    hiding, first = False, False
     for arg in args:
-        if hiding and not arg.startswith("-"):
+        # the word right after the flag is its value whatever it starts with (a key may start with -)
+        if hiding and (first or not arg.startswith("-")):
             out.append(MASK)
+            first = False
             continue
         hiding = False
         if is_secret_flag(arg):
             flag, eq, _ = arg.partition("=")
             out.append(f"{flag}={MASK}" if eq else arg)
-            hiding = not eq
+            hiding = first = not eq
             continue
         out.append(arg)
     return out
@@ -61,6 +65,13 @@ def text(line: str, secrets: list[str]) -> str:
 
 
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def env_name(flag: str) -> str:
+    """The environment variable a secret flag's value is read from on another node: vLLM reads
+    ``--api-key`` from VLLM_API_KEY; the others by their own name (``--hf-token``: HF_TOKEN)."""
+    name = flag.lstrip("-").replace("-", "_").upper()
+    return "VLLM_API_KEY" if name == "API_KEY" else name
 
 
 def url_credentials(line: str) -> str:

@@ -218,15 +218,18 @@ def run(plan: InstallPlan, echo) -> int:
     return _patch_and_verify(Path(after.package_dir), plan, echo)
 
 
-def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """The child ended: asked first (SIGTERM), then killed after ``grace_s``."""
-    if proc.poll() is None:
-        proc.terminate()
+def _end(proc: subprocess.Popen, grace_s: float = 10.0, ask: bool = True) -> None:
+    """The child ended: asked (SIGTERM; ``ask=False``: it got the signal already and is given
+    ``grace_s`` first), then killed after ``grace_s``."""
+    for step in (proc.terminate if ask else (lambda: None), proc.kill):
+        if proc.poll() is not None:
+            return
+        step()
         try:
             proc.wait(timeout=grace_s)
+            return
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            continue
 
 
 def _has_pip(python: PurePath) -> None:
@@ -256,7 +259,7 @@ def _run(argv: list[str], what: str) -> None:
         raise LauncherError(f"{what} stopped by {sig.name}; it was ended too, and nothing was patched",
                             exit_code=sig.exit_status) from None
     except BaseException:  # Ctrl-C reaches pip too (one process group): let it finish going
-        _end(proc)
+        _end(proc, ask=False)
         raise
     if code != 0:
         raise LauncherError(f"{what} failed (exit {code}); nothing was patched", hint="its output is above")

@@ -94,7 +94,7 @@ def _stop_ray_head(plan: Plan) -> None:
     try:
         code = subprocess.run(cmd, env=child_env(plan)).returncode
     except OSError as exc:
-        code = exc.strerror
+        code = exc.strerror or str(exc)
     if code:
         print(f"warning: `ray stop` did not succeed ({code}): stop Ray on this node by hand", file=sys.stderr, flush=True)
 

@@ -36,6 +36,20 @@ def test_redact_argv_forms():
     assert redact.argv(["--api_key", "k1", "--hf_token=hf_x"]) == ["--api_key", "***", "--hf_token=***"]
 
 
+def ctx_worker():
+    ctx = make_ctx(RTX5090)
+    ctx.host.interfaces = {"lo": ["127.0.0.1"], "eth0": ["192.168.1.2"]}
+    return ctx
+
+
+def test_secret_names_are_words_of_the_name():
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "AWS_SECRET_ACCESS_KEY", "hf_token"):
+        assert redact.is_secret_name(name), name
+    for name in ("TOKENIZERS_PARALLELISM", "serve.max_num_batched_tokens", "drafter.num_speculative_tokens"):
+        assert not redact.is_secret_name(name), name
+    assert redact.argv(["--api-key", "-starts-with-dash", "--port", "1"]) == ["--api-key", "***", "--port", "1"]
+
+
 def test_the_other_nodes_command_and_the_container_json_hide_secrets(models, tmp_path):
     """The paste line for the other node repeats the user's --set and the words after `--`; the
     docker --json spec repeats vLLM's argv: neither may carry a key."""
@@ -53,6 +67,23 @@ def test_the_other_nodes_command_and_the_container_json_hide_secrets(models, tmp
     shown = plans.format_nodes(plan) + json.dumps(plans.to_dict(plan))
     assert SECRET not in shown and KEY not in shown
     assert '--set HF_TOKEN="${HF_TOKEN:?set HF_TOKEN on this node first}"' in plan.nodes[1].launcher
+    # pasted on the other node (launcher replaced by printf, to see the words the shell makes): its
+    # own token and keys, and a recipe field whose name holds "tokens" as it was typed
+    wide = resolve(Request("gemma4-31b-dflash", vllm_version="0.33.0", api_key=KEY,
+                           sets=[f"HF_TOKEN={SECRET}", "serve.max_num_batched_tokens=4096", "TOKENIZERS_PARALLELISM=false"],
+                           extra_args=["--api-key", KEY, "k2-" + KEY],
+                           nodes=multinode.request(2, 1, "192.168.1.1", None, None, None)), ctx_worker())
+    head_line = wide.nodes[0].launcher
+    assert SECRET not in head_line and KEY not in head_line
+    words = subprocess.run(["bash", "-c", "printf '%s\\n' " + head_line.split(" ", 1)[1]], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin", "HF_TOKEN": "hf_theirs", "VLLM_API_KEY": "k_theirs",
+                                "VLLM_API_KEY_2": "k2_theirs"})
+    assert words.returncode == 0, words.stderr
+    said = words.stdout.splitlines()
+    assert said[said.index("--api-key") + 1] == "k_theirs"  # the head serves with that node's key
+    assert ["--set", "serve.max_num_batched_tokens=4096"] == said[said.index("serve.max_num_batched_tokens=4096") - 1:][:2]
+    assert "TOKENIZERS_PARALLELISM=false" in said and "HF_TOKEN=hf_theirs" in said
+    assert said[-3:] == ["--api-key", "k_theirs", "k2_theirs"]  # the words after --, from its own variables
     env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/nobody.sock", MODELS_DIR=str(models))
     out = subprocess.run([sys.executable, "-m", "launcher", "serve", "--recipe", "gemma4-moe-dflash", "--runtime",
                           "docker", "--image", "foo:1", "--dry-run", "--json", "--", f"--api-key={KEY}"],

@@ -207,3 +207,18 @@ def test_a_sigterm_to_the_launcher_ends_the_pip_it_runs(tmp_path):
     else:
         raise AssertionError(f"pip's stand-in {pid} outlived the launcher")
     assert signal.getsignal(signal.SIGTERM) == before  # the handler was put back
+
+
+def test_after_ctrl_c_pip_is_given_its_grace_before_anything_is_sent():
+    """Ctrl-C reaches pip too: it is let finish first, and killed only past the grace."""
+    import subprocess
+    import sys
+
+    from launcher import vllm_install
+
+    finishing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    vllm_install._end(finishing, grace_s=5, ask=False)
+    assert finishing.returncode == 0  # it ended by itself: nothing was sent
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    vllm_install._end(stuck, grace_s=0.3, ask=False)
+    assert stuck.returncode == -9  # past the grace: killed
