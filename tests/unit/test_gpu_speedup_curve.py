@@ -1340,3 +1340,19 @@ def test_the_page_shows_the_oracles_own_work_from_its_record():
         row = (f"| {run['k']} | {run['rows']} | {before['oracle']['host_us']:.0f} | {run['oracle_eager']['host_us']:.0f} | "
                f"{run['oracle']['host_us']:.0f} | {run['oracle']['device_us']:.0f} | {run['no_plan']['host_us']:.0f} |")
         assert row in md, row
+
+
+def test_a_deadline_that_holds_no_server_start_is_refused_at_once(tmp_path, capsys):
+    """A budget under one server's start and one point used to end every run with "run again"
+    (exit 3) before any server started; it is now refused with the budget that would run."""
+    curve = load("speedup_curve")
+    short = curve.SERVER_START_S + curve.POINT_S - 1
+    with pytest.raises(SystemExit) as info:
+        curve.main(["run", "--vllm", "0.33.0", "--series-hash", "33ead67f", "--model", str(tmp_path / "m"),
+                    "--drafter", str(tmp_path / "d"), "--launcher", "launcher serve", "--work", str(tmp_path / "work"),
+                    "--deadline-s", str(short)])
+    assert info.value.code == 2
+    said = capsys.readouterr().err
+    assert f"give {curve.SERVER_START_S + curve.POINT_S} or more" in said
+    assert f"SPEEDUP_BUDGET_S {curve.SERVER_START_S + curve.POINT_S + 120} or more" in said
+    assert not any(tmp_path.iterdir())  # refused before anything was made

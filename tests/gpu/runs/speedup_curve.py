@@ -818,6 +818,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--frozen", type=Path, default=REPO / srec.FROZEN_PATH)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.cmd == "run" and args.deadline_s is not None and args.deadline_s < SERVER_START_S + POINT_S:
+        # Each batch refuses to start its server without this much left: below it the run
+        # would only say "run again" (exit 3), every time.
+        parser.error(f"--deadline-s {args.deadline_s:g} holds no server start ({SERVER_START_S} s) and point "
+                     f"({POINT_S} s): nothing would run; give {SERVER_START_S + POINT_S} or more "
+                     f"(remote.sh speedup-curve: SPEEDUP_BUDGET_S {SERVER_START_S + POINT_S + 120} or more)")
     if not args.frozen.is_file():
         parser.error(f"{args.frozen}: measure and commit the frozen model first (remote.sh speedup-frozen)")
     record = srec.load(args.record, args.frozen)
