@@ -4,12 +4,12 @@ always prints the whole plan with every reason at once."""
 
 from __future__ import annotations
 
-import difflib
 import os
 import shlex
 import subprocess
 import sys
 
+from launcher import recipe as recipes
 from launcher.plan import Context, PatchState, Plan, Request, assemble
 from launcher.preflight import Reason
 from launcher.profiles import PROFILES
@@ -218,10 +218,8 @@ def patches(plan: Plan, rec, ctx: Context) -> None:
     for pid in required:
         if pid not in known:
             plan.patches.append(PatchState(pid, False, f"missing from the {ser.version} series"))
-            close = difflib.get_close_matches(pid, sorted(known), n=1, cutoff=0.6)
             plan.reasons.append(Reason(
-                "patches", f"patch {pid} is not in the vLLM {ser.version} series"
-                           + (f" (did you mean {close[0]}?)" if close else ""),
+                "patches", f"patch {pid} is not in the vLLM {ser.version} series{recipes.did_you_mean(pid, known)}",
                 hint="fix the recipe's patches list: `launcher recipes validate FILE` names its line"))
             continue
         if plan.runtime == "docker":

@@ -526,7 +526,7 @@ def _choose_version(req: Request, rec, ctx: Context, reasons: list[Reason], buil
         return _image_version(built), f"image {built.tag}"
     # The newest the recipe supports: what `launcher install` installs, so that the plan shown
     # before the install is the one that runs after it.
-    return max(map(vllm_compat.parse_version, rec.vllm_versions)), "recipe default: the newest, as launcher install"
+    return vllm_compat.parse_version(vllm_compat.newest(rec.vllm_versions)), "recipe default: the newest, as launcher install"
 
 
 def _image_version(image: LocalImage):
@@ -854,8 +854,7 @@ def _b12x_moe_checks(plan: Plan, rec) -> None:
 
 
 def _safety(plan: Plan, rec, ctx: Context, extra_args: list[str]) -> None:
-    key_on_argv = any(redact.is_secret_flag(a) and a.partition("=")[0].replace("_", "-") == "--api-key"
-                      for a in extra_args)
+    key_on_argv = any(a.partition("=")[0].replace("_", "-") == "--api-key" for a in extra_args)
     if key_on_argv:
         plan.warnings.append(
             "--api-key after `--` puts the key on vLLM's command line, where `ps` and vLLM's log of its "

@@ -577,6 +577,12 @@ def parse_recipe(text: str, source: str) -> Recipe:
         raise LauncherError("\n".join(problems)) from None
 
 
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean X?)`` for the closest of ``choices``, or nothing where none is close."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def patch_id_problems(recipe: Recipe, text: str, source: str, known: Callable[[str], set[str]]) -> list[str]:
     """Patch ids the recipe lists that the series for that vLLM version lacks, each with its line.
 
@@ -594,10 +600,8 @@ def patch_id_problems(recipe: Recipe, text: str, source: str, known: Callable[[s
             continue
         for i, pid in enumerate(ids):
             if pid not in have:
-                close = difflib.get_close_matches(pid, sorted(have), n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]}?)" if close else ""
                 problems.append(f"{source}:{_line_for(lines, ('patches', version, i))}: field patches.{version}.{i}: "
-                                f"{pid!r} is not a patch of the vLLM {version} series{hint}")
+                                f"{pid!r} is not a patch of the vLLM {version} series{did_you_mean(pid, have)}")
     return problems
 
 

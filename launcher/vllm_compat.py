@@ -26,6 +26,11 @@ def parse_version(text: str) -> Version:
         raise LauncherError(f"not a vLLM version: {text!r}", hint="use a release number such as 0.21.0") from exc
 
 
+def newest(releases) -> str:
+    """The newest of ``releases`` by version order (0.10.0 after 0.9.1), as given."""
+    return max(releases, key=parse_version)
+
+
 def nearest_release(version: Version | str, releases) -> str:
     """The release in ``releases`` closest to ``version``: fewest minor
     releases away, then fewest patch releases; a tie goes to the newer one

@@ -31,7 +31,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from launcher import interrupts, redact
 from launcher.errors import EXIT_PROBLEMS, LauncherError
-from launcher.vllm_compat import nearest_release, parse_version
+from launcher.vllm_compat import nearest_release, newest, parse_version
 
 DEFAULT_RECIPE = "gemma4-moe-dflash"
 #: what an example names when PyPI has no wheel for the OS
@@ -83,7 +83,7 @@ def choose_version(recipe, asked: str | None, available: list[str] | None = None
                      f"--version {nearest_release(parse_version(asked), supported)}")
         return public[str(parse_version(asked))]
     if available is None:
-        return supported[0]
+        return newest(supported)
     offered = {str(parse_version(v)) for v in available}
     fits = [v for v in supported if str(parse_version(v)) in offered]
     if not fits:
