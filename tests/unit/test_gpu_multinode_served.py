@@ -151,6 +151,12 @@ def test_runs_of_another_target_or_series_do_not_merge():
         mn.merged([_run("d0", {}), _run("d1", {}, target_sha256="u", series="z")])
 
 
+def test_runs_on_another_kind_of_gpu_do_not_merge():
+    """Exact numerics give the same tokens on GPUs of one kind, not across kinds."""
+    with pytest.raises(SystemExit, match="differ in gpu"):
+        mn.merged([_run("d0", {}), _run("d1", {}, gpu="2 x NVIDIA H100 80GB HBM3")])
+
+
 def test_merge_from_the_command_line_writes_both_files(tmp_path):
     rows = _rows([1, 2, 3], [4, 5, 6])
     paths = []

@@ -152,10 +152,10 @@ ACCEPTANCE_REPORT = Step("acceptance-report", "cpu",
 # name, memory and driver) that remote.sh wrote beside it is the one input replay writes in.
 FULLSIZE_GPU = "NVIDIA H200, 143771 MiB, 580.159.04"
 FULLSIZE_ARCHIVE = "fullsize-raw-2026-11-27-h200.tar.xz"
-# Three runs on one host of two H200s (out/multinode-*.json: the first's TP=1, the second's
-# TP=2 and two nodes, after the first's TP=2 servers failed on custom all-reduce; the third's
-# TP=2 and two nodes with the drafter)
-MULTINODE_ARCHIVE = "multinode/served-raw-2026-11-29-h200x2.tar.xz"
+# The gated target 84c26c18 on a host of two H200s, two runs (out/multinode-*.json: TP 2 and two
+# nodes; then both with the drafter, and TP 1). The earlier target 083e4869's three runs stay in
+# multinode/served-raw-2026-11-29-h200x2.tar.xz, which no page reads.
+MULTINODE_ARCHIVE = "multinode/84c26c18/served-raw-h200x2.tar.xz"
 FULLSIZE_CHECKPOINTS = _remote("full-size-checkpoints", ("OUT", "{work}/out"), replay=(FULLSIZE_ARCHIVE,),
                                replay_files=(("fullsize-raw/gpu.txt", FULLSIZE_GPU + "\n"),))
 

@@ -290,10 +290,10 @@ def meta(args) -> dict:
 
 
 def merged(records: list[dict]) -> dict:
-    """One record from runs on the same host and checkout state (same target, series and bars):
-    each server as the latest run that got it answering has it, else as the latest run that
+    """One record from runs on hosts of one kind (the same GPUs) and checkout state (same target,
+    series and bars): exact numerics make tokens a function of these alone. Each server as the latest run that got it answering has it, else as the latest run that
     tried it. Each server names its run; verdicts are computed again by the same procedure."""
-    keys = ("target_sha256", "series", "bars", "vllm", "tokens", "numerics")
+    keys = ("gpu", "target_sha256", "series", "bars", "vllm", "tokens", "numerics")
     for r in records[1:]:
         if [r["meta"].get(k) for k in keys] != [records[0]["meta"].get(k) for k in keys]:
             raise SystemExit("these runs differ in " + ", ".join(
@@ -353,7 +353,7 @@ def markdown(rec: dict) -> str:
     if m.get("vllm") == "0.33.0":
         lines += [caveats.TORCH_0_33_0, ""]
     if len(m.get("runs", [])) > 1:
-        lines += [f"Servers from {len(m['runs'])} runs on this host, one after the other: "
+        lines += [f"Servers from {len(m['runs'])} runs, one after the other, each on {m['gpu']}: "
                   + "; ".join(f"run {i} at {r['date']}: " + ", ".join(n for n, e in s.items() if e.get("run") == i)
                               for i, r in enumerate(m["runs"])) + ".", ""]
     lines += ["| comparison | identical (strict) | holds |", "|---|---|---|"]
