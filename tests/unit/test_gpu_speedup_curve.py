@@ -446,6 +446,10 @@ def test_where_the_plain_oracle_costs_time_the_second_oracle_states_the_break_ev
     assert [(r["oracle"], r["acceptance"]) for r in table["rows"]] == [("drafter", pytest.approx(1.5))]
     assert table["left_out"] == []
     md = report.markdown(rec, frozen)
+    # the grid's points are counted apart from the second oracle's (never "10 of 55"); K 7 at c 1
+    # is not one of the second oracle's planned cells, so none of its points count there
+    assert (f"(5 of {len(sg.GRID)} grid points measured with both phases; "
+            f"0 of {len(sg.TAIL_POINTS)} of the second oracle's)") in md
     # the plain oracle's miss stays on the page beside the second oracle's break-even
     assert "| break-even K=7 c=1 | 0.33.0 |" in md and "not stated (the points read 1.60)" in md
     assert "| break-even K=7 c=1 (second oracle) | 0.33.0 |" in md and "1.50 measured / 1.57 frozen" in md

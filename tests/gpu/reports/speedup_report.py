@@ -67,6 +67,12 @@ def point_rows(curve: dict) -> list[dict]:
     return rows
 
 
+def _measured(rows: list[dict], points) -> int:
+    """How many of ``points`` have a row: the grid and the second oracle's points are counted apart."""
+    ids = {p.id for p in points}
+    return sum(1 for r in rows if r["id"] in ids)
+
+
 def oracle_costs(curve: dict) -> dict[tuple, dict]:
     """Per (release, K, concurrency, the oracle's tail: ``reference`` for the plain points,
     ``drafter`` for the second oracle's): the oracle's planned-1.0 point against the real drafter's
@@ -341,7 +347,8 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
              "this page, its chart and the launcher's table (`speedup_report.py`).", ""]
     missing = len({p.split(":")[0] for p in problems if p.startswith("v")})
     lines += [f"Grid: {'complete' if not problems else f'{missing} points missing'} "
-              f"({len(rows)} of {len(sg.GRID)} points measured with both phases). Frozen model: "
+              f"({_measured(rows, sg.GRID)} of {len(sg.GRID)} grid points measured with both phases; "
+              f"{_measured(rows, sg.TAIL_POINTS)} of {len(sg.TAIL_POINTS)} of the second oracle's). Frozen model: "
               f"`speedup-frozen.json` (blob {curve['frozen']['blob'][:12]}, {frozen.get('date')}, "
               f"{gpu_line(frozen.get('gpu'))}, vLLM {frozen.get('vllm')}), prediction `{sm.FORMULA}`, never fitted to "
               "this curve.", "",
