@@ -109,6 +109,23 @@ def _write(path, doc):
     return str(path)
 
 
+def test_a_served_record_without_its_prefix_runs_is_not_measured_not_a_miss(monkeypatch):
+    """A server started before z-lab's record existed serves every prompt whole: where a prefix
+    ends inside the output, the pooled prefix acceptance has nothing to compare (never a pass)."""
+    monkeypatch.setattr(conf.bars, "get", lambda s, k: {"margin_move_percentile": 50, "min_prompts": 2}[k])
+    z = [{"token_ids": [5, 6, 7, 8, 9], "margins": [2.0, 2.0, 2.0, 0.0, 2.0], "acceptance_lengths": [2, 2]}] * 2
+    twin = {"rows": [{"token_ids": [5, 6, 7, 8, 9], "margins": [1.5, 1.5, 1.5, 0.5, 1.5]}] * 2}
+    acc = {"drafts": 1, "accepted_tokens": 1, "mean_acceptance_length": 2.0}
+    whole = {"vllm": "0.33.0", "series": "s", "rows": [{"token_ids": [5, 6, 7, 1, 1], "acceptance": acc}] * 2}
+    v = conf.judge(_zlab(z), twin, whole)
+    assert v["prefix_runs"] == {"needed": 2, "made": 0} and not v["holds"]
+    cells = conf._prefix_cells(v)
+    assert cells == ("not measured", "none of the 2 prefix runs in the served record")
+    stopped = {**whole, "rows": [{**whole["rows"][0], "prefix_acceptance": acc}] * 2}
+    v = conf.judge(_zlab(z), twin, stopped)
+    assert v["prefix_runs"] == {"needed": 2, "made": 2} and conf._prefix_cells(v)[0] == "holds"
+
+
 def test_the_report_judges_releases_each_against_its_own_twin_and_a_variant_only_beside_them(tmp_path, monkeypatch):
     toks = [[5, 6, 7, 8, 9 + i] for i in range(2)]
     z = {**_zlab([{"token_ids": t, "margins": [2.0] * 5, "acceptance_lengths": [2, 2]} for t in toks]),

@@ -793,8 +793,15 @@ def test_served_all_refuses_jobs_that_would_collide_or_share_a_speed_measurement
 
 
 def test_served_all_serves_a_series_less_one_patch_from_a_tree_built_before_the_jobs(tmp_path):
-    done = _served_all_script(tmp_path, "gemma4-moe-dflash:conformance-twin,conformance:exact",
-                              "0.21.0 0.21.0-without-dflash-drafter-per-layer-attention")
+    jobs, versions = ("gemma4-moe-dflash:conformance-twin,conformance:exact",
+                      "0.21.0 0.21.0-without-dflash-drafter-per-layer-attention")
+    # the conformance phase reads z-lab's record ($OUT/zlab-reference.json) at its start: none, no start
+    early = _served_all_script(tmp_path / "early", jobs, versions)
+    assert early.returncode == 2 and "remote.sh zlab-reference" in early.stderr
+    assert not (tmp_path / "early" / "work" / "runs").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "zlab-reference.json").write_text("{}")
+    done = _served_all_script(tmp_path, jobs, versions)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "work" / "reverted").read_text() == "revert 0.21.0 dflash-drafter-per-layer-attention\n"
     site = tmp_path / "site"
@@ -928,7 +935,7 @@ def test_served_all_leaves_at_most_eight_files_in_out_keeping_the_record_apart(t
     leaves = ('mkdir -p "$OUT/$3-raw"; for f in a.json a.log b.json b.log; do echo x > "$OUT/$3-raw/$f"; done; '
               'echo x > "$OUT/$3-logs.tar.gz"; echo x > "$OUT/served-bench-$3.json"; echo r > "$OUT/served.json"; '
               'echo m > "$OUT/served.md";')
-    done = _served_all_script(tmp_path, "gemma4-moe-dflash:conformance:exact", served_run=leaves)
+    done = _served_all_script(tmp_path, "gemma4-moe-dflash:reference:exact", served_run=leaves)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["served-out.tar.gz", "served.json", "served.md"]

@@ -47,6 +47,21 @@ def test_jobs_that_would_collide_or_share_a_speed_measurement_are_refused(jobs, 
     assert len(sa.plan("a:speed", "0.21.0 0.33.0", ["0", "1"])) == 2  # a GPU each: allowed
 
 
+def test_the_conformance_phase_does_not_start_before_z_labs_record_exists(tmp_path, capsys):
+    """It reads the record once, at its start: started without it, its prefix runs are silently
+    absent and the pooled prefix acceptance cannot be judged (a run that lost them so)."""
+    jobs = "gemma4-moe-dflash:conformance-twin,conformance:exact"
+    zlab = tmp_path / "zlab-reference.json"
+    assert sa.main(["check", "--jobs", jobs, "--zlab", str(zlab)]) == 2
+    err = capsys.readouterr().err
+    assert str(zlab) in err and "remote.sh zlab-reference" in err
+    assert sa.main(["check", "--jobs", jobs]) == 2 and "none given" in capsys.readouterr().err
+    zlab.write_text("{}")
+    assert sa.main(["check", "--jobs", jobs, "--zlab", str(zlab)]) == 0
+    # the twin alone stops nothing at a prefix: it starts without the record
+    assert sa.main(["check", "--jobs", "gemma4-moe-dflash:conformance-twin:exact"]) == 0
+
+
 def test_the_jobs_run_side_by_side_and_a_failed_one_fails_the_call(tmp_path, capsys, monkeypatch):
     # Each stand-in job writes its arguments and port, sleeps, and the third fails: all three run
     # at once (the first still runs when the last starts), every log's tail is printed, and the

@@ -192,6 +192,14 @@ def label(served: dict) -> str:
     return served.get("vllm") + (f" ({served['variant']})" if served.get("variant") else "")
 
 
+def prefix_runs(zlab_rows: list[dict], rows: list[dict], served_rows: list[dict]) -> dict:
+    """How many prompts need a run stopped at their prefix (served.py's ``wanted``), and how many
+    the served record holds."""
+    need = [1 < r["prefix"] < len(z["token_ids"]) for z, r in zip(zlab_rows, rows)]
+    made = [n and bool(s) and "prefix_acceptance" in s for n, s in zip(need, served_rows)]
+    return {"needed": sum(need), "made": sum(made)}
+
+
 def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> dict:
     """The conformance verdict of one served release against z-lab's record, beside the
     served drafter's lossless check against its own no-drafter twin."""
@@ -220,6 +228,10 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         "prompts": len(rows), "identical_over_prefix": identical,
         "outputs_identical": identical == len(rows),
         "acceptance": pool, "teeth": teeth,
+        # Prompts whose prefix ends inside the output, and of those the ones the server ran again
+        # stopped there: none when it started without z-lab's record, and then the pooled prefix
+        # acceptance was not measured (not a pass)
+        "prefix_runs": prefix_runs(zlab["rows"], rows, served["rows"]),
         # Lossless, strict (bars.yaml lossless): the drafter's outputs against its own twin, one at
         # a time and with every prompt in flight; the twin's outputs through the gate.
         "lossless_one_at_a_time": identical_rows(served["rows"], twin["rows"]),
@@ -298,20 +310,25 @@ def _earlier_lines(earlier: list[tuple[str, dict]]) -> list[str]:
         return []
     lines = ["", "## Earlier runs", "",
              "Each judged by the bars file its records were made under; a verdict there stands as it was.", "",
-             "| record | vLLM | bars | count | z-lab acceptance | vLLM acceptance | gap | identical over prefix | "
-             "holds |", "|---|---|---|---|---|---|---|---|---|"]
+             "| record | target / drafter | vLLM | bars | count | z-lab acceptance | vLLM acceptance | gap | "
+             "identical over prefix | holds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, doc in earlier:
         for v in doc["releases"]:
             if v.get("variant"):
                 continue
             zlab, gap = counted(v)
-            lines.append(f"| {name} | {v['label']} | {(doc.get('bars') or '')[:8]} | {v.get('acceptance_count', 'cut')} "
+            lines.append(f"| {name} | {_pair(doc)} | {v['label']} | {(doc.get('bars') or '')[:8]} "
+                         f"| {v.get('acceptance_count', 'cut')} "
                          f"| {zlab} | {v['acceptance'].get('vllm_acceptance')} | {gap} | "
                          f"{v['identical_over_prefix']}/{v['prompts']} | {_mark(v['holds'])} |")
     lines.append("")
     lines += [f"- {count}: {COUNTS[count]}." for count in sorted({v.get("acceptance_count", "cut")
                                                                    for _, d in earlier for v in d["releases"]})]
     return lines
+
+
+def _pair(doc: dict) -> str:
+    return f"{str(doc.get('target_sha256'))[:8]} / {str(doc.get('drafter_sha256'))[:8]}"
 
 
 def _window_cell(w: dict | None) -> str:
@@ -391,9 +408,7 @@ def _headline(doc: dict) -> list[str]:
         rows += [("tokens over the common prefixes", v["label"], cell,
                   "holds" if v["outputs_identical"] else "misses", f"{v['identical_over_prefix']}/{v['prompts']}"),
                  (f"pooled prefix acceptance (z-lab's steps {v['acceptance_count']})", v["label"], cell,
-                  "holds" if v["holds"] else "misses",
-                  f"{a.get('vllm_acceptance')} vs {counted(v)[0]}; both cut at the prefix "
-                  f"{a.get('vllm_acceptance_cut')} vs {a.get('zlab_acceptance')}"),
+                  *_prefix_cells(v)),
                  ("lossless vs its own twin", v["label"], cell, "holds" if one["holds"] and many["holds"] else "misses",
                   f"{one['identical']}/{one['of']} alone, {many['identical']}/{many['of']} in flight")]
     for name, earlier in doc.get("earlier") or []:
@@ -406,9 +421,21 @@ def _headline(doc: dict) -> list[str]:
     return headline.table(rows)
 
 
+def _prefix_cells(v: dict) -> tuple[str, str]:
+    """The pooled prefix acceptance's verdict and key number; "not measured" where the served
+    record holds no prefix run (a record made before the count existed has no such field)."""
+    a = v["acceptance"]
+    runs = v.get("prefix_runs") or {}
+    if runs.get("needed") and not runs.get("made"):
+        return "not measured", f"none of the {runs['needed']} prefix runs in the served record"
+    return ("holds" if v["holds"] else "misses",
+            f"{a.get('vllm_acceptance')} vs {counted(v)[0]}; both cut at the prefix "
+            f"{a.get('vllm_acceptance_cut')} vs {a.get('zlab_acceptance')}")
+
+
 def markdown(doc: dict) -> str:
     lines = ["# The served drafter against z-lab's loop (issue 50)", "", *_headline(doc),
-             f"Oracle: {doc['oracle']}. Deviation: {doc['deviation']}.", "",
+             f"Target / drafter: {_pair(doc)}. Oracle: {doc['oracle']}. Deviation: {doc['deviation']}.", "",
              "Generated by `python tests/gpu/judging/conformance.py`; do not edit.", "",
              *([caveats.TORCH_0_33_0, ""] if any(v["vllm"] == "0.33.0" for v in doc["releases"]) else []),
              *_summary_lines(doc), *_earlier_lines(doc.get("earlier") or [])]

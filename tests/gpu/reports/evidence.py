@@ -81,8 +81,9 @@ def _stage(name: str, *args: str) -> Step:
 # 0.21.0's backport of the drafter's per-layer attention (issue 50, item 5)
 PER_LAYER = "dflash-drafter-per-layer-attention"
 # The conformance run's raw records: each job's folder ({work}/served*/conformance*.json) and z-lab's
-# record as out/zlab-reference.json
-CONFORMANCE_ARCHIVE = "conformance/served-raw.tar.xz"
+# record as out/zlab-reference.json; the gated target 84c26c18 and its drafter 8db4e9f4 (the
+# earlier target 083e4869's runs stay in conformance/, each listed by its earlier-*.json)
+CONFORMANCE_ARCHIVE = "conformance/84c26c18/served-raw.tar.xz"
 # served_gate.py's verdict on the conformance run's target: its twins, served twice, pass the gate
 # on both releases and reproduce (exit 1 otherwise, which stops the page before its report)
 SERVED_GATE = "conformance/served-gate.json"
@@ -245,7 +246,9 @@ PAGES: dict[str, tuple[Step, ...]] = {
               "--twin", f"{{work}}/served-0.21.0-without-{PER_LAYER}/conformance-twin.json",
               "--served", f"{{work}}/served-0.21.0-without-{PER_LAYER}/conformance.json",
               # the first run, judged by the count its bars file set (a miss): kept on the page
-              "--earlier", "{results}/conformance/earlier-2026-11-29-first.json", "--out", "{results}"),
+              "--earlier", "{results}/conformance/earlier-2026-11-29-first.json",
+              # the second run on 083e4869, whose 0.33.0 twin failed the gate (4 of 36 looping)
+              "--earlier", "{results}/conformance/earlier-083e4869-260cb5aa.json", "--out", "{results}"),
              writes=("conformance.json",)),
     ),
     # multinode.md (a host with two GPUs): the gated target, then two `launcher serve` nodes against

@@ -141,6 +141,17 @@ def run(jobs: list[Job], command: list[str], sites: Sites, work: Path, out: Path
     return rc
 
 
+def zlab_missing(jobs: list[Job], zlab: str) -> str:
+    """Why the jobs may not start without z-lab's record, or "". The conformance phase reads the
+    record once, at its start, to stop each prompt again at its common prefix with z-lab's loop;
+    started without it, the phase serves every prompt whole and its prefix acceptance is simply
+    absent, which no later step can make up."""
+    if not any("conformance" in job.phases.split(",") for job in jobs) or (zlab and Path(zlab).is_file()):
+        return ""
+    return (f"the conformance phase needs z-lab's record before it starts ({zlab or 'none given'} is missing): "
+            "run `remote.sh zlab-reference` first, or set SERVED_ZLAB to a committed record")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("check", "run"))
@@ -152,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command", default="bash tests/gpu/remote.sh served-run",
                         help="what runs one job, given SITE PATCHED NAME")
     parser.add_argument("--stagger-s", type=float, default=20.0)
+    parser.add_argument("--zlab", default="", help="z-lab's record, which the conformance phase reads when it starts")
     for name in ("site", "site-patched", "site33", "site33-patched", "reverted"):
         parser.add_argument(f"--{name}", default="")
     args = parser.parse_args(argv)
@@ -159,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         jobs = plan(args.jobs, args.versions, [g for g in args.gpus.split(",") if g])
     except PlanError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    missing = zlab_missing(jobs, args.zlab)
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
     if args.action == "check":
         return 0
