@@ -614,5 +614,80 @@ def test_the_committed_headline_is_the_offline_walk_of_every_prompt_once_and_not
     assert row["all_prompts"]["mean_acceptance_length"] == \
         train["evaluation"]["vllm-0.21.0"]["all_prompts"]["mean_acceptance_length"]
     assert row["all_prompts"]["prompts"] == 36 and row["loop_free"]["prompts"] == 36 - row["looping_prompts"]
-    assert not any(r["proof"] for r in heads)
-    assert "**0 of" in (results / "acceptance.md").read_text().split("## Every run")[0]
+    # the offline walks rest on references that fail the gate or ran on a superseded series
+    assert not any(r["proof"] for r in heads if r["reference_run"] != "conformance-twin")
+
+
+def test_the_committed_headline_of_the_gated_target_is_vllms_own_and_proof_on_both_releases():
+    """The conformance run on 84c26c18: its rows agree with conformance.py's own reading of the
+    same records (served_acceptance), and rest on twins that pass the gate on the current series."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "gpu" / "results"
+    heads = json.loads((results / "acceptance-headline.json").read_text())
+    conf = json.loads((results / "conformance.json").read_text())
+    served = [r for r in heads if r["reference_run"] == "conformance-twin"]
+    assert sorted(r["vllm"] for r in served) == ["0.21.0", "0.33.0"]
+    for row in served:
+        release = next(v for v in conf["releases"] if v["vllm"] == row["vllm"] and not v.get("variant"))
+        assert row["all_prompts"]["mean_acceptance_length"] == pytest.approx(
+            release["served_acceptance"]["mean_acceptance_length"], abs=1e-4)
+        assert row["all_prompts"]["prompts"] == 36 and row["target_sha256"] == conf["target_sha256"]
+        assert row["looping_prompts"] == release["twin_gate"]["looping_sequences"]
+        assert row["proof"] is True and row["staleness"] == "current"
+    assert "**2 of" in (results / "acceptance.md").read_text().split("## Every run")[0]
+
+
+def _conformance_archive(tmp_path, loops: int):
+    """A conformance run's archive as served-all leaves it: 36 prompts of 128 tokens, the first
+    ``loops`` of the twin's outputs ending in a loop; request i accepts i % 5 of 2 drafts' tokens."""
+    import io
+    import json
+    import random
+    import tarfile
+
+    tokens = []
+    for i in range(36):
+        r = random.Random(i)
+        seq = [r.randrange(5000) for _ in range(128)]
+        if i < loops:
+            seq[-64:] = [7, 8] * 32
+        tokens.append(seq)
+    acc = [{"drafts": 2, "accepted_tokens": i % 5, "mean_acceptance_length": 1 + (i % 5) / 2} for i in range(36)]
+    files = {"out/zlab-reference.json": {"target_sha256": "t" * 64, "drafter_sha256": "d" * 64},
+             "served/conformance.json": {"vllm": "0.21.0", "series": "s", "server": "conformance",
+                                         "rows": [{"token_ids": t, "acceptance": a} for t, a in zip(tokens, acc)]},
+             "served/conformance-twin.json": {"vllm": "0.21.0", "series": "s", "server": "conformance-twin",
+                                              "rows": [{"token_ids": t} for t in tokens]}}
+    path = tmp_path / "served-raw.tar.xz"
+    with tarfile.open(path, "w:xz") as tar:
+        for name, doc in files.items():
+            data = json.dumps(doc).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path, acc
+
+
+def test_a_conformance_run_gives_a_headline_of_vllms_per_request_counters(tmp_path, monkeypatch):
+    monkeypatch.setattr(ar.series_now, "staleness", lambda rec: "current")
+    path, acc = _conformance_archive(tmp_path, loops=3)
+    [row] = ar.served_headline(path)
+    a = row["all_prompts"]
+    # pooled over the requests' drafts, each prompt once; min / median / max of the requests' own
+    assert a["mean_acceptance_length"] == round(1 + sum(x["accepted_tokens"] for x in acc) / 72, 4)
+    assert (a["per_prompt_min"], a["per_prompt_median"], a["per_prompt_max"]) == (1.0, 2.0, 3.0)
+    # the twin's looping prompts (0, 1, 2: they accept 0, 1, 2 tokens) leave the loop-free subset
+    assert row["looping_prompts"] == 3 and row["loop_free"]["prompts"] == 33
+    kept = acc[3:]
+    assert row["loop_free"]["mean_acceptance_length"] == round(
+        1 + sum(x["accepted_tokens"] for x in kept) / (2 * len(kept)), 4)
+    assert row["proof"] is True and row["target_sha256"] == "t" * 64 and row["vllm"] == "0.21.0"
+    assert row["source"].endswith("served-raw.tar.xz!served/conformance.json")
+    # the twin failing the gate (4 of 36 looping), or a superseded series: not proof
+    [row] = ar.served_headline(_conformance_archive(tmp_path, loops=4)[0])
+    assert row["gate_failures"] == ["4 of 36 sequences looping (at most 10%)"] and row["proof"] is False
+    monkeypatch.setattr(ar.series_now, "staleness", lambda rec: "stale")
+    [row] = ar.served_headline(_conformance_archive(tmp_path, loops=0)[0])
+    assert row["gate_passes"] and row["proof"] is False

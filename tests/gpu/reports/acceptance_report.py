@@ -323,6 +323,68 @@ def headline(records: list[dict], drafter_records: list[dict], index: list[dict]
     return out
 
 
+# The conformance run's folders inside its archive (remote.sh served-all, SERVED_JOBS
+# conformance-twin,conformance): each gated prompt served alone by vLLM with the drafter, and by
+# its no-drafter twin, exact numerics; z-lab's record names the target and drafter.
+SERVED_FOLDERS = ("served", "served-v33")
+
+
+def _per_request(accs: list[dict]) -> dict:
+    """_per_prompt's figures from vLLM's per-request counters: pooled 1 + accepted / drafts over
+    the requests, each request's own mean as min / median / max."""
+    import statistics
+
+    accs = [a for a in accs if a.get("drafts")]
+    own = [round(a["mean_acceptance_length"], 4) for a in accs]
+    drafts = sum(a["drafts"] for a in accs)
+    pooled = round(1 + sum(a["accepted_tokens"] for a in accs) / drafts, 4) if drafts else None
+    return {"prompts": len(own), "mean_acceptance_length": pooled,
+            "per_prompt_min": min(own, default=None),
+            "per_prompt_median": round(statistics.median(own), 4) if own else None,
+            "per_prompt_max": max(own, default=None)}
+
+
+def _in_repo(path: Path) -> str:
+    """A path as the records name it: from the repository's root where it lies inside."""
+    path = path.resolve()
+    return str(path.relative_to(HERE.parent.parent)) if path.is_relative_to(HERE.parent.parent) else str(path)
+
+
+def served_headline(archive: Path) -> list[dict]:
+    """Issue 51, item 3, from vLLM's own counters: the conformance run serves every gated prompt
+    once, alone, so each request's acceptance is one prompt's (no concurrency mix). Its reference
+    is the same release's no-drafter twin, whose tokens the gate judges and whose looping prompts
+    the loop-free subset drops; lossless makes the drafter's outputs those tokens. A request
+    stopped at max_tokens counts its last verify step whole, as vLLM counts."""
+    import tarfile
+
+    out, shown = [], _in_repo(archive)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        zlab = json.load(tar.extractfile("out/zlab-reference.json"))
+        for folder in SERVED_FOLDERS:
+            if f"{folder}/conformance.json" not in names:
+                continue
+            served = json.load(tar.extractfile(f"{folder}/conformance.json"))
+            twin = json.load(tar.extractfile(f"{folder}/conformance-twin.json"))
+            accs = [(r or {}).get("acceptance") or {} for r in served["rows"]]
+            tokens = [(r or {}).get("token_ids") or [] for r in twin["rows"]]
+            loops = [gate.looping(t) for t in tokens]
+            why = gate.failures(gate.nondegenerate([{"token_ids": t} for t in tokens]))
+            stale = series_now.staleness(served)
+            out.append({"drafter_sha256": zlab.get("drafter_sha256"), "target_sha256": zlab.get("target_sha256"),
+                        "vllm": served["vllm"], "source": f"{shown}!{folder}/conformance.json",
+                        "measured_by": "vLLM's spec-decode counters, each prompt served alone",
+                        "all_prompts": _per_request(accs), "as_realshape_groups": None,
+                        "reference_run": twin.get("server"), "reference_series": twin.get("series"),
+                        "reference_raw": f"{shown}!{folder}/conformance-twin.json",
+                        "looping_prompts": sum(loops),
+                        "loop_free": _per_request([a for a, lp in zip(accs, loops) if not lp]),
+                        "gate_passes": not why, "gate_failures": why, "staleness": stale,
+                        "proof": not why and stale == "current"})
+    return out
+
+
 def _headline_markdown(rows: list[dict]) -> list[str]:
     if not rows:
         return []
@@ -332,13 +394,16 @@ def _headline_markdown(rows: list[dict]) -> list[str]:
                  "Every one of them rests on a reference that fails the current gate or ran on a "
                  "superseded series: they are not proof, and no acceptance claim stands on them until "
                  "the target meets the gate and the runs are repeated on the current series."
-                 if not proof else ""),
+                 if not proof else "Those rest on references that pass the gate on the current series; "
+                 "the others do not, and no claim stands on them."),
              "",
-             "The acceptance of each held-out prompt taken once (train_drafter.py's offline walk, the "
-             "only per-prompt acceptance the records hold), pooled over the prompts' verify steps, with "
+             "The acceptance of each held-out prompt taken once, pooled over the prompts' verify steps: "
+             "vLLM's own counters where the reference is `conformance-twin` (the conformance run serves "
+             "each gated prompt alone, so a request's counters are one prompt's), else train_drafter.py's "
+             "offline walk; with "
              "the per-prompt minimum, median and maximum; beside it the loop-free prompts (those whose "
-             "greedy text in the release's bf16 reference run does not loop, gate.looping). vLLM's "
-             "counters pool every request of a run: its rows below are concurrency mixes (the first "
+             "greedy text in the reference run does not loop, gate.looping). In the runs "
+             "below vLLM's counters pool every request of a run: those rows are concurrency mixes (the first "
              "prompts count once per group), reported beside the headline and never used to choose it.",
              "",
              "| drafter | vLLM | reference (series) | series now | verdict | acceptance | loop-free acceptance |",
@@ -653,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the drafter train records (their per-prompt steps give the headline)")
     parser.add_argument("--logs", type=Path, default=HERE / "results" / "realshape-logs",
                         help="the raw records' tarballs (the reference tokens the loop check reads)")
+    parser.add_argument("--conformance", type=Path, action="append", default=[],
+                        help="a conformance run's archive (served-raw.tar.xz): its per-request acceptance "
+                             "gives headline rows of vLLM's own")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     records = json.loads(args.realshape.read_text())
@@ -663,6 +731,7 @@ def main(argv: list[str] | None = None) -> int:
 
     index = rejudge.raw_index(args.logs) if args.logs.is_dir() else []
     heads = headline(records, drafter_records(args.trained) if args.trained.is_dir() else [], index)
+    heads += [row for archive in args.conformance for row in served_headline(archive)]
     # The JSON keeps its list of rows (one per run); the headline is written beside it.
     (args.out_dir / "acceptance.json").write_text(json.dumps(rows, indent=1) + "\n")
     (args.out_dir / "acceptance-headline.json").write_text(json.dumps(heads, indent=1) + "\n")

@@ -147,7 +147,8 @@ REJUDGE = Step("rejudge", "cpu", ("{py}", "tests/gpu/judging/rejudge.py", "--res
                writes=("rejudge.json",))
 ACCEPTANCE_REPORT = Step("acceptance-report", "cpu",
                          ("{py}", "tests/gpu/reports/acceptance_report.py", "--realshape", "{results}/realshape.json",
-                          "--served", "{results}/served.json", "--out-dir", "{results}"),
+                          "--served", "{results}/served.json",
+                          "--conformance", "{results}/" + CONFORMANCE_ARCHIVE, "--out-dir", "{results}"),
                          writes=("acceptance.json", "acceptance-headline.json"))
 # The full-size archive of the H200 host predates gpu.txt inside it: the GPU line (nvidia-smi's
 # name, memory and driver) that remote.sh wrote beside it is the one input replay writes in.
