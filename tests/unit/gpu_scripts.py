@@ -113,3 +113,19 @@ class StandInServer:
 
     def __exit__(self, *exc):
         return False
+
+
+def json_tar(path: Path, members: dict[str, object]) -> Path:
+    """An xz tarball at ``path`` of JSON members (name -> object), as the GPU host's raw archives
+    hold them; returns ``path``."""
+    import io
+    import json
+    import tarfile
+
+    with tarfile.open(path, "w:xz") as tar:
+        for name, obj in members.items():
+            data = json.dumps(obj).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.patching.series import series_for
+from tests.unit.gpu_scripts import json_tar
 from tests.unit.gpu_scripts import load as _load
 
 ar = _load("acceptance_report")
@@ -545,16 +546,11 @@ def test_a_stale_row_or_one_that_fails_the_gate_is_marked_and_keeps_done_open():
 # ---------------------------------------------------------------- the headline (issue 51, item 3)
 
 
-def _headline_case(loops: int, prompts: int = 36, series: str = "0" * 64):
-    """A drafter record whose prompt i accepts i % 5 drafts a step, and the release's bf16
-    reference run whose first ``loops`` outputs loop (a 2-token cycle at their end)."""
+def _outputs(prompts: int, loops: int) -> list[list[int]]:
+    """Greedy outputs of 128 seeded random tokens, the first ``loops`` of them ending in a
+    2-token cycle of 64 tokens (gate.looping's case)."""
     import random
 
-    target, drafter = "9" * 64, "4f" * 32
-    steps = [[i % 5] * (10 + i) for i in range(prompts)]
-    dr = {"drafter_sha256": drafter, "target_sha256": target, "_source": "x.json",
-          "evaluation": {"vllm-0.21.0": {"per_prompt_steps": steps,
-                                         "as_realshape_groups": {"mean_acceptance_length": 9.9}}}}
     tokens = []
     for i in range(prompts):
         r = random.Random(i)
@@ -562,6 +558,18 @@ def _headline_case(loops: int, prompts: int = 36, series: str = "0" * 64):
         if i < loops:
             seq[-64:] = [7, 8] * 32
         tokens.append(seq)
+    return tokens
+
+
+def _headline_case(loops: int, prompts: int = 36, series: str = "0" * 64):
+    """A drafter record whose prompt i accepts i % 5 drafts a step, and the release's bf16
+    reference run whose first ``loops`` outputs loop (a 2-token cycle at their end)."""
+    target, drafter = "9" * 64, "4f" * 32
+    steps = [[i % 5] * (10 + i) for i in range(prompts)]
+    dr = {"drafter_sha256": drafter, "target_sha256": target, "_source": "x.json",
+          "evaluation": {"vllm-0.21.0": {"per_prompt_steps": steps,
+                                         "as_realshape_groups": {"mean_acceptance_length": 9.9}}}}
+    tokens = _outputs(prompts, loops)
     rec = {"name": "trained-ref-bf16", "ok": True, "target_sha256": target, "series": series,
            "vllm": "0.21.0", "nondegenerate": None}
     raw = {"name": "trained-ref-bf16", "source": "t.tar.xz!ref.raw.json", "series": series,
@@ -642,32 +650,14 @@ def test_the_committed_headline_of_the_gated_target_is_vllms_own_and_proof_on_bo
 def _conformance_archive(tmp_path, loops: int):
     """A conformance run's archive as served-all leaves it: 36 prompts of 128 tokens, the first
     ``loops`` of the twin's outputs ending in a loop; request i accepts i % 5 of 2 drafts' tokens."""
-    import io
-    import json
-    import random
-    import tarfile
-
-    tokens = []
-    for i in range(36):
-        r = random.Random(i)
-        seq = [r.randrange(5000) for _ in range(128)]
-        if i < loops:
-            seq[-64:] = [7, 8] * 32
-        tokens.append(seq)
+    tokens = _outputs(36, loops)
     acc = [{"drafts": 2, "accepted_tokens": i % 5, "mean_acceptance_length": 1 + (i % 5) / 2} for i in range(36)]
     files = {"out/zlab-reference.json": {"target_sha256": "t" * 64, "drafter_sha256": "d" * 64},
              "served/conformance.json": {"vllm": "0.21.0", "series": "s", "server": "conformance",
                                          "rows": [{"token_ids": t, "acceptance": a} for t, a in zip(tokens, acc)]},
              "served/conformance-twin.json": {"vllm": "0.21.0", "series": "s", "server": "conformance-twin",
                                               "rows": [{"token_ids": t} for t in tokens]}}
-    path = tmp_path / "served-raw.tar.xz"
-    with tarfile.open(path, "w:xz") as tar:
-        for name, doc in files.items():
-            data = json.dumps(doc).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path, acc
+    return json_tar(tmp_path / "served-raw.tar.xz", files), acc
 
 
 def test_a_conformance_run_gives_a_headline_of_vllms_per_request_counters(tmp_path, monkeypatch):

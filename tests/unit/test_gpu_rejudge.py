@@ -7,7 +7,6 @@ the committed records and checks that the committed rejudge.{json,md} are its ou
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import tarfile
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.gpu_scripts import json_tar
 from tests.unit.gpu_scripts import load as _load
 
 gate = _load("gate")
@@ -35,12 +35,7 @@ def _loop_tail(i):
 
 
 def _tar(path: Path, members: dict[str, dict]) -> None:
-    with tarfile.open(path, "w:xz") as tf:
-        for name, obj in members.items():
-            data = json.dumps(obj).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
+    json_tar(path, members)
 
 
 def _stored(outs, keys=None):
