@@ -120,10 +120,20 @@ def test_a_served_record_without_its_prefix_runs_is_not_measured_not_a_miss(monk
     v = conf.judge(_zlab(z), twin, whole)
     assert v["prefix_runs"] == {"needed": 2, "made": 0} and not v["holds"]
     cells = conf._prefix_cells(v)
-    assert cells == ("not measured", "none of the 2 prefix runs in the served record")
+    assert cells == ("not measured", "0 of the 2 prefix runs in the served record")
+    assert conf._verdict_mark(v) == "not measured"
     stopped = {**whole, "rows": [{**whole["rows"][0], "prefix_acceptance": acc}] * 2}
     v = conf.judge(_zlab(z), twin, stopped)
-    assert v["prefix_runs"] == {"needed": 2, "made": 2} and conf._prefix_cells(v)[0] == "holds"
+    assert v["prefix_runs"] == {"needed": 2, "made": 2} and conf._prefix_cells(v)[0] == "holds" and v["holds"]
+    # one run skipped at the deadline (served.py leaves its acceptance None), one made: the
+    # verdict is not judged on the prompt that remains
+    partial = {**whole, "rows": [{**whole["rows"][0], "prefix_acceptance": None}, stopped["rows"][1]]}
+    v = conf.judge(_zlab(z), twin, partial)
+    assert v["prefix_runs"] == {"needed": 2, "made": 1} and not v["holds"] and not v["holds_whole_steps"]
+    assert conf._prefix_cells(v) == ("not measured", "1 of the 2 prefix runs in the served record")
+    # an earlier record without the field was measured whole, as its verdict says
+    legacy = {k: val for k, val in v.items() if k != "prefix_runs"}
+    assert conf.verdict({**legacy, "holds": True}) == "holds" and conf.verdict(legacy) == "misses"
 
 
 def test_the_report_judges_releases_each_against_its_own_twin_and_a_variant_only_beside_them(tmp_path, monkeypatch):

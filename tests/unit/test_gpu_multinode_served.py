@@ -151,6 +151,19 @@ def test_runs_of_another_target_or_series_do_not_merge():
         mn.merged([_run("d0", {}), _run("d1", {}, target_sha256="u", series="z")])
 
 
+def test_a_drafter_server_is_taken_only_from_runs_with_the_records_drafter():
+    """The record names the newest run's drafter: a -dflash server of a run with another drafter
+    (the random one, before the trained drafter existed) would report the wrong drafter's acceptance."""
+    rows = _rows([1, 2, 3], [4, 5, 6])
+    first = _run("d0", {"tp2": {"passes": [{"rows": rows}]}, "tp2-dflash": {"passes": [{"rows": rows}]}},
+                 drafter="/m/random-drafter")
+    second = _run("d1", {"tp1": {"passes": [{"rows": rows}]}, "tp2-dflash": {"error": "not ready"}},
+                  drafter="/m/trained-drafter")
+    rec = mn.merged([first, second])
+    assert rec["servers"]["tp2-dflash"] == {"error": "not ready", "run": 1}
+    assert rec["servers"]["tp2"]["run"] == 0 and rec["meta"]["drafter"] == "/m/trained-drafter"
+
+
 def test_runs_on_another_kind_of_gpu_do_not_merge():
     """Exact numerics give the same tokens on GPUs of one kind, not across kinds."""
     with pytest.raises(SystemExit, match="differ in gpu"):

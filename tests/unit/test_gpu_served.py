@@ -968,3 +968,20 @@ def test_the_log_summary_names_only_what_this_command_ran(model_dir, monkeypatch
                        "stock_error=None"]
     # a phase that left no record says so instead of vanishing from the log
     assert served.ran_summary(work, ["reference"]) == [f"reference: no record in {work}"]
+
+
+def test_the_conformance_phase_refuses_to_start_without_z_labs_record(model_dir, monkeypatch, tmp_path, capsys):
+    """Whichever verb starts it (served-all, served, served-run): without z-lab's record no prompt
+    would be served again stopped at its prefix, silently."""
+    started = []
+    monkeypatch.setitem(served.PHASES, "conformance", lambda args: started.append(args))
+    argv = ["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
+            "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--phases", "conformance"]
+    for extra in ([], ["--zlab", str(tmp_path / "zlab-reference.json")]):
+        with pytest.raises(SystemExit) as exc:
+            served.main([*argv, *extra])
+        assert exc.value.code == 2 and "remote.sh zlab-reference" in capsys.readouterr().err
+    assert started == []
+    (tmp_path / "zlab-reference.json").write_text("{}")
+    served.main([*argv, "--zlab", str(tmp_path / "zlab-reference.json")])
+    assert len(started) == 1

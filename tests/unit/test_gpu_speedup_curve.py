@@ -450,6 +450,8 @@ def test_where_the_plain_oracle_costs_time_the_second_oracle_states_the_break_ev
     # is not one of the second oracle's planned cells, so none of its points count there
     assert (f"(5 of {len(sg.GRID)} grid points measured with both phases; "
             f"0 of {len(sg.TAIL_POINTS)} of the second oracle's)") in md
+    planned = [{"id": sg.TAIL_POINTS[0].id}, {"id": sg.GRID[0].id}]
+    assert (report._measured(planned, sg.GRID), report._measured(planned, sg.TAIL_POINTS)) == (1, 1)
     # the plain oracle's miss stays on the page beside the second oracle's break-even
     assert "| break-even K=7 c=1 | 0.33.0 |" in md and "not stated (the points read 1.60)" in md
     assert "| break-even K=7 c=1 (second oracle) | 0.33.0 |" in md and "1.50 measured / 1.57 frozen" in md

@@ -196,8 +196,24 @@ def prefix_runs(zlab_rows: list[dict], rows: list[dict], served_rows: list[dict]
     """How many prompts need a run stopped at their prefix (served.py's ``wanted``), and how many
     the served record holds."""
     need = [1 < r["prefix"] < len(z["token_ids"]) for z, r in zip(zlab_rows, rows)]
-    made = [n and bool(s) and "prefix_acceptance" in s for n, s in zip(need, served_rows)]
+    # a request skipped at the deadline leaves prefix_acceptance None: not made
+    made = [n and bool(((s or {}).get("prefix_acceptance") or {}).get("drafts")) for n, s in zip(need, served_rows)]
     return {"needed": sum(need), "made": sum(made)}
+
+
+def measured(v: dict) -> bool:
+    """Every prefix run the verdict needs is in the record (records made before the count
+    existed have no such field: theirs were)."""
+    runs = v.get("prefix_runs") or {}
+    return runs.get("made", 0) == runs.get("needed", 0)
+
+
+def verdict(v: dict) -> str:
+    """The release's verdict on the pooled prefix acceptance: holds, misses, or not measured
+    (some prefix runs absent: never a pass, and never judged on the prompts that remain)."""
+    if not measured(v):
+        return "not measured"
+    return "holds" if v["holds"] else "misses"
 
 
 def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> dict:
@@ -206,6 +222,7 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
     bound = noise_bound(zlab["rows"], twin["rows"])
     rows = [compare_prompt(z, s, bound) for z, s in zip(zlab["rows"], served["rows"])]
     pool = pooled(rows)
+    runs = prefix_runs(zlab["rows"], rows, served["rows"])
     count = (bars.at(served.get("bars")).get("conformance") or {}).get("acceptance_count", "cut")
     twin_gate = gate.nondegenerate([{"token_ids": r.get("token_ids") or []} for r in twin["rows"]])
     twin_gate["passes"] = gate.passes(twin_gate)
@@ -231,7 +248,7 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         # Prompts whose prefix ends inside the output, and of those the ones the server ran again
         # stopped there: none when it started without z-lab's record, and then the pooled prefix
         # acceptance was not measured (not a pass)
-        "prefix_runs": prefix_runs(zlab["rows"], rows, served["rows"]),
+        "prefix_runs": runs,
         # Lossless, strict (bars.yaml lossless): the drafter's outputs against its own twin, one at
         # a time and with every prompt in flight; the twin's outputs through the gate.
         "lossless_one_at_a_time": identical_rows(served["rows"], twin["rows"]),
@@ -241,9 +258,9 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         # The verdict counts as the bars file the served record was made under says: z-lab's
         # steps cut at the prefix (the first version), or its crossing step whole, as vLLM counts.
         "acceptance_count": count,
-        "holds": passes(pool.get(COUNT_KEYS[count][2])),
+        "holds": passes(pool.get(COUNT_KEYS[count][2])) and runs["made"] == runs["needed"],
         # Beside the verdict, never in its place
-        "holds_whole_steps": passes(pool.get("within_whole_steps")),
+        "holds_whole_steps": passes(pool.get("within_whole_steps")) and runs["made"] == runs["needed"],
         "rows": rows,
     }
 
@@ -320,7 +337,7 @@ def _earlier_lines(earlier: list[tuple[str, dict]]) -> list[str]:
             lines.append(f"| {name} | {_pair(doc)} | {v['label']} | {(doc.get('bars') or '')[:8]} "
                          f"| {v.get('acceptance_count', 'cut')} "
                          f"| {zlab} | {v['acceptance'].get('vllm_acceptance')} | {gap} | "
-                         f"{v['identical_over_prefix']}/{v['prompts']} | {_mark(v['holds'])} |")
+                         f"{v['identical_over_prefix']}/{v['prompts']} | {_verdict_mark(v)} |")
     lines.append("")
     lines += [f"- {count}: {COUNTS[count]}." for count in sorted({v.get("acceptance_count", "cut")
                                                                    for _, d in earlier for v in d["releases"]})]
@@ -333,6 +350,10 @@ def _pair(doc: dict) -> str:
 
 def _window_cell(w: dict | None) -> str:
     return "n/a" if not w else f"{w['binding']}/{w['steps']} steps ({w['share']}), window {w['window']}"
+
+
+def _verdict_mark(v: dict) -> str:
+    return _mark(v["holds"]) if measured(v) else "not measured"
 
 
 def _mark(ok) -> str:
@@ -349,7 +370,7 @@ def _summary_lines(doc: dict) -> list[str]:
         lines.append(f"| {v['label']} | {(v['series'] or '')[:8]} | {v.get('numerics')} | {v['prompts']} | "
                      f"{v['identical_over_prefix']}/{v['prompts']} | {zlab} ({v['acceptance_count']}) | "
                      f"{a.get('vllm_acceptance')} | {gap} | {v['noise_bound']} (p{v['noise_percentile']}) | "
-                     f"{', '.join(k for k, ok in v['teeth'].items() if not ok) or 'all'} | {_mark(v['holds'])} |")
+                     f"{', '.join(k for k, ok in v['teeth'].items() if not ok) or 'all'} | {_verdict_mark(v)} |")
     lines += ["", "Beside the verdict, not in its place: z-lab's step that crosses the prefix end counted "
               "whole, as vLLM's spec-decode counters count a request stopped at max_tokens (they count every "
               "draft its last verify step accepted, also past the stop), and step for step: vLLM's drafts "
@@ -360,7 +381,8 @@ def _summary_lines(doc: dict) -> list[str]:
         a = v["acceptance"]
         lines.append(f"| {v['label']} | {a.get('zlab_steps')} | {a.get('zlab_acceptance_whole_steps')} | "
                      f"{a.get('vllm_acceptance')} | {a.get('gap_whole_steps')} | "
-                     f"{a.get('prompts_same_steps')}/{a.get('prompts')} | {_mark(v.get('holds_whole_steps'))} |")
+                     f"{a.get('prompts_same_steps')}/{a.get('prompts')} | "
+                     f"{_mark(v.get('holds_whole_steps')) if measured(v) else 'not measured'} |")
     if any("vllm_acceptance_cut" in v["acceptance"] for v in doc["releases"]):
         lines += ["", "And both sides cut at the prefix, as the issue words it (acceptance over the prefix): "
                   "vLLM's output tokens after the prefill's over its verify steps, z-lab's as in the verdict.", "",
@@ -368,7 +390,8 @@ def _summary_lines(doc: dict) -> list[str]:
         for v in doc["releases"]:
             a = v["acceptance"]
             lines.append(f"| {v['label']} | {a.get('zlab_acceptance')} | {a.get('vllm_acceptance_cut')} | "
-                         f"{a.get('gap_cut_both')} | {_mark(a.get('within_cut_both'))} |")
+                         f"{a.get('gap_cut_both')} | "
+                         f"{_mark(a.get('within_cut_both')) if measured(v) else 'not measured'} |")
     lines += ["", "Lossless, strict: the drafter's outputs against the same server without a drafter "
               "(one prompt at a time), and the twin's outputs through the gate.", "",
               "| vLLM | one at a time | all in flight | twin gate (looping / constant / median distinct) | "
@@ -416,8 +439,7 @@ def _headline(doc: dict) -> list[str]:
             if not v.get("variant"):
                 rows.append((f"pooled prefix acceptance, earlier run {name} ({v.get('acceptance_count', 'cut')} count)",
                              v["label"], headline.series_cell([{"vllm": v["vllm"], "series": v["series"]}]),
-                             "holds" if v["holds"] else "misses",
-                             f"{v['acceptance'].get('vllm_acceptance')} vs {counted(v)[0]} (Earlier runs)"))
+                             verdict(v), f"{v['acceptance'].get('vllm_acceptance')} vs {counted(v)[0]} (Earlier runs)"))
     return headline.table(rows)
 
 
@@ -426,9 +448,9 @@ def _prefix_cells(v: dict) -> tuple[str, str]:
     record holds no prefix run (a record made before the count existed has no such field)."""
     a = v["acceptance"]
     runs = v.get("prefix_runs") or {}
-    if runs.get("needed") and not runs.get("made"):
-        return "not measured", f"none of the {runs['needed']} prefix runs in the served record"
-    return ("holds" if v["holds"] else "misses",
+    if not measured(v):
+        return "not measured", f"{runs['made']} of the {runs['needed']} prefix runs in the served record"
+    return (verdict(v),
             f"{a.get('vllm_acceptance')} vs {counted(v)[0]}; both cut at the prefix "
             f"{a.get('vllm_acceptance_cut')} vs {a.get('zlab_acceptance')}")
 
@@ -485,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     # The verdict is the record's; the exit status says whether it was written. A series less one
     # patch is measured beside the releases, not judged (issue 50, item 5).
     judged = [v for v in releases if not v.get("variant")]
-    print(f"holds: {sum(v['holds'] for v in judged)}/{len(judged)} releases")
+    print(f"holds: {sum(v['holds'] for v in judged)}/{len(judged)} releases"
+          f" ({sum(not measured(v) for v in judged)} not measured)")
     return 0
 
 

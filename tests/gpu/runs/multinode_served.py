@@ -299,8 +299,13 @@ def merged(records: list[dict]) -> dict:
             raise SystemExit("these runs differ in " + ", ".join(
                 k for k in keys if r["meta"].get(k) != records[0]["meta"].get(k)) + ": not one record")
     servers: dict = {}
+    drafter = records[-1]["meta"].get("drafter")
     for i, r in enumerate(records):
         for name, entry in r["servers"].items():
+            # a drafter server of a run with another drafter measured that drafter, not the
+            # record's (the newest run's): it is left out, never merged under the wrong name
+            if name.endswith("-dflash") and r["meta"].get("drafter") != drafter:
+                continue
             if entry.get("passes") or not (servers.get(name) or {}).get("passes"):
                 servers[name] = {**entry, "run": i}
     return {"meta": {**records[-1]["meta"], "runs": [r["meta"] for r in records]},

@@ -981,6 +981,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown phase {name!r}: {', '.join(PHASES)}")
         if name == "stock" and not args.site_stock:
             parser.error("the stock phase needs --site-stock")
+        if name == "conformance" and not (args.zlab and args.zlab.is_file()):
+            # read once, at the phase's start: without it no prompt is served again stopped at
+            # its prefix, and the pooled prefix acceptance cannot be judged afterwards
+            parser.error(f"the conformance phase needs z-lab's record (--zlab {args.zlab or 'not given'}): "
+                         "run `remote.sh zlab-reference` first, or set SERVED_ZLAB to a committed record")
     if args.parallel and {"dflash", "bench"} <= set(names):
         parser.error("the dflash and bench phases share a port: not side by side")
     if "speed" in names and args.exact_numerics:

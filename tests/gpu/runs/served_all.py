@@ -12,7 +12,8 @@ in ``$OUT`` (what a GPU host hands back at most) all but the record and its page
 ``served-out.tar.gz``.
 
 ``check`` refuses, with exit 2 and before anything starts: a recipe named twice (its folder is
-per recipe and version), and a speed phase that would share a GPU with another job.
+per recipe and version), a speed phase that would share a GPU with another job, and a
+conformance phase without z-lab's record (``--zlab``), which it reads when it starts.
 """
 
 from __future__ import annotations
