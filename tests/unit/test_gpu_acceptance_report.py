@@ -647,21 +647,21 @@ def test_the_committed_headline_of_the_gated_target_is_vllms_own_and_proof_on_bo
     assert "**2 of" in (results / "acceptance.md").read_text().split("## Every run")[0]
 
 
-def _conformance_archive(tmp_path, loops: int):
+def _conformance_archive(tmp_path, loops: int, series: str | None = None):
     """A conformance run's archive as served-all leaves it: 36 prompts of 128 tokens, the first
     ``loops`` of the twin's outputs ending in a loop; request i accepts i % 5 of 2 drafts' tokens."""
+    series = series or ar.series_now.current_hash("0.21.0")  # this checkout's series: current
     tokens = _outputs(36, loops)
     acc = [{"drafts": 2, "accepted_tokens": i % 5, "mean_acceptance_length": 1 + (i % 5) / 2} for i in range(36)]
     files = {"out/zlab-reference.json": {"target_sha256": "t" * 64, "drafter_sha256": "d" * 64},
-             "served/conformance.json": {"vllm": "0.21.0", "series": "s", "server": "conformance",
+             "served/conformance.json": {"vllm": "0.21.0", "series": series, "server": "conformance",
                                          "rows": [{"token_ids": t, "acceptance": a} for t, a in zip(tokens, acc)]},
-             "served/conformance-twin.json": {"vllm": "0.21.0", "series": "s", "server": "conformance-twin",
+             "served/conformance-twin.json": {"vllm": "0.21.0", "series": series, "server": "conformance-twin",
                                               "rows": [{"token_ids": t} for t in tokens]}}
     return json_tar(tmp_path / "served-raw.tar.xz", files), acc
 
 
-def test_a_conformance_run_gives_a_headline_of_vllms_per_request_counters(tmp_path, monkeypatch):
-    monkeypatch.setattr(ar.series_now, "staleness", lambda rec: "current")
+def test_a_conformance_run_gives_a_headline_of_vllms_per_request_counters(tmp_path):
     path, acc = _conformance_archive(tmp_path, loops=3)
     [row] = ar.served_headline(path)
     a = row["all_prompts"]
@@ -678,6 +678,5 @@ def test_a_conformance_run_gives_a_headline_of_vllms_per_request_counters(tmp_pa
     # the twin failing the gate (4 of 36 looping), or a superseded series: not proof
     [row] = ar.served_headline(_conformance_archive(tmp_path, loops=4)[0])
     assert row["gate_failures"] == ["4 of 36 sequences looping (at most 10%)"] and row["proof"] is False
-    monkeypatch.setattr(ar.series_now, "staleness", lambda rec: "stale")
-    [row] = ar.served_headline(_conformance_archive(tmp_path, loops=0)[0])
-    assert row["gate_passes"] and row["proof"] is False
+    [row] = ar.served_headline(_conformance_archive(tmp_path, loops=0, series="0" * 64)[0])
+    assert row["gate_passes"] and row["staleness"] == "stale" and row["proof"] is False

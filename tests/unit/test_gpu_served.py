@@ -974,6 +974,7 @@ def test_the_conformance_phase_refuses_to_start_without_z_labs_record(model_dir,
     """Whichever verb starts it (served-all, served, served-run): without z-lab's record no prompt
     would be served again stopped at its prefix, silently."""
     started = []
+    # the phase itself serves vLLM on a GPU: a stand-in records only that it was started
     monkeypatch.setitem(served.PHASES, "conformance", lambda args: started.append(args))
     argv = ["--model", str(model_dir), "--drafter", str(model_dir), "--site-patched", "/nonexistent",
             "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--phases", "conformance"]
