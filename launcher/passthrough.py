@@ -131,6 +131,39 @@ def _port(value: str) -> int:
         raise LauncherError(f"`-- --port {value}`: a port is a number from 1 to 65535") from None
 
 
+def owned_by_plan(flag: str) -> str | None:
+    """Why a recipe's ``serve.extra_args`` may not carry ``flag`` (None: it may). The plan
+    renders these itself; a second copy in the extra words would win in vLLM's parser while
+    the launcher plans, checks and waits on its own (an extra ``--host 0.0.0.0`` would bind
+    every interface behind a plan that shows 127.0.0.1)."""
+    key = base(flag)
+    if key in ADDRESS:
+        return f"it is the launcher's own option: launcher serve {key} VALUE"
+    if key in CLUSTER_FLAGS:
+        return CLUSTER_FLAGS[key]
+    if key == _SPECULATIVE:
+        return _SPECULATIVE_HINT
+    if key == _MODEL:
+        return "the model is the target section's"
+    if key in RECIPE_FIELDS:
+        return f"the recipe field {RECIPE_FIELDS[key]} sets it"
+    return None
+
+
+def merge_extra(own: list[str], extra: list[str]) -> list[str]:
+    """The plan's rendered command ``own`` with a recipe's ``serve.extra_args``, refusing any
+    flag both set (the recipe check refuses the ones it knows; this catches the rest, such as
+    the intent's rendered flags)."""
+    planned = {base(n) for n in map(name, groups(own[3:])) if n}
+    for group in groups(extra):
+        flag = name(group)
+        if flag is not None and base(flag) in planned:
+            raise LauncherError(f"serve.extra_args {shlex.join(group)}: the plan already renders {flag}",
+                                hint=owned_by_plan(flag) or "drop it from serve.extra_args; the recipe's "
+                                "intent section or its profile sets it")
+    return own + list(extra)
+
+
 def merge(own: list[str], user: list[str], warnings: list[str]) -> list[str]:
     """The plan's command ``own`` (``vllm serve MODEL ...``) with the user's ``user`` appended.
 

@@ -624,7 +624,7 @@ def _argv(rec, override, version, model: Path, drafter: Path | None, req: Reques
         argv += ["--speculative-config", json.dumps(_spec_config(rec.drafter, drafter), separators=(",", ":"))]
     argv += cluster_args or []
     # One copy of each flag: the user's after `--` is refused or replaces the plan's (launcher.passthrough).
-    return passthrough.merge(argv + serve["extra_args"], list(req.extra_args), warnings)
+    return passthrough.merge(passthrough.merge_extra(argv, serve["extra_args"]), list(req.extra_args), warnings)
 
 
 def _cuda_graph_cover(serve: dict, rec, version, warnings: list[str]) -> None:

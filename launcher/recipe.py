@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from launcher import passthrough
 from launcher.errors import LauncherError
 from launcher.paths import recipes_dir
 from launcher.profiles import PROFILES
@@ -171,6 +172,16 @@ class ServeArgs(_Strict):
     tool_call_parser: str | None = None
     enforce_eager: bool = False
     extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_flag_the_plan_renders(cls, v: list[str]) -> list[str]:
+        for group in passthrough.groups(v):
+            flag = passthrough.name(group)
+            why = passthrough.owned_by_plan(flag) if flag else None
+            if why:
+                raise ValueError(f"{flag} is rendered by the plan, not passed through: {why}")
+        return v
 
 
 class ServeOverride(_Strict):

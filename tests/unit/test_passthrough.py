@@ -180,3 +180,40 @@ def test_model_after_dashdash_is_refused_not_silently_ignored(tail, models):
     assert res.exit_code == 2, res.output
     assert f"`-- {' '.join(tail)}`: the model is the launcher's own option" in res.output
     assert "--model DIR" in res.output
+
+
+@pytest.mark.parametrize("extra, why", [
+    (["--host", "0.0.0.0"], "launcher serve --host VALUE"),
+    (["--port=9000"], "launcher serve --port VALUE"),
+    (["--max-model-len", "999"], "serve.max_model_len"),
+    (["--speculative-config", "{}"], "--set drafter=null"),
+    (["--tensor-parallel-size", "2"], "cluster.tensor_parallel"),
+])
+def test_a_recipe_whose_extra_args_repeat_a_planned_flag_is_refused_by_file_line_and_field(tmp_path, extra, why):
+    """A second copy in serve.extra_args would win in vLLM's parser: the plan would show
+    127.0.0.1 and port 8000 while vLLM binds 0.0.0.0 and listens on 9000."""
+    from launcher.paths import recipes_dir
+
+    src = (recipes_dir() / "gemma4-moe.yaml").read_text()
+    line = next(i for i, t in enumerate(src.splitlines(), 1) if t.strip().startswith("extra_args:"))
+    bad = tmp_path / "gemma4-moe.yaml"
+    bad.write_text(src.replace('extra_args: ["--kv-cache-dtype", "bfloat16"]',
+                               f"extra_args: {json.dumps(['--kv-cache-dtype', 'bfloat16', *extra])}"))
+    before = bad.read_bytes()
+    res = invoke("recipes", "validate", str(bad))
+    assert res.exit_code == 2, res.output
+    assert f"{bad}:{line}: field serve.extra_args: {extra[0].split('=')[0]} is rendered by the plan" in res.output
+    assert why in res.output and bad.read_bytes() == before
+    # the same words through --set: refused, nothing planned
+    res = invoke("serve", "--recipe", "gemma4-moe", "--dry-run", "--set", f"serve.extra_args={json.dumps(extra)}")
+    assert res.exit_code == 2 and "field serve.extra_args" in res.output and "vllm serve" not in res.output
+
+
+def test_an_extra_arg_repeating_any_other_rendered_flag_is_refused_when_the_plan_renders():
+    from launcher import passthrough
+    from launcher.errors import LauncherError
+
+    own = ["vllm", "serve", "/m", "--attention-config", "{}", "--kv-cache-dtype", "bfloat16"]
+    assert passthrough.merge_extra(own, ["--enforce-eager"]) == own + ["--enforce-eager"]
+    with pytest.raises(LauncherError, match="serve.extra_args --attention-config .*: the plan already renders"):
+        passthrough.merge_extra(own, ["--attention-config", '{"flash_attn_version": 2}'])
