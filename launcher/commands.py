@@ -249,12 +249,14 @@ def recipes_list() -> None:
 
 @recipes_app.command("show")
 def recipes_show(name: str) -> None:
-    """Print a recipe as validated (defaults filled in)."""
+    """Print a recipe as validated (defaults filled in), its secrets masked."""
     import yaml
 
     from launcher import recipe as recipes
+    from launcher import redact
 
-    typer.echo(yaml.safe_dump(recipes.load(name).model_dump(mode="json"), sort_keys=False).rstrip())
+    shown = redact.tree(recipes.load(name).model_dump(mode="json"))
+    typer.echo(yaml.safe_dump(shown, sort_keys=False).rstrip())
 
 
 @recipes_app.command("schema")

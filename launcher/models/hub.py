@@ -46,10 +46,13 @@ def _hub(offline: bool):
 
 
 def endpoint() -> str:
+    """The Hub's address as shown to the user: a login inside HF_ENDPOINT is masked."""
     _hub(offline=False)  # a clear error when huggingface_hub is missing
     from huggingface_hub import constants
 
-    return constants.ENDPOINT
+    from launcher import redact
+
+    return redact.url_credentials(constants.ENDPOINT)
 
 
 def auth_state() -> str:

@@ -101,3 +101,39 @@ def test_the_values_masked_on_argv_are_masked_in_logs_too():
     assert redact.argv_secrets(args) == ["k1-long", "k2-long", "hf_xyz1"]
     line = "non-default args: {'api_key': ['k1-long', 'k2-long'], 'hf_token': 'hf_xyz1'}"
     assert redact.text(line, redact.argv_secrets(args)) == "non-default args: {'api_key': ['***', '***'], 'hf_token': '***'}"
+
+
+def test_recipes_show_masks_a_recipes_secrets(tmp_path):
+    """`recipes show` printed a recipe's HF_TOKEN and --api-key as written, where `serve
+    --dry-run` and `doctor` masked them."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+    from launcher.paths import recipes_dir
+
+    src = (recipes_dir() / "gemma4-moe.yaml").read_text()
+    src = src.replace('extra_args: ["--kv-cache-dtype", "bfloat16"]',
+                      'extra_args: ["--kv-cache-dtype", "bfloat16", "--api-key", "sk-recipesecret"]')
+    src = src.replace("\nenv:\n", '\nenv:\n  HF_TOKEN: hf_secretXYZ\n  HF_ENDPOINT: "https://u:pw1234@mirror.example"\n', 1)
+    path = tmp_path / "with-secrets.yaml"
+    path.write_text(src)
+    res = CliRunner().invoke(app, ["recipes", "show", str(path)])
+    assert res.exit_code == 0, res.output
+    for secret in ("hf_secretXYZ", "sk-recipesecret", "pw1234"):
+        assert secret not in res.output
+    assert "HF_TOKEN: '***'" in res.output and "https://***@mirror.example" in res.output
+    assert "PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True" in res.output  # the rest as it was
+
+
+def test_a_login_in_hf_endpoint_is_never_printed(tmp_path):
+    """The Hub address `models pull` prints (and names in its errors) hides a login, as `bench
+    --url` and `install --pip-arg` do; the real command, with HF_ENDPOINT in its environment."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_ENDPOINT": "https://user:hfsecretpw@mirror.example.com", "MODELS_DIR": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "launcher", "models", "pull", "-r", "gemma4-moe", "--dry-run"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "hfsecretpw" not in res.stdout + res.stderr and "hub       https://***@mirror.example.com" in res.stdout
