@@ -233,6 +233,11 @@ def assemble(req: Request, ctx: Context) -> Plan:
 
     model = Path(req.model).expanduser() if req.model else models_dir() / rec.target.name
     drafter = None
+    if req.drafter and not rec.drafter:
+        # dropped silently, the user would believe a drafter serves
+        raise LauncherError(f"--drafter {req.drafter}: recipe {rec.name} serves without a drafter",
+                            hint="choose a recipe with one (launcher recipes list: the *-dflash ones), "
+                                 "or leave --drafter out")
     if rec.drafter:
         drafter = Path(req.drafter).expanduser() if req.drafter else models_dir() / rec.drafter.name
     nodes: list[multinode.Node] = []

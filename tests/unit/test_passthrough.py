@@ -217,3 +217,15 @@ def test_an_extra_arg_repeating_any_other_rendered_flag_is_refused_when_the_plan
     assert passthrough.merge_extra(own, ["--enforce-eager"]) == own + ["--enforce-eager"]
     with pytest.raises(LauncherError, match="serve.extra_args --attention-config .*: the plan already renders"):
         passthrough.merge_extra(own, ["--attention-config", '{"flash_attn_version": 2}'])
+
+
+@pytest.mark.parametrize("args", [
+    ["--recipe", "gemma4-moe"],
+    ["--recipe", "gemma4-moe-dflash", "--set", "drafter=null"],
+])
+def test_a_drafter_given_to_a_plan_without_one_is_refused_not_dropped(args, tmp_path):
+    """The plan served the target alone and said nothing: the user believed a drafter served."""
+    res = invoke("serve", *args, "--dry-run", "--drafter", str(tmp_path))
+    assert res.exit_code == 2, res.output
+    assert f"--drafter {tmp_path}: recipe" in res.output and "serves without a drafter" in res.output
+    assert "vllm serve" not in res.output
