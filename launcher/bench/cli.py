@@ -65,6 +65,7 @@ def bench(
     _check_out(path)
     earlier = _read_baseline(baseline_result) if compare_without_drafter and baseline_result else None
     key = api_key or os.environ.get("VLLM_API_KEY") or None
+    _check_tokenizer(tokenizer)
     tok = tokenizer or _local_model(rec)
     kwargs = dict(levels=levels, min_requests=min_requests, model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
                   tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok))
@@ -107,6 +108,18 @@ def _break_even_lines(doc: dict) -> list[str]:
                                   concurrency=row["concurrency"], acceptance=row.get("mean_acceptance_length"),
                                   speedup=row.get("speedup"), vllm=doc.get("server_vllm"))
     return lines
+
+
+def _check_tokenizer(tokenizer: str | None) -> None:
+    """A --tokenizer written as a path (absolute, ./, ../ or ~) must be a model folder: one that
+    is not was ignored in silence and the prompts drawn from a vocabulary it did not set. A
+    repository id (org/name) is vllm bench serve's to resolve."""
+    if not tokenizer or not tokenizer.startswith(("/", "./", "../", "~")):
+        return
+    folder = Path(tokenizer).expanduser()
+    if not folder.is_dir():
+        raise LauncherError(f"--tokenizer {tokenizer}: no such folder",
+                            hint="pass the served model's folder (the one holding its config.json and tokenizer)")
 
 
 def _check_out(path: Path) -> None:

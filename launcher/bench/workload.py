@@ -127,6 +127,8 @@ def vocab_size(folder: str | Path | None) -> int | None:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    if not isinstance(config, dict):
+        return None
     for block in (config.get("text_config"), config):
         value = block.get("vocab_size") if isinstance(block, dict) else None
         if isinstance(value, int) and value > 0:

@@ -255,6 +255,10 @@ def plan(
 def _source(target: Target, version: str, source: str | None) -> tuple[str, str]:
     if source and source != "pypi":
         path = Path(source).expanduser()
+        if not (path / "setup.py").is_file() or not (path / "CMakeLists.txt").is_file():
+            # refused here, so that `build plan` does not show a plan `build wheels` refuses
+            raise LauncherError(f"--source {path} is not a vLLM source tree (no setup.py + CMakeLists.txt)",
+                                hint="pass a vLLM checkout, or leave --source out to build from the PyPI sdist")
         return str(path), f"checkout {path} (patched in place)"
     if target.source == "checkout":
         return "checkout", f"a checkout passed with --source: {target.source_hint}"

@@ -319,9 +319,25 @@ def _toolchain_env() -> dict:
     return {"env": {k: os.environ[k] for k in keys if k in os.environ}}
 
 
+def _folder(path: Path, flag: str) -> None:
+    """``path`` as a folder, made here where absent; a clear error where it cannot be made."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LauncherError(f"{flag} {path}: cannot make that folder ({exc.strerror})",
+                            hint=f"pass a folder you can write to {flag}") from None
+
+
 def build(plan: BuildPlan, *, preflight: PreflightResult | None, stop_before_compile: bool, echo: Echo) -> Path:
     """The whole ``build wheels`` flow; returns the manifest path."""
-    plan.work_dir.mkdir(parents=True, exist_ok=True)
+    # both checked before anything is fetched or patched: the manifest is written to the output
+    # folder only at the end, after what may be hours of compiling
+    folders = ((plan.work_dir, "--work-dir"), (plan.output_dir, "--output-dir"))
+    for path, flag in folders:
+        if path.exists() and not path.is_dir():
+            raise LauncherError(f"{flag} {path} is a file, not a folder", hint=f"pass a folder to {flag}")
+    for path, flag in folders:
+        _folder(path, flag)
     src = prepare_source(plan, echo)
     scripts = write_scripts(plan, src.tree)
     echo(f"env and commands: {scripts['env']}, {scripts['steps']}")

@@ -182,3 +182,30 @@ def test_cli_targets_lists_all_four():
     for name in EXPECTED:
         assert name in res.output
     assert "vLLM versions: 0.21.0 (the default)" in res.output
+
+
+def test_a_source_that_is_not_a_vllm_tree_is_refused_by_build_plan_too(tmp_path):
+    """`build plan` showed `checkout /nonexistent (patched in place)` that `build wheels` refused."""
+    from launcher.cli import app
+
+    res = CliRunner().invoke(app, ["build", "plan", "-t", "linux-amd64", "--source", str(tmp_path / "none")])
+    assert res.exit_code == 2 and "is not a vLLM source tree" in res.output and "patched in place" not in res.output
+
+
+@pytest.mark.parametrize("flag", ["--work-dir", "--output-dir"])
+def test_build_wheels_refuses_a_work_or_output_folder_that_cannot_be_one_before_anything_runs(flag, tmp_path):
+    """A file, or a path under one, gave a Python traceback (the output folder only at the end of
+    the build, hours in); a checkout that is not one made the work folder before it was refused."""
+    from launcher.cli import app
+
+    a_file = tmp_path / "afile"
+    a_file.write_text("kept")
+    base = ["build", "wheels", "-t", "linux-amd64", "--stop-before-compile", "--skip-preflight"]
+    other = "--output-dir" if flag == "--work-dir" else "--work-dir"
+    for bad, why in ((a_file, "is a file, not a folder"), (a_file / "x", "cannot make that folder")):
+        res = CliRunner().invoke(app, [*base, flag, str(bad), other, str(tmp_path / "other")])
+        assert res.exit_code == 2 and f"{flag} {bad}" in res.output and why in res.output, res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert a_file.read_text() == "kept"
+    res = CliRunner().invoke(app, [*base, "--source", str(tmp_path / "none"), "--work-dir", str(tmp_path / "new")])
+    assert res.exit_code == 2 and not (tmp_path / "new").exists()

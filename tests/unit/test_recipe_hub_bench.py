@@ -249,3 +249,29 @@ def test_random_prompts_stay_inside_a_small_models_vocabulary(tmp_path):
     assert workload.vocab_size(tmp_path / "m") == 4096
     assert workload.vocab_size(tmp_path / "nothing") is None and workload.vocab_size(None) is None
     assert workload.vocab_size("google/gemma-4-26B-A4B-it") is None  # a repo id, not a folder
+
+
+def test_a_tokenizer_folder_whose_config_is_not_an_object_sets_no_vocabulary(tmp_path):
+    """A config.json holding a list gave AttributeError: the prompts then fall back to no bound."""
+    from launcher.bench import workload
+
+    (tmp_path / "config.json").write_text("[1, 2]")
+    assert workload.vocab_size(tmp_path) is None
+    (tmp_path / "config.json").write_text('{"text_config": {"vocab_size": 262144}}')
+    assert workload.vocab_size(tmp_path) == 262144
+
+
+def test_a_tokenizer_path_that_is_no_folder_is_refused_before_any_request(tmp_path):
+    """It was ignored in silence; a repository id (org/name) stays vllm bench serve's to resolve."""
+    from typer.testing import CliRunner
+
+    from launcher.bench import cli as bench_cli
+    from launcher.cli import app
+
+    missing = tmp_path / "no-model"
+    res = CliRunner().invoke(app, ["bench", "-r", "gemma4-moe", "--url", "http://127.0.0.1:9", "--tokenizer",
+                                   str(missing), "--out", str(tmp_path / "b.json")])
+    assert res.exit_code == 2 and f"--tokenizer {missing}: no such folder" in res.output
+    assert not (tmp_path / "b.json").exists()
+    bench_cli._check_tokenizer("google/gemma-4-26B-A4B-it")  # a repository id passes
+    bench_cli._check_tokenizer(str(tmp_path))  # a folder passes
