@@ -95,6 +95,10 @@ def request(nnodes: int | None, node_rank: int | None, master_addr: str | None, 
     port = DEFAULT_MASTER_PORT if master_port is None else master_port
     if not 1 <= port <= 65535:
         raise LauncherError(f"--master-port {port}: a TCP port is 1 to 65535")
+    if port == DP_RPC_PORT:
+        # the head would bind it twice where the profile runs data parallel
+        raise LauncherError(f"--master-port {port} is the port vLLM's data-parallel engines meet on",
+                            hint=f"pick another, e.g. the default {DEFAULT_MASTER_PORT}")
     chosen = backend or "mp"
     if chosen not in BACKENDS:
         raise LauncherError(f"--distributed-executor-backend {chosen!r}: use mp (vLLM's native multi-node) or ray")

@@ -227,6 +227,10 @@ def assemble(req: Request, ctx: Context) -> Plan:
     env, sources = _recipe_env(rec, override, ctx.host.wsl, version, warnings)
     cluster = override.cluster if override else None
     if req.nodes is not None:
+        if req.nodes.backend == "mp" and req.nodes.master_port == req.port:
+            # the head's torch.distributed store listens on every interface: the API could not bind
+            raise LauncherError(f"--master-port {req.port} is also the API's --port",
+                                hint=f"pick another for one of them, e.g. --master-port {multinode.DEFAULT_MASTER_PORT}")
         _cluster_env(req.nodes, cluster, profile, ctx.host, env, sources)
     env_unset = _merge_environment(env, sources, ctx.environ, version, warnings)
     _apply_env_sets(env, sources, env_unset, env_sets, version)

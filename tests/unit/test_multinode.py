@@ -282,3 +282,18 @@ def test_single_machine_plans_are_unchanged(models):
 def test_this_machines_interfaces_are_read():
     found = network_interfaces()
     assert found is not None and "lo" in found and found["lo"] == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("ports, why", [
+    (["--master-port", "29550"], "--master-port 29550 is the port vLLM's data-parallel engines meet on"),
+    (["--master-port", "8000"], "--master-port 8000 is also the API's --port"),
+    (["--master-port", "9100", "--port", "9100"], "--master-port 9100 is also the API's --port"),
+])
+def test_a_master_port_the_head_already_listens_on_is_refused(ports, why):
+    """The plan printed `listens head A:29550 (store), A:29550 (handshake)` and went on."""
+    res = CliRunner().invoke(app, ["serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--nnodes", "2",
+                                   "--node-rank", "0", "--master-addr", "192.0.2.2", *ports])
+    assert res.exit_code == 2 and why in res.output, res.output
+    ok = CliRunner().invoke(app, ["serve", "--recipe", "gemma4-moe-dflash", "--dry-run", "--json", "--nnodes", "2",
+                                  "--node-rank", "0", "--master-addr", "192.0.2.2", "--master-port", "29502"])
+    assert "is the port vLLM" not in ok.output and "also the API's" not in ok.output
