@@ -46,6 +46,7 @@ def bench(
         raise LauncherError(f"--timeout {timeout:g}: seconds per request must be more than 0")
     for flag, value in (("--url", url), ("--baseline-url", baseline_url)):
         _check_url(flag, value)
+    url, baseline_url = _server_root(url), _server_root(baseline_url)
     rec = recipes.load(recipe)
     from launcher.bench import workload as workloads
 
@@ -198,6 +199,15 @@ def _check_pair(main: dict, baseline: dict) -> None:
 
 def register(root: typer.Typer) -> None:
     root.command("bench")(bench)
+
+
+def _server_root(url: str | None) -> str | None:
+    """The server's root: the endpoint `launcher serve` prints ends in /v1, which the requests add
+    themselves (http://H:P/v1 was asked for /v1/v1/models and refused with HTTP 404)."""
+    if not url:
+        return url
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
 
 
 def _check_url(flag: str, url: str | None) -> None:

@@ -32,7 +32,10 @@ def server_models(base_url: str, api_key: str | None, timeout: float = 10.0) -> 
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        hint = "pass --api-key (or set VLLM_API_KEY)" if exc.code == 401 else None
+        hint = None
+        if exc.code == 401:
+            hint = ("the server refused the key given (--api-key or VLLM_API_KEY): pass the one it was started with"
+                    if api_key else "pass --api-key (or set VLLM_API_KEY)")
         raise LauncherError(f"{base_url}/v1/models answered HTTP {exc.code}", hint=hint) from None
     except (OSError, ValueError) as exc:
         raise LauncherError(f"no OpenAI-compatible server answers at {base_url} ({exc})",

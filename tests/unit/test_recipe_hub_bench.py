@@ -275,3 +275,45 @@ def test_a_tokenizer_path_that_is_no_folder_is_refused_before_any_request(tmp_pa
     assert not (tmp_path / "b.json").exists()
     bench_cli._check_tokenizer("google/gemma-4-26B-A4B-it")  # a repository id passes
     bench_cli._check_tokenizer(str(tmp_path))  # a folder passes
+
+
+def _keyed_server(key: str):
+    """A stand-in OpenAI server (no vLLM here) that wants ``key`` as its bearer token."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from tests.unit.stand_in_openai import Handler
+
+    class Keyed(Handler):
+        def do_GET(self):
+            if self.headers.get("Authorization") != f"Bearer {key}":
+                self.send_response(401)
+                self.end_headers()
+                return
+            super().do_GET()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Keyed)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_bench_takes_the_endpoint_serve_prints_and_names_a_wrong_key_as_wrong():
+    """`launcher serve` prints http://H:P/v1; bench asked that for /v1/v1/models (HTTP 404). A
+    key given but refused got the hint to pass a key."""
+    from launcher.bench import cli as bench_cli
+    from launcher.bench import runner
+    from launcher.errors import LauncherError
+
+    srv = _keyed_server("right-key")
+    try:
+        root = f"http://127.0.0.1:{srv.server_address[1]}"
+        for given in (root, root + "/", root + "/v1", root + "/v1/"):
+            assert runner.server_models(bench_cli._server_root(given), "right-key") == ["gemma4"]
+        with pytest.raises(LauncherError) as wrong:
+            runner.server_models(root, "wrong-key")
+        assert "refused the key given" in wrong.value.hint and "wrong-key" not in str(wrong.value) + wrong.value.hint
+        with pytest.raises(LauncherError) as none:
+            runner.server_models(root, None)
+        assert none.value.hint == "pass --api-key (or set VLLM_API_KEY)"
+    finally:
+        srv.shutdown()
