@@ -70,6 +70,11 @@ def choose_model(rec: Recipe, served: list[str], wanted: str | None) -> str:
             return name
     if not served:
         raise LauncherError("the server lists no model at /v1/models")
+    if rec.target.served_names:
+        # another recipe's server: its numbers would be filed under this recipe's name
+        raise LauncherError(f"the server serves {', '.join(served)}, none of recipe {rec.name}'s names "
+                            f"({', '.join(rec.target.served_names)})",
+                            hint="pass the --recipe that server runs, or --model NAME to measure it anyway")
     return served[0]
 
 

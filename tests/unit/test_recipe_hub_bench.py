@@ -317,3 +317,15 @@ def test_bench_takes_the_endpoint_serve_prints_and_names_a_wrong_key_as_wrong():
         assert none.value.hint == "pass --api-key (or set VLLM_API_KEY)"
     finally:
         srv.shutdown()
+
+
+def test_bench_refuses_a_server_that_serves_none_of_the_recipes_names():
+    """A gemma4-e4b bench against a server of gemma4 measured gemma4 and filed it as gemma4-e4b."""
+    from launcher.bench import runner
+    from launcher.errors import LauncherError
+
+    e4b = recipes.load("gemma4-e4b")
+    with pytest.raises(LauncherError, match="the server serves gemma4, none of recipe gemma4-e4b's names"):
+        runner.choose_model(e4b, ["gemma4"], None)
+    assert runner.choose_model(e4b, ["gemma4"], "gemma4") == "gemma4"  # asked for by name: measured
+    assert runner.choose_model(recipes.load("gemma4-moe-dflash"), ["x", "gemma4-fast"], None) == "gemma4-fast"
