@@ -36,6 +36,15 @@ KvGroupKind = Literal["sliding_window", "full_attention"]
 TargetAttentionBackend = Literal["flash_attn", "triton_attn", "flashinfer", "b12x"]
 
 
+
+class FieldProblem(ValueError):
+    """A model-level check's finding that belongs to one field: the error then names that
+    field and its line, not the recipe's first line and "(top level)"."""
+
+    def __init__(self, loc: tuple, message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -351,17 +360,19 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _default_profile_listed(self) -> "Recipe":
         if self.default_profile not in self.profiles:
-            raise ValueError(f"default_profile {self.default_profile!r} is not among profiles {sorted(self.profiles)}")
+            raise FieldProblem(("default_profile",), f"default_profile {self.default_profile!r} is not among "
+                               f"profiles {sorted(self.profiles)}")
         if PROFILES[self.default_profile].nodes > 1:
-            raise ValueError(f"default_profile {self.default_profile!r} spans several machines; "
-                             "a multi-node profile is chosen with --nnodes, never by default")
+            raise FieldProblem(("default_profile",), f"default_profile {self.default_profile!r} spans several "
+                               "machines; a multi-node profile is chosen with --nnodes, never by default")
         return self
 
     @model_validator(mode="after")
     def _patches_per_supported_version(self) -> "Recipe":
         extra = sorted(set(self.patches) - set(self.vllm_versions))
         if extra:
-            raise ValueError(f"patches lists versions {extra} that are not in vllm_versions {self.vllm_versions}")
+            raise FieldProblem(("patches", extra[0]), f"patches lists versions {extra} that are not in "
+                               f"vllm_versions {self.vllm_versions}")
         return self
 
     @model_validator(mode="after")
@@ -369,8 +380,9 @@ class Recipe(_Strict):
         for name, override in self.profiles.items():
             extra = sorted(set(override.serve_since) - set(self.vllm_versions))
             if extra:
-                raise ValueError(f"profiles.{name}.serve_since lists versions {extra} that are not in "
-                                 f"vllm_versions {self.vllm_versions}")
+                raise FieldProblem(("profiles", name, "serve_since", extra[0]),
+                                   f"profiles.{name}.serve_since lists versions {extra} that are not in "
+                                   f"vllm_versions {self.vllm_versions}")
         return self
 
     def serve_since(self, profile: str, version) -> tuple[str, dict] | None:
@@ -582,6 +594,9 @@ def parse_recipe(text: str, source: str) -> Recipe:
         problems = []
         for err in exc.errors():
             loc = tuple(err["loc"])
+            found = (err.get("ctx") or {}).get("error")
+            if isinstance(found, FieldProblem):
+                loc = loc + found.loc  # a check over several fields names the one at fault
             field = ".".join(str(p) for p in loc) or "(top level)"
             msg = err["msg"].removeprefix("Value error, ")
             problems.append(f"{source}:{_line_for(lines, loc)}: field {field}: {msg}")

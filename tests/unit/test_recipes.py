@@ -69,6 +69,20 @@ def test_schema_error_names_line_and_field_path():
     assert err.value.message.startswith("r.yaml:10: field serve.gpu_memory_utilization:")
 
 
+@pytest.mark.parametrize("extra, line, field", [
+    ('default_profile: rtx9090\n', 8, "default_profile"),
+    ('patches:\n  "0.21.0": []\n  "0.99.0": [x]\n', 10, "patches.0.99.0"),
+    ('profiles:\n  rtx5090:\n    serve_since:\n      "0.99.0": {max_num_seqs: 2}\n', 9, "profiles.rtx5090.serve_since.0.99.0"),
+])
+def test_a_check_over_several_fields_names_the_line_of_the_field_at_fault(extra, line, field):
+    """They named line 2 (the recipe's name) and "(top level)"."""
+    # a profiles section replaces GOOD's own (lines 6-7); the others follow GOOD's 7 lines
+    text = (GOOD.replace("profiles:\n  rtx5090: {}\n", "") if extra.startswith("profiles") else GOOD) + extra
+    with pytest.raises(LauncherError) as err:
+        recipes.parse_recipe(text, "r.yaml")
+    assert err.value.message.startswith(f"r.yaml:{line}: field {field}:"), (text, err.value.message)
+
+
 def test_unknown_field_is_an_error_with_its_line():
     text = GOOD.replace("target: {name: m}", "target: {name: m}\ntargte: {name: m}")
     with pytest.raises(LauncherError, match=r"r.yaml:4: field targte: Extra inputs are not permitted"):
