@@ -64,7 +64,7 @@ def bench(
     # Everything that can be refused is refused before the first request: a run takes minutes.
     path = out or Path(f"bench-{rec.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     _check_out(path)
-    earlier = _read_baseline(baseline_result) if compare_without_drafter and baseline_result else None
+    earlier = _read_baseline(baseline_result, rec.name) if compare_without_drafter and baseline_result else None
     key = api_key or os.environ.get("VLLM_API_KEY") or None
     _check_tokenizer(tokenizer)
     tok = tokenizer or _local_model(rec)
@@ -93,6 +93,10 @@ def bench(
         raise LauncherError(f"writing --out {path} failed ({exc.strerror or exc}); the result is printed above as JSON",
                             hint="free some space (or pick another --out) and save the JSON above") from None
     typer.echo(f"wrote {path}")
+    if compare_without_drafter and not doc["comparison"]:
+        # measured and written, but the comparison asked for is empty: not a success
+        raise LauncherError("nothing compared: no run of the baseline has a workload and concurrency of this run",
+                            hint="bench both with the same --profile and --concurrency (the result above is kept)")
 
 
 def _break_even_lines(doc: dict) -> list[str]:
@@ -178,13 +182,17 @@ def _local_model(rec) -> str | None:
     return rec.target.hub.repo if rec.target.hub else None
 
 
-def _read_baseline(result: Path) -> dict:
+def _read_baseline(result: Path, recipe: str) -> dict:
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise LauncherError(f"--baseline-result {result}: not a readable result JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise LauncherError(f"--baseline-result {result}: no runs in it (is it a `launcher bench` result?)")
+    if data.get("recipe") not in (None, recipe):
+        # the comparison says "same recipe": another recipe's numbers would make it false
+        raise LauncherError(f"--baseline-result {result} measured recipe {data['recipe']}, not {recipe}",
+                            hint=_NO_BASELINE_HINT.format(name=recipe))
     return data
 
 

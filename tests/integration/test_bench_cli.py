@@ -143,6 +143,27 @@ def test_compare_from_an_earlier_result_and_a_baseline_that_drafts_is_flagged(tm
     assert "runs speculative decoding too" in proc.stderr
 
 
+def test_a_baseline_result_of_another_recipe_or_of_other_levels_compares_nothing_and_says_so(tmp_path):
+    """Another recipe's result was compared as "same recipe"; one of other concurrency levels gave
+    an empty table and exit 0."""
+    recipe = small_recipe(tmp_path)
+    with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as server:
+        first = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "a.json",
+                          "--concurrency", "2"], tmp_path)
+        assert first.returncode == 0, first.stderr
+        other = json.loads((tmp_path / "a.json").read_text())
+        (tmp_path / "other.json").write_text(json.dumps({**other, "recipe": "gemma4-e4b"}))
+        served = server.completions
+        wrong = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin",
+                          "--compare-without-drafter", "--baseline-result", "other.json"], tmp_path)
+        assert wrong.returncode == 2 and "measured recipe gemma4-e4b" in wrong.stderr
+        assert server.completions == served  # refused before any request
+        levels = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "b.json",
+                           "--concurrency", "1", "--compare-without-drafter", "--baseline-result", "a.json"], tmp_path)
+    assert levels.returncode == 2 and "nothing compared" in levels.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["comparison"] == []  # the measurement is kept
+
+
 def test_compare_without_a_baseline_says_how_to_start_one(tmp_path):
     with StubServer(Behaviour(drafter=True)) as server:
         proc = launcher(["bench", "--recipe", "gemma4-moe-dflash", "--url", server.url, "--compare-without-drafter"], tmp_path)
