@@ -43,7 +43,7 @@ def collect(recipe: str | None = None, model: Path | None = None, vllm_python: s
         "patches": _patch_status(env),
         "docker": _docker_status(),
         "image": _image_manifest(),
-        "recipes": _recipe_verdicts(host, recipe, model, env),
+        "recipes": _recipe_verdicts(host, recipe, model, env, env_error),
     }
     if model is not None:
         report["checkpoint"] = _checkpoint(model, recipe, env)
@@ -131,10 +131,16 @@ def _docker_status() -> dict:
     }
 
 
-def _recipe_verdicts(host, only: str | None, model: Path | None, env) -> dict:
+def _recipe_verdicts(host, only: str | None, model: Path | None, env, env_error: str | None = None) -> dict:
     from launcher import recipe as recipes
     from launcher.checks import resolve
     from launcher.plan import Context, Request
+
+    if env_error:
+        # judged against another Python, each verdict would contradict the error above
+        names = [only] if only else list(recipes.available())
+        return {name: {"fits": False, "profile": None, "reasons": ["[BLOCK] not judged: the --vllm-python given is unusable (vllm env, above)"]}
+                for name in names}
 
     has = env is not None and env.has_vllm
     ctx = Context(host=host, environ=dict(os.environ), installed_vllm=env.vllm_version if has else None,
@@ -220,7 +226,8 @@ def format_report(report: dict) -> str:
         lines += [f"  {r}" for r in report["drafter"]["reasons"]] or ["  ok"]
     lines.append("recipes")
     for name, verdict in report["recipes"].items():
-        lines.append(f"  {name}: {'fits' if verdict['fits'] else 'does not fit'} (profile {verdict['profile']})")
+        profile = f" (profile {verdict['profile']})" if verdict["profile"] else ""
+        lines.append(f"  {name}: {'fits' if verdict['fits'] else 'does not fit'}{profile}")
         for reason in verdict["reasons"]:
             lines.append(f"    {reason}")
     return "\n".join(lines)

@@ -109,6 +109,9 @@ def resolve(python: str | None = None, *, environ: dict[str, str] | None = None)
     """The environment native serve runs; None when no vLLM is found anywhere."""
     if python:
         found = shutil.which(python) or python
+        if Path(found).is_dir():
+            raise LauncherError(f"--vllm-python {python} is a folder, not a Python executable",
+                                hint=f"give the python inside it, e.g. {Path(python) / 'bin' / 'python'}")
         if not Path(found).is_file():
             raise LauncherError(f"--vllm-python {python}: no such file",
                                 hint="give the python executable of the environment that has vLLM")

@@ -27,3 +27,18 @@ def test_doctor_text_without_gpu():
     assert res.returncode == 1, res.stderr  # the recipe asked about does not fit
     assert "gpu       none:" in res.stdout
     assert "gemma4-e4b: does not fit" in res.stdout
+
+
+def test_an_unusable_vllm_python_is_one_verdict_not_contradicted_by_the_recipes(tmp_path):
+    """The recipes were judged against the launcher's own Python and told the user to point
+    --vllm-python at a Python with vLLM, below the error about the one given; a folder was
+    reported as "no such file"."""
+    for given, why in ((tmp_path / "none", "no such file"), (tmp_path, "is a folder, not a Python executable")):
+        res = subprocess.run([str(LAUNCHER), "doctor", "--json", "--vllm-python", str(given)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 1, res.stderr
+        report = json.loads(res.stdout)
+        assert why in report["vllm_env"]["error"]
+        for verdict in report["recipes"].values():
+            assert verdict["fits"] is False
+            assert verdict["reasons"] == ["[BLOCK] not judged: the --vllm-python given is unusable (vllm env, above)"]
