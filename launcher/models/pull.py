@@ -33,6 +33,7 @@ class Outcome:
 
 def describe(sources: list[Source], echo: Echo) -> None:
     """The dry run: repos, revisions, sizes if known, folders and free space. No network."""
+    check_folders(sources)
     total: int | None = 0
     for src in sources:
         echo(f"{src.role:8} {src.repo}")
@@ -49,6 +50,7 @@ def describe(sources: list[Source], echo: Echo) -> None:
 
 def pull(sources: list[Source], *, offline: bool, echo: Echo) -> list[Outcome]:
     """Fetch (or, offline, find) every source, then record and repair what arrived."""
+    check_folders(sources)
     for src in sources:
         folders.guard_destination(src.dest, src.repo)
     created = [src.dest for src in sources if not src.dest.exists()]
@@ -147,6 +149,16 @@ def _existing_ancestor(path: Path) -> Path:
     while not path.exists():
         path = path.parent
     return path
+
+
+def check_folders(sources: list[Source]) -> None:
+    """Each destination can be a folder: the dry run showed a file's disk as free room and
+    ``[absent]``, and the pull then failed on "Not a directory"."""
+    for src in sources:
+        where = _existing_ancestor(src.dest)
+        if not where.is_dir():
+            raise LauncherError(f"{where} is a file, not a folder: {src.dest} cannot be made there",
+                                hint="point MODELS_DIR at a folder (models pull writes each model into a folder under it)")
 
 
 def _pull_offline(src: Source, echo: Echo) -> Outcome:

@@ -67,3 +67,21 @@ def test_an_unreadable_hub_token_file_is_reported_not_raised(tmp_path, monkeypat
     assert hub.auth_state() == f"unreadable token file {Path(token)} (not UTF-8)"
     token.write_text("hf_stored\n")
     assert hub.auth_state() == "the token stored by `hf auth login`"
+
+
+def test_models_pull_refuses_a_models_dir_that_is_a_file_in_the_dry_run_too(tmp_path):
+    """The dry run showed the file's disk as free room and `[absent]`; the real pull then failed
+    on "Not a directory"."""
+    import os
+    import subprocess
+    import sys
+
+    a_file = tmp_path / "models"
+    a_file.write_text("kept")
+    env = {**os.environ, "MODELS_DIR": str(a_file)}
+    for extra in (["--dry-run"], ["--offline"]):
+        res = subprocess.run([sys.executable, "-m", "launcher", "models", "pull", "-r", "gemma4-moe", *extra],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert f"{a_file} is a file, not a folder" in res.stderr and "free at" not in res.stdout
+    assert a_file.read_text() == "kept"
