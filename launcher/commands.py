@@ -86,6 +86,9 @@ def serve(
         raise LauncherError("--json prints the plan of a dry run", hint="add --dry-run")
     if restart != "no" and runtime != "docker":
         raise LauncherError("--restart needs --runtime docker", hint="a native server ends with the launcher")
+    if image and runtime != "docker":
+        # the native runtime serves the installed vLLM: the image would be shown and ignored
+        raise LauncherError(f"--image {image} needs --runtime docker", hint="add --runtime docker, or leave --image out")
     req = plans.Request(
         recipe=recipe, model=model, drafter=drafter, profile=profile, host=host, port=port, api_key=api_key,
         runtime=runtime, vllm_version=vllm_version, image=image, sets=list(set_), extra_args=list(ctx.args),

@@ -229,3 +229,9 @@ def test_a_drafter_given_to_a_plan_without_one_is_refused_not_dropped(args, tmp_
     assert res.exit_code == 2, res.output
     assert f"--drafter {tmp_path}: recipe" in res.output and "serves without a drafter" in res.output
     assert "vllm serve" not in res.output
+
+
+def test_an_image_for_the_native_runtime_is_refused_not_shown_and_ignored():
+    res = invoke("serve", "--recipe", "gemma4-moe", "--dry-run", "--image", "foo:1")
+    assert res.exit_code == 2 and "--image foo:1 needs --runtime docker" in res.output
+    assert "vllm serve" not in res.output
