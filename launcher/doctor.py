@@ -139,8 +139,8 @@ def _recipe_verdicts(host, only: str | None, model: Path | None, env, env_error:
     if env_error:
         # judged against another Python, each verdict would contradict the error above
         names = [only] if only else list(recipes.available())
-        return {name: {"fits": False, "profile": None, "reasons": ["[BLOCK] not judged: the --vllm-python given is unusable (vllm env, above)"]}
-                for name in names}
+        why = "[BLOCK] not judged: the --vllm-python given is unusable (vllm env, above)"
+        return {name: {"fits": False, "profile": None, "reasons": [why]} for name in names}
 
     has = env is not None and env.has_vllm
     ctx = Context(host=host, environ=dict(os.environ), installed_vllm=env.vllm_version if has else None,

@@ -80,12 +80,12 @@ def url_credentials(line: str) -> str:
     return _URL_CREDENTIALS.sub(MASK + "@", line)
 
 
-def tree(value, key: str = ""):
+def tree(value):
     """A document (a recipe as YAML shows it) with its secrets masked: the value of a secret
     name, every value of a secret flag in a list of words, and credentials inside URLs."""
     if isinstance(value, dict):
-        return {k: MASK if is_secret_name(str(k)) and v else tree(v, str(k)) for k, v in value.items()}
+        return {k: MASK if is_secret_name(str(k)) and v else tree(v) for k, v in value.items()}
     if isinstance(value, list):
         words = argv(value) if all(isinstance(v, str) for v in value) else value
-        return [tree(v, key) for v in words]
+        return [tree(v) for v in words]
     return url_credentials(value) if isinstance(value, str) else value
