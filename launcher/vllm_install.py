@@ -328,6 +328,10 @@ def install_cmd(
 
     rec = recipes.load(recipe)
     own = Path(sys.executable)
+    if vllm_python is not None and vllm_python.expanduser().is_dir():
+        # the dry run printed its steps for it; the install then failed on "Permission denied"
+        raise LauncherError(f"--vllm-python {vllm_python} is a folder, not a Python executable",
+                            hint="give the python inside it (bin/python), or --venv DIR for a new environment")
     plan = plan_install(recipe=rec, version=version, venv=venv.expanduser().absolute() if venv else None,
                         vllm_python=vllm_python.expanduser().absolute() if vllm_python else None,
                         wheel=wheel.expanduser().absolute() if wheel else None, offline=offline,

@@ -222,3 +222,14 @@ def test_after_ctrl_c_pip_is_given_its_grace_before_anything_is_sent():
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     vllm_install._end(stuck, grace_s=0.3, ask=False)
     assert stuck.returncode == -9  # past the grace: killed
+
+
+def test_a_vllm_python_that_is_a_folder_is_refused_in_the_dry_run_too(tmp_path):
+    """The dry run printed its steps for a folder; the install then failed on "Permission denied"."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    res = CliRunner().invoke(app, ["install", "--dry-run", "--vllm-python", str(tmp_path)])
+    assert res.exit_code == 2 and f"--vllm-python {tmp_path} is a folder, not a Python executable" in res.output
+    assert "step 1" not in res.output
