@@ -242,3 +242,18 @@ def test_an_earlier_run_keeps_its_miss_on_the_page_beside_a_newer_run():
     now = dict(rel, holds=True, acceptance_count="whole_steps")
     assert conf.counted(now) == (2.9714, 0.0) and conf.counted(rel) == (2.4571, 0.2093)
     assert conf._earlier_lines([]) == []
+
+
+def test_a_served_record_of_another_drafter_or_target_than_z_labs_is_refused(monkeypatch):
+    monkeypatch.setattr(conf.bars, "get", lambda s, k: {"margin_move_percentile": 99, "min_prompts": 2}[k])
+    z = [{"token_ids": [5, 6, 7], "margins": [2.0] * 3, "acceptance_lengths": [2]}] * 2
+    zlab = {**_zlab(z), "target_sha256": "t" * 64, "drafter_sha256": "d" * 64}
+    twin = {"rows": [{"token_ids": [5, 6, 7], "margins": [1.9] * 3}] * 2}
+    acc = {"drafts": 1, "accepted_tokens": 1, "mean_acceptance_length": 2.0}
+    served = {"vllm": "0.33.0", "series": "s", "target_sha256": "t" * 64, "drafter_sha256": "e" * 64,
+              "rows": [{"token_ids": [5, 6, 7], "acceptance": acc}] * 2}
+    with pytest.raises(ValueError, match="the served record ran drafter_sha256 eeeeeeee, z-lab's record dddddddd"):
+        conf.judge(zlab, twin, served)
+    assert conf.judge(zlab, twin, {**served, "drafter_sha256": "d" * 64})["identical_over_prefix"] == 2
+    legacy = {k: v for k, v in served.items() if not k.endswith("sha256")}  # made before records named them
+    assert conf.judge(zlab, twin, legacy)["identical_over_prefix"] == 2

@@ -986,3 +986,22 @@ def test_the_conformance_phase_refuses_to_start_without_z_labs_record(model_dir,
     (tmp_path / "zlab-reference.json").write_text("{}")
     served.main([*argv, "--zlab", str(tmp_path / "zlab-reference.json")])
     assert len(started) == 1
+
+
+def test_a_phase_record_names_the_target_it_serves_and_the_drafter_only_where_it_serves_one(tmp_path):
+    """The conformance page took both hashes from z-lab's record alone: nothing showed that the
+    servers ran that drafter. The train records beside the models give them."""
+    import types
+
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    target.mkdir()
+    drafter.mkdir()
+    (target / "train-record.json").write_text(json.dumps({"target_sha256": "t" * 64}))
+    (drafter / "drafter-train-record.json").write_text(json.dumps({"drafter_sha256": "d" * 64}))
+    args = types.SimpleNamespace(deadline=0, work=tmp_path / "work", port_base=8000, model=target, drafter=drafter,
+                                 set=[], vllm_arg=[], recipe="gemma4-moe-dflash", series_hash="s", variant=None,
+                                 exact_numerics=True)
+    with_drafter = served.Phase("conformance", args, "/site").record
+    twin = served.Phase("conformance-twin", args, "/site").record
+    assert (with_drafter["target_sha256"], with_drafter["drafter_sha256"]) == ("t" * 64, "d" * 64)
+    assert twin["target_sha256"] == "t" * 64 and "drafter_sha256" not in twin

@@ -219,6 +219,10 @@ def verdict(v: dict) -> str:
 def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> dict:
     """The conformance verdict of one served release against z-lab's record, beside the
     served drafter's lossless check against its own no-drafter twin."""
+    for key in ("target_sha256", "drafter_sha256"):
+        # records made before the served side named its models carry neither
+        if served.get(key) and zlab.get(key) and served[key] != zlab[key]:
+            raise ValueError(f"the served record ran {key} {served[key][:8]}, z-lab's record {zlab[key][:8]}")
     bound = noise_bound(zlab["rows"], twin["rows"])
     rows = [compare_prompt(z, s, bound) for z, s in zip(zlab["rows"], served["rows"])]
     pool = pooled(rows)
@@ -490,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     for twin, path in zip(twins, args.served):
         served = json.loads(path.read_text())
         made_under.add(served.get("bars") or bars.blob_hash())
-        release = judge(zlab, twin, served, served.get("drafter_window"))
+        try:
+            release = judge(zlab, twin, served, served.get("drafter_window"))
+        except ValueError as exc:
+            raise SystemExit(f"{path}: {exc}") from None
         release["served_acceptance"] = served_acceptance(served)
         releases.append(release)
     doc = {"oracle": zlab["oracle"], "deviation": zlab["deviation"], "target_sha256": zlab["target_sha256"],

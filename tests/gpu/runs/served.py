@@ -414,6 +414,11 @@ class Phase:
                              "bars": report.bars.blob_hash(),
                              "numerics": "exact" if args.exact_numerics else "default",
                              "launcher_env": {"PYTHONPATH": launcher_env(site)["PYTHONPATH"]}}
+        # what it serves, by hash: the target always, the drafter where the server is given one
+        hashes = model_hashes(args)
+        self.record["target_sha256"] = hashes["target_sha256"]
+        if "--drafter" in self.serve:
+            self.record["drafter_sha256"] = hashes["drafter_sha256"]
         self.server: Launched | None = None
         self.step_times: Path | None = None  # set: the server's engine steps are timed into it
 
@@ -878,14 +883,19 @@ def keep_raw(work: Path, dest: Path, phase: str) -> None:
             shutil.copyfile(raw, dest / raw.name)
 
 
+def model_hashes(args) -> dict:
+    """The served target's and drafter's hashes, from their train records (None where a model has
+    none: a random drafter)."""
+    def read(path: Path, key: str):
+        return json.loads(path.read_text()).get(key) if path.exists() else None
+
+    return {"target_sha256": read(args.model / "train-record.json", "target_sha256"),
+            "drafter_sha256": read(args.drafter / "drafter-train-record.json", "drafter_sha256")}
+
+
 def meta(args) -> dict:
-    record = args.model / "train-record.json"
-    sha = json.loads(record.read_text()).get("target_sha256") if record.exists() else None
-    drafter_record = args.drafter / "drafter-train-record.json"  # a trained drafter's; none for a random one
-    drafter_sha = json.loads(drafter_record.read_text()).get("drafter_sha256") if drafter_record.exists() else None
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "gpu": args.gpu, "model": str(args.model), "target_sha256": sha, "drafter": str(args.drafter),
-            "drafter_sha256": drafter_sha,
+            "gpu": args.gpu, "model": str(args.model), "drafter": str(args.drafter), **model_hashes(args),
             "command": args.command, "sets": SETS + args.set,
             "extra_args": EXTRA_ARGS + args.vllm_arg, "reference_sets": REFERENCE_SETS + REFERENCE_EXTRA,
             "numerics": "exact: VLLM_BATCH_INVARIANT=1, compile backend eager" if args.exact_numerics else "default"}
