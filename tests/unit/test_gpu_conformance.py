@@ -257,3 +257,19 @@ def test_a_served_record_of_another_drafter_or_target_than_z_labs_is_refused(mon
     assert conf.judge(zlab, twin, {**served, "drafter_sha256": "d" * 64})["identical_over_prefix"] == 2
     legacy = {k: v for k, v in served.items() if not k.endswith("sha256")}  # made before records named them
     assert conf.judge(zlab, twin, legacy)["identical_over_prefix"] == 2
+
+
+def test_a_served_record_of_other_prompts_or_prefixes_is_refused_not_cut_to_fit(monkeypatch):
+    """judge zipped the rows (a short served record lost prompts silently), and computed the
+    prefixes afresh even where the served run had stopped its prompts at others."""
+    monkeypatch.setattr(conf.bars, "get", lambda s, k: {"margin_move_percentile": 50, "min_prompts": 2}[k])
+    z = [{"token_ids": [5, 6, 7, 8, 9], "margins": [2.0, 2.0, 2.0, 0.0, 2.0], "acceptance_lengths": [2, 2]}] * 2
+    twin = {"rows": [{"token_ids": [5, 6, 7, 8, 9], "margins": [1.5, 1.5, 1.5, 0.5, 1.5]}] * 2}
+    acc = {"drafts": 1, "accepted_tokens": 1, "mean_acceptance_length": 2.0}
+    row = {"token_ids": [5, 6, 7, 1, 1], "acceptance": acc, "prefix_acceptance": acc}
+    with pytest.raises(ValueError, match="the served record has 1 prompts, z-lab's 2"):
+        conf.judge(_zlab(z), twin, {"vllm": "0.33.0", "series": "s", "rows": [row]})
+    same = {"vllm": "0.33.0", "series": "s", "rows": [row] * 2, "prefixes": [3, 3], "noise_bound": 0.5}
+    assert conf.judge(_zlab(z), twin, same)["prefix_runs"] == {"needed": 2, "made": 2}
+    with pytest.raises(ValueError, match="the served run's prefixes differ"):
+        conf.judge(_zlab(z), twin, {**same, "prefixes": [4, 3]})

@@ -223,8 +223,15 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         # records made before the served side named its models carry neither
         if served.get(key) and zlab.get(key) and served[key] != zlab[key]:
             raise ValueError(f"the served record ran {key} {served[key][:8]}, z-lab's record {zlab[key][:8]}")
+    if len(served["rows"]) != len(zlab["rows"]):
+        raise ValueError(f"the served record has {len(served['rows'])} prompts, z-lab's {len(zlab['rows'])}")
     bound = noise_bound(zlab["rows"], twin["rows"])
     rows = [compare_prompt(z, s, bound) for z, s in zip(zlab["rows"], served["rows"])]
+    if served.get("prefixes") is not None and served["prefixes"] != [r["prefix"] for r in rows]:
+        # the served run stopped its prompts at the prefixes of another noise bound (a bars file
+        # changed in between): its prefix runs measured other prefixes than these
+        raise ValueError("the served run's prefixes differ from the ones judged here "
+                         f"(its noise bound {served.get('noise_bound')}, this one {round(bound, 5)})")
     pool = pooled(rows)
     runs = prefix_runs(zlab["rows"], rows, served["rows"])
     count = (bars.at(served.get("bars")).get("conformance") or {}).get("acceptance_count", "cut")
