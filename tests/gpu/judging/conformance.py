@@ -192,10 +192,16 @@ def label(served: dict) -> str:
     return served.get("vllm") + (f" ({served['variant']})" if served.get("variant") else "")
 
 
+def needs_prefix_run(prefix: int, zlab_tokens: list[int]) -> bool:
+    """A prompt served again stopped at its prefix: one that ends inside z-lab's output (at the
+    output's end the whole request is that run; a prefix of one token has no verify step)."""
+    return 1 < prefix < len(zlab_tokens)
+
+
 def prefix_runs(zlab_rows: list[dict], rows: list[dict], served_rows: list[dict]) -> dict:
     """How many prompts need a run stopped at their prefix (served.py's ``wanted``), and how many
     the served record holds."""
-    need = [1 < r["prefix"] < len(z["token_ids"]) for z, r in zip(zlab_rows, rows)]
+    need = [needs_prefix_run(r["prefix"], z["token_ids"]) for z, r in zip(zlab_rows, rows)]
     # a request skipped at the deadline leaves prefix_acceptance None: not made
     made = [n and bool(((s or {}).get("prefix_acceptance") or {}).get("drafts")) for n, s in zip(need, served_rows)]
     return {"needed": sum(need), "made": sum(made)}
@@ -234,6 +240,7 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
                          f"(its noise bound {served.get('noise_bound')}, this one {round(bound, 5)})")
     pool = pooled(rows)
     runs = prefix_runs(zlab["rows"], rows, served["rows"])
+    complete = runs["made"] == runs["needed"]  # else not measured: never a pass
     count = (bars.at(served.get("bars")).get("conformance") or {}).get("acceptance_count", "cut")
     twin_gate = gate.nondegenerate([{"token_ids": r.get("token_ids") or []} for r in twin["rows"]])
     twin_gate["passes"] = gate.passes(twin_gate)
@@ -269,9 +276,9 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
         # The verdict counts as the bars file the served record was made under says: z-lab's
         # steps cut at the prefix (the first version), or its crossing step whole, as vLLM counts.
         "acceptance_count": count,
-        "holds": passes(pool.get(COUNT_KEYS[count][2])) and runs["made"] == runs["needed"],
+        "holds": complete and passes(pool.get(COUNT_KEYS[count][2])),
         # Beside the verdict, never in its place
-        "holds_whole_steps": passes(pool.get("within_whole_steps")) and runs["made"] == runs["needed"],
+        "holds_whole_steps": complete and passes(pool.get("within_whole_steps")),
         "rows": rows,
     }
 
@@ -279,7 +286,11 @@ def judge(zlab: dict, twin: dict, served: dict, window: int | None = None) -> di
 def served_acceptance(served: dict) -> dict:
     """The served drafter's acceptance over whole requests (1 + accepted over drafts, every
     prompt once): what issue 50's item 5 compares across trees on the same prompts."""
-    acc = [r.get("acceptance") or {} for r in served["rows"] if r]
+    return pooled_requests([r.get("acceptance") or {} for r in served["rows"] if r])
+
+
+def pooled_requests(acc: list[dict]) -> dict:
+    """vLLM's per-request counters pooled: 1 + accepted over drafts, each request once."""
     drafts = sum(a.get("drafts") or 0 for a in acc)
     accepted = sum(a.get("accepted_tokens") or 0 for a in acc)
     return {"requests": sum(1 for a in acc if a.get("drafts")), "drafts": drafts, "accepted_tokens": accepted,

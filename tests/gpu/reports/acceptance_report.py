@@ -334,10 +334,10 @@ def _per_request(accs: list[dict]) -> dict:
     the requests, each request's own mean as min / median / max."""
     import statistics
 
-    accs = [a for a in accs if a.get("drafts")]
-    own = [round(a["mean_acceptance_length"], 4) for a in accs]
-    drafts = sum(a["drafts"] for a in accs)
-    pooled = round(1 + sum(a["accepted_tokens"] for a in accs) / drafts, 4) if drafts else None
+    import conformance
+
+    own = [round(a["mean_acceptance_length"], 4) for a in accs if a.get("drafts")]
+    pooled = conformance.pooled_requests(accs)["mean_acceptance_length"]
     return {"prompts": len(own), "mean_acceptance_length": pooled,
             "per_prompt_min": min(own, default=None),
             "per_prompt_median": round(statistics.median(own), 4) if own else None,

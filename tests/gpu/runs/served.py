@@ -618,7 +618,8 @@ def conformance_phase(args, name: str) -> None:
             zlab = json.loads(args.zlab.read_text())
             bound = conformance.noise_bound(zlab["rows"], json.loads(twin_path.read_text())["rows"])
             cut = [conformance.common_prefix(z["margins"], bound) for z in zlab["rows"]]
-            wanted = [c if 1 < c < len(z["token_ids"]) else None for c, z in zip(cut, zlab["rows"])]
+            wanted = [c if conformance.needs_prefix_run(c, z["token_ids"]) else None
+                      for c, z in zip(cut, zlab["rows"])]
             prefix_rows = conformance_rows(ph, model, prompts, wanted)
             for row, pre in zip(ph.record["rows"], prefix_rows):
                 if pre is not None:
