@@ -36,6 +36,9 @@ def bench(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request (built-in client) or per run (vllm bench).")] = 600.0,
     concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Run every workload at these levels instead of the recipe's, e.g. 1,4,16,max ('max': the profile's max_num_seqs).")] = None,
     min_requests: Annotated[Optional[int], typer.Option("--min-requests", help="At least this many measured requests per level (default: the level's concurrency x the workload's prompts_per_stream).")] = None,
+    prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help='Your own prompts for the "prompts" workloads instead of the bundled set: JSONL, {"prompt": "text"} or {"prompt": [token ids]} a line, cycled (built-in client).')] = None,
+    output_len: Annotated[Optional[int], typer.Option("--output-len", help="Output tokens per request for every workload instead of the recipe's.")] = None,
+    record_outputs: Annotated[bool, typer.Option("--record-outputs", help="Keep each request's generated token ids in the result (runs[].outputs), to judge what the server said (built-in client).")] = False,
 ) -> None:
     """Benchmark a running server with the recipe's workloads: output tok/s, TTFT, TPOT, and the
     drafter's acceptance rate/length from /metrics; writes JSON."""
@@ -53,6 +56,9 @@ def bench(
     levels = workloads.parse_levels(concurrency) if concurrency is not None else None
     if min_requests is not None and min_requests < 1:
         raise LauncherError(f"--min-requests {min_requests}: at least 1 request per level")
+    if output_len is not None and output_len < 1:
+        raise LauncherError(f"--output-len {output_len}: at least 1 token per request")
+    source = _prompt_set(prompts_file, record_outputs, client, rec, list(workload_))
     if (baseline_url or baseline_result) and not compare_without_drafter:
         raise LauncherError("--baseline-url/--baseline-result need --compare-without-drafter")
     if compare_without_drafter:
@@ -65,13 +71,18 @@ def bench(
     path = out or Path(f"bench-{rec.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     _check_out(path)
     earlier = _read_baseline(baseline_result, rec.name) if compare_without_drafter and baseline_result else None
+    if earlier is not None:
+        _check_same_prompts(earlier, baseline_result, prompts_file)
     key = api_key or os.environ.get("VLLM_API_KEY") or None
     _check_tokenizer(tokenizer)
     tok = tokenizer or _local_model(rec)
     kwargs = dict(levels=levels, min_requests=min_requests, model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
-                  tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok))
+                  tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok),
+                  prompts_source=source, output_len=output_len, record_outputs=record_outputs)
     # Each finished run is written at once, so an error or Ctrl-C later loses none of it.
     doc = runner.bench(rec, base_url=url, on_run=lambda partial: _save_progress(path, partial), **kwargs)
+    if prompts_file is not None:
+        doc["prompts_file"] = _file_identity(prompts_file, len(source))
     if compare_without_drafter:
         if earlier is None:
             typer.echo("baseline (without the drafter):")
@@ -113,6 +124,48 @@ def _break_even_lines(doc: dict) -> list[str]:
                                   concurrency=row["concurrency"], acceptance=row.get("mean_acceptance_length"),
                                   speedup=row.get("speedup"), vllm=doc.get("server_vllm"))
     return lines
+
+
+def _prompt_set(prompts_file: Path | None, record_outputs: bool, client: str, rec, only: list[str]) -> list | None:
+    """The --prompts-file's prompts (None: the bundled set), refused before any request where it
+    cannot take effect: ``vllm bench serve`` reads neither token-id prompts nor returns outputs,
+    and a file for workloads that all send random prompts would be ignored in silence."""
+    from launcher.bench import runner, workload as workloads
+
+    if (prompts_file is not None or record_outputs) and (client == "vllm" or runner.pick_client(client) == "vllm"):
+        flag = "--prompts-file" if prompts_file is not None else "--record-outputs"
+        raise LauncherError(f"{flag} needs the built-in client (--client {client} runs vllm bench serve)",
+                            hint="add --client builtin")
+    if prompts_file is None:
+        return None
+    source = workloads.load_prompts_file(prompts_file)
+    chosen = [w for w in rec.bench.workloads if not only or w.name in only]
+    if not any(w.dataset == "prompts" for w in chosen):
+        raise LauncherError(f"--prompts-file: no workload run here sends the prompt set "
+                            f"({', '.join(f'{w.name}: {w.dataset}' for w in chosen)})",
+                            hint='pick a workload whose dataset is "prompts" with --workload')
+    return source
+
+
+def _check_same_prompts(earlier: dict, baseline_result: Path, prompts_file: Path | None) -> None:
+    """A baseline measured on other prompts compares nothing: its acceptance-free tok/s would
+    stand beside a run whose prompts the drafter finds easier or harder."""
+    import hashlib
+
+    theirs = (earlier.get("prompts_file") or {}).get("sha256")
+    mine = hashlib.sha256(prompts_file.read_bytes()).hexdigest() if prompts_file is not None else None
+    if theirs != mine:
+        def said(sha: str | None) -> str:
+            return "the bundled prompt set" if sha is None else f"a --prompts-file of sha256 {sha[:12]}"
+
+        raise LauncherError(f"--baseline-result {baseline_result} ran {said(theirs)}, this run {said(mine)}",
+                            hint="bench the baseline with the same --prompts-file")
+
+
+def _file_identity(path: Path, count: int) -> dict:
+    import hashlib
+
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "prompts": count}
 
 
 def _check_tokenizer(tokenizer: str | None) -> None:

@@ -33,6 +33,8 @@ class RequestResult:
     output_tokens: int = 0
     itls: list[float] = field(default_factory=list)
     error: str | None = None
+    # the generated token ids, where the request asked for them (--record-outputs)
+    token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,10 @@ def _post_stream(target: Target, body: dict, timeout: float):
 
 
 def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, seed: int, ignore_eos: bool,
-                timeout: float, extra: dict | None = None) -> RequestResult:
-    """One streamed completion; ``timeout`` bounds the whole request, not each read.
+                timeout: float, extra: dict | None = None, record: bool = False) -> RequestResult:
+    """One streamed completion; ``timeout`` bounds the whole request, not each read. ``record``:
+    keep the generated token ids (vLLM's ``return_token_ids``, in both covered releases: each
+    streamed choice carries the ids of its delta).
 
     A server that sends an SSE comment (a keep-alive) every second would
     otherwise never hit a per-read timeout, and the run would never end.
@@ -67,9 +71,11 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
         "seed": seed, "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True},
         **(extra or {}),
     }
+    if record:
+        body["return_token_ids"] = True
     start = time.perf_counter()
     deadline = start + timeout
-    result = RequestResult(ok=False, start=start)
+    result = RequestResult(ok=False, start=start, token_ids=[] if record else None)
     conn = None
     try:
         conn, resp = _post_stream(target, body, timeout)
@@ -99,6 +105,8 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
             if isinstance(usage, dict):
                 result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                 result.output_tokens = int(usage.get("completion_tokens") or 0)
+            if record:
+                result.token_ids += _token_ids(_choices(event))
             if any(c.get("text") for c in _choices(event)):
                 now = time.perf_counter()
                 if result.ttft is None:
@@ -110,6 +118,9 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
         result.latency = time.perf_counter() - start
         result.output_tokens = result.output_tokens or chunks
         result.error = _incomplete(result, done, finish, max_tokens, ignore_eos)
+        if record and result.error is None and len(result.token_ids) != result.output_tokens:
+            result.error = (f"asked for its token ids, the server sent {len(result.token_ids)} for "
+                            f"{result.output_tokens} tokens (does it support return_token_ids?)")
         result.ok = result.error is None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
@@ -147,6 +158,17 @@ def _event(data: str) -> dict:
     return event
 
 
+def _token_ids(choices: list[dict]) -> list[int]:
+    """The token ids the choices of one streamed event carry (``return_token_ids``)."""
+    out: list[int] = []
+    for c in choices:
+        ids = c.get("token_ids") or []
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise ValueError(f"an SSE event's token_ids are not a list of integers: {json.dumps(ids)[:80]}")
+        out += ids
+    return out
+
+
 def _choices(event: dict) -> list[dict]:
     choices = event.get("choices") or []
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
@@ -156,18 +178,20 @@ def _choices(event: dict) -> list[dict]:
 
 def run_level(target: Target, run: Run, prompts: list, *, temperature: float, seed: int, ignore_eos: bool,
               timeout: float, on_done: Callable[[RequestResult], None] | None = None,
-              max_tokens: int | None = None, extra: dict | None = None) -> dict:
+              max_tokens: int | None = None, extra: dict | None = None, record: bool = False) -> dict:
     """Send every prompt of ``run`` with ``run.concurrency`` in flight; return vllm-style metrics.
 
     ``on_done`` hears of each finished request (progress), from the worker threads;
     ``max_tokens`` replaces the workload's output length and ``extra`` adds to each request's
-    body (the warm-up's short, salted requests).
+    body (the warm-up's short, salted requests). ``record``: also ``outputs``, each request's
+    generated token ids in prompt order (None for a request that failed), so that what the
+    measured server said can be judged (a looping output is fast to draft).
     """
 
     def send(i_prompt):
         i, prompt = i_prompt
         res = one_request(target, prompt, max_tokens=max_tokens or run.workload.output_len, temperature=temperature,
-                          seed=seed + i, ignore_eos=ignore_eos, timeout=timeout, extra=extra)
+                          seed=seed + i, ignore_eos=ignore_eos, timeout=timeout, extra=extra, record=record)
         if on_done is not None:
             on_done(res)
         return res
@@ -176,7 +200,10 @@ def run_level(target: Target, run: Run, prompts: list, *, temperature: float, se
     with ThreadPoolExecutor(max_workers=run.concurrency) as pool:
         results = list(pool.map(send, enumerate(prompts)))
     duration = time.perf_counter() - t0
-    return summarize(results, duration)
+    out = summarize(results, duration)
+    if record:
+        out["outputs"] = [r.token_ids if r.ok else None for r in results]
+    return out
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict:

@@ -91,11 +91,15 @@ def pick_client(choice: str) -> str:
 def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None, profile: str | None,
           only: list[str] | None, client_choice: str, tokenizer: str | None, timeout: float, echo: Echo,
           on_run: Callable[[dict], None] | None = None, vocab_size: int | None = None,
-          levels: list[int | str] | None = None, min_requests: int | None = None) -> dict:
+          levels: list[int | str] | None = None, min_requests: int | None = None,
+          prompts_source: list | None = None, output_len: int | None = None, record_outputs: bool = False) -> dict:
     """Every run of the recipe's workloads (at ``levels`` where given, else at each workload's
-    own concurrency list); ``on_run`` gets the document after each run (partial results)."""
+    own concurrency list); ``on_run`` gets the document after each run (partial results).
+    ``prompts_source``: the prompt set instead of the bundled one; ``output_len``: every
+    workload's; ``record_outputs``: each run keeps its requests' token ids (built-in client)."""
     base_url = base_url.rstrip("/")
-    runs = workload.runs(rec, profile=profile, only=only, levels=levels, min_requests=min_requests)
+    runs = workload.runs(rec, profile=profile, only=only, levels=levels, min_requests=min_requests,
+                         output_len=output_len)
     kind = pick_client(client_choice)
     served = server_models(base_url, api_key)
     target = Target(base_url, choose_model(rec, served, model), api_key)
@@ -120,7 +124,7 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
          f"speculative decoding {'on' if spec_before is not None else 'off'})")
     _warm_up(target, rec, timeout)
     for i, run in enumerate(runs, 1):
-        _warm_level(target, run, rec, vocab_size, timeout, echo)
+        _warm_level(target, run, rec, vocab_size, timeout, echo, prompts_source)
         before = metrics.scrape(base_url)
         label = f"run {i}/{len(runs)} {run.workload.name} c={run.concurrency}"
         if kind == "vllm":
@@ -130,10 +134,11 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
                                                 ignore_eos=rec.bench.ignore_eos, timeout=timeout, echo=echo)
         else:
             with progress.Requests(label, run.num_prompts) as bar:
-                measured = client.run_level(target, run, workload.prompts(run, rec.bench.seed, vocab_size),
+                measured = client.run_level(target, run, workload.prompts(run, rec.bench.seed, vocab_size,
+                                                                          prompts_source),
                                             temperature=rec.bench.temperature, seed=rec.bench.seed,
                                             ignore_eos=rec.bench.ignore_eos, timeout=timeout,
-                                            on_done=lambda _res: bar.advance())
+                                            on_done=lambda _res: bar.advance(), record=record_outputs)
         entry = {
             "workload": run.workload.name, "dataset": run.workload.dataset, "concurrency": run.concurrency,
             "max_concurrency": run.concurrency, "num_prompts": run.num_prompts,
@@ -164,7 +169,7 @@ WARM_UP_TOKENS = 16
 
 
 def _warm_level(target: Target, run: workload.Run, rec: Recipe, vocab_size: int | None, timeout: float,
-                echo: Echo) -> None:
+                echo: Echo, prompts_source: list | None = None) -> None:
     """One unmeasured round of the level before it is measured: its first ``concurrency``
     prompts in flight at once, so the batch shapes the level runs (their prefill together,
     decode at that batch) are compiled before the clock starts. vLLM compiles some Triton
@@ -172,7 +177,7 @@ def _warm_level(target: Target, run: workload.Run, rec: Recipe, vocab_size: int 
     H100 the fused-MoE kernel's first prefill of a new size added about a second to the first
     measured TTFT of each level. The requests carry a ``cache_salt`` of their own, so their
     prefill runs in full and the measured requests find none of it in the prefix cache."""
-    prompts = workload.prompts(run, rec.bench.seed, vocab_size)[:run.concurrency]
+    prompts = workload.prompts(run, rec.bench.seed, vocab_size, prompts_source)[:run.concurrency]
     res = client.run_level(target, run, prompts, temperature=rec.bench.temperature, seed=rec.bench.seed,
                            ignore_eos=True, timeout=timeout, max_tokens=WARM_UP_TOKENS,
                            extra={"cache_salt": warm_up_salt(run)})

@@ -67,10 +67,12 @@ def parse_levels(text: str) -> list[int | str]:
 
 
 def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
-         levels: list[int | str] | None = None, min_requests: int | None = None) -> list[Run]:
+         levels: list[int | str] | None = None, min_requests: int | None = None,
+         output_len: int | None = None) -> list[Run]:
     """The measured levels: each workload at its own concurrency list, or at ``levels`` for all.
     Each level sends ``concurrency x prompts_per_stream`` requests, or ``min_requests`` where that
-    is more: at concurrency 1 the recipe's 4 requests let one slow first request move the mean."""
+    is more: at concurrency 1 the recipe's 4 requests let one slow first request move the mean.
+    ``output_len``: every workload's output length instead of its own (--output-len)."""
     known = [w.name for w in rec.bench.workloads]
     unknown = sorted(set(only or []) - set(known))
     if unknown:
@@ -80,6 +82,8 @@ def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
     for w in rec.bench.workloads:
         if only and w.name not in only:
             continue
+        if output_len is not None:
+            w = w.model_copy(update={"output_len": output_len})
         asked = levels or w.concurrency
         # 'max' needs the profile's max_num_seqs; levels given as numbers do not
         top = max_concurrency(rec, profile)[0] if "max" in asked else None
@@ -88,15 +92,51 @@ def runs(rec: Recipe, *, profile: str | None, only: list[str] | None,
     return out
 
 
-def prompts(run: Run, seed: int, vocab_size: int | None = None) -> list[str | list[int]]:
-    """The run's prompts: token-id lists (random) or texts (the bundled set, cycled).
-    ``vocab_size``: the served model's, when known (random ids then stay inside it)."""
+def prompts(run: Run, seed: int, vocab_size: int | None = None,
+            source: list[str | list[int]] | None = None) -> list[str | list[int]]:
+    """The run's prompts: token-id lists (random) or the prompt set, cycled: ``source`` (a
+    --prompts-file) where given, else the bundled one. ``vocab_size``: the served model's, when
+    known (random ids then stay inside it)."""
     if run.workload.dataset == "random":
         rng = random.Random(f"{seed}:{run.key}")
         low, high = token_band(vocab_size)
         return [[rng.randrange(low, high) for _ in range(run.workload.input_len)] for _ in range(run.num_prompts)]
-    texts = bundled_prompts()
+    texts = source if source is not None else bundled_prompts()
     return [texts[i % len(texts)] for i in range(run.num_prompts)]
+
+
+def load_prompts_file(path: Path) -> list[str | list[int]]:
+    """``--prompts-file``: the prompt set of the ``prompts`` workloads, one JSON object a line
+    in the bundled set's format, ``{"prompt": TEXT}``, or ``{"prompt": [TOKEN_ID, ...]}`` for
+    prompts that must reach the model exactly as given (no tokenizer on the way). Each problem
+    names the file and line: a run takes minutes, and a bad line found at request time would
+    have spent them."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LauncherError(f"--prompts-file {path}: cannot be read ({exc})") from None
+    out: list[str | list[int]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"--prompts-file {path}, line {number}"
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise LauncherError(f"{where}: not JSON ({exc})",
+                                hint='one object a line: {"prompt": "text"} or {"prompt": [1, 2, 3]}') from None
+        prompt = item.get("prompt") if isinstance(item, dict) else None
+        if isinstance(prompt, str) and prompt.strip():
+            out.append(prompt)
+        elif (isinstance(prompt, list) and prompt
+              and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)):
+            out.append(prompt)
+        else:
+            raise LauncherError(f"{where}: \"prompt\" must be a non-empty text or a non-empty list of token ids "
+                                f"(integers >= 0), not {json.dumps(prompt)[:60]}")
+    if not out:
+        raise LauncherError(f"--prompts-file {path}: no prompts in it")
+    return out
 
 
 def bundled_prompts() -> list[str]:

@@ -1,7 +1,7 @@
 """A stub OpenAI-compatible server on 127.0.0.1 standing in for a GPU-bound
 ``vllm serve``: ``/health``, ``/v1/models``, streaming ``/v1/completions``,
 ``/v1/chat/completions`` (plain and streamed, with vLLM's logprobs and
-``return_tokens_as_token_ids``), ``/tokenize`` and a Prometheus ``/metrics``
+``return_tokens_as_token_ids``; completions with ``return_token_ids``), ``/tokenize`` and a Prometheus ``/metrics``
 with vLLM 0.21.0's speculative-decoding counters.
 
 Chat answers are greedy-like: the token ids are a function of the request's
@@ -46,6 +46,7 @@ class Behaviour:
     cut_after: int | None = None  # text chunks sent before the connection closes (no usage, no [DONE])
     short_by: int = 0  # tokens fewer than max_tokens, in a stream that ends properly
     misbehave_from: int = 1  # cut_after and short_by apply from this completion on (2: the first one is served whole)
+    token_ids: bool = True  # answer return_token_ids (False: a server that ignores it)
 
 
 class StubServer(LocalHTTP):
@@ -159,6 +160,7 @@ class StubServer(LocalHTTP):
                     time.sleep(stub.b.keepalive_s)
                 time.sleep(stub.b.ttft_s)
                 first = True
+                ids = completion_tokens(prompt, sent) if body.get("return_token_ids") and stub.b.token_ids else None
                 while left > 0:
                     n = min(stub.b.tokens_per_chunk, left)
                     if not first:
@@ -168,6 +170,8 @@ class StubServer(LocalHTTP):
                     first = False
                     left -= n
                     chunk = {"index": 0, "text": " tok" * n, "finish_reason": None if left else "length"}
+                    if ids is not None:
+                        chunk["token_ids"] = ids[sent - left - n:sent - left]
                     self._event({"object": "text_completion", "choices": [chunk]})
                     if misbehave and stub.b.cut_after is not None and sent - left >= stub.b.cut_after:
                         return  # the handler closes the connection: a cut stream
@@ -209,6 +213,12 @@ def _prompt_text(messages: list[dict]) -> str:
         for p in content:
             parts.append(f"{m['role']}:" + (p["text"] if p["type"] == "text" else p["image_url"]["url"]))
     return "\n".join(parts)
+
+
+def completion_tokens(prompt, n: int) -> list[int]:
+    """The ``n`` token ids the stub completes ``prompt`` with (text or ids; from a hash of it)."""
+    seed = int(hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:8], 16)
+    return [100 + (seed + 31 * i * i) % 7000 for i in range(n)]
 
 
 def chat_tokens(messages: list[dict], n: int) -> list[int]:

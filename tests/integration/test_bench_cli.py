@@ -25,6 +25,7 @@ from launcher import pypi
 from launcher.bench import vllm_bench, workload
 from launcher.bench.client import Target
 from launcher.recipe import BenchWorkload
+from tests.integration import stub_openai
 from tests.integration.stub_openai import Behaviour, StubServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -288,3 +289,92 @@ def test_random_ids_stay_inside_the_vocabulary_of_the_tokenizer_folder(tmp_path)
     ids = [t for b in stub.bodies if isinstance(b["prompt"], list) for t in b["prompt"]]
     assert ids and max(ids) < 8192 and min(ids) >= 1000
     assert json.loads((tmp_path / "res.json").read_text())["random_token_band"] == [1000, 8192]
+
+
+def prompts_recipe(tmp: Path) -> Path:
+    data = dict(SHIPPED)
+    data["bench"] = {"workloads": [{"name": "mine", "dataset": "prompts", "output_len": 24,
+                                    "concurrency": [1, 2], "prompts_per_stream": 2}]}
+    path = tmp / "prompts.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_own_prompts_by_token_ids_recorded_outputs_and_output_len(tmp_path):
+    # The GPU harness benches the gated prompts as token ids and judges what the server said
+    # (tests/gpu/runs/served.py's speed phase): the ids sent, the length asked for and the ids
+    # recorded are checked against the stub's own function of each prompt, not the launcher's output.
+    recipe = prompts_recipe(tmp_path)
+    asked = [[11, 12, 13], [21, 22], "a text prompt"]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in asked) + "\n")
+    with StubServer(Behaviour(tokens_per_chunk=3, drafter=True)) as server:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "o.json",
+                         "--prompts-file", "p.jsonl", "--record-outputs", "--output-len", "10",
+                         "--concurrency", "1", "--min-requests", "4"], tmp_path)
+        measured = [b for b in server.bodies if not b.get("cache_salt") and b["prompt"] != "Hello"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "o.json").read_text())
+    (run,) = doc["runs"]
+    cycled = [asked[i % 3] for i in range(4)]
+    assert [b["prompt"] for b in measured] == cycled
+    assert {b["max_tokens"] for b in measured} == {10} and all(b["return_token_ids"] for b in measured)
+    assert run["output_len"] == 10 and run["completed"] == 4
+    assert run["outputs"] == [stub_openai.completion_tokens(p, 10) for p in cycled]
+    assert doc["prompts_file"]["prompts"] == 3 and len(doc["prompts_file"]["sha256"]) == 64
+
+
+def test_a_server_that_ignores_return_token_ids_fails_each_request_with_why(tmp_path):
+    recipe = prompts_recipe(tmp_path)
+    with StubServer(Behaviour(token_ids=False)) as server:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "n.json",
+                         "--record-outputs", "--concurrency", "1"], tmp_path)
+    assert proc.returncode == 2
+    assert "the server sent 0 for 24 tokens (does it support return_token_ids?)" in proc.stderr
+
+
+@pytest.mark.parametrize("line, says", [
+    ("not json", "line 2: not JSON"),
+    ('{"prompt": ""}', 'line 2: "prompt" must be a non-empty text or a non-empty list of token ids'),
+    ('{"prompt": [1, -2]}', 'line 2: "prompt" must be a non-empty text or a non-empty list of token ids'),
+    ('{"text": "x"}', 'line 2: "prompt" must be'),
+])
+def test_a_bad_prompts_file_names_its_line_and_sends_nothing(tmp_path, line, says):
+    recipe = prompts_recipe(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "fine"}\n' + line + "\n")
+    with StubServer(Behaviour()) as server:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "x.json",
+                         "--prompts-file", "p.jsonl"], tmp_path)
+    assert proc.returncode == 2 and f"--prompts-file p.jsonl, {says}" in proc.stderr, proc.stderr
+    assert server.completions == 0 and not (tmp_path / "x.json").exists()
+
+
+def test_own_prompts_are_refused_where_they_would_not_take_effect(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "fine"}\n')
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with StubServer(Behaviour()) as server:
+        random_only = launcher(["bench", "--recipe", str(small_recipe(tmp_path)), "--url", server.url,
+                                "--client", "builtin", "--prompts-file", "p.jsonl"], tmp_path)
+        vllm_client = launcher(["bench", "--recipe", str(prompts_recipe(tmp_path)), "--url", server.url,
+                                "--client", "vllm", "--record-outputs"], tmp_path)
+        empty = launcher(["bench", "--recipe", str(prompts_recipe(tmp_path)), "--url", server.url,
+                          "--client", "builtin", "--prompts-file", "empty.jsonl"], tmp_path)
+    assert random_only.returncode == 2 and "no workload run here sends the prompt set (short: random)" in random_only.stderr
+    assert vllm_client.returncode == 2 and "--record-outputs needs the built-in client" in vllm_client.stderr
+    assert empty.returncode == 2 and "--prompts-file empty.jsonl: no prompts in it" in empty.stderr
+    assert server.completions == 0
+
+
+def test_a_baseline_result_of_other_prompts_is_refused_before_any_request(tmp_path):
+    recipe = prompts_recipe(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": [5, 6, 7]}\n')
+    with StubServer(Behaviour(drafter=False)) as slow:
+        base = launcher(["bench", "--recipe", str(recipe), "--url", slow.url, "--client", "builtin", "--out", "b.json",
+                         "--concurrency", "1"], tmp_path)
+    assert base.returncode == 0, base.stderr
+    with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as fast:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", fast.url, "--client", "builtin", "--out", "r.json",
+                         "--concurrency", "1", "--prompts-file", "p.jsonl",
+                         "--compare-without-drafter", "--baseline-result", "b.json"], tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert "--baseline-result b.json ran the bundled prompt set, this run a --prompts-file of sha256" in proc.stderr
+    assert fast.completions == 0
