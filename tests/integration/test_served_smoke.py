@@ -243,10 +243,20 @@ def test_the_speed_phase_benches_the_recipe_without_and_with_its_drafter(openai_
     assert row["concurrency"] == [1, 4, 16] and row["numerics"] == "default"
     assert [s["concurrency"] for s in row["speed"]] == [1, 4, 16]
     assert all(s["output_tok_s"]["with_drafter"] and s["output_tok_s"]["without"] for s in row["speed"])
-    # At least the curve's 32 requests per level on both sides (the recipe alone sends 4 at 1 in flight)
-    assert [s["requests"] for s in row["speed"]] == [{"with_drafter": n, "without": n} for n in (32, 32, 64)]
+    # Every gated prompt (prompts.json) once a level at least, and at least the curve's 32
+    # requests per level on both sides (the recipe alone sends 4 at 1 in flight)
+    prompts = json.loads((model / "prompts.json").read_text())
+    n = max(32, len(prompts))
+    assert [s["requests"] for s in row["speed"]] == [{"with_drafter": k, "without": k} for k in (n, n, max(64, n))]
     baseline = json.loads((out / "served-bench-0.21.0-speed-no-drafter.json").read_text())
     assert baseline["speculative_decoding"] is False and {r["workload"] for r in baseline["runs"]} == {"prompts"}
+    # ... sent as their token ids at the gate's 128 tokens, and what each server said judged by
+    # the gate at concurrency 1 (the stand-in's outputs are a hash of the prompt: none loops)
+    assert baseline["prompts_file"]["prompts"] == len(prompts) and {r["output_len"] for r in baseline["runs"]} == {128}
+    nd = row["nondegenerate"]
+    assert nd["dflash"]["sequences"] == nd["reference"]["sequences"] == n
+    assert nd["dflash"]["prompts"] == len(prompts) and nd["dflash"]["min_generated_tokens"] == 128
+    assert nd["dflash"]["looping_sequences"] == 0 and nd["dflash"]["looping_prompts"] == []
     assert row["bench"] == "tests/gpu/results/served-bench-0.21.0-speed-dflash.json"
     # The stand-ins are not vLLM: the step-time plugin never loads in them, so no step was
     # timed and no projection is claimed (tests/unit/test_gpu_step_times.py covers both).

@@ -1005,3 +1005,41 @@ def test_a_phase_record_names_the_target_it_serves_and_the_drafter_only_where_it
     twin = served.Phase("conformance-twin", args, "/site").record
     assert (with_drafter["target_sha256"], with_drafter["drafter_sha256"]) == ("t" * 64, "d" * 64)
     assert twin["target_sha256"] == "t" * 64 and "drafter_sha256" not in twin
+
+
+def _bench_doc(outputs_c1: list | None, prompts: int) -> dict:
+    run = {"workload": "prompts", "concurrency": 1, **({"outputs": outputs_c1} if outputs_c1 is not None else {})}
+    return {"prompts_file": {"prompts": prompts}, "runs": [run, {"workload": "prompts", "concurrency": 4}]}
+
+
+def test_the_speed_gate_judges_what_each_speed_server_said_and_catches_loops(tmp_path):
+    """Issue 51: the speed-up stands only on output that passes the gate. Built here: 36 prompts
+    of 128 distinct-enough tokens, of which the DFlash side's prompts 3, 7, 11 and 20 end in a
+    cycle of period 4 (the kind of output a drafter finds easy): 4 of 36 is over the gate's 10 %."""
+    def fresh(i):
+        return [(i * 131 + j * j * 7) % 4001 for j in range(128)]
+
+    def looping(i):
+        return fresh(i)[:60] + [5, 6, 7, 8] * 17
+
+    clean = [fresh(i) for i in range(36)]
+    loops = [looping(i) if i in (3, 7, 11, 20) else fresh(i) for i in range(36)]
+    (tmp_path / "without.json").write_text(json.dumps(_bench_doc(clean, 36)))
+    (tmp_path / "with.json").write_text(json.dumps(_bench_doc(loops, 36)))
+    block = served.speed_gate(tmp_path / "with.json", tmp_path / "without.json")
+    assert block["reference"]["looping_sequences"] == 0 and report.gate.passes(block["reference"])
+    assert block["dflash"]["looping_sequences"] == 4 and block["dflash"]["looping_prompts"] == [3, 7, 11, 20]
+    assert block["dflash"]["prompts_full_length"] == 36
+    assert report.gate_failures(block) == ["dflash: 4 of 36 sequences looping (at most 10%)"]
+    # a row carrying it is judged in the headline: not proof
+    row = report.speed_row({"server": "speed-dflash", "speed_gate": block, "bench_comparison": []}, None)
+    assert report.gate_failures(row["nondegenerate"]) == ["dflash: 4 of 36 sequences looping (at most 10%)"]
+
+
+def test_the_speed_gate_is_absent_where_outputs_were_not_recorded_and_counts_prompts_not_requests(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(_bench_doc(None, 36)))
+    (tmp_path / "b.json").write_text(json.dumps(_bench_doc([[1, 2, 3] * 50] * 40, 20)))
+    assert served.speed_gate(tmp_path / "a.json", tmp_path / "a.json") == {"reference": None, "dflash": None}
+    block = served.speed_gate(tmp_path / "b.json", tmp_path / "b.json")["dflash"]
+    # 40 requests over 20 prompts: 20 distinct prompts, under the gate's 32
+    assert block["prompts"] == 20 and "20 prompts of 128+ tokens (at least 32)" in report.gate.failures(block)

@@ -374,7 +374,10 @@ def speed_row(dflash: dict, baseline: dict | None) -> dict:
     row = _common(dflash)
     row.update({
         "server": "speed", "concurrency": sorted({c["concurrency"] for c in dflash.get("bench_comparison") or []}),
-        "lossless": None, "acceptance_length": None, "images_change_output": None, "nondegenerate": None,
+        "lossless": None, "acceptance_length": None, "images_change_output": None,
+        # the gate over both servers' outputs at concurrency 1 (served.speed_gate; None: a run
+        # that did not record them, which the headline then leaves unjudged)
+        "nondegenerate": dflash.get("speed_gate"),
         "stock_error": None, "bench": dflash.get("bench"), "bench_command": dflash.get("bench_command"),
         "baseline_bench": (baseline or {}).get("bench"), "baseline_started_by": (baseline or {}).get("started_by"),
         "bench_skipped": (dflash.get("speed_skipped") or (baseline or {}).get("bench_skipped")
@@ -435,7 +438,16 @@ def _speed_key(row: dict) -> str | None:
     judged = "no projection" if ratio is None else \
         f"projected {one['projected_speedup']:.2f}x, within {gap:.0%}: {'yes' if abs(ratio - 1) <= gap else 'no'}"
     n = (one.get("requests") or {}).get("with_drafter")
-    return f"speed-up at 1 in flight {one['measured_speedup']:.2f}x{f' over {n} requests' if n else ''} ({judged})"
+    return (f"speed-up at 1 in flight {one['measured_speedup']:.2f}x{f' over {n} requests' if n else ''} ({judged}; "
+            f"{_speed_gate_said(row.get('nondegenerate'))})")
+
+
+def _speed_gate_said(nd: dict | None) -> str:
+    """bars.yaml speed.outputs_pass_the_gate: the speed servers' own outputs through the gate."""
+    if not isinstance(nd, dict) or not nd.get("dflash") or not nd.get("reference"):
+        return "outputs not recorded: not proof"
+    why = gate_failures(nd)
+    return "outputs pass the gate" if not why else f"outputs fail the gate: {'; '.join(why)}"
 
 
 def _headline(rows: list[dict]) -> list[str]:

@@ -53,6 +53,7 @@ HERE = Path(__file__).resolve().parents[1]  # tests/gpu
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
+import gate  # noqa: E402
 import seeded  # noqa: E402
 import served_report as report  # noqa: E402
 import served_requests as sr  # noqa: E402
@@ -708,14 +709,12 @@ def speed(args) -> None:
         if not all(ready.get(n) for n in pair):
             dfl.record["speed_skipped"] = "not started: " + ", ".join(n for n in pair if not ready.get(n))
         else:
-            # At least the curve's requests per point (bars.yaml speedup_curve): at concurrency 1 the
-            # recipe's 4 let one slow first request move the tok/s ratio.
-            levels = ["--workload", "prompts", "--concurrency", SPEED_LEVELS,
-                      "--min-requests", str(report.bars.get("speedup_curve", "min_requests"))]
-            baseline = bench(base, served_name(base.record["plan"]), levels, "-speed-no-drafter")
+            baseline = bench(base, served_name(base.record["plan"]), speed_levels(args, dfl), "-speed-no-drafter")
             if baseline is not None:
-                bench(dfl, served_name(dfl.record["plan"]),
-                      [*levels, "--compare-without-drafter", "--baseline-result", str(baseline)], "-speed-dflash")
+                mine = bench(dfl, served_name(dfl.record["plan"]), [*speed_levels(args, dfl), "--compare-without-drafter",
+                                                                    "--baseline-result", str(baseline)], "-speed-dflash")
+                if mine is not None:
+                    dfl.record["speed_gate"] = speed_gate(mine, baseline)
     except Exception as exc:  # noqa: BLE001 - recorded
         pair["speed-dflash"].failed(exc)
     finally:
@@ -727,6 +726,41 @@ def speed(args) -> None:
             pair["speed-dflash"].record["speed_projection_error"] = f"{type(exc).__name__}: {exc}"[:500]
         for ph in pair.values():
             ph.save()
+
+
+def speed_levels(args, ph: Phase) -> list[str]:
+    """`launcher bench`'s arguments for both speed servers: the gated prompts (prompts.json, as
+    token ids, each once per level at least) at the gate's length, with their outputs recorded,
+    so that the measured servers' own output is judged by the gate (issue 51: a claim stands on
+    records that pass it; a looping output drafts easily and would flatter the speed-up). At
+    least the curve's requests per level (bars.yaml speedup_curve): at concurrency 1 the recipe's
+    4 let one slow first request move the tok/s ratio."""
+    prompts = json.loads((args.model / "prompts.json").read_text())
+    path = ph.work / "speed-prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p["token_ids"]}) + "\n" for p in prompts))
+    least = max(int(report.bars.get("speedup_curve", "min_requests")), len(prompts))
+    return ["--workload", "prompts", "--concurrency", SPEED_LEVELS, "--min-requests", str(least),
+            "--prompts-file", str(path), "--output-len", str(report.bars.get("gate", "min_generated_tokens")),
+            "--record-outputs"]
+
+
+def speed_gate(with_drafter: Path, without: Path) -> dict:
+    """The gate over both speed benchmarks' outputs at concurrency 1 (the claim's level), each
+    request keyed by its prompt: {"reference": the server without the drafter, "dflash": with it}."""
+    return {"reference": _bench_gate(json.loads(without.read_text())),
+            "dflash": _bench_gate(json.loads(with_drafter.read_text()))}
+
+
+def _bench_gate(doc: dict) -> dict | None:
+    one = next((r for r in doc.get("runs") or [] if r.get("concurrency") == 1), None)
+    if not one or not one.get("outputs"):
+        return None
+    count = (doc.get("prompts_file") or {}).get("prompts") or len(one["outputs"])
+    outputs = [{"token_ids": ids or []} for ids in one["outputs"]]
+    block = gate.nondegenerate(outputs, [i % count for i in range(len(outputs))])
+    block["looping_prompts"] = sorted({i % count for i, o in enumerate(outputs)
+                                       if gate.looping(o["token_ids"])})
+    return block
 
 
 def read_steps(path: Path | None) -> list[dict]:
