@@ -1050,8 +1050,9 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     local kv=$(( ${SERVED_KV_GIB:-4} * 1073741824 )) v
     local jobs=${SERVED_JOBS:-gemma4-moe-dflash:${SERVED_PHASES:-reference,dflash,stock}}
     local versions=${SERVED_VERSIONS:-0.21.0 0.33.0}
+    # SERVED_ALL_PORT_BASE: the first job's ports (default 8000), for a second served-all beside one
     local plan=("$PY" tests/gpu/runs/served_all.py --jobs "$jobs" --versions "$versions" --gpus "${SERVED_GPUS:-}"
-        --zlab "${SERVED_ZLAB:-$OUT/zlab-reference.json}")
+        --zlab "${SERVED_ZLAB:-$OUT/zlab-reference.json}" --port-base "${SERVED_ALL_PORT_BASE:-8000}")
     "${plan[@]}" check || return 2
     # A version "V-without-ID" serves V's series less patch ID (issue 50: 0.21.0 without
     # dflash-drafter-per-layer-attention): its tree is built here, before the jobs start side by side.

@@ -5,6 +5,7 @@ own checks through the shell are in test_gpu_served.py."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import tarfile
 
@@ -14,6 +15,14 @@ from tests.unit.gpu_scripts import load
 
 sa = load("served_all")
 SITES = sa.Sites("/s", "/p", "/s33", "/p33", "/rev")
+
+
+def free_base(jobs: int = 2) -> str:
+    """A port base whose jobs' ports nothing holds now (8000 may be another test's)."""
+    for base in range(20000, 30000, 1000):
+        if not sa.ports_in_use([sa.Job(i, "a", "x", "", "0.21.0", None, base) for i in range(jobs)]):
+            return str(base)
+    raise AssertionError("no free port block between 20000 and 30000")
 
 
 def test_each_job_runs_on_each_version_with_its_port_numerics_gpu_and_sites():
@@ -57,9 +66,26 @@ def test_the_conformance_phase_does_not_start_before_z_labs_record_exists(tmp_pa
     assert str(zlab) in err and "remote.sh zlab-reference" in err
     assert sa.main(["check", "--jobs", jobs]) == 2 and "none given" in capsys.readouterr().err
     zlab.write_text("{}")
-    assert sa.main(["check", "--jobs", jobs, "--zlab", str(zlab)]) == 0
+    assert sa.main(["check", "--jobs", jobs, "--zlab", str(zlab), "--port-base", free_base()]) == 0
     # the twin alone stops nothing at a prefix: it starts without the record
-    assert sa.main(["check", "--jobs", "gemma4-moe-dflash:conformance-twin:exact"]) == 0
+    assert sa.main(["check", "--jobs", "gemma4-moe-dflash:conformance-twin:exact", "--port-base", free_base()]) == 0
+
+
+def test_ports_another_process_holds_are_refused_before_any_job_starts(capsys):
+    """Two served-all side by side on one host, both from 8000: the second's servers could not
+    bind, and its readiness probes could find the first's (a speed run lost so). Job 1's block
+    starts 100 above the base; a port held inside it is named, and another base is accepted."""
+    base = int(free_base())
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", base + 100 + 3))
+        held.listen()
+        assert sa.main(["check", "--jobs", "a:speed", "--versions", "0.21.0 0.33.0", "--gpus", "0,1",
+                        "--port-base", str(base)]) == 2
+        err = capsys.readouterr().err
+        assert f"ports {base + 103} are in use" in err and "SERVED_ALL_PORT_BASE" in err
+        assert sa.main(["check", "--jobs", "a:speed", "--versions", "0.21.0 0.33.0", "--gpus", "0,1",
+                        "--port-base", free_base()]) == 0
+    assert sa.plan("a:x", "0.21.0 0.33.0", [], 9000)[1].env(SITES)["SERVED_PORT_BASE"] == "9100"
 
 
 def test_the_jobs_run_side_by_side_and_a_failed_one_fails_the_call(tmp_path, capsys, monkeypatch):

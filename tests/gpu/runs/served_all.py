@@ -4,16 +4,18 @@
 (SERVED_VERSIONS: ``0.21.0``, ``0.33.0``, or ``V-without-ID``, V's series less patch ID, whose tree
 remote.sh builds before) make the jobs. Each runs ``--command SITE PATCHED NAME`` (remote.sh's
 ``served-run``: served.py's phases in ``$WORK/NAME``) with its recipe, phases and numerics, a port
-base of its own (8000 + 100 i, wider than a job's phase ports) and, with ``--gpus``, the i-th GPU
-round-robin. They start ``--stagger-s`` apart (engine start-up is mostly CPU), each logging to
+base of its own (``--port-base``, SERVED_ALL_PORT_BASE, 8000 by default, + 100 i: wider than a
+job's phase ports) and, with ``--gpus``, the i-th GPU round-robin. They start ``--stagger-s`` apart (engine start-up is mostly CPU), each logging to
 ``$WORK/served-all-I-V-RECIPE-PHASES.log``; while any runs, the GPUs' memory is sampled every 30 s.
 Once all have ended: each log's tail, the logs in ``$OUT/served-all-logs.tar.gz``, and past 8 files
 in ``$OUT`` (what a GPU host hands back at most) all but the record and its page as
 ``served-out.tar.gz``.
 
 ``check`` refuses, with exit 2 and before anything starts: a recipe named twice (its folder is
-per recipe and version), a speed phase that would share a GPU with another job, and a
-conformance phase without z-lab's record (``--zlab``), which it reads when it starts.
+per recipe and version), a speed phase that would share a GPU with another job, a
+conformance phase without z-lab's record (``--zlab``), which it reads when it starts, and a
+job port another process holds (a second served-all on the host: its servers would fail to
+bind, or a readiness probe would find the other's server).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
+import socket
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
 import side_by_side  # noqa: E402
 
 PORT_BASE, PORT_STEP = 8000, 100
+PHASE_PORTS = 8  # served.py's PORT_OFFSETS span 0..6 of a job's base
 OUT_LIMIT = 8  # files a GPU host's $OUT brings back
 KEEP_APART = ("served.json", "served.md", "served-out.tar.gz")
 
@@ -68,6 +72,7 @@ class Job:
     numerics: str  # "exact", "default", or "" (served.py's default)
     version: str
     gpu: str | None
+    port_base: int = PORT_BASE
 
     @property
     def log_name(self) -> str:
@@ -76,7 +81,7 @@ class Job:
 
     def env(self, sites: Sites) -> dict[str, str]:
         out = {"SERVED_RECIPE": self.recipe, "SERVED_PHASES": self.phases,
-               "SERVED_PORT_BASE": str(PORT_BASE + PORT_STEP * self.index)}
+               "SERVED_PORT_BASE": str(self.port_base + PORT_STEP * self.index)}
         if self.numerics:
             out["SERVED_EXACT"] = "1" if self.numerics == "exact" else "0"
         if self.gpu is not None:
@@ -90,7 +95,7 @@ class Job:
         return [*command, *sites.of(self.version)[:3]]
 
 
-def plan(jobs: str, versions: str, gpus: list[str]) -> list[Job]:
+def plan(jobs: str, versions: str, gpus: list[str], port_base: int = PORT_BASE) -> list[Job]:
     """The jobs, in start order (each job on each version); a PlanError says why none may start."""
     specs = [job.split(":") for job in jobs.split()]
     if not specs or any(len(s) not in (2, 3) or not all(s[:2]) for s in specs):
@@ -109,7 +114,7 @@ def plan(jobs: str, versions: str, gpus: list[str]) -> list[Job]:
     for (recipe, phases, *_), num in zip(specs, numerics):
         for v in vs:
             i = len(out)
-            out.append(Job(i, recipe, phases, num, v, gpus[i % len(gpus)] if gpus else None))
+            out.append(Job(i, recipe, phases, num, v, gpus[i % len(gpus)] if gpus else None, port_base))
     return out
 
 
@@ -142,6 +147,19 @@ def run(jobs: list[Job], command: list[str], sites: Sites, work: Path, out: Path
     return rc
 
 
+def ports_in_use(jobs: list[Job]) -> list[int]:
+    """The jobs' server ports that another process holds on 127.0.0.1 now."""
+    busy = []
+    for job in jobs:
+        for port in range(job.port_base + PORT_STEP * job.index, job.port_base + PORT_STEP * job.index + PHASE_PORTS):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    busy.append(port)
+    return busy
+
+
 def zlab_missing(jobs: list[Job], zlab: str) -> str:
     """Why the jobs may not start without z-lab's record, or "". The conformance phase reads the
     record once, at its start, to stop each prompt again at its common prefix with z-lab's loop;
@@ -164,18 +182,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--command", default="bash tests/gpu/remote.sh served-run",
                         help="what runs one job, given SITE PATCHED NAME")
     parser.add_argument("--stagger-s", type=float, default=20.0)
+    parser.add_argument("--port-base", type=int, default=PORT_BASE, help="job i's servers from PORT_BASE + 100 i")
     parser.add_argument("--zlab", default="", help="z-lab's record, which the conformance phase reads when it starts")
     for name in ("site", "site-patched", "site33", "site33-patched", "reverted"):
         parser.add_argument(f"--{name}", default="")
     args = parser.parse_args(argv)
     try:
-        jobs = plan(args.jobs, args.versions, [g for g in args.gpus.split(",") if g])
+        jobs = plan(args.jobs, args.versions, [g for g in args.gpus.split(",") if g], args.port_base)
     except PlanError as exc:
         print(exc, file=sys.stderr)
         return 2
     missing = zlab_missing(jobs, args.zlab)
     if missing:
         print(missing, file=sys.stderr)
+        return 2
+    busy = ports_in_use(jobs)
+    if busy:
+        print(f"ports {', '.join(map(str, busy))} are in use on 127.0.0.1 (another served-all on this host?): "
+              "set SERVED_ALL_PORT_BASE to a free range, e.g. 9000", file=sys.stderr)
         return 2
     if args.action == "check":
         return 0
