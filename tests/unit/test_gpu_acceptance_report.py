@@ -303,7 +303,7 @@ def test_served_speed_rows_join_their_releases_default_numerics_bf16_rows():
         {"server": "dflash", "vllm": "0.33.0", "speed": speed_rows}]})
     joined = {r["run"]: r["served_speed"] for r in rows}
     assert joined["plain"] == {"series": "newer", "bench": "b.json", "drafter_sha256": None,
-                               "per_concurrency": speed_rows}
+                               "per_concurrency": speed_rows, "outputs": "not recorded"}
     assert joined["plain-bi"] is None and joined["nvfp4"] is None and joined["v33"] is None
     # The record fields come from the served measurement (item 5, serving has landed).
     plain = next(r for r in rows if r["run"] == "plain")
@@ -317,14 +317,25 @@ def test_served_speed_rows_join_their_releases_default_numerics_bf16_rows():
             in ar.markdown(rows))
 
 
-@pytest.mark.parametrize("measured, projected, met", [(1.5, 1.4, True), (1.5, 1.2, False), (0.95, 0.96, False)])
-def test_the_served_bar_at_one_asks_for_a_win_within_15_percent_of_the_projection(measured, projected, met):
+def _gate_block(looping: int) -> dict:
+    return {"sequences": 36, "constant_sequences": 0, "median_distinct_fraction": 0.5, "nan_positions": 0,
+            "looping_sequences": looping, "prompts": 36, "prompts_full_length": 36}
+
+
+@pytest.mark.parametrize("measured, projected, looping, met, outputs", [
+    (1.5, 1.4, 0, True, "pass the gate"), (1.5, 1.2, 0, False, "pass the gate"),
+    (0.95, 0.96, 0, False, "pass the gate"),
+    # within the projection, but over looping output (4 of 36 > 10 %), or output never recorded
+    (1.5, 1.4, 4, False, "fail the gate"), (1.5, 1.4, None, False, "not recorded")])
+def test_the_served_bar_at_one_asks_for_a_win_within_15_percent_of_the_projection_over_gated_output(
+        measured, projected, looping, met, outputs):
     rows = ar.build([_rec("plain", 2.7)])
     one = {"concurrency": 1, "output_tok_s": {"with_drafter": 1.0, "without": 1.0}, "measured_speedup": measured,
            "projected_speedup": projected, "measured_over_projected": round(measured / projected, 4),
            "mean_acceptance_length": 3.2, "tpot_ms_mean": {}}
-    ar.add_served_speed(rows, {"servers": [{"server": "speed", "vllm": "0.21.0", "speed": [one]}]})
-    assert rows[0]["served_speed_bar_met"] is met
+    nd = None if looping is None else {"reference": _gate_block(0), "dflash": _gate_block(looping)}
+    ar.add_served_speed(rows, {"servers": [{"server": "speed", "vllm": "0.21.0", "speed": [one], "nondegenerate": nd}]})
+    assert rows[0]["served_speed_bar_met"] is met and rows[0]["served_speed"]["outputs"] == outputs
 
 
 def test_a_retrained_drafter_is_a_row_of_its_own_and_ablations_join_their_own_drafters_row():

@@ -561,13 +561,30 @@ def add_served_speed(rows: list[dict], served: dict) -> None:
             if (row["vllm"] == srow.get("vllm") and row["quantization"] == "bf16"
                     and not row.get("batch_invariant")
                     and srow.get("drafter_sha256") in (None, row["drafter_sha256"])):
+                outputs = _speed_outputs(srow.get("nondegenerate"))
                 row["served_speed"] = {"series": srow.get("series"), "bench": srow.get("bench"),
                                        "drafter_sha256": srow.get("drafter_sha256"),
-                                       "per_concurrency": srow["speed"]}
+                                       "per_concurrency": srow["speed"], "outputs": outputs}
                 row.update(_speed_fields("served", _served_paired(srow["speed"])))
-                # Item 5's bar through the server, where its engine cores timed their steps.
-                row["served_speed_bar_met"] = _speed_bar_at_one(
-                    next((c for c in srow["speed"] if c.get("concurrency") == 1), None))
+                # Item 5's bar through the server, where its engine cores timed their steps, over
+                # output that passes the gate (bars.yaml speed.outputs_pass_the_gate)
+                met = _speed_bar_at_one(next((c for c in srow["speed"] if c.get("concurrency") == 1), None))
+                row["served_speed_bar_met"] = None if met is None else met and outputs == "pass the gate"
+
+
+def _bar_cell(bar: bool | None, outputs: str | None) -> str:
+    if bar is None:
+        return "-"
+    if bar:
+        return "met"
+    return "not met" if outputs in (None, "pass the gate") else f"not met (outputs {outputs})"
+
+
+def _speed_outputs(nd: dict | None) -> str:
+    """What the gate says of both speed servers' outputs at concurrency 1 (served.speed_gate)."""
+    if not isinstance(nd, dict) or not nd.get("dflash") or not nd.get("reference"):
+        return "not recorded"
+    return "pass the gate" if gate.passes(nd["dflash"]) and gate.passes(nd["reference"]) else "fail the gate"
 
 
 def _speed_fields(source: str, paired: dict) -> dict:
@@ -687,7 +704,7 @@ def markdown(rows: list[dict], headline_rows: list[dict] | None = None) -> str:
                              f"{_cell(_round(c.get('projected_speedup_by_period'), 3))} "
                              f"({_cell(_round(c.get('decode_period_ms'), 2))} / "
                              f"{_cell(_round(c.get('dflash_period_ms'), 2))}) | "
-                             f"{'-' if bar is None else ('met' if bar else 'not met')} |")
+                             f"{_bar_cell(bar, s.get('outputs'))} |")
     lines += _done_markdown(done_when(rows))
     return caveats.with_caveats("\n".join(lines) + "\n")
 
