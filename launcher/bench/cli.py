@@ -73,16 +73,16 @@ def bench(
     earlier = _read_baseline(baseline_result, rec.name) if compare_without_drafter and baseline_result else None
     if earlier is not None:
         _check_same_prompts(earlier, baseline_result, prompts_file)
+        _check_same_lengths(earlier, baseline_result, rec, output_len)
     key = api_key or os.environ.get("VLLM_API_KEY") or None
     _check_tokenizer(tokenizer)
     tok = tokenizer or _local_model(rec)
     kwargs = dict(levels=levels, min_requests=min_requests, model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
                   tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok),
-                  prompts_source=source, output_len=output_len, record_outputs=record_outputs)
+                  prompts_source=source, output_len=output_len, record_outputs=record_outputs,
+                  prompt_set=_file_identity(prompts_file, len(source)) if prompts_file is not None else None)
     # Each finished run is written at once, so an error or Ctrl-C later loses none of it.
     doc = runner.bench(rec, base_url=url, on_run=lambda partial: _save_progress(path, partial), **kwargs)
-    if prompts_file is not None:
-        doc["prompts_file"] = _file_identity(prompts_file, len(source))
     if compare_without_drafter:
         if earlier is None:
             typer.echo("baseline (without the drafter):")
@@ -160,6 +160,18 @@ def _check_same_prompts(earlier: dict, baseline_result: Path, prompts_file: Path
 
         raise LauncherError(f"--baseline-result {baseline_result} ran {said(theirs)}, this run {said(mine)}",
                             hint="bench the baseline with the same --prompts-file")
+
+
+def _check_same_lengths(earlier: dict, baseline_result: Path, rec, output_len: int | None) -> None:
+    """A baseline whose requests were of another length compares nothing either: the runs pair
+    by workload and concurrency alone, and a shorter request weighs its first token more."""
+    planned = {w.name: output_len or w.output_len for w in rec.bench.workloads}
+    for run in earlier.get("runs") or []:
+        theirs, mine = run.get("output_len"), planned.get(run.get("workload"))
+        if theirs is not None and mine is not None and theirs != mine:
+            raise LauncherError(f"--baseline-result {baseline_result} ran workload {run.get('workload')} at "
+                                f"{theirs} output tokens a request, this run at {mine}",
+                                hint="bench the baseline with the same --output-len")
 
 
 def _file_identity(path: Path, count: int) -> dict:

@@ -105,9 +105,12 @@ def one_request(target: Target, prompt, *, max_tokens: int, temperature: float, 
             if isinstance(usage, dict):
                 result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                 result.output_tokens = int(usage.get("completion_tokens") or 0)
+            ids = _token_ids(_choices(event)) if record else []
             if record:
-                result.token_ids += _token_ids(_choices(event))
-            if any(c.get("text") for c in _choices(event)):
+                result.token_ids += ids
+            # a chunk of token ids whose text the detokenizer holds back (a byte of a character)
+            # still brought tokens: it times the first token and the gaps as a text chunk does
+            if ids or any(c.get("text") for c in _choices(event)):
                 now = time.perf_counter()
                 if result.ttft is None:
                     result.ttft = now - start

@@ -92,11 +92,14 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
           only: list[str] | None, client_choice: str, tokenizer: str | None, timeout: float, echo: Echo,
           on_run: Callable[[dict], None] | None = None, vocab_size: int | None = None,
           levels: list[int | str] | None = None, min_requests: int | None = None,
-          prompts_source: list | None = None, output_len: int | None = None, record_outputs: bool = False) -> dict:
+          prompts_source: list | None = None, output_len: int | None = None, record_outputs: bool = False,
+          prompt_set: dict | None = None) -> dict:
     """Every run of the recipe's workloads (at ``levels`` where given, else at each workload's
     own concurrency list); ``on_run`` gets the document after each run (partial results).
     ``prompts_source``: the prompt set instead of the bundled one; ``output_len``: every
-    workload's; ``record_outputs``: each run keeps its requests' token ids (built-in client)."""
+    workload's; ``record_outputs``: each run keeps its requests' token ids (built-in client);
+    ``prompt_set``: the prompt file's identity, in the document from its first save on (a
+    partial result is still compared only against a baseline of the same prompts)."""
     base_url = base_url.rstrip("/")
     runs = workload.runs(rec, profile=profile, only=only, levels=levels, min_requests=min_requests,
                          output_len=output_len)
@@ -118,6 +121,7 @@ def bench(rec: Recipe, *, base_url: str, model: str | None, api_key: str | None,
         "random_token_band": list(workload.token_band(vocab_size)),
         "sampling": {"temperature": rec.bench.temperature, "seed": rec.bench.seed, "ignore_eos": rec.bench.ignore_eos},
         "warm_up": f"one unmeasured round per level: its concurrency in requests of {WARM_UP_TOKENS} tokens",
+        **({"prompts_file": prompt_set} if prompt_set is not None else {}),
         "runs": [],
     }
     echo(f"bench {rec.name} -> {base_url} model {target.model} ({doc['client']}, profile {profile_name}, "

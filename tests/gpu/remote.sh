@@ -1059,7 +1059,7 @@ served_all() { # served and served-v33 side by side, each with its phases side b
     for v in $versions; do
         case "$v" in *-without-*) reverted_site "${v%%-without-*}" "${v#*-without-}" || return 1 ;; esac
     done
-    export SERVED_COMMAND="SERVED_JOBS='$jobs' SERVED_VERSIONS='$versions'${SERVED_GPUS:+ SERVED_GPUS='$SERVED_GPUS'} SERVED_DEADLINE_S=${SERVED_DEADLINE_S:-540} bash tests/gpu/remote.sh served-all"
+    export SERVED_COMMAND="SERVED_JOBS='$jobs' SERVED_VERSIONS='$versions'${SERVED_GPUS:+ SERVED_GPUS='$SERVED_GPUS'}${SERVED_ALL_PORT_BASE:+ SERVED_ALL_PORT_BASE=$SERVED_ALL_PORT_BASE} SERVED_DEADLINE_S=${SERVED_DEADLINE_S:-540} bash tests/gpu/remote.sh served-all"
     export SERVED_PARALLEL=1 SERVED_SETS="${SERVED_SETS:-} serve.gpu_memory_utilization=${SERVED_GPU_UTIL:-0.1}"
     export SERVED_VLLM_ARGS="${SERVED_VLLM_ARGS:-} --kv-cache-memory-bytes=$kv"
     # 0.33.0 captures every CUDA graph twice at start, once to estimate its memory, which an

@@ -47,6 +47,7 @@ class Behaviour:
     short_by: int = 0  # tokens fewer than max_tokens, in a stream that ends properly
     misbehave_from: int = 1  # cut_after and short_by apply from this completion on (2: the first one is served whole)
     token_ids: bool = True  # answer return_token_ids (False: a server that ignores it)
+    textless_from: int | None = None  # chunks from this one on carry token ids but no text (held-back bytes)
 
 
 class StubServer(LocalHTTP):
@@ -169,7 +170,8 @@ class StubServer(LocalHTTP):
                             stub._count_step(engine)
                     first = False
                     left -= n
-                    chunk = {"index": 0, "text": " tok" * n, "finish_reason": None if left else "length"}
+                    quiet = stub.b.textless_from is not None and (sent - left) // max(n, 1) >= stub.b.textless_from
+                    chunk = {"index": 0, "text": "" if quiet else " tok" * n, "finish_reason": None if left else "length"}
                     if ids is not None:
                         chunk["token_ids"] = ids[sent - left - n:sent - left]
                     self._event({"object": "text_completion", "choices": [chunk]})

@@ -378,3 +378,52 @@ def test_a_baseline_result_of_other_prompts_is_refused_before_any_request(tmp_pa
     assert proc.returncode == 2, proc.stdout
     assert "--baseline-result b.json ran the bundled prompt set, this run a --prompts-file of sha256" in proc.stderr
     assert fast.completions == 0
+
+
+def test_chunks_of_token_ids_without_text_still_count_as_tokens_arriving(tmp_path):
+    # vLLM holds back the text of a partial character, but its token ids come: from the third
+    # chunk on the stub's chunks carry ids alone. The ids are all kept, and the request's
+    # timing sees every chunk (TTFT from the first, one gap per later chunk).
+    recipe = prompts_recipe(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": [7, 8, 9]}\n')
+    with StubServer(Behaviour(tokens_per_chunk=2, textless_from=2)) as server:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", server.url, "--client", "builtin", "--out", "t.json",
+                         "--prompts-file", "p.jsonl", "--record-outputs", "--output-len", "10",
+                         "--concurrency", "1"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run,) = json.loads((tmp_path / "t.json").read_text())["runs"]
+    # prompts_per_stream 2: the one prompt twice
+    assert run["outputs"] == [stub_openai.completion_tokens([7, 8, 9], 10)] * 2 and run["completed"] == 2
+    assert run["mean_ttft_ms"] is not None and run["total_output_tokens"] == 20
+    # one request in this process: 5 chunks of 2 tokens, the last 3 without text: 4 gaps timed
+    from launcher.bench import client
+
+    with StubServer(Behaviour(tokens_per_chunk=2, textless_from=2)) as server:
+        res = client.one_request(Target(server.url, "gemma4"), [7, 8, 9], max_tokens=10, temperature=0.0, seed=0,
+                                 ignore_eos=True, timeout=30, record=True)
+    assert res.ok and len(res.token_ids) == 10 and len(res.itls) == 4
+
+
+def test_a_partial_result_names_its_prompts_and_a_baseline_of_another_length_is_refused(tmp_path):
+    recipe = prompts_recipe(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": [5, 6, 7]}\n')
+    # the server dies after the warm-ups and the first level's requests: the level at 2 fails
+    # whole, and the file saved after the first level already says which prompts it ran
+    with StubServer(Behaviour(fail_after=1 + 1 + 2)) as dying:
+        died = launcher(["bench", "--recipe", str(recipe), "--url", dying.url, "--client", "builtin", "--out", "d.json",
+                         "--prompts-file", "p.jsonl", "--concurrency", "1,2"], tmp_path)
+    assert died.returncode == 2 and "every request failed" in died.stderr
+    partial = json.loads((tmp_path / "d.json").read_text())
+    assert [(r["concurrency"], r["completed"]) for r in partial["runs"]] == [(1, 2), (2, 0)]
+    assert partial["prompts_file"]["prompts"] == 1
+    with StubServer(Behaviour(drafter=False)) as slow:
+        base = launcher(["bench", "--recipe", str(recipe), "--url", slow.url, "--client", "builtin", "--out", "b.json",
+                         "--prompts-file", "p.jsonl", "--concurrency", "1", "--output-len", "12"], tmp_path)
+    assert base.returncode == 0, base.stderr
+    with StubServer(Behaviour(tokens_per_chunk=2, drafter=True)) as fast:
+        proc = launcher(["bench", "--recipe", str(recipe), "--url", fast.url, "--client", "builtin", "--out", "r.json",
+                         "--prompts-file", "p.jsonl", "--concurrency", "1",
+                         "--compare-without-drafter", "--baseline-result", "b.json"], tmp_path)
+    assert proc.returncode == 2
+    assert "--baseline-result b.json ran workload mine at 12 output tokens a request, this run at 24" in proc.stderr
+    assert fast.completions == 0

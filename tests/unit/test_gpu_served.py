@@ -1026,7 +1026,7 @@ def test_the_speed_gate_judges_what_each_speed_server_said_and_catches_loops(tmp
     loops = [looping(i) if i in (3, 7, 11, 20) else fresh(i) for i in range(36)]
     (tmp_path / "without.json").write_text(json.dumps(_bench_doc(clean, 36)))
     (tmp_path / "with.json").write_text(json.dumps(_bench_doc(loops, 36)))
-    block = served.speed_gate(tmp_path / "with.json", tmp_path / "without.json")
+    block = served.speed_gate(tmp_path / "with.json", tmp_path / "without.json", 36)
     assert block["reference"]["looping_sequences"] == 0 and report.gate.passes(block["reference"])
     assert block["dflash"]["looping_sequences"] == 4 and block["dflash"]["looping_prompts"] == [3, 7, 11, 20]
     assert block["dflash"]["prompts_full_length"] == 36
@@ -1039,7 +1039,7 @@ def test_the_speed_gate_judges_what_each_speed_server_said_and_catches_loops(tmp
 def test_the_speed_gate_is_absent_where_outputs_were_not_recorded_and_counts_prompts_not_requests(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(_bench_doc(None, 36)))
     (tmp_path / "b.json").write_text(json.dumps(_bench_doc([[1, 2, 3] * 50] * 40, 20)))
-    assert served.speed_gate(tmp_path / "a.json", tmp_path / "a.json") == {"reference": None, "dflash": None}
-    block = served.speed_gate(tmp_path / "b.json", tmp_path / "b.json")["dflash"]
+    assert served.speed_gate(tmp_path / "a.json", tmp_path / "a.json", 36) == {"reference": None, "dflash": None}
+    block = served.speed_gate(tmp_path / "b.json", tmp_path / "b.json", 20)["dflash"]
     # 40 requests over 20 prompts: 20 distinct prompts, under the gate's 32
     assert block["prompts"] == 20 and "20 prompts of 128+ tokens (at least 32)" in report.gate.failures(block)

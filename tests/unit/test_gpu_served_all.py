@@ -135,3 +135,36 @@ def test_out_past_eight_files_keeps_the_record_and_its_page_apart(tmp_path):
         names = set(tar.getnames())
     assert {"served-raw/a.json", "served-raw/c.log", "served-bench.json", "extra-2.log"} <= names
     assert "served.json" not in names
+
+
+def test_a_port_left_in_time_wait_is_free_as_vllm_binds_it():
+    """A readiness probe's connection, closed by the server first, leaves the server's port in
+    TIME_WAIT for a minute: a plain bind fails there, vLLM's (SO_REUSEADDR) does not, and a run
+    started just after another must not be refused for it."""
+    base = int(free_base(1))
+    port = base + 2
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        probe = socket.create_connection(("127.0.0.1", port))
+        conn, _ = listener.accept()
+        conn.close()  # the server side closes first: its end goes to TIME_WAIT
+        probe.close()
+    with socket.socket() as plain:
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))  # the trap: without SO_REUSEADDR the port looks held
+    assert sa.ports_in_use(sa.plan("a:speed", "0.21.0", [], base)) == []
+
+
+@pytest.mark.parametrize("base", [80, 65530])
+def test_a_port_base_outside_the_usable_range_is_refused(base, capsys):
+    with pytest.raises(sa.PlanError, match="must lie within 1024-65535"):
+        sa.plan("a:x", "0.21.0", [], base)
+    assert sa.main(["check", "--jobs", "a:x", "--versions", "0.21.0", "--port-base", str(base)]) == 2
+    assert f"SERVED_ALL_PORT_BASE {base}" in capsys.readouterr().err
+
+
+def test_the_ports_checked_cover_every_phase_port_served_py_uses():
+    served = load("served")
+    assert max(served.PORT_OFFSETS.values()) < sa.PHASE_PORTS <= sa.PORT_STEP

@@ -697,6 +697,8 @@ def speed(args) -> None:
     for ph in pair.values():
         ph.step_times = ph.work / f"{ph.name}-steps.jsonl"
     try:
+        # the gated prompts before any server starts: a bad prompts.json costs no start-up
+        prompts, count = speed_prompts(args, pair["speed-dflash"].work)
         for ph in pair.values():
             ph.plan()
         ready = {}
@@ -709,12 +711,13 @@ def speed(args) -> None:
         if not all(ready.get(n) for n in pair):
             dfl.record["speed_skipped"] = "not started: " + ", ".join(n for n in pair if not ready.get(n))
         else:
-            baseline = bench(base, served_name(base.record["plan"]), speed_levels(args, dfl), "-speed-no-drafter")
+            levels = speed_levels(prompts, count)
+            baseline = bench(base, served_name(base.record["plan"]), levels, "-speed-no-drafter")
             if baseline is not None:
-                mine = bench(dfl, served_name(dfl.record["plan"]), [*speed_levels(args, dfl), "--compare-without-drafter",
-                                                                    "--baseline-result", str(baseline)], "-speed-dflash")
+                mine = bench(dfl, served_name(dfl.record["plan"]),
+                             [*levels, "--compare-without-drafter", "--baseline-result", str(baseline)], "-speed-dflash")
                 if mine is not None:
-                    dfl.record["speed_gate"] = speed_gate(mine, baseline)
+                    dfl.record["speed_gate"] = speed_gate(mine, baseline, count)
     except Exception as exc:  # noqa: BLE001 - recorded
         pair["speed-dflash"].failed(exc)
     finally:
@@ -728,34 +731,41 @@ def speed(args) -> None:
             ph.save()
 
 
-def speed_levels(args, ph: Phase) -> list[str]:
-    """`launcher bench`'s arguments for both speed servers: the gated prompts (prompts.json, as
-    token ids, each once per level at least) at the gate's length, with their outputs recorded,
-    so that the measured servers' own output is judged by the gate (issue 51: a claim stands on
-    records that pass it; a looping output drafts easily and would flatter the speed-up). At
-    least the curve's requests per level (bars.yaml speedup_curve): at concurrency 1 the recipe's
-    4 let one slow first request move the tok/s ratio."""
+def speed_prompts(args, work: Path) -> tuple[Path, int]:
+    """The gated prompts (the target's prompts.json) as `launcher bench --prompts-file` reads
+    them, token ids a line, and how many there are."""
     prompts = json.loads((args.model / "prompts.json").read_text())
-    path = ph.work / "speed-prompts.jsonl"
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "speed-prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": p["token_ids"]}) + "\n" for p in prompts))
-    least = max(int(report.bars.get("speedup_curve", "min_requests")), len(prompts))
+    return path, len(prompts)
+
+
+def speed_levels(prompts: Path, count: int) -> list[str]:
+    """`launcher bench`'s arguments for both speed servers: the gated prompts (as token ids, each
+    once per level at least) at the gate's length, with their outputs recorded, so that the
+    measured servers' own output is judged by the gate (issue 51: a claim stands on records that
+    pass it; a looping output drafts easily and would flatter the speed-up). At least the curve's
+    requests per level (bars.yaml speedup_curve): at concurrency 1 the recipe's 4 let one slow
+    first request move the tok/s ratio."""
+    least = max(int(report.bars.get("speedup_curve", "min_requests")), count)
     return ["--workload", "prompts", "--concurrency", SPEED_LEVELS, "--min-requests", str(least),
-            "--prompts-file", str(path), "--output-len", str(report.bars.get("gate", "min_generated_tokens")),
+            "--prompts-file", str(prompts), "--output-len", str(report.bars.get("gate", "min_generated_tokens")),
             "--record-outputs"]
 
 
-def speed_gate(with_drafter: Path, without: Path) -> dict:
+def speed_gate(with_drafter: Path, without: Path, prompts: int) -> dict:
     """The gate over both speed benchmarks' outputs at concurrency 1 (the claim's level), each
-    request keyed by its prompt: {"reference": the server without the drafter, "dflash": with it}."""
-    return {"reference": _bench_gate(json.loads(without.read_text())),
-            "dflash": _bench_gate(json.loads(with_drafter.read_text()))}
+    request keyed by its prompt (request i sent prompt i mod ``prompts``): {"reference": the
+    server without the drafter, "dflash": with it}."""
+    return {"reference": _bench_gate(json.loads(without.read_text()), prompts),
+            "dflash": _bench_gate(json.loads(with_drafter.read_text()), prompts)}
 
 
-def _bench_gate(doc: dict) -> dict | None:
+def _bench_gate(doc: dict, count: int) -> dict | None:
     one = next((r for r in doc.get("runs") or [] if r.get("concurrency") == 1), None)
     if not one or not one.get("outputs"):
         return None
-    count = (doc.get("prompts_file") or {}).get("prompts") or len(one["outputs"])
     outputs = [{"token_ids": ids or []} for ids in one["outputs"]]
     block = gate.nondegenerate(outputs, [i % count for i in range(len(outputs))])
     block["looping_prompts"] = sorted({i % count for i, o in enumerate(outputs)

@@ -34,7 +34,7 @@ import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
 import side_by_side  # noqa: E402
 
 PORT_BASE, PORT_STEP = 8000, 100
-PHASE_PORTS = 8  # served.py's PORT_OFFSETS span 0..6 of a job's base
+PHASE_PORTS = 8  # served.py's PORT_OFFSETS span 0..6 of a job's base (a unit test keeps them in step)
 OUT_LIMIT = 8  # files a GPU host's $OUT brings back
 KEEP_APART = ("served.json", "served.md", "served-out.tar.gz")
 
@@ -110,6 +110,10 @@ def plan(jobs: str, versions: str, gpus: list[str], port_base: int = PORT_BASE) 
     if any("speed" in s[1].split(",") for s in specs) and len(specs) * len(vs) > max(len(gpus), 1):
         raise PlanError("the speed phase runs alone: one job and version per GPU (SERVED_VERSIONS=0.21.0, "
                         "or SERVED_GPUS)")
+    top = port_base + PORT_STEP * (len(specs) * len(vs) - 1) + PHASE_PORTS - 1
+    if port_base < 1024 or top > 65535:
+        raise PlanError(f"SERVED_ALL_PORT_BASE {port_base}: the jobs' ports run from it to {top}, "
+                        "which must lie within 1024-65535")
     out = []
     for (recipe, phases, *_), num in zip(specs, numerics):
         for v in vs:
@@ -148,11 +152,14 @@ def run(jobs: list[Job], command: list[str], sites: Sites, work: Path, out: Path
 
 
 def ports_in_use(jobs: list[Job]) -> list[int]:
-    """The jobs' server ports that another process holds on 127.0.0.1 now."""
+    """The jobs' server ports that another process holds on 127.0.0.1 now. Bound as vLLM binds
+    them (SO_REUSEADDR): a port an earlier run's server left in TIME_WAIT, after its readiness
+    probes, is free to vLLM and must not be refused."""
     busy = []
     for job in jobs:
         for port in range(job.port_base + PORT_STEP * job.index, job.port_base + PORT_STEP * job.index + PHASE_PORTS):
             with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
