@@ -427,3 +427,23 @@ def test_a_partial_result_names_its_prompts_and_a_baseline_of_another_length_is_
     assert proc.returncode == 2
     assert "--baseline-result b.json ran workload mine at 12 output tokens a request, this run at 24" in proc.stderr
     assert fast.completions == 0
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", ["0.21.0", "0.33.0"])
+def test_return_token_ids_streams_each_chunks_new_ids_in_both_released_vllms(version):
+    """--record-outputs sends ``return_token_ids`` and sums each streamed choice's ``token_ids``
+    (client._token_ids), checking the sum against usage's completion_tokens. That holds only if
+    the released server streams completions in delta mode and puts the delta's ids on each
+    choice, which this reads from the release's own files (the stub above is built to match)."""
+    import ast
+
+    site = pypi.unpacked("vllm", version, "site-packages") / "vllm" / "entrypoints" / "openai" / "completion"
+    protocol, serving = (site / "protocol.py").read_text(), (site / "serving.py").read_text()
+    request = next(n for n in ast.walk(ast.parse(protocol)) if isinstance(n, ast.ClassDef) and n.name == "CompletionRequest")
+    fields = {n.target.id for n in request.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert "return_token_ids" in fields
+    assert "output_kind=RequestOutputKind.DELTAifself.streamelse" in re.sub(r"\s+", "", protocol)
+    stream = re.sub(r"\s+", " ", serving)
+    assert re.search(r"CompletionResponseStreamChoice\( index=i, text=delta_text,.*?token_ids=\( as_list\(output\.token_ids\) "
+                     r"if request\.return_token_ids else None \)", stream)
