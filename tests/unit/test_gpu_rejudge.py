@@ -172,6 +172,33 @@ def test_served_rows_are_judged_from_their_phases(tmp_path):
     assert any("22 prompts" in w for w in report["served"][1]["why"])
 
 
+def test_a_speed_row_is_judged_from_the_outputs_its_benchmarks_recorded(tmp_path):
+    """served.py's speed phase stores a gate block per side; the re-judge reads the benchmark
+    files' own token ids instead (request i answered prompt i mod 36). Built so that the stored
+    blocks claim clean output while the DFlash benchmark's outputs loop in 5 of 36 prompts:
+    the raw tokens decide."""
+    results = _folder(tmp_path, _diverse(36), [_diverse(36)[:32]])
+    clean = _diverse(36, seed=3)
+    looping = [t[:60] + [1, 2, 3, 4] * 17 if i < 5 else t for i, t in enumerate(clean)]
+
+    def bench(outputs):
+        return {"prompts_file": {"prompts": 36}, "runs": [{"concurrency": 1, "outputs": outputs},
+                                                          {"concurrency": 4, "outputs": outputs}]}
+
+    (results / "served-bench-0.21.0-speed-dflash.json").write_text(json.dumps(bench(looping)))
+    (results / "served-bench-0.21.0-speed-no-drafter.json").write_text(json.dumps(bench(clean)))
+    claimed = gate.nondegenerate([{"token_ids": t} for t in clean])
+    row = {"server": "speed", "vllm": "0.21.0", "series": "a" * 64,
+           "bench": "tests/gpu/results/served-bench-0.21.0-speed-dflash.json",
+           "baseline_bench": "tests/gpu/results/served-bench-0.21.0-speed-no-drafter.json",
+           "nondegenerate": {"reference": claimed, "dflash": claimed}}
+    (results / "served.json").write_text(json.dumps({"servers": [row]}))
+    (judged,) = rj.rejudge(results)["served"]
+    assert judged["dflash"]["raw"] == "served-bench-0.21.0-speed-dflash.json"
+    assert judged["dflash"]["block"]["looping_sequences"] == 5 and judged["reference"]["block"]["looping_sequences"] == 0
+    assert judged["verdict"] == "not proof" and judged["why"] == ["dflash gate: 5 of 36 sequences looping (at most 10%)"]
+
+
 def test_an_archives_index_is_cached_by_its_bytes_and_recomputed_when_they_change(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_SM12X_CACHE", str(tmp_path / "cache"))
     results = _folder(tmp_path, [list(range(i, i + 128)) for i in range(4)], [[list(range(128))]])

@@ -317,7 +317,25 @@ def _served_match(index: list[dict], stored: dict | None, kind: str, row: dict) 
     return sorted(hits, key=lambda p: p["source"])[0] if hits else None
 
 
-def judge_served(i: int, row: dict, index: list[dict]) -> dict:
+def speed_raw(results: Path, row: dict, side: str) -> dict | None:
+    """A speed row's raw tokens: the outputs its `launcher bench` file recorded at concurrency 1
+    (``bench`` with the drafter, ``baseline_bench`` without), request i keyed by the prompt it
+    sent (i mod the prompt file's count; served.speed_gate keys them so)."""
+    name = row.get("bench" if side == "dflash" else "baseline_bench")
+    path = results / Path(name).name if name else None
+    if path is None or not path.is_file():
+        return None
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    one = next((r for r in doc.get("runs") or [] if r.get("concurrency") == 1), None)
+    count = (doc.get("prompts_file") or {}).get("prompts")
+    if not one or not one.get("outputs") or not count:
+        return None
+    pairs = [(i % count, ids) for i, ids in enumerate(one["outputs"]) if ids]
+    return {"source": path.name, "tokens": [ids for _, ids in pairs], "keys": [k for k, _ in pairs],
+            "block": {"near_ties": 0, "nan_positions": 0}}  # a benchmark keeps no logits
+
+
+def judge_served(i: int, row: dict, index: list[dict], results: Path | None = None) -> dict:
     nd = row.get("nondegenerate")
     pair = isinstance(nd, dict) and "dflash" in nd
     sides = {"dflash": (nd or {}).get("dflash"), "reference": (nd or {}).get("reference")} if pair \
@@ -329,7 +347,10 @@ def judge_served(i: int, row: dict, index: list[dict]) -> dict:
     for side, stored in sides.items():
         kind = "reference" if side in ("own", "reference") and (side == "reference" or row.get("server") == "reference") \
             else "dflash"
-        phase = _served_match(index, stored, kind, row)
+        if row.get("server") == "speed":
+            phase = speed_raw(results, row, side) if results is not None else None
+        else:
+            phase = _served_match(index, stored, kind, row)
         judged = _judge_side(phase, stored) if stored else {"raw": None, "block": None, "failures": ["no output"]}
         out[side] = judged
         why += [f"{side} gate: {w}" for w in judged["failures"]]
@@ -365,7 +386,7 @@ def rejudge(results: Path = RESULTS) -> dict:
     served_doc = json.loads((results / "served.json").read_text(encoding="utf-8")) \
         if (results / "served.json").is_file() else {}
     sindex = served_index(results / "served")
-    served_rows = [judge_served(i, r, sindex) for i, r in enumerate(served_doc.get("servers") or [])]
+    served_rows = [judge_served(i, r, sindex, results) for i, r in enumerate(served_doc.get("servers") or [])]
     return {
         "bars": bars.blob_hash(),
         "series_now": series_now.current_hashes(),
