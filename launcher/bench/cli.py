@@ -59,6 +59,7 @@ def bench(
     if output_len is not None and output_len < 1:
         raise LauncherError(f"--output-len {output_len}: at least 1 token per request")
     source = _prompt_set(prompts_file, record_outputs, client, rec, list(workload_))
+    identity = _file_identity(prompts_file, len(source)) if prompts_file is not None else None
     if (baseline_url or baseline_result) and not compare_without_drafter:
         raise LauncherError("--baseline-url/--baseline-result need --compare-without-drafter")
     if compare_without_drafter:
@@ -72,7 +73,7 @@ def bench(
     _check_out(path)
     earlier = _read_baseline(baseline_result, rec.name) if compare_without_drafter and baseline_result else None
     if earlier is not None:
-        _check_same_prompts(earlier, baseline_result, prompts_file)
+        _check_same_prompts(earlier, baseline_result, identity)
         _check_same_lengths(earlier, baseline_result, rec, output_len)
     key = api_key or os.environ.get("VLLM_API_KEY") or None
     _check_tokenizer(tokenizer)
@@ -80,7 +81,7 @@ def bench(
     kwargs = dict(levels=levels, min_requests=min_requests, model=model, api_key=key, profile=profile, only=list(workload_) or None, client_choice=client,
                   tokenizer=tok, timeout=timeout, echo=typer.echo, vocab_size=workloads.vocab_size(tok),
                   prompts_source=source, output_len=output_len, record_outputs=record_outputs,
-                  prompt_set=_file_identity(prompts_file, len(source)) if prompts_file is not None else None)
+                  prompt_set=identity)
     # Each finished run is written at once, so an error or Ctrl-C later loses none of it.
     doc = runner.bench(rec, base_url=url, on_run=lambda partial: _save_progress(path, partial), **kwargs)
     if compare_without_drafter:
@@ -147,13 +148,12 @@ def _prompt_set(prompts_file: Path | None, record_outputs: bool, client: str, re
     return source
 
 
-def _check_same_prompts(earlier: dict, baseline_result: Path, prompts_file: Path | None) -> None:
+def _check_same_prompts(earlier: dict, baseline_result: Path, identity: dict | None) -> None:
     """A baseline measured on other prompts compares nothing: its acceptance-free tok/s would
-    stand beside a run whose prompts the drafter finds easier or harder."""
-    import hashlib
-
+    stand beside a run whose prompts the drafter finds easier or harder. ``identity``: this
+    run's prompt file (_file_identity), None for the bundled set."""
     theirs = (earlier.get("prompts_file") or {}).get("sha256")
-    mine = hashlib.sha256(prompts_file.read_bytes()).hexdigest() if prompts_file is not None else None
+    mine = (identity or {}).get("sha256")
     if theirs != mine:
         def said(sha: str | None) -> str:
             return "the bundled prompt set" if sha is None else f"a --prompts-file of sha256 {sha[:12]}"

@@ -157,6 +157,25 @@ def passes(block: dict | None) -> bool:
     return not failures(block)
 
 
+def bench_outputs(doc: dict, prompts: int) -> tuple[list[list[int]], list[int]] | None:
+    """A `launcher bench --record-outputs` result's outputs at concurrency 1 that came back, and
+    the prompt each answered (request i sent prompt i mod ``prompts``); None where it kept none."""
+    one = next((r for r in doc.get("runs") or [] if r.get("concurrency") == 1), None)
+    if not one or not one.get("outputs"):
+        return None
+    pairs = [(i % prompts, ids) for i, ids in enumerate(one["outputs"]) if ids]
+    return [ids for _, ids in pairs], [key for key, _ in pairs]
+
+
+def pair_outputs(nd: dict | None) -> tuple[str, list[str]]:
+    """A speed row's two sides ({"reference": block, "dflash": block}) through the gate:
+    "not recorded", "pass the gate" or "fail the gate", with the failures by side."""
+    if not isinstance(nd, dict) or not nd.get("dflash") or not nd.get("reference"):
+        return "not recorded", []
+    why = [f"{side}: {w}" for side in ("reference", "dflash") for w in failures(nd[side])]
+    return ("fail the gate" if why else "pass the gate"), why
+
+
 def acceptance_summary(steps: list[int], k: int) -> dict:
     """vLLM's acceptance metrics of a list of verify steps: mean acceptance length (1 + accepted
     drafts per step), accepted drafts per step, per-position acceptance rate (the share of steps

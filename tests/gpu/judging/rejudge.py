@@ -326,12 +326,11 @@ def speed_raw(results: Path, row: dict, side: str) -> dict | None:
     if path is None or not path.is_file():
         return None
     doc = json.loads(path.read_text(encoding="utf-8"))
-    one = next((r for r in doc.get("runs") or [] if r.get("concurrency") == 1), None)
     count = (doc.get("prompts_file") or {}).get("prompts")
-    if not one or not one.get("outputs") or not count:
+    got = gate.bench_outputs(doc, count) if count else None
+    if got is None:
         return None
-    pairs = [(i % count, ids) for i, ids in enumerate(one["outputs"]) if ids]
-    return {"source": path.name, "tokens": [ids for _, ids in pairs], "keys": [k for k, _ in pairs],
+    return {"source": path.name, "tokens": got[0], "keys": got[1],
             "block": {"near_ties": 0, "nan_positions": 0}}  # a benchmark keeps no logits
 
 

@@ -561,7 +561,7 @@ def add_served_speed(rows: list[dict], served: dict) -> None:
             if (row["vllm"] == srow.get("vllm") and row["quantization"] == "bf16"
                     and not row.get("batch_invariant")
                     and srow.get("drafter_sha256") in (None, row["drafter_sha256"])):
-                outputs = _speed_outputs(srow.get("nondegenerate"))
+                outputs = gate.pair_outputs(srow.get("nondegenerate"))[0]
                 row["served_speed"] = {"series": srow.get("series"), "bench": srow.get("bench"),
                                        "drafter_sha256": srow.get("drafter_sha256"),
                                        "per_concurrency": srow["speed"], "outputs": outputs}
@@ -578,13 +578,6 @@ def _bar_cell(bar: bool | None, outputs: str | None) -> str:
     if bar:
         return "met"
     return "not met" if outputs in (None, "pass the gate") else f"not met (outputs {outputs})"
-
-
-def _speed_outputs(nd: dict | None) -> str:
-    """What the gate says of both speed servers' outputs at concurrency 1 (served.speed_gate)."""
-    if not isinstance(nd, dict) or not nd.get("dflash") or not nd.get("reference"):
-        return "not recorded"
-    return "pass the gate" if gate.passes(nd["dflash"]) and gate.passes(nd["reference"]) else "fail the gate"
 
 
 def _speed_fields(source: str, paired: dict) -> dict:

@@ -444,10 +444,9 @@ def _speed_key(row: dict) -> str | None:
 
 def _speed_gate_said(nd: dict | None) -> str:
     """bars.yaml speed.outputs_pass_the_gate: the speed servers' own outputs through the gate."""
-    if not isinstance(nd, dict) or not nd.get("dflash") or not nd.get("reference"):
-        return "outputs not recorded: not proof"
-    why = gate_failures(nd)
-    return "outputs pass the gate" if not why else f"outputs fail the gate: {'; '.join(why)}"
+    said, why = gate.pair_outputs(nd)
+    return {"not recorded": "outputs not recorded: not proof",
+            "pass the gate": "outputs pass the gate"}.get(said, f"outputs fail the gate: {'; '.join(why)}")
 
 
 def _headline(rows: list[dict]) -> list[str]:

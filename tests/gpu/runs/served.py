@@ -763,13 +763,12 @@ def speed_gate(with_drafter: Path, without: Path, prompts: int) -> dict:
 
 
 def _bench_gate(doc: dict, count: int) -> dict | None:
-    one = next((r for r in doc.get("runs") or [] if r.get("concurrency") == 1), None)
-    if not one or not one.get("outputs"):
+    got = gate.bench_outputs(doc, count)
+    if got is None:
         return None
-    outputs = [{"token_ids": ids or []} for ids in one["outputs"]]
-    block = gate.nondegenerate(outputs, [i % count for i in range(len(outputs))])
-    block["looping_prompts"] = sorted({i % count for i, o in enumerate(outputs)
-                                       if gate.looping(o["token_ids"])})
+    tokens, keys = got
+    block = gate.nondegenerate([{"token_ids": ids} for ids in tokens], keys)
+    block["looping_prompts"] = sorted({key for key, ids in zip(keys, tokens) if gate.looping(ids)})
     return block
 
 
