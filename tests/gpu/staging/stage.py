@@ -36,9 +36,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_VERSION = "0.21.0"
-# One transfer holds 64 MiB (67.1 MB) with the tracked tree (about 22-27 MB, growing with the
-# results' log archives): 36 MB parts leave the tree 31 MB.
-PART_BYTES = 36 * 1000 * 1000
+# One transfer holds 64 MiB (67.1 MB) with the tracked tree (about 28-30 MB, growing with the
+# results' log archives and the benchmark files that keep their outputs): 32 MB parts leave the
+# tree 35 MB less the 3 MiB a transfer keeps for raw records.
+PART_BYTES = 32 * 1000 * 1000
 REQUIREMENTS = Path(__file__).resolve().parents[1] / "bundle-requirements.txt"
 PLATFORMS = [
     "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
