@@ -627,7 +627,7 @@ def markdown(rows: list[dict], headline_rows: list[dict] | None = None) -> str:
         *_headline_markdown(headline_rows or []),
         "## Every run (concurrency mixes)",
         "",
-        "Regenerate: `python tests/gpu/reports/acceptance_report.py` after `remote.sh realshape-trained` "
+        "Regenerate: `make gpu-acceptance` on a GPU host: the runs, every merge and this report "
         "(tests/gpu/README.md, \"Commands\"). Acceptance length = 1 + accepted drafts per "
         f"verify step, from vLLM's counters; the reference is train_drafter.py's offline walk on the same prompts, "
         "on the bf16 target, or on the NVFP4 target of the run's numerics where nvfp4_reference.py ran (in brackets), "

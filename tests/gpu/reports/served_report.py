@@ -472,8 +472,8 @@ def markdown(doc: dict) -> str:
         "# Served: `launcher serve` -> `vllm serve`, chat with images, `launcher bench` (issue 26)",
         "",
         *_headline(doc.get("servers") or []),
-        f"Regenerate: `{meta.get('command', 'bash tests/gpu/remote.sh served')}` (tests/gpu/README.md, "
-        "\"Served (issue 26)\"). "
+        "Regenerate: `make gpu-served` on a GPU host (tests/gpu/README.md, \"Commands\"). The last rows merged "
+        f"came from `{meta.get('command', 'bash tests/gpu/remote.sh served')}`, "
         f"{meta.get('date', '')}, {meta.get('gpu', '')}. Target `{meta.get('model', '')}`, drafter "
         f"`{meta.get('drafter', '')}`. Greedy, {sr.MAX_TOKENS} new tokens, `ignore_eos`, top "
         f"{sr.TOP_LOGPROBS} raw logits; lossless = identical to the one-at-a-time reference or the first "
