@@ -47,37 +47,62 @@ def _members(path: Path) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
-def exact_twins(path: Path) -> dict[str, list[dict]]:
-    """Per release, the exact twin's rows (token_ids, margins), one per gated prompt."""
+def _one(files: dict[str, bytes], archive: str, test, what: str) -> str:
+    """The one member name ``test`` accepts; SystemExit naming the archive otherwise."""
+    names = [n for n in files if test(n.rsplit("/", 1)[-1])]
+    if len(names) != 1:
+        raise SystemExit(f"{archive}: {len(names)} members are {what}, not one")
+    return names[0]
+
+
+def exact_twins(path: Path) -> dict[str, dict]:
+    """Per release, the exact twin record (its rows: token_ids, margins, prompt_tokens)."""
     files = _members(path)
-    return {v: json.loads(files[name])["rows"] for v, name in EXACT_TWINS.items() if name in files}
+    return {v: json.loads(files[name]) for v, name in EXACT_TWINS.items() if name in files}
 
 
-def _bench(files: dict[str, bytes], side: str) -> tuple[str, dict]:
+def _bench(files: dict[str, bytes], archive: str, side: str) -> tuple[str, dict]:
     """(release, bench document) of the run's benchmark file of ``side`` (dflash or no-drafter)."""
     suffix = f"-speed-{side}.json"
-    name = next(n for n in files if n.rsplit("/", 1)[-1].startswith("served-bench-") and n.endswith(suffix))
+    name = _one(files, archive, lambda n: n.startswith("served-bench-") and n.endswith(suffix),
+                f"served-bench-*{suffix}")
     return name.rsplit("/", 1)[-1][len("served-bench-"):-len(suffix)], json.loads(files[name])
+
+
+def _c1(entries: list[dict] | None) -> dict | None:
+    return next((c for c in entries or [] if c.get("concurrency") == 1), None)
 
 
 def _row(served: dict, vllm: str, tok_s: float) -> dict | None:
     """The speed row of ``vllm`` whose concurrency-1 tok/s with the drafter is ``tok_s``."""
     for row in served.get("servers") or []:
-        one = next((c for c in row.get("speed") or [] if c.get("concurrency") == 1), None)
+        one = _c1(row.get("speed"))
         if row.get("server") == "speed" and row.get("vllm") == vllm and one \
                 and one["output_tok_s"].get("with_drafter") == tok_s:
-            return one
+            return row
     return None
+
+
+def twins_unfit(twin: dict | None, row: dict | None, prompt_lengths: list[int]) -> str:
+    """Why the exact twins are not this run's (another target or other prompts), or ""."""
+    if not twin:
+        return "no exact twin of this release"
+    if row is None or row.get("target_sha256") != twin.get("target_sha256"):
+        return "the run's target is not the twins'"
+    if prompt_lengths != [r.get("prompt_tokens") for r in twin["rows"]]:
+        return "the run's prompts are not the twins'"
+    return ""
 
 
 def first_divergence(tokens: list[int], twin: dict) -> tuple[int, float | None] | None:
-    """Where ``tokens`` first part from the twin's, and the twin's margin there; None if they
-    never do over the shorter of the two."""
-    for pos, (a, b) in enumerate(zip(tokens, twin["token_ids"])):
+    """Where ``tokens`` first part from the twin's, and the twin's margin there; None only when
+    the two are the same tokens (one ending early parts where it ends, at no margin)."""
+    theirs = twin["token_ids"]
+    for pos, (a, b) in enumerate(zip(tokens, theirs)):
         if a != b:
             margins = twin.get("margins") or []
             return pos, (margins[pos] if pos < len(margins) else None)
-    return None
+    return None if len(tokens) == len(theirs) else (min(len(tokens), len(theirs)), None)
 
 
 def c1_outputs(doc: dict) -> tuple[list[list[int]], list[int]]:
@@ -87,63 +112,75 @@ def c1_outputs(doc: dict) -> tuple[list[list[int]], list[int]]:
     return got if got is not None else ([], [])
 
 
-def side_record(doc: dict, twins: list[dict] | None) -> dict:
-    """One side of one run: its gate block and failures, and its relation to the exact twins."""
+def side_record(doc: dict, twins: list[dict] | None, stored: dict | None) -> dict:
+    """One side of one run from its raw tokens: the gate, whether its loops are those the row
+    stored (``stored``: the row's nondegenerate block of this side), and its relation to the
+    exact twins (``twins``: None where they are not this run's)."""
     tokens, keys = c1_outputs(doc)
     if not tokens:
-        return {"outputs": 0}
+        return {"outputs": 0, "looping_prompts": [], "gate_failures": ["no output"]}
     block = gate.nondegenerate([{"token_ids": t} for t in tokens], keys)
     looping = sorted({k for k, t in zip(keys, tokens) if gate.looping(t)})
     out = {"outputs": len(tokens), "looping_prompts": looping, "gate_failures": gate.failures(block),
-           "gate": block}
+           "agrees_with_row": None if not stored else stored.get("looping_prompts") == looping}
     if twins:
         parts = {k: first_divergence(t, twins[k]) for k, t in zip(keys, tokens)}
         margins = [p[1] for p in parts.values() if p and p[1] is not None]
         looping_margins = [parts[k][1] for k in looping if parts[k] and parts[k][1] is not None]
+        # each looping prompt: where it parts from its exact twin (the twin's margin there), or
+        # that it does not part and whether the twin loops too
+        explained = [{"prompt": k, "position": parts[k][0], "margin": parts[k][1]} if parts[k]
+                     else {"prompt": k, "twin_loops": gate.looping(twins[k]["token_ids"])} for k in looping]
         out["exact"] = {
             "identical": sum(1 for p in parts.values() if p is None),
             "max_margin_at_first_divergence": max(margins) if margins else None,
             "looping_max_margin": max(looping_margins) if looping_margins else None,
-            # each looping prompt: where it parts from its exact twin (the twin's margin there),
-            # or that the twin loops too
-            "looping": [{"prompt": k, "position": parts[k][0], "margin": parts[k][1]} if parts[k]
-                        else {"prompt": k, "twin_loops": gate.looping(twins[k]["token_ids"])} for k in looping],
+            "looping": explained,
+            # looping outputs neither parted from the twin at a margin nor equal to a looping twin
+            "looping_unexplained": sum(1 for e in explained if e.get("margin") is None and not e.get("twin_loops")),
         }
     return out
 
 
-def run_record(path: Path, twins: dict[str, list[dict]], committed: dict) -> tuple[dict, dict]:
+def run_record(path: Path, twins: dict[str, dict], committed: dict) -> tuple[dict, dict]:
     """(the run's record, its c=1 outputs per side for the run-to-run comparison)."""
     files = _members(path)
-    stem = path.name[:-len(".tar.xz")]
-    vllm, dflash = _bench(files, SIDES["dflash"])
-    _, baseline = _bench(files, SIDES["reference"])
-    one = next(c for c in dflash.get("comparison") or [] if c.get("concurrency") == 1)
-    served = json.loads(files[f"{stem}/served.json"])
+    vllm, dflash = _bench(files, path.name, SIDES["dflash"])
+    _, baseline = _bench(files, path.name, SIDES["reference"])
+    one = _c1(dflash.get("comparison"))
+    if one is None:
+        raise SystemExit(f"{path.name}: its dflash benchmark compared nothing at concurrency 1")
+    served = json.loads(files[_one(files, path.name, lambda n: n == "served.json", "served.json")])
     row = _row(served, vllm, one["output_tok_s"]["with_drafter"])
+    prompts = files.get(next((n for n in files if n.endswith("/speed-prompts.jsonl")), ""), b"")
+    lengths = [len(json.loads(line)["prompt"]) for line in prompts.decode().splitlines() if line.strip()]
+    unfit = twins_unfit(twins.get(vllm), row, lengths)
     rec = {"archive": path.name, "vllm": vllm,
            "row_on_served_md": _row(committed, vllm, one["output_tok_s"]["with_drafter"]) is not None,
            "speedup_c1": one["speedup"], "requests_c1": one["requests"],
-           "measured_over_projected_c1": row.get("measured_over_projected") if row else None,
-           "mean_acceptance_length_c1": one.get("mean_acceptance_length")}
+           "measured_over_projected_c1": (_c1(row.get("speed")) or {}).get("measured_over_projected") if row else None,
+           "mean_acceptance_length_c1": one.get("mean_acceptance_length"),
+           "exact_twins": unfit or "this run's target and prompts"}
     outputs = {}
     for side, doc in (("dflash", dflash), ("reference", baseline)):
-        rec[side] = side_record(doc, twins.get(vllm))
+        stored = ((row or {}).get("nondegenerate") or {}).get(side)
+        rec[side] = side_record(doc, None if unfit else twins[vllm]["rows"], stored)
         tokens, keys = c1_outputs(doc)
         outputs[side] = dict(zip(keys, tokens))
     return rec, outputs
 
 
 def repeats(runs: list[tuple[dict, dict]]) -> list[dict]:
-    """Per release and side, for each pair of its runs: the prompts whose outputs are the same."""
+    """Per release and side, for each pair of its runs: the prompts whose outputs are the same,
+    of the prompts both answered."""
     out = []
     for i, (a, oa) in enumerate(runs):
         for b, ob in runs[i + 1:]:
             if a["vllm"] != b["vllm"]:
                 continue
             same = {side: sum(1 for k, t in oa[side].items() if ob[side].get(k) == t) for side in oa}
-            out.append({"vllm": a["vllm"], "runs": [a["archive"], b["archive"]],
-                        "identical": same, "prompts": len(oa["reference"])})
+            both = {side: len(set(oa[side]) & set(ob[side])) for side in oa}
+            out.append({"vllm": a["vllm"], "runs": [a["archive"], b["archive"]], "identical": same, "prompts": both})
     return out
 
 
