@@ -21,6 +21,7 @@ Windows venv), so the plan of an install can be tested on Linux.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,27 @@ def wheel_version(path: PurePath) -> str:
     if name != "vllm":
         raise LauncherError(f"--wheel {path}: a wheel of {name}, not of vllm")
     return str(version)
+
+
+# The machine names platform.machine() gives, and the endings of wheel platform tags built for them
+_ARCH_TAGS = {"x86_64": ("x86_64", "amd64"), "amd64": ("x86_64", "amd64"),
+              "aarch64": ("aarch64", "arm64"), "arm64": ("aarch64", "arm64")}
+
+
+def wheel_platform_problem(name: str, *, windows: bool, machine: str | None) -> str | None:
+    """Why a wheel (by its file name's platform tags) cannot install on this host, or None: pip
+    would refuse it only after the plan had made the venv. ``machine``: platform.machine(), or
+    None to leave the architecture unchecked."""
+    platforms = {t.platform for t in parse_wheel_filename(name)[3]}
+    if "any" in platforms:
+        return None
+    system = [p for p in platforms if (p.startswith("win") if windows else "linux" in p)]
+    if not system:
+        return f"built for {', '.join(sorted(platforms))}, not for {'Windows' if windows else 'Linux'}"
+    arch = _ARCH_TAGS.get((machine or "").lower())
+    if arch and not any(p.endswith(a) for p in system for a in arch):
+        return f"built for {', '.join(sorted(system))}, not for this {machine} machine"
+    return None
 
 
 def supported_versions(recipe) -> list[str]:
@@ -120,8 +142,10 @@ class InstallPlan:
 
 def plan_install(*, recipe, version: str | None, venv: PurePath | None, vllm_python: PurePath | None,
                  wheel: PurePath | None, offline: bool, pip_args: list[str], windows: bool,
-                 own_python: PurePath, own_is_venv: bool, exists=os.path.exists, listdir=os.listdir) -> InstallPlan:
-    """The install as a plan: which Python, which release, which pip command (nothing runs here)."""
+                 own_python: PurePath, own_is_venv: bool, exists=os.path.exists, listdir=os.listdir,
+                 machine: str | None = None) -> InstallPlan:
+    """The install as a plan: which Python, which release, which pip command (nothing runs here).
+    ``machine`` (platform.machine()) checks a wheel's architecture too."""
     if venv is not None and vllm_python is not None:
         raise LauncherError("give --venv or --vllm-python, not both")
     if windows and wheel is None:
@@ -130,7 +154,7 @@ def plan_install(*, recipe, version: str | None, venv: PurePath | None, vllm_pyt
     if offline and wheel is None:
         raise LauncherError("--offline installs from a folder of wheels", hint="pass --wheel FOLDER")
     python, create = _where(venv, vllm_python, own_python, own_is_venv, exists, listdir)
-    chosen, source, spec = _what(recipe, version, wheel, offline, exists, listdir)
+    chosen, source, spec = _what(recipe, version, wheel, offline, exists, listdir, windows, machine)
     pip = [str(python), "-m", "pip", "install", *spec, *pip_args]
     how = "--version" if version else ("the newest the recipe supports" + (" in --wheel" if wheel else ""))
     return InstallPlan(recipe=recipe.name, version=chosen, version_source=how, python=python, create_venv=create,
@@ -165,7 +189,7 @@ def _entries(listdir, folder: PurePath, not_a_folder: str) -> list[str]:
         raise LauncherError(not_a_folder) from None
 
 
-def _what(recipe, version, wheel, offline, exists, listdir) -> tuple[str, str, list[str]]:
+def _what(recipe, version, wheel, offline, exists, listdir, windows, machine) -> tuple[str, str, list[str]]:
     """(release, where it comes from, pip's arguments for it)."""
     if wheel is None:
         chosen = choose_version(recipe, version)
@@ -174,12 +198,26 @@ def _what(recipe, version, wheel, offline, exists, listdir) -> tuple[str, str, l
         raise LauncherError(f"--wheel {wheel}: no such file or folder")
     if wheel.name.endswith(".whl"):
         found = wheel_version(wheel)
+        problem = wheel_platform_problem(wheel.name, windows=windows, machine=machine)
+        if problem:
+            raise LauncherError(f"--wheel {wheel.name} is {problem}",
+                                hint="take the wheel built for this system"
+                                     + (f", e.g. {WINDOWS_WHEEL_EXAMPLE}" if windows else ", or install from PyPI"))
         chosen = choose_version(recipe, version or found)
         if parse_version(found) != parse_version(chosen):
             raise LauncherError(f"--wheel {wheel.name} is vLLM {found}, not {version}")
         return chosen, f"the wheel {wheel}", [str(wheel)]
-    wheels = [n for n in _entries(listdir, wheel, f"--wheel {wheel} is neither a .whl file nor a folder of wheels")
-              if n.startswith("vllm-") and n.endswith(".whl")]
+    every = [n for n in _entries(listdir, wheel, f"--wheel {wheel} is neither a .whl file nor a folder of wheels")
+             if n.startswith("vllm-") and n.endswith(".whl")]
+    # pip's --find-links takes only the wheels that install here: the choice must too
+    for n in every:
+        wheel_version(PurePath(n))  # a malformed vllm-*.whl name is the user's to fix, said so
+    wheels = [n for n in every if not wheel_platform_problem(n, windows=windows, machine=machine)]
+    if every and not wheels:
+        raise LauncherError(f"--wheel {wheel}: none of its vLLM wheels installs here ("
+                            + "; ".join(f"{n}: {wheel_platform_problem(n, windows=windows, machine=machine)}"
+                                        for n in sorted(every)) + ")",
+                            hint="add the wheel built for this system to the folder")
     chosen = choose_version(recipe, version, [wheel_version(PurePath(n)) for n in wheels])
     if version and not any(parse_version(wheel_version(PurePath(n))) == parse_version(chosen) for n in wheels):
         raise LauncherError(f"--wheel {wheel}: no vLLM {chosen} wheel there (found: {', '.join(sorted(wheels)) or 'none'})")
@@ -336,7 +374,7 @@ def install_cmd(
                         vllm_python=vllm_python.expanduser().absolute() if vllm_python else None,
                         wheel=wheel.expanduser().absolute() if wheel else None, offline=offline,
                         pip_args=list(pip_arg), windows=os.name == "nt", own_python=own,
-                        own_is_venv=sys.prefix != sys.base_prefix)
+                        own_is_venv=sys.prefix != sys.base_prefix, machine=platform.machine())
     for line in plan.lines():
         typer.echo(line)
     if dry_run:

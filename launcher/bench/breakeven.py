@@ -57,9 +57,10 @@ def lookup(table: dict | None, k: int | None, concurrency: int, vllm: str | None
 
 
 def advice(table: dict | None, *, k: int | None, concurrency: int, acceptance: float | None,
-           speedup: float | None, vllm: str | None = None) -> list[str]:
-    """What ``launcher bench --compare-without-drafter`` says beside one comparison row."""
-    where = f"K={k if k is not None else '?'}, concurrency {concurrency}"
+           speedup: float | None, vllm: str | None = None, workload: str | None = None) -> list[str]:
+    """What ``launcher bench --compare-without-drafter`` says beside one comparison row;
+    ``workload`` names the row where a bench ran several at the same K and concurrency."""
+    where = f"{workload + ', ' if workload else ''}K={k if k is not None else '?'}, concurrency {concurrency}"
     acc = "-" if acceptance is None else f"{acceptance:.2f}"
     lines = []
     if speedup is not None and speedup < 1.0:

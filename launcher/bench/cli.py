@@ -119,11 +119,14 @@ def _break_even_lines(doc: dict) -> list[str]:
     table = breakeven.load()
     runs = {(r.get("workload"), r.get("concurrency")): r for r in doc.get("runs", [])}
     lines = ["break-even (from the committed speed-up curve):"]
+    # several workloads at one concurrency would otherwise print lines that read the same
+    several = len({row["workload"] for row in doc.get("comparison", [])}) > 1
     for row in doc.get("comparison", []):
         spec = (runs.get((row["workload"], row["concurrency"])) or {}).get("spec_decode")
         lines += breakeven.advice(table, k=breakeven.speculative_tokens(spec) or doc.get("num_speculative_tokens"),
                                   concurrency=row["concurrency"], acceptance=row.get("mean_acceptance_length"),
-                                  speedup=row.get("speedup"), vllm=doc.get("server_vllm"))
+                                  speedup=row.get("speedup"), vllm=doc.get("server_vllm"),
+                                  workload=row["workload"] if several else None)
     return lines
 
 

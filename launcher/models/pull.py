@@ -54,6 +54,9 @@ def pull(sources: list[Source], *, offline: bool, echo: Echo) -> list[Outcome]:
     for src in sources:
         folders.guard_destination(src.dest, src.repo)
     created = [src.dest for src in sources if not src.dest.exists()]
+    # the missing folders above them too (MODELS_DIR itself on a first pull), deepest first
+    parents = sorted({p for d in created for p in d.parents if not p.exists()}, key=lambda p: len(p.parts),
+                     reverse=True)
     try:
         with _writing(sources), folders.locked([src.dest for src in sources], echo):
             for src in sources:  # again, now that no other pull writes them
@@ -62,7 +65,7 @@ def pull(sources: list[Source], *, offline: bool, echo: Echo) -> list[Outcome]:
             for out in outcomes:
                 _finish(out, echo)
     except BaseException:
-        for folder in created:
+        for folder in [*created, *parents]:
             _remove_if_empty(folder)
         raise
     return outcomes

@@ -100,7 +100,8 @@ def status_cmd(target: Path | None = TargetOpt, as_json: bool = JsonOpt,
     """Show, per patch, whether it is applied, not applied, in conflict or modified since.
 
     Rolls back first what an interrupted apply or revert left. Exits 1 when
-    a patch conflicts or an applied file was modified since.
+    a patch conflicts or the lines an applied patch changed were edited since
+    (an edit elsewhere in a patched file leaves the patch applied).
     """
     st = engine.status(_target(target, vllm_python), recover_interrupted=True)
     broken = [p for p in st.patches if p.state in ("conflict", "modified")]

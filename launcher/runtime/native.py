@@ -232,7 +232,10 @@ def wait_ready(plan: Plan, proc: subprocess.Popen | None, timeout: float) -> boo
                 continue  # it exited meanwhile: the check at the top reports it
             time.sleep(1)
         else:
-            waiting.fail(f"vLLM did not answer {url}/health within {timeout:g} s")
+            # the caller stops it next: say so, and that a first start can outlast a short wait
+            waiting.fail(f"vLLM did not answer {url}/health within {timeout:g} s; stopping it. A first start "
+                         "compiles and captures CUDA graphs for minutes (a drafter server on a fresh host took "
+                         "about 7): raise --timeout (default 1800 s), or serve without --wait")
             return False
         ready_s = waiting.elapsed()
     # The reply is the server's text: one that echoes the request's headers must not print the key.

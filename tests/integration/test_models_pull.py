@@ -296,6 +296,7 @@ def test_offline_without_cache_says_what_is_missing_and_stays_off_the_network(hu
     assert f"offline: {TARGET_REPO}@{hub.repos[TARGET_REPO].commit} (target) is not available" in proc.stderr
     assert "Hub cache" in proc.stderr
     assert hub.seen == []
+    assert not (tmp_path / "models").exists()  # a refused pull leaves no MODELS_DIR it made
 
 
 def test_offline_after_a_pull_names_the_missing_file(hub, tmp_path):

@@ -85,3 +85,19 @@ def test_bench_prints_the_warning_from_the_table_it_finds(tmp_path, monkeypatch)
     assert any("slower (0.90x)" in line for line in lines) and any("K=15, concurrency 16" in line for line in lines)
     doc["runs"][0]["spec_decode"] = {"drafts": 100, "draft_tokens": 1500}
     assert "below the measured break-even 2.60" in cli._break_even_lines(doc)[1]
+
+
+def test_two_workloads_at_one_concurrency_are_told_apart(tmp_path, monkeypatch):
+    path = tmp_path / "breakeven.json"
+    path.write_text(json.dumps({"source": "x", "rows": ROWS}))
+    monkeypatch.setattr(breakeven, "TABLE", path)
+    spec = {"drafts": 100, "draft_tokens": 1500}
+    doc = {"server_vllm": "0.33.0", "num_speculative_tokens": 15,
+           "runs": [{"workload": w, "concurrency": 1, "spec_decode": spec} for w in ("prompts", "random")],
+           "comparison": [{"workload": w, "concurrency": 1, "mean_acceptance_length": a, "speedup": 1.2}
+                          for w, a in (("prompts", 3.0), ("random", 2.0))]}
+    _, first, second = cli._break_even_lines(doc)
+    assert first.startswith("  prompts, K=15, concurrency 1: acceptance 3.00")
+    assert second.startswith("  random, K=15, concurrency 1: acceptance 2.00")
+    doc["comparison"], doc["runs"] = doc["comparison"][:1], doc["runs"][:1]
+    assert cli._break_even_lines(doc)[1].startswith("  K=15, concurrency 1:")  # one workload: no name

@@ -177,7 +177,8 @@ def test_health_timeout_exits_non_zero_although_vllm_stops_cleanly(envs, record,
     monkeypatch.setenv("FAKE_NEVER_READY", "1")
     plan = _plan(vllm_env.resolve(str(envs["a"])))
     assert native.run(plan, wait=True, timeout=2) == native.EXIT_NOT_READY
-    assert "did not answer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "did not answer" in err and "stopping it" in err and "raise --timeout" in err
 
 
 @pytest.mark.parametrize("args, message", [

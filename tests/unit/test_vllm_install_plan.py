@@ -92,7 +92,8 @@ def test_newest_supported_release_by_version_order_not_text():
 
 
 def test_next_steps_repeat_a_recipe_file_as_given():
-    plan = windows_plan({DOWNLOADS, WHEEL_29}, wheel=WHEEL_29, windows=False, venv=PurePosixPath("/opt/v"),
+    linux = DOWNLOADS / "vllm-0.29.0-cp38-abi3-manylinux_2_31_x86_64.whl"
+    plan = windows_plan({DOWNLOADS, linux}, wheel=linux, windows=False, venv=PurePosixPath("/opt/v"),
                         own_python=PurePosixPath("/src/.venv/bin/python"))
     steps = next_steps(plan, PurePosixPath("/src/.venv/bin/python"), "/home/ann/my recipes/r.yaml")
     assert steps == ["next: launcher models pull --recipe '/home/ann/my recipes/r.yaml'",
@@ -233,3 +234,31 @@ def test_a_vllm_python_that_is_a_folder_is_refused_in_the_dry_run_too(tmp_path):
     res = CliRunner().invoke(app, ["install", "--dry-run", "--vllm-python", str(tmp_path)])
     assert res.exit_code == 2 and f"--vllm-python {tmp_path} is a folder, not a Python executable" in res.output
     assert "step 1" not in res.output
+
+
+def test_a_wheel_for_another_system_or_machine_is_refused_in_the_plan():
+    """pip would refuse it only after the venv was made: the plan says so first."""
+    linux_x86 = DOWNLOADS / "vllm-0.29.0-cp38-abi3-manylinux_2_31_x86_64.whl"
+    linux_arm = DOWNLOADS / "vllm-0.29.0-cp38-abi3-manylinux_2_31_aarch64.whl"
+    with pytest.raises(LauncherError, match="is built for win_amd64, not for Linux") as err:
+        windows_plan({DOWNLOADS, WHEEL_29}, wheel=WHEEL_29, windows=False, venv=PurePosixPath("/opt/v"))
+    assert "built for this system" in err.value.hint
+    with pytest.raises(LauncherError, match="built for manylinux_2_31_x86_64, not for Windows"):
+        windows_plan({DOWNLOADS, linux_x86}, wheel=linux_x86)
+    with pytest.raises(LauncherError, match="not for this aarch64 machine"):  # a DGX Spark given the x86 wheel
+        windows_plan({DOWNLOADS, linux_x86}, wheel=linux_x86, windows=False, venv=PurePosixPath("/opt/v"),
+                     machine="aarch64")
+    spark = windows_plan({DOWNLOADS, linux_arm}, wheel=linux_arm, windows=False, venv=PurePosixPath("/opt/v"),
+                         machine="aarch64")
+    assert spark.version == "0.29.0"
+    assert windows_plan({DOWNLOADS, WHEEL_29}, wheel=WHEEL_29, machine="AMD64").version == "0.29.0"
+
+
+def test_a_folder_chooses_among_the_wheels_that_install_here():
+    linux = DOWNLOADS / "vllm-0.26.0-cp38-abi3-manylinux_2_31_x86_64.whl"
+    # the newest wheel there is for Linux: on Windows the choice is the newest Windows one
+    plan = windows_plan({DOWNLOADS, WHEEL_26, linux.with_name("vllm-0.29.0-cp38-abi3-manylinux_2_31_x86_64.whl")},
+                        wheel=DOWNLOADS, offline=True)
+    assert plan.version == "0.26.0"
+    with pytest.raises(LauncherError, match="none of its vLLM wheels installs here .*not for Windows"):
+        windows_plan({DOWNLOADS, linux}, wheel=DOWNLOADS, offline=True)
