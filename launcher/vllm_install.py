@@ -207,19 +207,19 @@ def _what(recipe, version, wheel, offline, exists, listdir, windows, machine) ->
         if parse_version(found) != parse_version(chosen):
             raise LauncherError(f"--wheel {wheel.name} is vLLM {found}, not {version}")
         return chosen, f"the wheel {wheel}", [str(wheel)]
-    every = [n for n in _entries(listdir, wheel, f"--wheel {wheel} is neither a .whl file nor a folder of wheels")
-             if n.startswith("vllm-") and n.endswith(".whl")]
-    # pip's --find-links takes only the wheels that install here: the choice must too
-    for n in every:
-        wheel_version(PurePath(n))  # a malformed vllm-*.whl name is the user's to fix, said so
-    wheels = [n for n in every if not wheel_platform_problem(n, windows=windows, machine=machine)]
-    if every and not wheels:
+    # each vllm-*.whl's version (a malformed name is the user's to fix, said so), then why it
+    # cannot install here: pip's --find-links takes only the wheels that install, the choice too
+    versions = {n: wheel_version(PurePath(n)) for n in _entries(
+        listdir, wheel, f"--wheel {wheel} is neither a .whl file nor a folder of wheels")
+        if n.startswith("vllm-") and n.endswith(".whl")}
+    problems = {n: wheel_platform_problem(n, windows=windows, machine=machine) for n in versions}
+    wheels = [n for n, problem in problems.items() if not problem]
+    if versions and not wheels:
         raise LauncherError(f"--wheel {wheel}: none of its vLLM wheels installs here ("
-                            + "; ".join(f"{n}: {wheel_platform_problem(n, windows=windows, machine=machine)}"
-                                        for n in sorted(every)) + ")",
+                            + "; ".join(f"{n}: {problems[n]}" for n in sorted(problems)) + ")",
                             hint="add the wheel built for this system to the folder")
-    chosen = choose_version(recipe, version, [wheel_version(PurePath(n)) for n in wheels])
-    if version and not any(parse_version(wheel_version(PurePath(n))) == parse_version(chosen) for n in wheels):
+    chosen = choose_version(recipe, version, [versions[n] for n in wheels])
+    if version and not any(parse_version(versions[n]) == parse_version(chosen) for n in wheels):
         raise LauncherError(f"--wheel {wheel}: no vLLM {chosen} wheel there (found: {', '.join(sorted(wheels)) or 'none'})")
     links = ["--no-index"] if offline else []
     return chosen, f"the wheels in {wheel}" + (" only" if offline else " (dependencies from PyPI)"), \

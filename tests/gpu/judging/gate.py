@@ -157,14 +157,23 @@ def passes(block: dict | None) -> bool:
     return not failures(block)
 
 
-def bench_outputs(doc: dict, prompts: int) -> tuple[list[list[int]], list[int]] | None:
+def bench_outputs(doc: dict, prompts: int | None = None) -> tuple[list[list[int]], list[int]] | None:
     """A `launcher bench --record-outputs` result's outputs at concurrency 1 that came back, and
-    the prompt each answered (request i sent prompt i mod ``prompts``); None where it kept none."""
+    the prompt each answered (request i sent prompt i mod ``prompts``, by default the count of
+    the prompt file the result names); None where it kept none."""
+    prompts = prompts or (doc.get("prompts_file") or {}).get("prompts")
     one = next((r for r in doc.get("runs") or [] if r.get("concurrency") == 1), None)
-    if not one or not one.get("outputs"):
+    if not prompts or not one or not one.get("outputs"):
         return None
     pairs = [(i % prompts, ids) for i, ids in enumerate(one["outputs"]) if ids]
     return [ids for _, ids in pairs], [key for key, _ in pairs]
+
+
+def bench_block(tokens: list[list[int]], keys: list[int]) -> dict:
+    """The gate's block over a benchmark's outputs (bench_outputs), with the prompts that loop."""
+    block = nondegenerate([{"token_ids": ids} for ids in tokens], keys)
+    block["looping_prompts"] = sorted({key for key, ids in zip(keys, tokens) if looping(ids)})
+    return block
 
 
 def pair_outputs(nd: dict | None) -> tuple[str, list[str]]:

@@ -326,8 +326,7 @@ def speed_raw(results: Path, row: dict, side: str) -> dict | None:
     if path is None or not path.is_file():
         return None
     doc = json.loads(path.read_text(encoding="utf-8"))
-    count = (doc.get("prompts_file") or {}).get("prompts")
-    got = gate.bench_outputs(doc, count) if count else None
+    got = gate.bench_outputs(doc)
     if got is None:
         return None
     return {"source": path.name, "tokens": got[0], "keys": got[1],

@@ -42,9 +42,16 @@ EXACT_TWINS = {"0.21.0": "served/conformance-twin.json", "0.33.0": "served-v33/c
 SIDES = {"dflash": "dflash", "reference": "no-drafter"}  # the row's side names -> the bench files'
 
 
-def _members(path: Path) -> dict[str, bytes]:
+def _members(path: Path, wanted) -> dict[str, bytes]:
+    """The archive's files whose base name ``wanted`` accepts (not its logs and step records)."""
     with tarfile.open(path) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()
+                if m.isfile() and wanted(m.name.rsplit("/", 1)[-1])}
+
+
+def _run_file(name: str) -> bool:
+    return name == "served.json" or name == "speed-prompts.jsonl" or \
+        (name.startswith("served-bench-") and "-speed-" in name)
 
 
 def _one(files: dict[str, bytes], archive: str, test, what: str) -> str:
@@ -57,7 +64,7 @@ def _one(files: dict[str, bytes], archive: str, test, what: str) -> str:
 
 def exact_twins(path: Path) -> dict[str, dict]:
     """Per release, the exact twin record (its rows: token_ids, margins, prompt_tokens)."""
-    files = _members(path)
+    files = _members(path, lambda n: n == "conformance-twin.json")
     return {v: json.loads(files[name]) for v, name in EXACT_TWINS.items() if name in files}
 
 
@@ -105,22 +112,14 @@ def first_divergence(tokens: list[int], twin: dict) -> tuple[int, float | None] 
     return None if len(tokens) == len(theirs) else (min(len(tokens), len(theirs)), None)
 
 
-def c1_outputs(doc: dict) -> tuple[list[list[int]], list[int]]:
-    """A benchmark's concurrency-1 outputs and the prompt each answered (gate.bench_outputs)."""
-    count = (doc.get("prompts_file") or {}).get("prompts")
-    got = gate.bench_outputs(doc, count) if count else None
-    return got if got is not None else ([], [])
-
-
-def side_record(doc: dict, twins: list[dict] | None, stored: dict | None) -> dict:
-    """One side of one run from its raw tokens: the gate, whether its loops are those the row
-    stored (``stored``: the row's nondegenerate block of this side), and its relation to the
-    exact twins (``twins``: None where they are not this run's)."""
-    tokens, keys = c1_outputs(doc)
+def side_record(tokens: list[list[int]], keys: list[int], twins: list[dict] | None, stored: dict | None) -> dict:
+    """One side of one run from its raw tokens at concurrency 1 (gate.bench_outputs): the gate,
+    whether its loops are those the row stored (``stored``: the row's nondegenerate block of this
+    side), and its relation to the exact twins (``twins``: None where they are not this run's)."""
     if not tokens:
         return {"outputs": 0, "looping_prompts": [], "gate_failures": ["no output"]}
-    block = gate.nondegenerate([{"token_ids": t} for t in tokens], keys)
-    looping = sorted({k for k, t in zip(keys, tokens) if gate.looping(t)})
+    block = gate.bench_block(tokens, keys)
+    looping = block["looping_prompts"]
     out = {"outputs": len(tokens), "looping_prompts": looping, "gate_failures": gate.failures(block),
            "agrees_with_row": None if not stored else stored.get("looping_prompts") == looping}
     if twins:
@@ -144,7 +143,7 @@ def side_record(doc: dict, twins: list[dict] | None, stored: dict | None) -> dic
 
 def run_record(path: Path, twins: dict[str, dict], committed: dict) -> tuple[dict, dict]:
     """(the run's record, its c=1 outputs per side for the run-to-run comparison)."""
-    files = _members(path)
+    files = _members(path, _run_file)
     vllm, dflash = _bench(files, path.name, SIDES["dflash"])
     _, baseline = _bench(files, path.name, SIDES["reference"])
     one = _c1(dflash.get("comparison"))
@@ -164,8 +163,8 @@ def run_record(path: Path, twins: dict[str, dict], committed: dict) -> tuple[dic
     outputs = {}
     for side, doc in (("dflash", dflash), ("reference", baseline)):
         stored = ((row or {}).get("nondegenerate") or {}).get(side)
-        rec[side] = side_record(doc, None if unfit else twins[vllm]["rows"], stored)
-        tokens, keys = c1_outputs(doc)
+        tokens, keys = gate.bench_outputs(doc) or ([], [])
+        rec[side] = side_record(tokens, keys, None if unfit else twins[vllm]["rows"], stored)
         outputs[side] = dict(zip(keys, tokens))
     return rec, outputs
 

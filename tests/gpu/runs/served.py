@@ -766,10 +766,7 @@ def _bench_gate(doc: dict, count: int) -> dict | None:
     got = gate.bench_outputs(doc, count)
     if got is None:
         return None
-    tokens, keys = got
-    block = gate.nondegenerate([{"token_ids": ids} for ids in tokens], keys)
-    block["looping_prompts"] = sorted({key for key, ids in zip(keys, tokens) if gate.looping(ids)})
-    return block
+    return gate.bench_block(*got)
 
 
 def read_steps(path: Path | None) -> list[dict]:
