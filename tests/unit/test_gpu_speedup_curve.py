@@ -219,10 +219,10 @@ def test_the_oracle_with_its_log_off_writes_nothing_and_drafts_the_same(tmp_path
 def test_batches_hold_every_point_once_server_by_server_baselines_first():
     bs = sg.batches()
     ids = [p.id for b in bs if b.server == "nodrafter" for p in b.points]
-    assert sorted(ids) == sorted(p.id for p in sg.GRID)
+    # the second oracle's points beside the plain ones on both kinds of server: without the
+    # drafter for a baseline where their plain twins' was measured on another GPU
+    assert sorted(ids) == sorted(p.id for p in sg.GRID + sg.TAIL_POINTS)
     dflash = [p.id for b in bs if b.server != "nodrafter" for p in b.points]
-    # the second oracle's points on the DFlash servers of their K, beside the plain ones; no
-    # server without the drafter for them (their baselines are the plain points')
     assert sorted(dflash) == sorted(p.id for p in sg.GRID + sg.TAIL_POINTS)
     assert {p.id for p in sg.TAIL_POINTS}.isdisjoint({p.id for p in sg.GRID})
     assert all(b.server == f"k{p.k}" for b in bs if b.server != "nodrafter" for p in b.points)
@@ -232,7 +232,7 @@ def test_batches_hold_every_point_once_server_by_server_baselines_first():
     assert [(b.vllm, b.server) for b in bs] == [("0.33.0", "nodrafter")] * 2 + [
         ("0.33.0", "k15"), ("0.33.0", "k7"), ("0.33.0", "k3"), ("0.21.0", "nodrafter"), ("0.21.0", "k15")]
     assert [sorted({p.k for p in b.points}) for b in bs[:2]] == [[15], [3, 7]]  # 22 points against 28
-    assert sum(len(b.points) for b in bs[:2]) == sum(p.vllm == "0.33.0" for p in sg.GRID)
+    assert sum(len(b.points) for b in bs[:2]) == sum(p.vllm == "0.33.0" for p in sg.GRID + sg.TAIL_POINTS)
     for vllm in ("0.33.0", "0.21.0"):
         mine = [b for b in bs if b.vllm == vllm]
         first_dflash = next(i for i, b in enumerate(mine) if b.server != "nodrafter")
@@ -463,6 +463,31 @@ def test_where_the_plain_oracle_costs_time_the_second_oracle_states_the_break_ev
     rec["oracle_controls"]["v0.33.0-k7-c1"]["tpot_ms_mean"] = 9.9
     rec["oracle_controls"]["v0.33.0-k7-c1-dtail"]["tpot_ms_mean"] = 9.9
     assert [r["oracle"] for r in report.launcher_table(rec, frozen)["rows"]] == ["reference"]
+
+
+def test_a_second_oracle_whose_cost_holds_but_whose_points_lack_baselines_states_nothing_yet():
+    # its DFlash runs measured on a GPU no baseline was measured on (speedup_record.missing): the
+    # cell is listed, its break-even "not yet", the launcher told why, no K compared on it
+    frozen = _frozen()
+    plain = [sg.Point("0.33.0", 7, 1, level) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    second = [sg.Point("0.33.0", 7, 1, level, sg.TAIL_VARIANT) for level in (1.0, 2.0, 3.0, 4.0, 8.0)]
+    rec = _curve_with(lambda p: (p.level + 0.1) / 1.6, plain, control_tpot=9.0)  # the plain oracle: over
+    tail = _curve_with(lambda p: (p.level + 0.1) / 1.5, second, control_tpot=9.8)  # the second: within
+    for row in tail["points"].values():
+        del row["baseline"]
+    rec["points"].update(tail["points"])
+    rec["oracle_controls"].update(tail["oracle_controls"])
+    cell = [b for b in report.break_evens(report.point_rows(rec), frozen, report.oracle_costs(rec)) if b["oracle"] == "drafter"]
+    assert [(b["points"], b["break_even"], b["status"], b["oracle_cost_holds"]) for b in cell] == \
+        [(0, None, report.NO_BASELINE, True)]
+    table = report.launcher_table(rec, frozen)
+    assert table["rows"] == []
+    assert table["left_out"] == [{"vllm": "0.33.0", "k": 7, "concurrency": 1,
+                                  "why": f"the points of the oracle whose cost holds have {report.NO_BASELINE}"}]
+    md = report.markdown(rec, frozen, acceptance_rows=[{"profile": "p", "per_position": [0.5] * 15}])
+    line = next(x for x in md.splitlines() if x.startswith("| break-even K=7 c=1 (second oracle) | 0.33.0 |"))
+    assert line.endswith(f"| {report.NO_BASELINE} | not yet, 1.57 frozen |")
+    assert f"0 of {len(sg.TAIL_POINTS)} of the second oracle's" in md and "-x" not in md
 
 
 def test_the_frozen_models_gpus_read_as_one_line():
@@ -1362,3 +1387,60 @@ def test_a_deadline_that_holds_no_server_start_is_refused_at_once(tmp_path, caps
     assert f"give {curve.SERVER_START_S + curve.POINT_S} or more" in said
     assert f"SPEEDUP_BUDGET_S {curve.SERVER_START_S + curve.POINT_S + 120} or more" in said
     assert not any(tmp_path.iterdir())  # refused before anything was made
+
+
+def test_a_dtail_point_measured_on_another_host_takes_a_baseline_measured_where_it_ran(tmp_path, monkeypatch, capsys):
+    # The plain points' baselines from a host of two GPUs; K 15's second oracle at concurrency 4
+    # then measured on a host of one (the gpu lines differ): no baseline stands for it until the
+    # server without the drafter measures one on a GPU like that one. K 3's at concurrency 1, not
+    # run yet, takes one there too, since that server starts anyway.
+    curve = load("speedup_curve")
+    frozen = tmp_path / "speedup-frozen.json"
+    frozen.write_text(json.dumps(_frozen()))
+    two, one = {"gpu": "H200\nH200", "series": "s"}, {"gpu": "H200", "series": "s"}
+    record = srec.new(frozen)
+    for p in sg.GRID:
+        if p.vllm == "0.33.0":
+            srec.put(record, p, "baseline", {**_measure(), **two})
+    tails = [p for p in sg.TAIL_POINTS if (p.k, p.concurrency) == (15, 4)]
+    for t in tails:
+        srec.put(record, t, "dflash", {**_measure(acceptance=t.level), **one, "server": "one"})
+    record[srec.BEFORE] = {srec.control_key(tails[0]): {**_measure(acceptance=1.0), **one, "server": "one"}}
+    curve.share_tail_baselines(record)
+    assert all(srec.missing(record, t) == ["baseline"] for t in tails)
+    # a pair measured on two hosts is no pair: the plain point's DFlash run on the host of one
+    plain = sg.Point("0.33.0", 15, 4, 2.0)
+    srec.put(record, plain, "dflash", {**_measure(acceptance=2.0), **one, "server": "one"})
+    assert srec.missing(record, plain) == ["baseline"]
+    del record["points"][plain.id]["dflash"]
+
+    batch = next(b for b in sg.release_batches("0.33.0") if b.server == "nodrafter")
+    assert {p.id for p in tails} <= {p.id for p in srec.pending(batch, record, lambda p: True)}
+    k3c1 = [p for p in sg.TAIL_POINTS if (p.k, p.concurrency) == (3, 1)]
+    assert not {p.id for p in k3c1} & {p.id for p in srec.pending(batch, record, lambda p: True)}
+    measured = []
+
+    def measure(base, model, point, prompts, *, with_drafter, meta, timeout=None, check=None):
+        assert not with_drafter
+        measured.append(point.id)
+        return {**_measure(), **meta}
+
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    monkeypatch.setattr(curve, "measure", measure)
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 262144}}))
+    # on a host of two GPUs: no server started for them, and they stay without one
+    monkeypatch.setattr(curve, "Server", lambda *a, **k: pytest.fail("a server started"))
+    elsewhere = json.loads(json.dumps(record))
+    curve.run_batch(_batch_args(tmp_path, None), batch, elsewhere, two)
+    assert all(srec.missing(elsewhere, t) == ["baseline"] for t in tails) and measured == []
+    assert "its baseline is measured on the GPU and series of its DFlash run ('H200'" in capsys.readouterr().out
+    # on a host of one: one baseline a concurrency, the rest share it (the second oracle's
+    # points at K 3 and 7, concurrency 4, not run yet here, among them)
+    monkeypatch.setattr(curve, "Server", _StandInServer)
+    done = curve.run_batch(_batch_args(tmp_path, None), batch, record, one)
+    assert sorted(done) == sorted(p.id for p in sg.TAIL_POINTS)
+    assert measured == [tails[0].id, k3c1[0].id]
+    assert all(srec.missing(record, t) == [] for t in tails)
+    assert {record["points"][t.id]["baseline"].get("shared_from") for t in tails[1:]} == {tails[0].id}
+    assert all(srec.missing(record, t) == ["dflash"] for t in k3c1)
+    assert all(record["points"][t.id]["baseline"]["gpu"] == "H200" for t in tails + k3c1)

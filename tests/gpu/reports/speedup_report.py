@@ -73,6 +73,18 @@ def _measured(rows: list[dict], points) -> int:
     return sum(1 for r in rows if r["id"] in ids)
 
 
+def _drafter_only(curve: dict, rows: list[dict]) -> str:
+    """The second oracle's points measured with the drafter that still lack their baseline."""
+    have = {r["id"] for r in rows}
+    n = sum(1 for p in sg.TAIL_POINTS if p.id not in have
+            and srec.valid(((curve.get("points") or {}).get(p.id) or {}).get("dflash"), "dflash"))
+    return f", {n} more with the drafter only: {NO_BASELINE}" if n else ""
+
+
+def _range(r: list) -> str:
+    return "-" if r[0] is None else f"{_f(r[0])}-{_f(r[1])}"
+
+
 def oracle_costs(curve: dict) -> dict[tuple, dict]:
     """Per (release, K, concurrency, the oracle's tail: ``reference`` for the plain points,
     ``drafter`` for the second oracle's): the oracle's planned-1.0 point against the real drafter's
@@ -125,19 +137,26 @@ def curve_variant(costs: dict, vllm: str, k: int, c: int) -> str:
     return VARIANT_OF_TAIL[chosen_oracle(costs, vllm, k, c) or "reference"]
 
 
+# An oracle's cell whose cost was timed but none of whose points has both phases: its DFlash runs
+# wait for a baseline measured on their GPU (speedup_record.missing)
+NO_BASELINE = "no baseline on its GPU yet"
+
+
 def break_evens(rows: list[dict], frozen: dict, costs: dict | None = None) -> list[dict]:
     """Per (release, K, concurrency, oracle) of the plain points and the second oracle's:
     measured and predicted break-even, and that oracle's cost there (``oracle_costs``; None: no
-    control measured)."""
+    control measured). A cell with a cost and no point measured both ways is listed, its
+    break-even None (``NO_BASELINE``)."""
     gap_bar = bars.get("speedup_curve", "max_break_even_gap")
     costs = costs or {}
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {key: [] for key in costs}
     for r in rows:
         if r["variant"] in TAIL_OF_VARIANT:
             groups.setdefault((r["vllm"], r["k"], r["concurrency"], TAIL_OF_VARIANT[r["variant"]]), []).append(r)
     out = []
     for (vllm, k, c, tail), members in sorted(groups.items(), key=lambda kv: (kv[0][0] != sg.MAIN_VLLM, kv[0])):
-        got = breakeven.interpolate([(m["acceptance"], m["speedup"]) for m in members])
+        got = breakeven.interpolate([(m["acceptance"], m["speedup"]) for m in members]) if members else \
+            {"acceptance": None, "status": NO_BASELINE, "measured_range": [None, None], "points": 0}
         try:
             # the frozen model's step times are one release's: another release's curve has no prediction
             predicted = sm.break_even(frozen, k, c) if frozen.get("vllm") in (None, vllm) else None
@@ -180,13 +199,16 @@ def launcher_table(curve: dict | None, frozen: dict | None) -> dict:
     # else the second oracle's where that holds, else none.
     chosen = {(r["vllm"], r["k"], r["concurrency"]): chosen_oracle(costs, r["vllm"], r["k"], r["concurrency"])
               for r in table}
+    mine = [r for r in table if chosen[(r["vllm"], r["k"], r["concurrency"])] == r["oracle"]]
     rows = [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"], "oracle": r["oracle"],
              "acceptance": r["break_even"], "status": r["status"], "measured_range": r["measured_range"]}
-            for r in table if chosen[(r["vllm"], r["k"], r["concurrency"])] == r["oracle"]]
+            for r in mine if r["points"]]
     left_out = [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"],
                  "why": "no control paired with its planned-1.0 point" if r["oracle_cost_holds"] is None
                  else "the oracle's cost is over the bar"}
                 for r in table if r["oracle"] == "reference" and chosen[(r["vllm"], r["k"], r["concurrency"])] is None]
+    left_out += [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"],
+                  "why": f"the points of the oracle whose cost holds have {NO_BASELINE}"} for r in mine if not r["points"]]
     return {"source": srec.CURVE_PATH, "frozen": curve.get("frozen"), "rows": rows, "left_out": left_out}
 
 
@@ -210,6 +232,8 @@ def oracle_label(tail: str) -> str:
 def stated(b: dict) -> str:
     """The break-even as the report states it: none where the oracle was not shown to cost
     nothing there; what the points read is still given, marked."""
+    if not b["points"]:
+        return "not yet"
     if b["oracle_cost_holds"] is True:
         return _f(b["break_even"])
     return f"not stated (the points read {_f(b['break_even'])})"
@@ -316,9 +340,11 @@ def k_lines(rows: list[dict], acceptance_rows: list[dict], costs: dict) -> list[
              f"Only the Ks measured at vLLM {sg.MAIN_VLLM} whose oracle cost holds are compared, and a best K "
              "needs two of them.", "",
              "| drafter | c | K: acceptance, speed-up | best K |", "|---|---|---|---|"]
-    chosen = lambda k, c: chosen_oracle(costs, sg.MAIN_VLLM, k, c)  # noqa: E731
-    for row in k_choice.table(rows, sg.MAIN_VLLM, acceptance_rows, lambda k, c: chosen(k, c) is not None,
-                              lambda k, c: curve_variant(costs, sg.MAIN_VLLM, k, c)):
+    variant = lambda k, c: curve_variant(costs, sg.MAIN_VLLM, k, c)  # noqa: E731
+    drawn = {(r["k"], r["concurrency"]) for r in rows
+             if r["vllm"] == sg.MAIN_VLLM and r["variant"] == variant(r["k"], r["concurrency"])}
+    usable = lambda k, c: chosen_oracle(costs, sg.MAIN_VLLM, k, c) is not None and (k, c) in drawn  # noqa: E731
+    for row in k_choice.table(rows, sg.MAIN_VLLM, acceptance_rows, usable, variant):
         cells = "; ".join(f"{k}: {v['tau']:.2f}, {_f(v['speedup'])}x" for k, v in row["per_k"].items())
         lines.append(f"| {row['profile']} | {row['concurrency']} | {cells or 'no K usable yet'} | {row['best_k'] or '-'} |")
     return lines
@@ -339,7 +365,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
             else b["status"]
     head = [(f"break-even K={b['k']} c={b['concurrency']}{oracle_label(b['oracle'])}", b["vllm"],
              headline.series_cell([r for r in records if r["vllm"] == b["vllm"]]),
-             verdict(b), f"{stated(b)}, {_f(b['predicted'])} frozen" if b["oracle_cost_holds"] is not True
+             verdict(b), f"{stated(b)}, {_f(b['predicted'])} frozen" if b["oracle_cost_holds"] is not True or not b["points"]
              else f"{_f(b['break_even'])} measured / {_f(b['predicted'])} frozen") for b in table]
     head = head or [("speed-up curve", sg.MAIN_VLLM, "unrecorded", "no point measured", "-")]
     lines = ["# When DFlash pays: the measured speed-up curve (issue 53)", "", *headline.table(head),
@@ -348,7 +374,8 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
     missing = len({p.split(":")[0] for p in problems if p.startswith("v")})
     lines += [f"Grid: {'complete' if not problems else f'{missing} points missing'} "
               f"({_measured(rows, sg.GRID)} of {len(sg.GRID)} grid points measured with both phases; "
-              f"{_measured(rows, sg.TAIL_POINTS)} of {len(sg.TAIL_POINTS)} of the second oracle's). Frozen model: "
+              f"{_measured(rows, sg.TAIL_POINTS)} of {len(sg.TAIL_POINTS)} of the second oracle's"
+              f"{_drafter_only(curve, rows)}). Frozen model: "
               f"`speedup-frozen.json` (blob {curve['frozen']['blob'][:12]}, {frozen.get('date')}, "
               f"{gpu_line(frozen.get('gpu'))}, vLLM {frozen.get('vllm')}), prediction `{sm.FORMULA}`, never fitted to "
               "this curve.", "",
@@ -368,7 +395,7 @@ def markdown(curve: dict, frozen: dict, png_name: str = "speedup-curve.png",
         lines.append(f"| {b['vllm']} | {b['k']}{oracle_label(b['oracle'])} | {b['concurrency']} | {stated(b)} ({b['status']}) | "
                      f"{_f(b['predicted'])} | {_f(None if b['relative_gap'] is None else 100 * b['relative_gap'], 1, ' %')}"
                      f"{' **over the bar**' if b['over_bar'] else ''} | {b['points']} | "
-                     f"{_f(b['measured_range'][0])}-{_f(b['measured_range'][1])} |")
+                     f"{_range(b['measured_range'])} |")
     lines += ["", "## Points", "", "| point | acceptance | tok/s with / without | speed-up | TPOT with / without ms | "
               "requests |", "|---|---|---|---|---|---|"]
     for r in rows:

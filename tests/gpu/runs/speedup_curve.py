@@ -166,16 +166,21 @@ def token_ids(choice: dict) -> list[int]:
     return [int(t.split(":", 1)[1]) for t in tokens]
 
 
+def _requests_like(variant: str | None) -> str | None:
+    return "base" if variant == sg.TAIL_VARIANT else variant
+
+
 def shared_baseline(record: dict, point: sg.Point, meta: dict) -> dict | None:
     """A baseline this point can take from another: without the drafter the run's cost does not
     depend on K or the planned level, only on the release, concurrency and variant (prompt
     length, logprobs), so one 32-request measurement a (concurrency, variant) stands for all its
     points, measured on the same GPU and series; the copy names the point it came from. A
-    ``dtail`` point sends the plain points' requests (``requests_like``), so it takes theirs."""
+    ``dtail`` point sends the plain points' requests (``requests_like``), so it takes theirs, and
+    they its own where it measured one."""
     for pid, row in sorted(record.get("points", {}).items()):
         base = row.get("baseline")
         if (pid != point.id and srec.valid(base, "baseline") and not base.get("shared_from")
-                and (row.get("vllm"), row.get("concurrency"), row.get("variant"))
+                and (row.get("vllm"), row.get("concurrency"), _requests_like(row.get("variant")))
                 == (point.vllm, point.concurrency, point.requests_like)
                 and base.get("gpu") == meta.get("gpu") and base.get("series") == meta.get("series")):
             return {**base, "shared_from": pid}
@@ -347,6 +352,10 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     todo = srec.pending(batch, record, has_reference(refs) if from_nodrafter else (lambda p: True))
     if only:
         todo = [p for p in todo if p.id in only]
+    if batch.server == "nodrafter":
+        todo = baselines_measurable_here(record, todo, meta)
+        if todo:  # the server starts: the second oracle's points still to run take a baseline too
+            todo += [p for p in tail_baselines_to_come(record, batch, meta) if not only or p.id in only]
     if not todo:
         return shared if batch.server == "nodrafter" else []
     if left(args) < SERVER_START_S + POINT_S:
@@ -357,6 +366,31 @@ def run_batch(args, batch: sg.Batch, record: dict, meta: dict) -> list[str]:
     if batch.server == "nodrafter":
         return nodrafter_batch(args, batch, todo, record, meta, vocab, refs if from_nodrafter else None)
     return dflash_batch(args, batch, todo, record, meta, vocab, refs, from_nodrafter)
+
+
+def baselines_measurable_here(record: dict, todo: list, meta: dict) -> list:
+    """``todo`` less the points whose DFlash run was measured on another GPU or series than this
+    run's: a baseline is paired with the DFlash run of the same GPU and series, so theirs must be
+    measured on a host like the one that ran it (each left out is named)."""
+    keep = []
+    for p in todo:
+        dflash = (record.get("points", {}).get(p.id) or {}).get("dflash") or {}
+        where = (dflash.get("gpu"), dflash.get("series"))
+        if srec.valid(dflash, "dflash") and where != (meta.get("gpu"), meta.get("series")):
+            print(f"{p.id}: its baseline is measured on the GPU and series of its DFlash run "
+                  f"({where[0]!r}, series {str(where[1])[:8]}), not here", flush=True)
+            continue
+        keep.append(p)
+    return keep
+
+
+def tail_baselines_to_come(record: dict, batch: sg.Batch, meta: dict) -> list:
+    """The batch's second-oracle points with neither phase whose plain twins' baseline was not
+    measured on this run's GPU and series: on a server without the drafter started for others,
+    a baseline is measured for them here (the first; the rest of its cell share it), in case
+    their DFlash run follows on this GPU (a run elsewhere measures its own)."""
+    return [p for p in batch.points if p.variant == sg.TAIL_VARIANT
+            and srec.missing(record, p)[:2] == ["baseline", "dflash"] and shared_baseline(record, p, meta) is None]
 
 
 def share_baselines(record: dict, points: list, meta: dict) -> list[str]:

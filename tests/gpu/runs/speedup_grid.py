@@ -18,8 +18,10 @@ tokens past a proposal's first wrong position, and so was it at K = 3, concurren
 (``TAIL_CELLS``). The ``dtail`` points keep the real drafter's tokens there (the oracle's ``tail:
 drafter``), so a verify step differs from the real drafter's only in the positions that set
 acceptance; they run with the gather as a CUDA graph (``oracle_graph``), which the plain points
-before it did not have. They share the plain points' prompts, references and baselines and
-have a control of their own (the same bar); they are not part of the grid a record must hold.
+before it did not have. They share the plain points' prompts and references, and their baselines
+where those were measured on the GPU of the dtail point's DFlash run (else the server without the
+drafter measures one there); they have a control of their own (the same bar), and are not part of
+the grid a record must hold.
 
 A level L is made by the first-wrong pattern ``f_cycle(L)``: a proposal whose first wrong draft
 is at position f is accepted for f tokens, and the step emits f + 1; the pattern repeats the
@@ -201,9 +203,13 @@ def batches(points: list[Point] | None = None, nodrafter: int = NODRAFTER_BATCHE
     out: list[Batch] = []
     for vllm in dict.fromkeys(p.vllm for p in points):
         mine = [p for p in points if p.vllm == vllm]
-        # A dtail point's baseline is its plain twin's (shared by the run): no server without the drafter
+        # A dtail point's baseline is its plain twin's where that was measured on the GPU of its
+        # DFlash run (shared, no server started); where not, the server without the drafter
+        # measures one there: so the dtail points ride in these batches, counted apart in the split.
         plain = [p for p in mine if p.variant != TAIL_VARIANT]
         groups = split_by_k(plain, max(1, min(nodrafter, len(plain) // MIN_SPLIT)))
+        tails = [p for p in mine if p.variant == TAIL_VARIANT]
+        groups = [g + [t for t in tails if t.k in {p.k for p in g}] for g in groups]
         out += [Batch(vllm, "nodrafter", i + 1, tuple(g)) for i, g in enumerate(groups)]
         for k in sorted(dict.fromkeys(p.k for p in mine), key=K_ORDER.index):
             at_k = [p for p in mine if p.k == k]

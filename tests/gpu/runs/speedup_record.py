@@ -108,23 +108,36 @@ def paired_control(record: dict, point: sg.Point, after: bool = False) -> dict |
 
 def missing(record: dict, point: sg.Point) -> list[str]:
     """The phases of ``point`` the record lacks (or holds invalid). A planned-1.0 plain point
-    without its paired control lacks its DFlash run too: the two are measured again together."""
+    without its paired control lacks its DFlash run too: the two are measured again together.
+    A baseline measured on another GPU or series than the DFlash run is lacking: the two are
+    compared as one pair."""
     row = record.get("points", {}).get(point.id) or {}
     out = [ph for ph in PHASES if not valid(row.get(ph), ph)]
+    if not out and measured_where(row["baseline"]) != measured_where(row["dflash"]):
+        out.append("baseline")
     if needs_control(point) and "dflash" not in out and paired_control(record, point) is None:
         out.append("dflash")
     return out
 
 
+def measured_where(measurement: dict) -> tuple:
+    """The GPU (the host's nvidia-smi lines) and series a measurement ran on."""
+    return measurement.get("gpu"), measurement.get("series")
+
+
 def pending(batch: sg.Batch, record: dict, has_reference) -> list[sg.Point]:
     """The points of ``batch`` this rerun measures. On the server without the drafter: those
     without a valid baseline, and those still needing their DFlash run whose reference
-    continuation (``has_reference(point)``) is not on this machine. On a DFlash server: those
-    without a valid DFlash run."""
+    continuation (``has_reference(point)``) is not on this machine; a second oracle's point
+    once its DFlash run lacks a baseline of that run's GPU (before, its plain twin's may be
+    shared). On a DFlash server: those without a valid DFlash run."""
     out = []
     for p in batch.points:
         need = missing(record, p)
-        if batch.server == "nodrafter":
+        if batch.server == "nodrafter" and p.variant == sg.TAIL_VARIANT:
+            if need == ["baseline"]:
+                out.append(p)
+        elif batch.server == "nodrafter":
             if "baseline" in need or ("dflash" in need and not has_reference(p)):
                 out.append(p)
         elif "dflash" in need:
