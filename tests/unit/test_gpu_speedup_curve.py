@@ -1412,6 +1412,7 @@ def test_a_dtail_point_measured_on_another_host_takes_a_baseline_measured_where_
     plain = sg.Point("0.33.0", 15, 4, 2.0)
     srec.put(record, plain, "dflash", {**_measure(acceptance=2.0), **one, "server": "one"})
     assert srec.missing(record, plain) == ["baseline"]
+    assert plain.id not in {r["id"] for r in report.point_rows(record)}
     del record["points"][plain.id]["dflash"]
 
     batch = next(b for b in sg.release_batches("0.33.0") if b.server == "nodrafter")

@@ -49,11 +49,13 @@ def ratio(a, b):
 
 
 def point_rows(curve: dict) -> list[dict]:
-    """Every point with both phases valid: measured acceptance, speed-up, TPOT ratio."""
+    """Every point with both phases valid, measured on one GPU and series: measured acceptance,
+    speed-up, TPOT ratio."""
     rows = []
     for pid, row in sorted(curve.get("points", {}).items()):
         base, dfl = row.get("baseline"), row.get("dflash")
-        if not (srec.valid(base, "baseline") and srec.valid(dfl, "dflash")):
+        if not (srec.valid(base, "baseline") and srec.valid(dfl, "dflash")) \
+                or srec.measured_where(base) != srec.measured_where(dfl):
             continue
         rows.append({"id": pid, "vllm": row["vllm"], "k": row["k"], "concurrency": row["concurrency"],
                      "level": row["level"], "variant": row["variant"],
