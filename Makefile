@@ -130,7 +130,7 @@ gpu-evidence: venv
 gpu-realshape: venv
 	$(EVIDENCE) realshape
 
-## make gpu-acceptance: results/acceptance.md (the drafter's rows as lanes, the NVFP4 walks, the speed pair)
+## make gpu-acceptance: results/acceptance.md (the drafter's rows as lanes, the NVFP4 walks; speed columns from served.json)
 gpu-acceptance: venv
 	$(EVIDENCE) acceptance
 

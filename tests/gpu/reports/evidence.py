@@ -185,14 +185,16 @@ PAGES: dict[str, tuple[Step, ...]] = {
         MERGE_SERVED, REJUDGE,
     ),
     # acceptance.md: the drafter's rows as lanes of engines (plans/acceptance-rows-1gpu.sh), the
-    # NVFP4 walks beside them, the served speed pair, then both releases' merges and the report.
+    # NVFP4 walks beside them, then both releases' merges and the report. Its served speed columns
+    # are read from served.json, the served page's record (its speed pair runs there): so each page
+    # fits a GPU host held for half an hour (the lanes took about 690 s on one H200, the speed
+    # pair some 740 s on a fresh host), and regenerating this page runs no speed comparison again.
     "acceptance": (
         STAGE_BUNDLE, STAGE_FA2, STAGE_QUANT, STAGE_V33, RECEIVE, TRAIN_TARGET, TRAIN_DRAFTER, PREPARE,
         Step("lanes", "gpu", ("bash", "-c", ". tests/gpu/plans/acceptance-rows-1gpu.sh && "
                                             "bash tests/gpu/remote.sh lanes-bg && bash tests/gpu/remote.sh lanes-wait"),
              env=(("WORK", "{work}"), OUT, ("RS_WALK_NVFP4", "1"), ("LANES_WAIT_S", "7200"))),
-        *_speed_steps(),
-        MERGE_TRAINED, MERGE_V33_TRAINED, MERGE_SERVED, ACCEPTANCE_REPORT, REJUDGE,
+        MERGE_TRAINED, MERGE_V33_TRAINED, ACCEPTANCE_REPORT, REJUDGE,
     ),
     # fullsize.md: the full-size checkpoints, the bench at 1/4/16/22 and both profiles' fit runs.
     "fullsize": (
