@@ -475,6 +475,18 @@ def test_merge_keeps_a_retrained_drafters_runs_beside_the_last_drafters():
     assert rs.merge([rand], [dict(rand, drafter_sha256="bbbb")]) == [dict(rand, drafter_sha256="bbbb")]
 
 
+def test_merge_keeps_a_retrained_targets_references_beside_the_last_targets():
+    ref = {"name": "trained-ref-bf16", "vllm": "0.21.0", "series": "6361", "mode": "reference",
+           "target_name": "trained-a4b-r30", "ok": True}
+    old = dict(ref, target_sha256="9ee9", tokens=[1])
+    new = dict(ref, target_sha256="84c2", tokens=[2])
+    assert rs.merge([old], [new]) == [old, new]
+    # the same target's rerun replaces its record; a random target is one configuration
+    assert rs.merge([old, new], [dict(old, tokens=[3])]) == [new, dict(old, tokens=[3])]
+    rand = dict(ref, target_name=rs.RANDOM_TARGET_NAME, target_sha256="aaaa")
+    assert rs.merge([rand], [dict(rand, target_sha256="bbbb")]) == [dict(rand, target_sha256="bbbb")]
+
+
 def test_merge_takes_a_speed_runs_measurement_as_one_configuration():
     base = {"name": "trained-speed-x", "vllm": "0.21.0", "series": "6361", "mode": "dflash", "ok": True}
     first = dict(base, speed={"1": {"tok_s": 100.0}})

@@ -1500,8 +1500,12 @@ def merge(existing: list[dict], new: list[dict]) -> list[dict]:
         # A retrained drafter is another configuration: its runs sit beside the last drafter's
         # (whose ablation rows were measured against them), not over them.
         drafter = r.get("drafter_sha256") if r.get("drafter_kind") == "trained" else None
+        # So is a retrained target: a reference run on it sits beside the last target's, whose
+        # drafters' rows are judged against that one (the report keeps each to its own target).
+        name = r.get("target_name", RANDOM_TARGET_NAME)
+        target = r.get("target_sha256") if name != RANDOM_TARGET_NAME else None
         return (r.get("vllm"), series, json.dumps(r.get("target"), sort_keys=True), r.get("drafter_layers"),
-                r.get("target_name", RANDOM_TARGET_NAME), drafter,
+                name, target, drafter,
                 *(_key_value(k, r.get(k, d)) for k, d in defaults.items() if k != "series"))
     # A record made from a seeded raw (remote.sh seed_raw: another host's reference, an input
     # here) fills a gap but never replaces the record of its configuration: that one may be newer.
