@@ -122,36 +122,41 @@ gpu-proof: gpu-stage
 ## on the GPU host (tests/gpu/README.md, "A GPU host without network"). `python tests/gpu/reports/evidence.py
 ## plan PAGE` prints a page's steps.
 .PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance gpu-speedup gpu-multinode
-EVIDENCE := $(BIN)/python tests/gpu/reports/evidence.py run $(if $(WHERE),--where $(WHERE))
-gpu-evidence: venv
+# WHERE without "network" (the GPU host of an air-gapped pair): no venv, whose pip needs the
+# network; remote.sh's evidence verb runs the steps on the host's Python instead.
+EVIDENCE_OFFLINE := $(if $(WHERE),$(if $(findstring network,$(WHERE)),,yes))
+EVIDENCE := $(if $(EVIDENCE_OFFLINE),bash tests/gpu/remote.sh evidence,$(BIN)/python tests/gpu/reports/evidence.py run) \
+	$(if $(WHERE),--where $(WHERE))
+EVIDENCE_VENV := $(if $(EVIDENCE_OFFLINE),,venv)
+gpu-evidence: $(EVIDENCE_VENV)
 	$(EVIDENCE) all
 
 ## make gpu-realshape: results/realshape.md (random-target rounds of 0.21.0 and 0.33.0, trained-target rows)
-gpu-realshape: venv
+gpu-realshape: $(EVIDENCE_VENV)
 	$(EVIDENCE) realshape
 
 ## make gpu-acceptance: results/acceptance.md (the drafter's rows as lanes, the NVFP4 walks; speed columns from served.json)
-gpu-acceptance: venv
+gpu-acceptance: $(EVIDENCE_VENV)
 	$(EVIDENCE) acceptance
 
 ## make gpu-served: results/served.md (`launcher serve` servers of both releases and recipes, the speed pair)
-gpu-served: venv
+gpu-served: $(EVIDENCE_VENV)
 	$(EVIDENCE) served
 
 ## make gpu-fullsize: results/fullsize.md (full-size checkpoints, bench, the rtx5090 and dgx-spark fit)
-gpu-fullsize: venv
+gpu-fullsize: $(EVIDENCE_VENV)
 	$(EVIDENCE) fullsize
 
 ## make gpu-conformance: results/conformance.md (a gated target and its drafter, z-lab's loop, served vLLM)
-gpu-conformance: venv
+gpu-conformance: $(EVIDENCE_VENV)
 	$(EVIDENCE) conformance
 
 ## make gpu-speedup: results/speedup-curve.md (the frozen step-time model, then the speed-up curve's batches)
-gpu-speedup: venv
+gpu-speedup: $(EVIDENCE_VENV)
 	$(EVIDENCE) speedup
 
 ## make gpu-multinode: results/multinode.md (a host with two GPUs: two `launcher serve` nodes, TP 2 across them)
-gpu-multinode: venv
+gpu-multinode: $(EVIDENCE_VENV)
 	$(EVIDENCE) multinode
 
 ## make bench-gpu: on a GPU host (torch 2.11, Python 3.12): stage, install, run the step-time

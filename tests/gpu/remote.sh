@@ -771,9 +771,7 @@ nvfp4_reference() { # issue 25: the offline walk on the NVFP4 target (nvfp4_refe
 trained_nvfp4() { # the trained target's NVFP4 copy by `launcher quantize` (modelopt from extras-quant)
     extras
     # A copy staged from an earlier run (extras-trained) needs no quantizer.
-    if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ] && [ ! -d "$SITE_QUANT" ]; then
-        echo "extras-quant not carried: no NVFP4 copy, so no *-nvfp4 run can start"; return 0
-    fi
+    nvfp4_makeable "NVFP4 runs" || return 1
     if [ ! -f "$TRAINED-nvfp4/hf_quant_config.json" ]; then
         PYTHONPATH=.:$SITE_QUANT:$SITE "$PY" -m launcher quantize --model "$TRAINED" --out "$TRAINED-nvfp4" \
             --device cuda --calib-file "$MODELS_TRAINED/calib.jsonl" --calib-samples 32 --calib-seq-len 512 \
@@ -888,15 +886,25 @@ lanes_background() { # RS_PARALLEL_21 / RS_PARALLEL_33: realshape-trained and re
     fi
 }
 
+nvfp4_makeable() { # nvfp4_makeable WHAT: the trained target's NVFP4 copy is here or can be made
+    # (extras-quant's quantizer), else WHAT is refused with what to stage
+    [ -f "$TRAINED-nvfp4/hf_quant_config.json" ] || [ -d "$SITE_QUANT" ] && return 0
+    echo "$1, but no NVFP4 copy of the trained target and no quantizer: stage extras-quant (stage.py --extras" \
+        "--extras-name extras-quant --no-fa2 --quant-wheels) or an extras-trained that holds the copy" >&2
+    return 1
+}
+
 lanes_check() { # both releases' lanes checked as their verbs will check them (run names, release,
-    # speed runs' GPUs, oracle references), before anything starts: in the background a typo
-    # would show only minutes later, in a log
+    # speed runs' GPUs, oracle references, an NVFP4 copy for NVFP4 runs), before anything starts:
+    # in the background a typo would show only minutes later, in a log
     local v lanes gpus raw release
+    [ -z "${RS_WALK_NVFP4:-}" ] || nvfp4_makeable "RS_WALK_NVFP4: the NVFP4 walk" || return 1
     for v in 21 33; do
         lanes=RS_PARALLEL_$v gpus=RS_LANE_GPUS_$v
         [ -n "${!lanes:-}" ] || continue
         raw=realshape-raw-trained release=0.21.0
         [ "$v" = 33 ] && raw=realshape-raw-v33-trained release=$V33
+        case "${!lanes}" in *nvfp4*) nvfp4_makeable "RS_PARALLEL_$v: NVFP4 runs" || return 1 ;; esac
         seed_raw "$raw" > /dev/null   # as the verb will, so a staged reference counts
         "$PY" tests/gpu/runs/realshape.py --models "$MODELS_TRAINED" --raw-dir "$WORK/$raw" --vllm "$release" \
             --check-lanes "${!lanes}" ${!gpus:+--lane-gpus "${!gpus}"} > "$WORK/lanes-check-$v.txt" \
@@ -942,7 +950,13 @@ lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say
     mkdir -p "$OUT"
     (cd "$WORK" && tar -czf "$OUT/lanes.tgz" --ignore-failed-read $(ls -d lanes-out-* lanes-*.log \
         realshape-raw-trained realshape-raw-v33-trained realshape-raw-*-lane-*.log rs-meta-*trained.json 2>/dev/null)) || true
-    [ "$pending" = 0 ]
+    [ "$pending" = 0 ] || return 1
+    # A lane that ended badly fails the wait, so the merges after it do not read its gap as a page
+    local failed=""
+    for v in $lanes; do
+        [ -f "$WORK/lanes-$v.rc" ] && [ "$(cat "$WORK/lanes-$v.rc")" != 0 ] && failed="$failed $v"
+    done
+    [ -z "$failed" ] || { echo "lanes that ended with an error:$failed (their logs above, all in \$OUT/lanes.tgz)" >&2; return 1; }
 }
 
 served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images, `launcher bench`
@@ -1320,6 +1334,14 @@ speedup_oracle_cost() { # issue 53: oracle_cost.py on SPEEDUP_VLLM (default 0.33
     return "$rc"
 }
 
+evidence() { # evidence ARGS..: tests/gpu/reports/evidence.py run ARGS on this host's Python, for a GPU
+    # host without network (`make gpu-PAGE WHERE=gpu,cpu`, which makes no venv there: pip would need
+    # the network). The merges' one import the host lacks, unidiff, comes from the bundles as their
+    # installs link it (host_deps): its folder is on PYTHONPATH before it is filled.
+    case ":${PYTHONPATH:-}:" in *":$WORK/host-deps:"*) ;; *) export PYTHONPATH="$WORK/host-deps${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+    "$PY" tests/gpu/reports/evidence.py run "$@"
+}
+
 cmd=${1:-}
 shift || true
 host_deps  # a bundle installed by an earlier verb on this machine
@@ -1366,5 +1388,6 @@ case "$cmd" in
     lanes-wait) lanes_wait ;;
     bg) background_verb "$@" ;;
     bg-wait) background_wait "$@" ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference|speedup-frozen|speedup-curve|speedup-oracle-cost|served-run SITE PATCHED NAME|bg VERB|bg-wait VERB" >&2; exit 2 ;;
+    evidence) evidence "$@" ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference|speedup-frozen|speedup-curve|speedup-oracle-cost|served-run SITE PATCHED NAME|bg VERB|bg-wait VERB|evidence [--where SIDES] PAGE.." >&2; exit 2 ;;
 esac

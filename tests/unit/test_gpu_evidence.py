@@ -4,6 +4,7 @@ without network, and the CPU replay of every page from the committed raw records
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -108,6 +109,28 @@ def test_each_page_has_a_make_target_that_runs_it():
         block = re.search(rf"^gpu-{page}:.*\n\t(.+)$", makefile, re.M)
         assert block and block.group(1).endswith(f" {page}"), page
     assert re.search(r"^gpu-evidence:.*\n\t\$\(EVIDENCE\) all$", makefile, re.M)
+
+
+def test_the_gpu_side_of_an_air_gapped_pair_makes_no_venv_and_runs_on_the_hosts_python(tmp_path):
+    """WHERE without network: no venv (its pip needs the network), remote.sh's evidence verb runs
+    evidence.py on the host's Python with the bundles' unidiff folder on PYTHONPATH. (A stand-in
+    Python notes what it was given: the real steps need a GPU.)"""
+    def dry(*args):
+        return subprocess.run(["make", "-n", "-B", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+    offline = dry("gpu-acceptance", "WHERE=gpu,cpu")
+    assert offline.strip().splitlines() == ["bash tests/gpu/remote.sh evidence --where gpu,cpu acceptance"]
+    for online in (dry("gpu-acceptance"), dry("gpu-acceptance", "WHERE=network")):
+        assert "-m venv" in online and "tests/gpu/reports/evidence.py run" in online
+    py = tmp_path / "py"
+    py.write_text('#!/bin/bash\necho "ARGS $*"\necho "PYTHONPATH $PYTHONPATH"\n')
+    py.chmod(0o755)
+    env = dict(os.environ, PY=str(py), WORK=str(tmp_path / "work"), PYTHONPATH="/elsewhere")
+    done = subprocess.run(["bash", "tests/gpu/remote.sh", "evidence", "--where", "gpu,cpu", "acceptance"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ARGS tests/gpu/reports/evidence.py run --where gpu,cpu acceptance" in done.stdout
+    assert f"PYTHONPATH {tmp_path / 'work'}/host-deps:/elsewhere" in done.stdout
 
 
 def test_plan_prints_the_side_of_each_step_and_refuses_an_unknown_side():

@@ -29,11 +29,28 @@ def test_there_is_a_plan():
     assert PLANS, "tests/gpu/plans holds no plan"
 
 
+def _nvfp4_copy(tmp_path: Path) -> None:
+    """The trained target's NVFP4 copy as extras-trained or extras-quant leaves it on the GPU
+    host (a stand-in folder: the check reads only its quantization config's presence)."""
+    copy = tmp_path / "models" / "trained-a4b-r30-nvfp4"
+    copy.mkdir(parents=True)
+    (copy / "hf_quant_config.json").write_text("{}")
+
+
 @pytest.mark.parametrize("plan", PLANS, ids=[p.name for p in PLANS])
 def test_a_plan_passes_the_checks_lanes_bg_makes(plan, tmp_path):
     (tmp_path / "work").mkdir()
+    _nvfp4_copy(tmp_path)
     done = _sourced(plan, tmp_path, "lane_gpus_disjoint && lanes_check && echo checked")
     assert done.returncode == 0 and done.stdout.strip().endswith("checked"), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("plan", [p for p in PLANS if "nvfp4" in p.read_text()], ids=lambda p: p.name)
+def test_a_plan_with_nvfp4_runs_is_refused_on_a_host_without_the_copy_or_its_quantizer(plan, tmp_path):
+    (tmp_path / "work").mkdir()
+    done = _sourced(plan, tmp_path, "lanes_check && echo checked")
+    assert done.returncode == 1 and "checked" not in done.stdout
+    assert "no NVFP4 copy of the trained target and no quantizer: stage extras-quant" in done.stderr
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=[p.name for p in PLANS])

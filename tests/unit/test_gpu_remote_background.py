@@ -100,6 +100,9 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
     copy_harness(repo / "tests" / "gpu")  # gate.py reads bars.yaml
     (repo / ".stage" / "realshape-raw-trained").mkdir(parents=True)
     (repo / ".stage" / "realshape-raw-trained" / "trained-ref-bf16.raw.json").write_text("{}")
+    # the NVFP4 copy (extras-trained) that the NVFP4 run and the walk need, as a stand-in folder
+    (tmp_path / "models" / "trained-a4b-r30-nvfp4").mkdir(parents=True)
+    (tmp_path / "models" / "trained-a4b-r30-nvfp4" / "hf_quant_config.json").write_text("{}")
     (repo / "tests" / "gpu" / "remote.sh").write_text(
         'mkdir -p "$OUT"; echo "$1 $RS_PARALLEL $(ls .stage/realshape-raw-trained)" > "$OUT/verb.txt"\n'
         'echo "$ROUND_DEADLINE_S $RS_CHILD_TIMEOUT_S" > "$OUT/limits.txt"\n'
@@ -131,6 +134,15 @@ def test_lanes_of_both_releases_outlive_the_call_and_come_back_whether_ended_or_
                                 text=True, check=True).stdout.split()
         assert "lanes-out-21/verb.txt" in listed and "lanes-33.log" in listed
         assert "lanes-out-walk/verb.txt" in listed and "lanes-walk.log" in listed
+        # every lane ended, one of them badly: the wait fails and names it
+        (work / "lanes-33.rc").write_text("3\n")
+        waited = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_wait"], cwd=repo, env=env,
+                                capture_output=True, text=True, timeout=30)
+        assert waited.returncode == 1 and "lanes that ended with an error: 33" in waited.stderr
+        (work / "lanes-33.rc").write_text("0\n")
+        waited = subprocess.run(["bash", str(tmp_path / "f.sh"), "lanes_wait"], cwd=repo, env=env,
+                                capture_output=True, text=True, timeout=30)
+        assert waited.returncode == 0, waited.stderr
     finally:
         for pid in (work / "bg.pids").read_text().split() if (work / "bg.pids").exists() else []:
             try:
