@@ -187,8 +187,8 @@ PAGES: dict[str, tuple[Step, ...]] = {
     # acceptance.md: the drafter's rows as lanes of engines (plans/acceptance-rows-1gpu.sh), the
     # NVFP4 walks beside them, then both releases' merges and the report. Its served speed columns
     # are read from served.json, the served page's record (its speed pair runs there): so each page
-    # fits a GPU host held for half an hour (the lanes took about 690 s on one H200, the speed
-    # pair some 740 s on a fresh host), and regenerating this page runs no speed comparison again.
+    # fits a GPU host held for half an hour (twelve of the lanes took about 690 s on one H200, the
+    # speed pair some 740 s on a fresh host), and regenerating this page runs no speed comparison again.
     "acceptance": (
         STAGE_BUNDLE, STAGE_FA2, STAGE_QUANT, STAGE_V33, RECEIVE, TRAIN_TARGET, TRAIN_DRAFTER, PREPARE,
         Step("lanes", "gpu", ("bash", "-c", ". tests/gpu/plans/acceptance-rows-1gpu.sh && "
