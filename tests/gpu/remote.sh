@@ -959,6 +959,21 @@ lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say
     [ -z "$failed" ] || { echo "lanes that ended with an error:$failed (their logs above, all in \$OUT/lanes.tgz)" >&2; return 1; }
 }
 
+archive_lanes() { # the lanes' records and logs ($OUT/lanes.tgz, what lanes-wait packed) beside the
+    # results, where rejudge and the acceptance headline read raw records:
+    # results/realshape-logs/DATE-GPU-trained-TARGET-DRAFTER-lanes.tar.xz (hash prefixes)
+    [ -f "$OUT/lanes.tgz" ] || { echo "no $OUT/lanes.tgz to archive: lanes-wait packs it" >&2; return 1; }
+    local gpu hashes dest tmp
+    gpu=$(head -n 1 "$WORK/gpu.txt" 2>/dev/null | sed -E 's/^NVIDIA ([^,]*).*/\1/' | tr 'A-Z ' 'a-z-')
+    hashes=$("$PY" -c 'import json, sys
+print("-".join((json.load(open(f)).get(k) or "none")[:8] for f, k in zip(sys.argv[1:], ("target_sha256", "drafter_sha256"))))' \
+        "$TRAINED/train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json" 2>/dev/null) || hashes=unknown
+    dest=tests/gpu/results/realshape-logs/$(date -u +%F)-${gpu:-gpu}-trained-$hashes-lanes.tar.xz
+    tmp=$(mktemp -d)
+    tar -xzf "$OUT/lanes.tgz" -C "$tmp" && mkdir -p "$(dirname "$dest")" && tar -C "$tmp" -cJf "$dest" . && rm -rf "$tmp"
+    echo "$dest"
+}
+
 served() { # issue 26 on vLLM 0.21.0: `launcher serve` servers, chat with images, `launcher bench`
     # (tests/gpu/runs/served.py). SERVED_PHASES narrows (reference, dflash, stock, bench); a 10-minute
     # bound holds about two of them. Raw phases stay in $WORK/served between runs, and every run
@@ -1389,5 +1404,6 @@ case "$cmd" in
     bg) background_verb "$@" ;;
     bg-wait) background_wait "$@" ;;
     evidence) evidence "$@" ;;
-    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference|speedup-frozen|speedup-curve|speedup-oracle-cost|served-run SITE PATCHED NAME|bg VERB|bg-wait VERB|evidence [--where SIDES] PAGE.." >&2; exit 2 ;;
+    archive-lanes) archive_lanes ;;
+    *) echo "usage: $0 receive|install|extras|proof [stock] [patched]|realshape|realshape-v33|bench|stability|quantize-rs|train-target|train-drafter|pack-trained|check-trained|realshape-trained|realshape-v33-trained|full-size-checkpoints|fit|full-bench|served|served-all|prepare|drafter-bg|pack-drafter|lanes-bg|lanes-wait|nvfp4-reference|drafter-sweep|sweep-wait|target-bg|receive-trained|engine-check|multinode-bg|multinode-wait|target-wait|fast-decode-check|zlab-reference|speedup-frozen|speedup-curve|speedup-oracle-cost|served-run SITE PATCHED NAME|bg VERB|bg-wait VERB|evidence [--where SIDES] PAGE..|archive-lanes" >&2; exit 2 ;;
 esac

@@ -292,3 +292,34 @@ def test_a_second_polish_names_a_long_recipe_and_keeps_the_target_before_it_apar
                               text=True, timeout=60)
         assert why in done.stderr, done.stderr  # refused before anything started
         assert not (work / "target-bg.rc").exists() and not (work / "target-bg.out").exists()
+
+
+def test_archive_lanes_files_the_lanes_records_beside_the_results_named_by_gpu_target_and_drafter(tmp_path):
+    """What lanes-wait packed ($OUT/lanes.tgz) becomes results/realshape-logs/DATE-GPU-trained-
+    TARGET-DRAFTER-lanes.tar.xz, where rejudge reads raw records; nothing to archive is refused."""
+    work, out, models = tmp_path / "work", tmp_path / "out", tmp_path / "models"
+    (models / "trained-a4b-r30").mkdir(parents=True)
+    (models / "dflash-r5-trained").mkdir()
+    (models / "trained-a4b-r30" / "train-record.json").write_text('{"target_sha256": "84c26c18aa"}')
+    (models / "dflash-r5-trained" / "drafter-train-record.json").write_text('{"drafter_sha256": "8db4e9f4bb"}')
+    work.mkdir()
+    (work / "gpu.txt").write_text("NVIDIA H200, 143771 MiB, 580.159.04\n")
+    functions = REMOTE.read_text().split('\ncmd=${1:-}\n')[0]
+    (tmp_path / "f.sh").write_text(functions + '\n"$@"\n')
+    env = dict(os.environ, WORK=str(work), OUT=str(out), PY=sys.executable, MODELS_TRAINED=str(models))
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    refused = subprocess.run(["bash", str(tmp_path / "f.sh"), "archive_lanes"], cwd=tree, env=env,
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and "no " in refused.stderr and "lanes.tgz" in refused.stderr
+    (work / "lanes-out-21").mkdir()
+    (work / "lanes-out-21" / "realshape.json").write_text("[]")
+    out.mkdir()
+    subprocess.run(["tar", "-C", str(work), "-czf", str(out / "lanes.tgz"), "lanes-out-21"], check=True)
+    done = subprocess.run(["bash", str(tmp_path / "f.sh"), "archive_lanes"], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    [archive] = (tree / "tests" / "gpu" / "results" / "realshape-logs").glob("*.tar.xz")
+    assert archive.name.endswith("-h200-trained-84c26c18-8db4e9f4-lanes.tar.xz") and archive.name[:4].isdigit()
+    listed = subprocess.run(["tar", "-tJf", str(archive)], capture_output=True, text=True, check=True).stdout
+    assert "lanes-out-21/realshape.json" in listed

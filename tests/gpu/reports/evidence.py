@@ -191,8 +191,10 @@ PAGES: dict[str, tuple[Step, ...]] = {
     # speed pair some 740 s on a fresh host), and regenerating this page runs no speed comparison again.
     "acceptance": (
         STAGE_BUNDLE, STAGE_FA2, STAGE_QUANT, STAGE_V33, RECEIVE, TRAIN_TARGET, TRAIN_DRAFTER, PREPARE,
+        # lanes-wait fails for a lane that ended with an error; its records and logs are kept all the same
         Step("lanes", "gpu", ("bash", "-c", ". tests/gpu/plans/acceptance-rows-1gpu.sh && "
-                                            "bash tests/gpu/remote.sh lanes-bg && bash tests/gpu/remote.sh lanes-wait"),
+                                            "bash tests/gpu/remote.sh lanes-bg && { bash tests/gpu/remote.sh lanes-wait; "
+                                            "rc=$?; bash tests/gpu/remote.sh archive-lanes; exit $rc; }"),
              env=(("WORK", "{work}"), OUT, ("RS_WALK_NVFP4", "1"), ("LANES_WAIT_S", "7200"))),
         MERGE_TRAINED, MERGE_V33_TRAINED, ACCEPTANCE_REPORT, REJUDGE,
     ),
