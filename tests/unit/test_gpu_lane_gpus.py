@@ -107,6 +107,9 @@ def test_lanes_bg_refuses_a_misspelt_run_before_anything_starts(tmp_path):
     """lanes-bg checks both releases' lanes itself (the verbs would, minutes later, in a log)."""
     functions = (GPU / "remote.sh").read_text().split("\ncmd=${1:-}\n")[0]
     (tmp_path / "f.sh").write_text(functions + '\nsnapshot_tree() { mkdir -p "$1"; }\nlanes_background\n')
+    # the NVFP4 copy the NVFP4 run of 0.21.0's lanes reads (extras-trained), a stand-in folder
+    (tmp_path / "models" / "trained-a4b-r30-nvfp4").mkdir(parents=True)
+    (tmp_path / "models" / "trained-a4b-r30-nvfp4" / "hf_quant_config.json").write_text("{}")
     env = dict(os.environ, WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"), LANES_STAGGER_S="0",
                PY=sys.executable, MODELS_TRAINED=str(tmp_path / "models"), STAGE=str(tmp_path / "stage"),
                RS_PARALLEL_21=f"{A};{B}", RS_PARALLEL_33="v33-trained-ref-bf16;v33-trained-ref-bf16-bi-noinductr")
