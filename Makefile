@@ -121,7 +121,7 @@ gpu-proof: gpu-stage
 ## WHERE=network on a machine with network, the .stage/ parts copied over, then WHERE=gpu,cpu
 ## on the GPU host (tests/gpu/README.md, "A GPU host without network"). `python tests/gpu/reports/evidence.py
 ## plan PAGE` prints a page's steps.
-.PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-fullsize gpu-conformance gpu-speedup gpu-multinode
+.PHONY: gpu-evidence gpu-realshape gpu-acceptance gpu-served gpu-speed gpu-fullsize gpu-conformance gpu-speedup gpu-multinode
 # WHERE without "network" (the GPU host of an air-gapped pair): no venv, whose pip needs the
 # network; remote.sh's evidence verb runs the steps on the host's Python instead.
 EVIDENCE_OFFLINE := $(if $(WHERE),$(if $(findstring network,$(WHERE)),,yes))
@@ -139,9 +139,13 @@ gpu-realshape: $(EVIDENCE_VENV)
 gpu-acceptance: $(EVIDENCE_VENV)
 	$(EVIDENCE) acceptance
 
-## make gpu-served: results/served.md (`launcher serve` servers of both releases and recipes, the speed pair)
+## make gpu-served: results/served.md (`launcher serve` servers of both releases and recipes)
 gpu-served: $(EVIDENCE_VENV)
 	$(EVIDENCE) served
+
+## make gpu-speed: results/served.md's speed rows (the speed pair of both releases, gated prompts)
+gpu-speed: $(EVIDENCE_VENV)
+	$(EVIDENCE) speed
 
 ## make gpu-fullsize: results/fullsize.md (full-size checkpoints, bench, the rtx5090 and dgx-spark fit)
 gpu-fullsize: $(EVIDENCE_VENV)

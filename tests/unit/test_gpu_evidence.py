@@ -188,19 +188,24 @@ def _served_jobs(steps) -> list[tuple[str, str, str]]:
 
 def test_a_host_of_one_gpu_and_one_of_two_serve_the_same_jobs():
     """The served runs' two forms (ev.ONE_GPU, ev.GPUS_2) start the same jobs of the same
-    releases, each once; the paired form in two served-all commands, a GPU per job."""
-    steps = ev.sequence(["served"], ("gpu",))
-    one = [s for s in steps if s.runs_on(1)]
-    two = [s for s in steps if s.runs_on(2)]
-    assert _served_jobs(one) == _served_jobs(two)
-    assert len(set(_served_jobs(one))) == len(_served_jobs(one))
-    assert [s for s in one if s.argv[-1] != "served-all"] == [s for s in two if s.argv[-1] != "served-all"]
-    paired = [s for s in two if s.argv[-1] == "served-all"]
-    assert all(dict(s.env).get("SERVED_GPUS") == "0,1" for s in paired)
-    assert len(paired) < len([s for s in one if s.argv[-1] == "served-all"])
+    releases, each once, on the served page and the speed rows' command; the paired form of the
+    speed pair in one served-all command for two, a GPU per job."""
+    for page in ("served", "speed"):
+        steps = ev.sequence([page], ("gpu",))
+        one = [s for s in steps if s.runs_on(1)]
+        two = [s for s in steps if s.runs_on(2)]
+        assert _served_jobs(one) == _served_jobs(two), page
+        assert len(set(_served_jobs(one))) == len(_served_jobs(one))
+        assert [s for s in one if s.argv[-1] != "served-all"] == [s for s in two if s.argv[-1] != "served-all"]
+        paired = [s for s in two if s.argv[-1] == "served-all"]
+        assert all(dict(s.env).get("SERVED_GPUS") == "0,1" for s in paired)
+        assert len(paired) <= len([s for s in one if s.argv[-1] == "served-all"])
     served = _served_jobs(ev.sequence(["served"], ("gpu",)))
-    assert ("gemma4-moe-dflash-text:reference,dflash", "0.33.0") in served
-    assert ("gemma4-moe-dflash:speed:default", "0.21.0") in served
+    # the page's rows are exact numerics; the speed rows are the numerics users run
+    assert ("gemma4-moe-dflash-text:reference,dflash:exact", "0.33.0") in served
+    assert ("gemma4-moe-dflash:reference,dflash,stock:exact", "0.21.0") in served
+    assert not [job for job in served if ":speed" in job[0]]
+    assert ("gemma4-moe-dflash:speed:default", "0.21.0") in _served_jobs(ev.sequence(["speed"], ("gpu",)))
 
 
 def test_the_acceptance_page_reads_the_served_pages_speed_pair_and_serves_none():
@@ -216,7 +221,7 @@ def test_the_acceptance_page_reads_the_served_pages_speed_pair_and_serves_none()
 def test_the_served_all_plans_of_both_forms_pass_served_alls_own_check():
     import served_all
 
-    for step in ev.sequence(["served", "acceptance"], ("gpu",)):
+    for step in ev.sequence(["served", "speed", "acceptance"], ("gpu",)):
         if step.argv[-1] != "served-all":
             continue
         env = dict(step.env)

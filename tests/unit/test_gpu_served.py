@@ -1043,3 +1043,29 @@ def test_the_speed_gate_is_absent_where_outputs_were_not_recorded_and_counts_pro
     block = served.speed_gate(tmp_path / "b.json", tmp_path / "b.json", 20)["dflash"]
     # 40 requests over 20 prompts: 20 distinct prompts, under the gate's 32
     assert block["prompts"] == 20 and "20 prompts of 128+ tokens (at least 32)" in report.gate.failures(block)
+
+
+def test_a_served_run_whose_server_did_not_do_its_part_exits_non_zero_and_says_which(tmp_path, monkeypatch):
+    """served.py's exit status (served_all and make gpu-served stop on it, before any merge):
+    a server that did not start, an error, a phase skipped by the deadline, a speed pair not
+    benched, a missing record. The stock server's failed start is its finding, not a failure."""
+    def write(name, **record):
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+
+    write("reference", started=True, rows=[{}])
+    write("dflash", started=False)
+    write("stock", started=False, error="partial multimodal token full attention not supported")
+    assert served.failed_servers(tmp_path, ["reference", "stock"]) == []
+    assert served.failed_servers(tmp_path, ["reference", "dflash", "stock"]) == [
+        "dflash: did not start"]
+    write("speed-reference", started=True)
+    write("speed-dflash", started=True, speed_skipped="not started: speed-reference")
+    assert served.failed_servers(tmp_path, ["speed"]) == ["speed-dflash: not started: speed-reference"]
+    write("dflash", started=False, skipped="deadline: no time left to start a server")
+    assert served.failed_servers(tmp_path, ["dflash", "bench"]) == [
+        "dflash: deadline: no time left to start a server", f"bench: no record in {tmp_path}"]
+    # the start limit: 480 s, or what a side-by-side form sets
+    monkeypatch.delenv("SERVED_START_TIMEOUT_S", raising=False)
+    assert served.start_timeout_s() == 480
+    monkeypatch.setenv("SERVED_START_TIMEOUT_S", "900")
+    assert served.start_timeout_s() == 900

@@ -94,16 +94,20 @@ SERVED_GATE = "conformance/served-gate.json"
 SPEED_DEADLINE_V33 = ("SERVED_DEADLINE_S", "900")
 
 # The served runs' two forms. One GPU: the default and text recipes' jobs of both releases side
-# by side in one served-all (ten small servers, each an explicit 4 GiB KV cache), then the speed
-# pair one release at a time (a speed job never shares its GPU: served_all.py refuses it). Two or
-# more: the same served-all with a GPU each in turn, then both speed jobs at once, one GPU each.
-# The jobs write into one $OUT/served.json either way. Why: the served page must fit a GPU host
-# held for half an hour. With the default and the text jobs in turn, the one-GPU form added up to
-# some 1,850 s on an H200 by their logs (the default jobs about 600 s); the speed pair in turn
-# took 350 s (0.21.0) and 390 s (0.33.0) on a fresh H200 host; paired, an estimated 1,160 s.
+# by side in one served-all (ten small servers, each an explicit 4 GiB KV cache; each may take up
+# to SERVED_START_TIMEOUT_S to start, its cores shared by ten). Two or more: the same served-all
+# with a GPU each in turn. Exact numerics, as the page's rows were measured (served.py: default
+# numerics are not lossless at 8 and 22 in flight). Why one served-all: the page must fit a GPU
+# host held for half an hour; with the default and the text jobs in turn, the one-GPU form added
+# up to some 1,850 s on an H200 by their logs (the default jobs about 600 s).
 ONE_GPU = (0, 1)
 GPUS_2 = (2, 1 << 10)
-SERVED_JOBS_BOTH = "gemma4-moe-dflash:reference,dflash,stock gemma4-moe-dflash-text:reference,dflash"
+SERVED_JOBS_BOTH = "gemma4-moe-dflash:reference,dflash,stock:exact gemma4-moe-dflash-text:reference,dflash:exact"
+SIDE_BY_SIDE_START = ("SERVED_START_TIMEOUT_S", "900")
+# The speed pair (served.md's speed rows, the measurement issue 51 judges) is a command of its own,
+# make gpu-speed: one release at a time on one GPU (a speed job never shares its GPU: served_all.py
+# refuses it), both at once on two. On a fresh H200 host 0.21.0's took 350 s and 0.33.0's 390 s.
+# Regenerating the servers' rows (make gpu-served) then runs no speed comparison again.
 
 
 def _speed_steps() -> tuple[Step, ...]:
@@ -174,13 +178,18 @@ PAGES: dict[str, tuple[Step, ...]] = {
              writes=("realshape.json",)),
         REJUDGE,
     ),
-    # served.md: `launcher serve` servers of both releases, both recipes, and the speed pair.
+    # served.md: `launcher serve` servers of both releases and both recipes.
     "served": (
         STAGE_BUNDLE, STAGE_FA2, STAGE_V33, RECEIVE, TRAIN_TARGET, TRAIN_DRAFTER,
         _remote("served-all", OUT, ("SERVED_JOBS", SERVED_JOBS_BOTH), ("SERVED_DEADLINE_S", "3600"),
-                name="served-all", gpus=ONE_GPU),
+                SIDE_BY_SIDE_START, name="served-all", gpus=ONE_GPU),
         _remote("served-all", OUT, ("SERVED_JOBS", SERVED_JOBS_BOTH), ("SERVED_GPUS", "0,1"),
-                ("SERVED_DEADLINE_S", "3600"), name="served-all-paired", gpus=GPUS_2),
+                ("SERVED_DEADLINE_S", "3600"), SIDE_BY_SIDE_START, name="served-all-paired", gpus=GPUS_2),
+        MERGE_SERVED, REJUDGE,
+    ),
+    # served.md's speed rows: the speed pair of both releases on the gated target's prompts.
+    "speed": (
+        STAGE_BUNDLE, STAGE_FA2, STAGE_V33, RECEIVE, TRAIN_TARGET, TRAIN_DRAFTER,
         *_speed_steps(),
         MERGE_SERVED, REJUDGE,
     ),
@@ -285,8 +294,8 @@ PAGES: dict[str, tuple[Step, ...]] = {
     ),
 }
 # make gpu-evidence: every page, in an order where each report finds the pages it reads
-# (fullsize reads acceptance.json).
-ORDER = ("realshape", "served", "acceptance", "fullsize", "conformance", "speedup", "multinode")
+# (acceptance reads served.json's speed rows, fullsize reads acceptance.json).
+ORDER = ("realshape", "served", "speed", "acceptance", "fullsize", "conformance", "speedup", "multinode")
 
 
 def sequence(pages: list[str], where: tuple[str, ...] = WHERE) -> list[Step]:

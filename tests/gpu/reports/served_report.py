@@ -472,7 +472,8 @@ def markdown(doc: dict) -> str:
         "# Served: `launcher serve` -> `vllm serve`, chat with images, `launcher bench` (issue 26)",
         "",
         *_headline(doc.get("servers") or []),
-        "Regenerate: `make gpu-served` on a GPU host (tests/gpu/README.md, \"Commands\"). The last rows merged "
+        "Regenerate: `make gpu-served` on a GPU host, and the speed rows `make gpu-speed` (tests/gpu/README.md, "
+        "\"Commands\"). The last rows merged "
         f"came from `{meta.get('command', 'bash tests/gpu/remote.sh served')}`, "
         f"{meta.get('date', '')}, {meta.get('gpu', '')}. Target `{meta.get('model', '')}`, drafter "
         f"`{meta.get('drafter', '')}`. Greedy, {sr.MAX_TOKENS} new tokens, `ignore_eos`, top "
