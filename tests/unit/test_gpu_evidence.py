@@ -157,6 +157,44 @@ def test_merge_served_replaces_the_same_server_and_keeps_the_others(tmp_path):
     assert doc["meta"] == {"date": "new"} and (results / "served.md").read_text().startswith("#")
 
 
+def test_merge_served_brings_the_bench_files_its_rows_name_and_files_the_raw_records(tmp_path):
+    """The rows' `launcher bench` files come from $OUT or its packs (never an earlier run's file
+    left in results/), and the run's raw phases go under results/served/ where rejudge reads them."""
+    import tarfile
+
+    results, work = tmp_path / "results", tmp_path / "work"
+    (results / "served").mkdir(parents=True)
+    (results / "served-bench-0.21.0.json").write_text('{"run": "earlier"}')
+    out = work / "out"
+    (work / "served").mkdir(parents=True)
+    (work / "served" / "dflash.json").write_text('{"server": "dflash"}')
+    out.mkdir()
+    (out / "served-bench-0.21.0.json").write_text('{"run": "this"}')
+    (out / "kept.json").write_text('{"run": "packed"}')
+    with tarfile.open(out / "served-out.tar.gz", "w:gz") as tar:
+        tar.add(out / "kept.json", arcname="served-raw/served-bench-0.33.0.json")
+    (out / "kept.json").unlink()
+    meta = {"date": "2026-12-01 03:21 UTC", "gpu": "NVIDIA H200, 143771 MiB, 580", "target_sha256": "84c26c18ff",
+            "drafter_sha256": "8db4e9f4ff"}
+    rows = [{"vllm": v, "recipe": "gemma4-moe-dflash", "server": "dflash", "bench": f"tests/gpu/results/served-bench-{v}.json"}
+            for v in ("0.21.0", "0.33.0")]
+    (out / "served.json").write_text(json.dumps({"meta": meta, "servers": rows}))
+    ev.merge_served(out / "served.json", results, work)
+    assert json.loads((results / "served-bench-0.21.0.json").read_text()) == {"run": "this"}
+    assert json.loads((results / "served-bench-0.33.0.json").read_text()) == {"run": "packed"}
+    [raw] = (results / "served").glob("*.tar.xz")
+    assert raw.name == "served-raw-2026-12-01-h200-84c26c18-8db4e9f4.tar.xz"
+    with tarfile.open(raw) as tar:
+        assert "served/dflash.json" in tar.getnames()
+    ev.merge_served(out / "served.json", results, work)  # the same day's second run: beside the first
+    assert {p.name for p in (results / "served").glob("*.tar.xz")} == {
+        raw.name, "served-raw-2026-12-01-h200-84c26c18-8db4e9f4-2.tar.xz"}
+    rows.append({**rows[0], "recipe": "gemma4-moe-dflash-text", "bench": "tests/gpu/results/served-bench-none.json"})
+    (out / "served.json").write_text(json.dumps({"meta": meta, "servers": rows}))
+    with pytest.raises(SystemExit, match="served-bench-none.json, which a row names, is neither in"):
+        ev.merge_served(out / "served.json", results)
+
+
 def test_the_033_speed_pair_has_time_for_its_drafter_servers_start():
     # On 0.33.0 the drafter server took 337 s and 412 s to become ready, and a served-all at its
     # default 540 s ended before both servers benched 32 requests a level (results/served/): every
@@ -202,8 +240,8 @@ def test_a_host_of_one_gpu_and_one_of_two_serve_the_same_jobs():
         assert len(paired) <= len([s for s in one if s.argv[-1] == "served-all"])
     served = _served_jobs(ev.sequence(["served"], ("gpu",)))
     # the page's rows are exact numerics; the speed rows are the numerics users run
-    assert ("gemma4-moe-dflash-text:reference,dflash:exact", "0.33.0") in served
-    assert ("gemma4-moe-dflash:reference,dflash,stock:exact", "0.21.0") in served
+    assert ("gemma4-moe-dflash-text:reference,dflash,bench:exact", "0.33.0") in served
+    assert ("gemma4-moe-dflash:reference,dflash,stock,bench:exact", "0.21.0") in served
     assert not [job for job in served if ":speed" in job[0]]
     assert ("gemma4-moe-dflash:speed:default", "0.21.0") in _served_jobs(ev.sequence(["speed"], ("gpu",)))
 

@@ -135,6 +135,15 @@ def test_out_past_eight_files_keeps_the_record_and_its_page_apart(tmp_path):
         names = set(tar.getnames())
     assert {"served-raw/a.json", "served-raw/c.log", "served-bench.json", "extra-2.log"} <= names
     assert "served.json" not in names
+    # the next command of the same $OUT packs beside it, never over it
+    for i in range(9):
+        (out / f"later-{i}.log").write_text("l")
+    assert sa.pack_out(out) is True
+    assert sorted(p.name for p in out.iterdir()) == ["served-out-2.tar.gz", "served-out.tar.gz", "served.json", "served.md"]
+    with tarfile.open(out / "served-out.tar.gz") as tar:
+        assert "extra-2.log" in tar.getnames()
+    with tarfile.open(out / "served-out-2.tar.gz") as tar:
+        assert sorted(tar.getnames()) == [f"later-{i}.log" for i in range(9)]
 
 
 def test_a_port_left_in_time_wait_is_free_as_vllm_binds_it():

@@ -94,7 +94,8 @@ SERVED_GATE = "conformance/served-gate.json"
 SPEED_DEADLINE_V33 = ("SERVED_DEADLINE_S", "900")
 
 # The served runs' two forms. One GPU: the default and text recipes' jobs of both releases side
-# by side in one served-all (ten small servers, each an explicit 4 GiB KV cache; each may take up
+# by side in one served-all (ten small servers, each an explicit 4 GiB KV cache, then a `launcher
+# bench` server where each DFlash one was; each may take up
 # to SERVED_START_TIMEOUT_S to start, its cores shared by ten). Two or more: the same served-all
 # with a GPU each in turn. Exact numerics, as the page's rows were measured (served.py: default
 # numerics are not lossless at 8 and 22 in flight). Why one served-all: the page must fit a GPU
@@ -102,7 +103,8 @@ SPEED_DEADLINE_V33 = ("SERVED_DEADLINE_S", "900")
 # up to some 1,850 s on an H200 by their logs (the default jobs about 600 s).
 ONE_GPU = (0, 1)
 GPUS_2 = (2, 1 << 10)
-SERVED_JOBS_BOTH = "gemma4-moe-dflash:reference,dflash,stock:exact gemma4-moe-dflash-text:reference,dflash:exact"
+SERVED_JOBS_BOTH = ("gemma4-moe-dflash:reference,dflash,stock,bench:exact "
+                    "gemma4-moe-dflash-text:reference,dflash,bench:exact")
 SIDE_BY_SIDE_START = ("SERVED_START_TIMEOUT_S", "900")
 # The speed pair (served.md's speed rows, the measurement issue 51 judges) is a command of its own,
 # make gpu-speed: one release at a time on one GPU (a speed job never shares its GPU: served_all.py
@@ -147,7 +149,8 @@ MERGE_TRAINED = _merge_realshape("realshape-raw-trained", "rs-meta-trained.json"
 MERGE_V33_TRAINED = _merge_realshape("realshape-raw-v33-trained", "rs-meta-v33-trained.json", "0.33.0",
                                      "--nvfp4-walks", "{work}/lanes-out-walk")
 MERGE_SERVED = Step("merge-served", "cpu", ("{py}", "tests/gpu/reports/evidence.py", "merge-served",
-                                            "{work}/out/served.json", "{results}"), writes=("served.json",))
+                                            "{work}/out/served.json", "{results}", "--raw-from", "{work}"),
+                    writes=("served.json",))
 REJUDGE = Step("rejudge", "cpu", ("{py}", "tests/gpu/judging/rejudge.py", "--results", "{results}", "--out-dir", "{results}"),
                writes=("rejudge.json",))
 ACCEPTANCE_REPORT = Step("acceptance-report", "cpu",
@@ -349,15 +352,20 @@ def run(pages: list[str], where: tuple[str, ...], results: Path = RESULTS, work:
     return 0
 
 
-def merge_served(src: Path, results: Path) -> None:
+def merge_served(src: Path, results: Path, raw_from: Path | None = None) -> None:
     """The rows of a served.json a GPU host wrote into ``results/served.json`` (served.merge_rows:
-    the same server, release and recipe replaced, new ones last), and served.md from it."""
+    the same server, release and recipe replaced, new ones last), and served.md from it; the
+    `launcher bench` files its rows name beside it (``served_bench_files``), and with ``raw_from``
+    the run's raw records filed under ``results/served/`` (``archive_served_raw``)."""
     sys.path.insert(0, str(HERE))
     import gpu_paths  # noqa: E402,F401  (every folder of the harness on sys.path)
     import served
     import served_report
 
     mine = json.loads(src.read_text())
+    served_bench_files(mine["servers"], src.parent, results)
+    if raw_from is not None:
+        archive_served_raw(raw_from, results / "served", mine.get("meta") or {})
     dest = results / "served.json"
     if dest.exists():
         before = json.loads(dest.read_text())
@@ -366,6 +374,43 @@ def merge_served(src: Path, results: Path) -> None:
         mine = {"meta": mine.get("meta") or before.get("meta"), "servers": rows}
     dest.write_text(json.dumps(mine, indent=1) + "\n")
     (results / "served.md").write_text(served_report.markdown(mine))
+
+
+def served_bench_files(rows: list[dict], out: Path, results: Path) -> list[str]:
+    """The `launcher bench` files the rows name (``bench``, ``baseline_bench``: results/NAME),
+    copied from ``out`` or from the packs there (served_all.pack_out); a name found nowhere is
+    refused, so no row points at an earlier run's file."""
+    names = sorted({Path(r[k]).name for r in rows for k in ("bench", "baseline_bench") if r.get(k)})
+    packs = sorted(out.glob("served-out*.tar.gz"))
+    for name in names:
+        if (out / name).is_file():
+            shutil.copyfile(out / name, results / name)
+            continue
+        for pack in packs:
+            with tarfile.open(pack) as tar:
+                member = next((m for m in tar.getmembers() if Path(m.name).name == name and m.isfile()), None)
+                if member is not None:
+                    (results / name).write_bytes(tar.extractfile(member).read())
+                    break
+        else:
+            raise SystemExit(f"merge-served: {name}, which a row names, is neither in {out} nor in its packs")
+    return names
+
+
+def archive_served_raw(work: Path, dest: Path, meta: dict) -> Path:
+    """The run's raw phase records and logs (``work``'s served* folders, the served-all logs) as
+    ``dest/served-raw-DATE-GPU-TARGET-DRAFTER.tar.xz``, where rejudge reads served phases."""
+    gpu = (meta.get("gpu") or "gpu").split(",")[0].removeprefix("NVIDIA ").strip().lower().replace(" ", "-")
+    name = "-".join(["served-raw", (meta.get("date") or "undated")[:10], gpu,
+                     (meta.get("target_sha256") or "none")[:8], (meta.get("drafter_sha256") or "none")[:8]])
+    dest.mkdir(parents=True, exist_ok=True)
+    path = next(p for i in range(1, 1 << 16)
+                if not (p := dest / f"{name}{'' if i == 1 else f'-{i}'}.tar.xz").exists())  # never over one
+    with tarfile.open(path, "w:xz") as tar:
+        for entry in sorted([*work.glob("served*"), *(work / "out").glob("served-all-logs*.tar.gz")]):
+            if entry.is_dir() or entry.suffix == ".gz":
+                tar.add(entry, arcname=entry.name)
+    return path
 
 
 # Pages replay takes from the committed tree as they are, because no committed raw input makes them.
@@ -447,9 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("merge-served")
     p.add_argument("src", type=Path)
     p.add_argument("results", type=Path)
+    p.add_argument("--raw-from", type=Path, help="the GPU host's work folder: its raw served records archived")
     args = parser.parse_args(argv)
     if args.cmd == "merge-served":
-        merge_served(args.src, args.results)
+        merge_served(args.src, args.results, args.raw_from)
         return 0
     pages = list(ORDER) if "all" in args.pages else args.pages
     where = tuple(w for w in args.where.split(",") if w)

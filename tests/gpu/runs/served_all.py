@@ -123,15 +123,18 @@ def plan(jobs: str, versions: str, gpus: list[str], port_base: int = PORT_BASE) 
 
 
 def pack_out(out: Path, limit: int = OUT_LIMIT, keep: tuple[str, ...] = KEEP_APART) -> bool:
-    """Past ``limit`` files under ``out``: every top-level entry but ``keep`` into
-    ``served-out.tar.gz`` (raw folders, logs, benchmark files), then removed. True if packed."""
+    """Past ``limit`` files under ``out``: every top-level entry but ``keep`` and earlier packs into
+    ``served-out.tar.gz`` (raw folders, logs, benchmark files; ``served-out-N.tar.gz`` where an
+    earlier command of the same $OUT packed one: never over it), then removed. True if packed."""
     if sum(1 for p in out.rglob("*") if p.is_file()) <= limit:
         return False
-    entries = sorted(p for p in out.iterdir() if p.name not in keep)
+    entries = sorted(p for p in out.iterdir() if p.name not in keep and not p.name.startswith("served-out"))
+    dest = next(out / name for i in range(1, 1 << 16)
+                if not (out / (name := "served-out.tar.gz" if i == 1 else f"served-out-{i}.tar.gz")).exists())
     with tarfile.open(out / "served-out.tar.gz.partial", "w:gz") as tar:
         for p in entries:
             tar.add(p, arcname=p.name)
-    (out / "served-out.tar.gz.partial").replace(out / "served-out.tar.gz")
+    (out / "served-out.tar.gz.partial").replace(dest)
     for p in entries:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     return True
