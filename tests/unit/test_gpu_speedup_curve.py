@@ -483,7 +483,7 @@ def test_a_second_oracle_whose_cost_holds_but_whose_points_lack_baselines_states
     table = report.launcher_table(rec, frozen)
     assert table["rows"] == []
     assert table["left_out"] == [{"vllm": "0.33.0", "k": 7, "concurrency": 1,
-                                  "why": f"the points of the oracle whose cost holds have {report.NO_BASELINE}"}]
+                                  "why": report.NO_BASELINE_WHY}]
     md = report.markdown(rec, frozen, acceptance_rows=[{"profile": "p", "per_position": [0.5] * 15}])
     line = next(x for x in md.splitlines() if x.startswith("| break-even K=7 c=1 (second oracle) | 0.33.0 |"))
     assert line.endswith(f"| {report.NO_BASELINE} | not yet, 1.57 frozen |")

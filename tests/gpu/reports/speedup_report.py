@@ -142,6 +142,7 @@ def curve_variant(costs: dict, vllm: str, k: int, c: int) -> str:
 # An oracle's cell whose cost was timed but none of whose points has both phases: its DFlash runs
 # wait for a baseline measured on their GPU (speedup_record.missing)
 NO_BASELINE = "no baseline on its GPU yet"
+NO_BASELINE_WHY = "its points were measured with the drafter, not yet without it on the same GPU"
 
 
 def break_evens(rows: list[dict], frozen: dict, costs: dict | None = None) -> list[dict]:
@@ -210,7 +211,7 @@ def launcher_table(curve: dict | None, frozen: dict | None) -> dict:
                  else "the oracle's cost is over the bar"}
                 for r in table if r["oracle"] == "reference" and chosen[(r["vllm"], r["k"], r["concurrency"])] is None]
     left_out += [{"vllm": r["vllm"], "k": r["k"], "concurrency": r["concurrency"],
-                  "why": f"the points of the oracle whose cost holds have {NO_BASELINE}"} for r in mine if not r["points"]]
+                  "why": NO_BASELINE_WHY} for r in mine if not r["points"]]
     return {"source": srec.CURVE_PATH, "frozen": curve.get("frozen"), "rows": rows, "left_out": left_out}
 
 
