@@ -959,12 +959,16 @@ lanes_wait() { # wait up to LANES_WAIT_S (default 480) for lanes-bg's verbs, say
     [ -z "$failed" ] || { echo "lanes that ended with an error:$failed (their logs above, all in \$OUT/lanes.tgz)" >&2; return 1; }
 }
 
+gpu_slug() { # the first GPU of $WORK/gpu.txt (nvidia-smi's name line) as a file name's part: h200
+    head -n 1 "$WORK/gpu.txt" 2>/dev/null | sed -E 's/^NVIDIA ([^,]*).*/\1/' | tr 'A-Z ' 'a-z-'
+}
+
 archive_lanes() { # the lanes' records and logs ($OUT/lanes.tgz, what lanes-wait packed) beside the
     # results, where rejudge and the acceptance headline read raw records:
     # results/realshape-logs/DATE-GPU-trained-TARGET-DRAFTER-lanes.tar.xz (hash prefixes)
     [ -f "$OUT/lanes.tgz" ] || { echo "no $OUT/lanes.tgz to archive: lanes-wait packs it" >&2; return 1; }
     local gpu hashes dest tmp
-    gpu=$(head -n 1 "$WORK/gpu.txt" 2>/dev/null | sed -E 's/^NVIDIA ([^,]*).*/\1/' | tr 'A-Z ' 'a-z-')
+    gpu=$(gpu_slug)
     hashes=$("$PY" -c 'import json, sys
 print("-".join((json.load(open(f)).get(k) or "none")[:8] for f, k in zip(sys.argv[1:], ("target_sha256", "drafter_sha256"))))' \
         "$TRAINED/train-record.json" "$DRAFTER_TRAINED/drafter-train-record.json" 2>/dev/null) || hashes=unknown
@@ -1318,7 +1322,7 @@ speedup_curve() { # issue 53: the speed-up curve's pending batches of SPEEDUP_VL
     tar -C "$WORK" -czf "$OUT/speedup-refs.tar.gz" speedup-refs
     # beside the curve too: its page says what the references hold (speedup_report.reference_sets)
     local gpu
-    gpu=$(head -n 1 "$WORK/gpu.txt" | sed -E 's/^NVIDIA ([^,]*).*/\1/' | tr 'A-Z ' 'a-z-')
+    gpu=$(gpu_slug)
     mkdir -p tests/gpu/results/speedup-curve
     cp "$OUT/speedup-refs.tar.gz" "tests/gpu/results/speedup-curve/refs-v$v-$(date -u +%F)-$gpu.tar.gz"
     return "$rc"
