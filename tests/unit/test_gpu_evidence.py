@@ -115,8 +115,10 @@ def test_the_gpu_side_of_an_air_gapped_pair_makes_no_venv_and_runs_on_the_hosts_
     """WHERE without network: no venv (its pip needs the network), remote.sh's evidence verb runs
     evidence.py on the host's Python with the bundles' unidiff folder on PYTHONPATH. (A stand-in
     Python notes what it was given: the real steps need a GPU.)"""
-    def dry(*args):
-        return subprocess.run(["make", "-n", "-B", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    def dry(*args):  # as a user's shell runs make, also under `make test` (no parent make's flags)
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+        return subprocess.run(["make", "--no-print-directory", "-n", "-B", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, check=True).stdout
 
     offline = dry("gpu-acceptance", "WHERE=gpu,cpu")
     assert offline.strip().splitlines() == ["bash tests/gpu/remote.sh evidence --where gpu,cpu acceptance"]
