@@ -159,6 +159,23 @@ def test_merge_served_replaces_the_same_server_and_keeps_the_others(tmp_path):
     assert doc["meta"] == {"date": "new"} and (results / "served.md").read_text().startswith("#")
 
 
+def test_merge_served_puts_no_server_that_did_not_start_over_one_that_did(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    row = {"vllm": "0.33.0", "recipe": "gemma4-moe-dflash", "started": True}
+    committed = {"meta": {"date": "old"}, "servers": [{**row, "server": "dflash"}, {**row, "server": "stock"}]}
+    (results / "served.json").write_text(json.dumps(committed))
+    src = tmp_path / "served.json"
+    src.write_text(json.dumps({"meta": {"date": "new"}, "servers": [{**row, "server": "dflash", "started": False}]}))
+    with pytest.raises(SystemExit, match="did not start where .* has ones that did \\(0.33.0 gemma4-moe-dflash dflash\\)"):
+        ev.merge_served(src, results)
+    assert json.loads((results / "served.json").read_text()) == committed
+    # the stock server's failed start is its finding: merged
+    src.write_text(json.dumps({"meta": {"date": "new"}, "servers": [{**row, "server": "stock", "started": False}]}))
+    ev.merge_served(src, results)
+    assert [r["started"] for r in json.loads((results / "served.json").read_text())["servers"]] == [True, False]
+
+
 def test_merge_served_brings_the_bench_files_its_rows_name_and_files_the_raw_records(tmp_path):
     """The rows' `launcher bench` files come from $OUT or its packs (never an earlier run's file
     left in results/), and the run's raw phases go under results/served/ where rejudge reads them."""

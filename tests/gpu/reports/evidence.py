@@ -363,12 +363,16 @@ def merge_served(src: Path, results: Path, raw_from: Path | None = None) -> None
     import served_report
 
     mine = json.loads(src.read_text())
+    dest = results / "served.json"
+    before = json.loads(dest.read_text()) if dest.exists() else None
+    lost = served.lost_rows((before or {}).get("servers", []), mine["servers"])
+    if lost:
+        raise SystemExit(f"merge-served: {src} has servers that did not start where {dest} has ones that "
+                         f"did ({'; '.join(lost)}): nothing merged")
     served_bench_files(mine["servers"], src.parent, results)
     if raw_from is not None:
         archive_served_raw(raw_from, results / "served", mine.get("meta") or {})
-    dest = results / "served.json"
-    if dest.exists():
-        before = json.loads(dest.read_text())
+    if before is not None:
         rows = served.merge_rows(served.stamp_models(before.get("servers", []), before.get("meta") or {}),
                                  served.stamp_models(mine["servers"], mine.get("meta") or {}))
         mine = {"meta": mine.get("meta") or before.get("meta"), "servers": rows}

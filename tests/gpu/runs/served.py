@@ -896,17 +896,28 @@ def stamp_models(rows: list[dict], meta: dict) -> list[dict]:
     return rows
 
 
+def row_key(r: dict) -> tuple:
+    """What one row of served.json stands for: the server of a vLLM and recipe (rows from before
+    --recipe: the default; a series less one patch is a row of its own)."""
+    return r.get("vllm"), r.get("recipe") or RECIPE, r.get("server"), r.get("variant")
+
+
+def lost_rows(earlier: list[dict], mine: list[dict]) -> list[str]:
+    """The rows of ``mine`` that would put a server that did not start in place of one that did
+    (the stock server's failed start is its finding, so it is not counted)."""
+    started = {row_key(r) for r in earlier if r.get("started")}
+    return [" ".join(str(x) for x in row_key(r) if x) for r in mine
+            if r.get("server") != "stock" and not r.get("started") and row_key(r) in started]
+
+
 def merge_rows(earlier: list[dict], mine: list[dict], seeded_servers: set[str] = frozenset()) -> list[dict]:
     """The record's rows with this folder's in place of the same server of the same vLLM and
     recipe (one work folder per vLLM version and recipe, which may hold only some phases: a
     call that ran the speed phase alone keeps the reference and DFlash rows), new ones last.
     A row of ``seeded_servers`` (made only of phases an earlier machine ran, remote.sh
     seed_raw) fills a gap but replaces no row: the record's may be newer."""
-    def key(r: dict) -> tuple:
-        # rows from before --recipe: the default; a series less one patch is a row of its own
-        return r.get("vllm"), r.get("recipe") or RECIPE, r.get("server"), r.get("variant")
-
-    held = {key(r) for r in earlier}
+    held = {row_key(r) for r in earlier}
+    key = row_key
     mine = [r for r in mine if not (r.get("server") in seeded_servers and key(r) in held)]
     fresh = {key(r): r for r in mine}
     merged = [fresh.pop(key(r), r) for r in earlier]
