@@ -404,12 +404,12 @@ def served_bench_files(rows: list[dict], out: Path, results: Path) -> list[str]:
 def archive_served_raw(work: Path, dest: Path, meta: dict) -> Path:
     """The run's raw phase records and logs (``work``'s served* folders, the served-all logs) as
     ``dest/served-raw-DATE-GPU-TARGET-DRAFTER.tar.xz``, where rejudge reads served phases."""
+    import served_all  # on sys.path through merge_served
     gpu = (meta.get("gpu") or "gpu").split(",")[0].removeprefix("NVIDIA ").strip().lower().replace(" ", "-")
     name = "-".join(["served-raw", (meta.get("date") or "undated")[:10], gpu,
                      (meta.get("target_sha256") or "none")[:8], (meta.get("drafter_sha256") or "none")[:8]])
     dest.mkdir(parents=True, exist_ok=True)
-    path = next(p for i in range(1, 1 << 16)
-                if not (p := dest / f"{name}{'' if i == 1 else f'-{i}'}.tar.xz").exists())  # never over one
+    path = served_all.unused_path(dest, name, ".tar.xz")
     with tarfile.open(path, "w:xz") as tar:
         for entry in sorted([*work.glob("served*"), *(work / "out").glob("served-all-logs*.tar.gz")]):
             if entry.is_dir() or entry.suffix == ".gz":

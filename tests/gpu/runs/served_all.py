@@ -122,6 +122,13 @@ def plan(jobs: str, versions: str, gpus: list[str], port_base: int = PORT_BASE) 
     return out
 
 
+def unused_path(folder: Path, stem: str, suffix: str) -> Path:
+    """``folder/stem+suffix``, or ``stem-N+suffix`` with the first N free: an archive is written
+    beside an earlier one, never over it."""
+    return next(path for i in range(1, 1 << 16)
+                if not (path := folder / f"{stem}{'' if i == 1 else f'-{i}'}{suffix}").exists())
+
+
 def pack_out(out: Path, limit: int = OUT_LIMIT, keep: tuple[str, ...] = KEEP_APART) -> bool:
     """Past ``limit`` files under ``out``: every top-level entry but ``keep`` and earlier packs into
     ``served-out.tar.gz`` (raw folders, logs, benchmark files; ``served-out-N.tar.gz`` where an
@@ -129,8 +136,7 @@ def pack_out(out: Path, limit: int = OUT_LIMIT, keep: tuple[str, ...] = KEEP_APA
     if sum(1 for p in out.rglob("*") if p.is_file()) <= limit:
         return False
     entries = sorted(p for p in out.iterdir() if p.name not in keep and not p.name.startswith("served-out"))
-    dest = next(out / name for i in range(1, 1 << 16)
-                if not (out / (name := "served-out.tar.gz" if i == 1 else f"served-out-{i}.tar.gz")).exists())
+    dest = unused_path(out, "served-out", ".tar.gz")
     with tarfile.open(out / "served-out.tar.gz.partial", "w:gz") as tar:
         for p in entries:
             tar.add(p, arcname=p.name)

@@ -166,10 +166,6 @@ def token_ids(choice: dict) -> list[int]:
     return [int(t.split(":", 1)[1]) for t in tokens]
 
 
-def _requests_like(variant: str | None) -> str | None:
-    return "base" if variant == sg.TAIL_VARIANT else variant
-
-
 def shared_baseline(record: dict, point: sg.Point, meta: dict) -> dict | None:
     """A baseline this point can take from another: without the drafter the run's cost does not
     depend on K or the planned level, only on the release, concurrency and variant (prompt
@@ -180,7 +176,7 @@ def shared_baseline(record: dict, point: sg.Point, meta: dict) -> dict | None:
     for pid, row in sorted(record.get("points", {}).items()):
         base = row.get("baseline")
         if (pid != point.id and srec.valid(base, "baseline") and not base.get("shared_from")
-                and (row.get("vllm"), row.get("concurrency"), _requests_like(row.get("variant")))
+                and (row.get("vllm"), row.get("concurrency"), sg.requests_like(row.get("variant")))
                 == (point.vllm, point.concurrency, point.requests_like)
                 and base.get("gpu") == meta.get("gpu") and base.get("series") == meta.get("series")):
             return {**base, "shared_from": pid}

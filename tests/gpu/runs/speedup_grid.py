@@ -82,6 +82,12 @@ TAIL_VARIANT = "dtail"  # the oracle with the real drafter's tokens past the fir
 TAIL_CONCURRENCY = 4
 
 
+def requests_like(variant: str | None) -> str | None:
+    """The variant whose requests a point of ``variant`` sends: a ``dtail`` point sends the plain
+    point's, so it shares their references and baseline."""
+    return "base" if variant == TAIL_VARIANT else variant
+
+
 @dataclass(frozen=True)
 class Point:
     vllm: str
@@ -101,9 +107,8 @@ class Point:
 
     @property
     def requests_like(self) -> str:
-        """The variant whose requests this point sends: a ``dtail`` point sends the plain
-        point's, so it shares their references and baseline."""
-        return "base" if self.variant == TAIL_VARIANT else self.variant
+        """The variant whose requests this point sends (``requests_like``)."""
+        return requests_like(self.variant)
 
     @property
     def input_len(self) -> int:
